@@ -1,0 +1,247 @@
+//! The SQS adapter: the few control-plane calls the Queue controller needs, each rate limited,
+//! counted and mapped to [`QueueError`].
+
+use std::collections::BTreeMap;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use aws_config::{BehaviorVersion, Region, timeout::TimeoutConfig};
+use aws_sdk_sqs::Client;
+use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_sqs::types::QueueAttributeName;
+use aws_smithy_http_client::tls;
+
+use crate::error::QueueError;
+use crate::limiter::Limiter;
+
+/// Attribute name → value, as SQS spells them (`VisibilityTimeout`, `RedrivePolicy`, ...).
+pub type Attributes = BTreeMap<String, String>;
+/// Tag key → value.
+pub type Tags = BTreeMap<String, String>;
+
+/// The queue operations skyport relies on. Implementations must be idempotent where SQS is:
+/// creating an existing queue with the same attributes returns its URL, deleting a missing
+/// queue is success.
+#[async_trait]
+pub trait QueueBackend: Send + Sync {
+    /// URL of the queue called `name`, or `None` when there is none.
+    async fn queue_url(&self, name: &str) -> Result<Option<String>, QueueError>;
+    /// Creates the queue (or returns the URL of an identical existing one).
+    async fn create_queue(&self, name: &str, attributes: &Attributes, tags: &Tags) -> Result<String, QueueError>;
+    /// All attributes of the queue at `url`, or `None` when it no longer exists.
+    async fn attributes(&self, url: &str) -> Result<Option<Attributes>, QueueError>;
+    async fn set_attributes(&self, url: &str, attributes: &Attributes) -> Result<(), QueueError>;
+    async fn tags(&self, url: &str) -> Result<Tags, QueueError>;
+    async fn tag(&self, url: &str, tags: &Tags) -> Result<(), QueueError>;
+    async fn untag(&self, url: &str, keys: &[String]) -> Result<(), QueueError>;
+    /// Deletes the queue; a queue that is already gone counts as deleted.
+    async fn delete_queue(&self, url: &str) -> Result<(), QueueError>;
+    /// The limiter every call of this backend goes through.
+    fn limiter(&self) -> &Limiter;
+}
+
+/// How to reach SQS. Endpoint and credentials come from the standard AWS chain
+/// (`AWS_ENDPOINT_URL[_SQS]`, env keys, profiles, web identity / IRSA, Pod Identity).
+#[derive(Debug, Clone)]
+pub struct SqsSettings {
+    /// Overrides the region from the standard chain.
+    pub region: Option<String>,
+    /// Sustained SQS control-plane calls per second.
+    pub rate_per_second: NonZeroU32,
+    /// Calls allowed at once above the sustained rate.
+    pub burst: NonZeroU32,
+    /// Upper bound for one call including the SDK's own retries.
+    pub operation_timeout: Duration,
+}
+
+impl Default for SqsSettings {
+    fn default() -> Self {
+        SqsSettings {
+            region: None,
+            rate_per_second: NonZeroU32::new(20).expect("non-zero"),
+            burst: NonZeroU32::new(40).expect("non-zero"),
+            operation_timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+/// SQS through the AWS SDK.
+#[derive(Debug, Clone)]
+pub struct SqsProvider {
+    client: Client,
+    limiter: Arc<Limiter>,
+}
+
+impl SqsProvider {
+    /// Builds the client from the standard AWS configuration chain plus `settings`.
+    pub async fn from_env(settings: &SqsSettings) -> Self {
+        // One TLS stack (rustls + ring) for the whole binary: the SDK's default client would
+        // pull in aws-lc as a second crypto provider.
+        let http = aws_smithy_http_client::Builder::new()
+            .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
+            .build_https();
+        let mut loader = aws_config::defaults(BehaviorVersion::latest())
+            .http_client(http)
+            .timeout_config(
+                TimeoutConfig::builder()
+                    .connect_timeout(Duration::from_secs(3))
+                    .operation_attempt_timeout(settings.operation_timeout / 2)
+                    .operation_timeout(settings.operation_timeout)
+                    .build(),
+            );
+        if let Some(region) = &settings.region {
+            loader = loader.region(Region::new(region.clone()));
+        }
+        let config = loader.load().await;
+        SqsProvider {
+            client: Client::new(&config),
+            limiter: Arc::new(Limiter::new(settings.rate_per_second, settings.burst)),
+        }
+    }
+
+    /// The region the client resolved (flag or standard chain), for building ARNs in messages.
+    pub fn region(&self) -> Option<String> {
+        self.client.config().region().map(|r| r.to_string())
+    }
+}
+
+fn map_err<E, R>(err: SdkError<E, R>) -> QueueError
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+    R: std::fmt::Debug,
+{
+    match err {
+        SdkError::ServiceError(service) => {
+            let e = service.err();
+            let code = e.code().unwrap_or("Unknown").to_string();
+            let message = e.message().unwrap_or_default().to_string();
+            QueueError::from_code(&code, message)
+        }
+        SdkError::TimeoutError(_) => QueueError::Unavailable("request timed out".into()),
+        SdkError::DispatchFailure(d) => {
+            let what = if d.is_io() {
+                "connection failed"
+            } else if d.is_timeout() {
+                "request timed out"
+            } else {
+                "request could not be sent"
+            };
+            QueueError::Unavailable(what.into())
+        }
+        SdkError::ResponseError(_) => QueueError::Unavailable("malformed response".into()),
+        other => QueueError::Unavailable(format!("{}", aws_sdk_sqs::error::DisplayErrorContext(&other))),
+    }
+}
+
+fn to_sdk_attributes(attributes: &Attributes) -> std::collections::HashMap<QueueAttributeName, String> {
+    attributes
+        .iter()
+        .map(|(k, v)| (QueueAttributeName::from(k.as_str()), v.clone()))
+        .collect()
+}
+
+#[async_trait]
+impl QueueBackend for SqsProvider {
+    async fn queue_url(&self, name: &str) -> Result<Option<String>, QueueError> {
+        self.limiter.acquire("GetQueueUrl").await;
+        match self.client.get_queue_url().queue_name(name).send().await.map_err(map_err) {
+            Ok(out) => Ok(out.queue_url),
+            Err(QueueError::NotFound) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn create_queue(&self, name: &str, attributes: &Attributes, tags: &Tags) -> Result<String, QueueError> {
+        self.limiter.acquire("CreateQueue").await;
+        let out = self
+            .client
+            .create_queue()
+            .queue_name(name)
+            .set_attributes(Some(to_sdk_attributes(attributes)))
+            .set_tags((!tags.is_empty()).then(|| tags.clone().into_iter().collect()))
+            .send()
+            .await
+            .map_err(map_err)?;
+        out.queue_url
+            .ok_or_else(|| QueueError::Unavailable("CreateQueue returned no QueueUrl".into()))
+    }
+
+    async fn attributes(&self, url: &str) -> Result<Option<Attributes>, QueueError> {
+        self.limiter.acquire("GetQueueAttributes").await;
+        match self
+            .client
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(QueueAttributeName::All)
+            .send()
+            .await
+            .map_err(map_err)
+        {
+            Ok(out) => Ok(Some(
+                out.attributes
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(k, v)| (k.as_str().to_string(), v))
+                    .collect(),
+            )),
+            Err(QueueError::NotFound) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn set_attributes(&self, url: &str, attributes: &Attributes) -> Result<(), QueueError> {
+        self.limiter.acquire("SetQueueAttributes").await;
+        self.client
+            .set_queue_attributes()
+            .queue_url(url)
+            .set_attributes(Some(to_sdk_attributes(attributes)))
+            .send()
+            .await
+            .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn tags(&self, url: &str) -> Result<Tags, QueueError> {
+        self.limiter.acquire("ListQueueTags").await;
+        let out = self.client.list_queue_tags().queue_url(url).send().await.map_err(map_err)?;
+        Ok(out.tags.unwrap_or_default().into_iter().collect())
+    }
+
+    async fn tag(&self, url: &str, tags: &Tags) -> Result<(), QueueError> {
+        self.limiter.acquire("TagQueue").await;
+        self.client
+            .tag_queue()
+            .queue_url(url)
+            .set_tags(Some(tags.clone().into_iter().collect()))
+            .send()
+            .await
+            .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn untag(&self, url: &str, keys: &[String]) -> Result<(), QueueError> {
+        self.limiter.acquire("UntagQueue").await;
+        self.client
+            .untag_queue()
+            .queue_url(url)
+            .set_tag_keys(Some(keys.to_vec()))
+            .send()
+            .await
+            .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn delete_queue(&self, url: &str) -> Result<(), QueueError> {
+        self.limiter.acquire("DeleteQueue").await;
+        match self.client.delete_queue().queue_url(url).send().await.map_err(map_err) {
+            Ok(_) | Err(QueueError::NotFound) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn limiter(&self) -> &Limiter {
+        &self.limiter
+    }
+}

@@ -1,0 +1,137 @@
+//! Command line and environment configuration.
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::telemetry::LogFormat;
+
+/// skyport: provisions cloud resources declared as Kubernetes objects.
+#[derive(Debug, Parser)]
+#[command(name = "skyport", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the controllers against the current kubeconfig or the in-cluster config.
+    Run(RunArgs),
+    /// Print the CustomResourceDefinitions as YAML (what `crds/` holds).
+    Crds,
+}
+
+/// Settings of `skyport run`. Every flag can also be set through the environment variable shown.
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, env = "SKYPORT_NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// Log format.
+    #[arg(long, env = "SKYPORT_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+
+    #[command(flatten)]
+    pub queue: QueueArgs,
+
+    #[command(flatten)]
+    pub aws: AwsArgs,
+}
+
+/// Queue controller settings.
+#[derive(Debug, Clone, Args)]
+pub struct QueueArgs {
+    /// How often a Ready Queue is compared with SQS to catch changes made outside skyport
+    /// (each period is shortened by up to 10% at random so reconciles do not bunch up).
+    #[arg(long = "queue-resync", env = "SKYPORT_QUEUE_RESYNC", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub resync: Duration,
+
+    /// How often, at most, a converged queue's tags are re-read (attributes are read every
+    /// resync; tags also whenever the spec changes).
+    #[arg(long = "queue-tag-resync", env = "SKYPORT_QUEUE_TAG_RESYNC", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub tag_resync: Duration,
+
+    /// Queues reconciled in parallel.
+    #[arg(long = "queue-concurrency", env = "SKYPORT_QUEUE_CONCURRENCY", default_value_t = 8)]
+    pub concurrency: u16,
+
+    /// First retry delay after a transient error; doubles per consecutive failure.
+    #[arg(long = "error-backoff-min", env = "SKYPORT_ERROR_BACKOFF_MIN", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub backoff_min: Duration,
+
+    /// Longest retry delay after repeated transient errors.
+    #[arg(long = "error-backoff-max", env = "SKYPORT_ERROR_BACKOFF_MAX", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub backoff_max: Duration,
+
+    /// Retry delay while SQS refuses to reuse a recently deleted queue name (the refusal lasts
+    /// 60 s after the deletion).
+    #[arg(long = "recently-deleted-retry", env = "SKYPORT_RECENTLY_DELETED_RETRY", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub recently_deleted_retry: Duration,
+}
+
+impl Default for QueueArgs {
+    fn default() -> Self {
+        QueueArgs {
+            resync: Duration::from_secs(60),
+            tag_resync: Duration::from_secs(600),
+            concurrency: 8,
+            backoff_min: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(300),
+            recently_deleted_retry: Duration::from_secs(15),
+        }
+    }
+}
+
+/// AWS settings. Credentials and endpoints come from the standard AWS chain: AWS_ACCESS_KEY_ID /
+/// AWS_SECRET_ACCESS_KEY, AWS_PROFILE, web identity (IRSA), EKS Pod Identity; AWS_ENDPOINT_URL or
+/// AWS_ENDPOINT_URL_SQS point at an emulator such as LocalStack.
+#[derive(Debug, Clone, Args)]
+pub struct AwsArgs {
+    /// AWS region (default: AWS_REGION / AWS_DEFAULT_REGION / profile).
+    #[arg(long = "aws-region", env = "SKYPORT_AWS_REGION")]
+    pub region: Option<String>,
+
+    /// Sustained SQS control-plane calls per second, for all Queues together.
+    #[arg(long = "sqs-rate", env = "SKYPORT_SQS_RATE", default_value = "20")]
+    pub sqs_rate: NonZeroU32,
+
+    /// SQS calls allowed in a burst above the sustained rate.
+    #[arg(long = "sqs-burst", env = "SKYPORT_SQS_BURST", default_value = "40")]
+    pub sqs_burst: NonZeroU32,
+}
+
+impl AwsArgs {
+    pub fn sqs_settings(&self) -> providers::SqsSettings {
+        providers::SqsSettings {
+            region: self.region.clone(),
+            rate_per_second: self.sqs_rate,
+            burst: self.sqs_burst,
+            ..Default::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_parse_durations_and_limits() {
+        let cli = Cli::try_parse_from([
+            "skyport", "run", "--queue-resync", "5s", "--sqs-rate", "3", "--namespace", "team-a",
+        ])
+        .unwrap();
+        let Command::Run(run) = cli.command else { panic!("expected run") };
+        assert_eq!(run.queue.resync, Duration::from_secs(5));
+        assert_eq!(run.aws.sqs_rate.get(), 3);
+        assert_eq!(run.namespace.as_deref(), Some("team-a"));
+    }
+
+    #[test]
+    fn a_zero_rate_is_refused() {
+        assert!(Cli::try_parse_from(["skyport", "run", "--sqs-rate", "0"]).is_err());
+    }
+}

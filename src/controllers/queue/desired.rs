@@ -1,0 +1,241 @@
+//! From a Queue's spec to the SQS name, attributes and tags it asks for (pure).
+
+use std::collections::BTreeMap;
+
+use providers::sqs::{Attributes, Tags};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use crate::crd::queue::{DeduplicationScope, FifoThroughputLimit, QueueSpec, RedrivePermission};
+
+pub const TAG_MANAGED_BY: &str = "skyport.dev/managed-by";
+pub const TAG_OWNER_UID: &str = "skyport.dev/owner-uid";
+pub const TAG_OWNER_NAMESPACE: &str = "skyport.dev/owner-namespace";
+pub const TAG_OWNER_NAME: &str = "skyport.dev/owner-name";
+
+/// SQS's limit on queue names, `.fifo` included.
+pub const MAX_QUEUE_NAME: usize = 80;
+
+/// The SQS queue name for a Queue: `spec.queueName`, else `<namespace>-<name>` made valid.
+///
+/// Kubernetes names may contain `.` and be far longer than 80 characters; SQS allows only
+/// `[A-Za-z0-9_-]`. Dots become `_` (not `-`, which would make `a.b` and `a-b` collide), and a
+/// name that is too long is cut and suffixed with a hash of the full `namespace/name`, so the
+/// result is stable and distinct.
+pub fn queue_name(namespace: &str, name: &str, spec: &QueueSpec) -> String {
+    if let Some(n) = &spec.queue_name {
+        return n.clone();
+    }
+    let suffix = if spec.fifo { ".fifo" } else { "" };
+    let base: String = format!("{namespace}-{name}")
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+        .collect();
+    let room = MAX_QUEUE_NAME - suffix.len();
+    if base.len() <= room {
+        return format!("{base}{suffix}");
+    }
+    let hash = Sha256::digest(format!("{namespace}/{name}").as_bytes());
+    let hex: String = hash.iter().take(4).map(|b| format!("{b:02x}")).collect();
+    format!("{}-{hex}{suffix}", &base[..room - hex.len() - 1])
+}
+
+/// What the spec asks of SQS. `attributes` holds only managed attributes; an empty string means
+/// "must be absent" (a removed policy).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Desired {
+    pub name: String,
+    pub attributes: Attributes,
+    pub tags: Tags,
+}
+
+impl Desired {
+    /// Attributes for CreateQueue: the managed ones that have a value, plus the immutable kind.
+    pub fn create_attributes(&self, fifo: bool) -> Attributes {
+        let mut attrs: Attributes =
+            self.attributes.iter().filter(|(_, v)| !v.is_empty()).map(|(k, v)| (k.clone(), v.clone())).collect();
+        if fifo {
+            attrs.insert("FifoQueue".into(), "true".into());
+        }
+        attrs
+    }
+}
+
+/// The identity of the Queue object, written into tags so every queue skyport creates can be
+/// traced back to its owner (and found for clean-up).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub uid: &'a str,
+}
+
+/// Builds the desired state. `dead_letter_arn` is the resolved ARN of `spec.deadLetter`
+/// (from queueRef or targetArn); `None` when the spec has no dead-letter target.
+pub fn desired(spec: &QueueSpec, owner: &Owner<'_>, dead_letter_arn: Option<&str>) -> Desired {
+    let mut a = BTreeMap::new();
+    let mut int = |key: &str, v: Option<i32>| {
+        if let Some(v) = v {
+            a.insert(key.to_string(), v.to_string());
+        }
+    };
+    int("VisibilityTimeout", spec.visibility_timeout_seconds);
+    int("MessageRetentionPeriod", spec.message_retention_seconds);
+    int("DelaySeconds", spec.delay_seconds);
+    int("MaximumMessageSize", spec.maximum_message_size_bytes);
+    int("ReceiveMessageWaitTimeSeconds", spec.receive_wait_time_seconds);
+    int("KmsDataKeyReusePeriodSeconds", spec.kms_data_key_reuse_period_seconds);
+    if let Some(v) = spec.content_based_deduplication {
+        a.insert("ContentBasedDeduplication".into(), v.to_string());
+    }
+    if let Some(v) = spec.deduplication_scope {
+        let s = match v {
+            DeduplicationScope::Queue => "queue",
+            DeduplicationScope::MessageGroup => "messageGroup",
+        };
+        a.insert("DeduplicationScope".into(), s.into());
+    }
+    if let Some(v) = spec.fifo_throughput_limit {
+        let s = match v {
+            FifoThroughputLimit::PerQueue => "perQueue",
+            FifoThroughputLimit::PerMessageGroupId => "perMessageGroupId",
+        };
+        a.insert("FifoThroughputLimit".into(), s.into());
+    }
+    if let Some(v) = spec.sqs_managed_encryption {
+        a.insert("SqsManagedSseEnabled".into(), v.to_string());
+    }
+    if let Some(v) = &spec.kms_key_id {
+        a.insert("KmsMasterKeyId".into(), v.clone());
+    }
+    let redrive = match (&spec.dead_letter, dead_letter_arn) {
+        (Some(dl), Some(arn)) => json!({"deadLetterTargetArn": arn, "maxReceiveCount": dl.max_receive_count}).to_string(),
+        _ => String::new(),
+    };
+    a.insert("RedrivePolicy".into(), redrive);
+    let allow = match &spec.redrive_allow_policy {
+        Some(p) => {
+            let permission = match p.redrive_permission {
+                RedrivePermission::AllowAll => "allowAll",
+                RedrivePermission::DenyAll => "denyAll",
+                RedrivePermission::ByQueue => "byQueue",
+            };
+            let mut doc = json!({ "redrivePermission": permission });
+            if let Some(arns) = &p.source_queue_arns {
+                doc["sourceQueueArns"] = json!(arns);
+            }
+            doc.to_string()
+        }
+        None => String::new(),
+    };
+    a.insert("RedriveAllowPolicy".into(), allow);
+    a.insert("Policy".into(), spec.policy.as_ref().map(|p| p.to_string()).unwrap_or_default());
+
+    let mut tags: Tags = spec.tags.clone();
+    tags.insert(TAG_MANAGED_BY.into(), "skyport".into());
+    tags.insert(TAG_OWNER_UID.into(), owner.uid.into());
+    tags.insert(TAG_OWNER_NAMESPACE.into(), owner.namespace.into());
+    tags.insert(TAG_OWNER_NAME.into(), owner.name.into());
+
+    Desired {
+        name: queue_name(owner.namespace, owner.name, spec),
+        attributes: a,
+        tags,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::queue::{DeadLetter, LocalQueueRef, RedriveAllowPolicy};
+
+    fn owner() -> Owner<'static> {
+        Owner { namespace: "shop", name: "orders", uid: "u-1" }
+    }
+
+    #[test]
+    fn default_name_joins_namespace_and_name() {
+        assert_eq!(queue_name("shop", "orders", &QueueSpec::default()), "shop-orders");
+    }
+
+    #[test]
+    fn default_fifo_name_gets_the_suffix() {
+        let spec = QueueSpec { fifo: true, ..Default::default() };
+        assert_eq!(queue_name("shop", "orders", &spec), "shop-orders.fifo");
+    }
+
+    #[test]
+    fn dots_in_kubernetes_names_become_underscores() {
+        assert_eq!(queue_name("a.b", "c.d", &QueueSpec::default()), "a_b-c_d");
+    }
+
+    #[test]
+    fn long_names_are_cut_to_eighty_with_a_distinguishing_hash() {
+        let long = "x".repeat(200);
+        let spec = QueueSpec { fifo: true, ..Default::default() };
+        let a = queue_name("ns", &long, &spec);
+        let b = queue_name("ns", &format!("{long}y"), &spec);
+        assert_eq!(a.len(), 80);
+        assert!(a.ends_with(".fifo"));
+        assert_ne!(a, b, "names differing past the cut stay distinct");
+        assert!(a.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)));
+        assert_eq!(queue_name("ns", &long, &QueueSpec::default()).len(), 80);
+    }
+
+    #[test]
+    fn explicit_name_wins() {
+        let spec = QueueSpec { queue_name: Some("legacy_q".into()), ..Default::default() };
+        assert_eq!(queue_name("shop", "orders", &spec), "legacy_q");
+    }
+
+    #[test]
+    fn unset_scalars_are_unmanaged_and_removed_documents_are_empty() {
+        let d = desired(&QueueSpec { visibility_timeout_seconds: Some(45), ..Default::default() }, &owner(), None);
+        assert_eq!(d.attributes.get("VisibilityTimeout").map(String::as_str), Some("45"));
+        assert!(!d.attributes.contains_key("DelaySeconds"));
+        assert_eq!(d.attributes["RedrivePolicy"], "");
+        assert_eq!(d.attributes["Policy"], "");
+        assert!(!d.create_attributes(false).contains_key("Policy"), "absent documents are not sent at create");
+    }
+
+    #[test]
+    fn dead_letter_becomes_a_redrive_policy_with_the_resolved_arn() {
+        let spec = QueueSpec {
+            dead_letter: Some(DeadLetter {
+                queue_ref: Some(LocalQueueRef { name: "dlq".into() }),
+                target_arn: None,
+                max_receive_count: 3,
+            }),
+            ..Default::default()
+        };
+        let d = desired(&spec, &owner(), Some("arn:aws:sqs:us-east-1:000000000000:shop-dlq"));
+        let doc: serde_json::Value = serde_json::from_str(&d.attributes["RedrivePolicy"]).unwrap();
+        assert_eq!(doc["deadLetterTargetArn"], "arn:aws:sqs:us-east-1:000000000000:shop-dlq");
+        assert_eq!(doc["maxReceiveCount"], 3);
+    }
+
+    #[test]
+    fn redrive_allow_policy_and_fifo_flag() {
+        let spec = QueueSpec {
+            fifo: true,
+            redrive_allow_policy: Some(RedriveAllowPolicy {
+                redrive_permission: RedrivePermission::ByQueue,
+                source_queue_arns: Some(vec!["arn:aws:sqs:us-east-1:000000000000:a.fifo".into()]),
+            }),
+            ..Default::default()
+        };
+        let d = desired(&spec, &owner(), None);
+        assert!(d.attributes["RedriveAllowPolicy"].contains("byQueue"));
+        assert_eq!(d.create_attributes(true)["FifoQueue"], "true");
+    }
+
+    #[test]
+    fn skyport_tags_identify_the_owner_and_user_tags_are_kept() {
+        let spec = QueueSpec { tags: [("team".to_string(), "shop".to_string())].into(), ..Default::default() };
+        let d = desired(&spec, &owner(), None);
+        assert_eq!(d.tags[TAG_OWNER_UID], "u-1");
+        assert_eq!(d.tags[TAG_OWNER_NAMESPACE], "shop");
+        assert_eq!(d.tags[TAG_OWNER_NAME], "orders");
+        assert_eq!(d.tags["team"], "shop");
+    }
+}

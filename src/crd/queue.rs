@@ -1,0 +1,250 @@
+//! `Queue`: an AWS SQS queue declared in Kubernetes.
+//!
+//! Field names and bounds follow the SQS API reference (CreateQueue / SetQueueAttributes). Every
+//! rule the API server can check is expressed here as schema or CEL so that mistakes are refused
+//! at `kubectl apply` time rather than discovered by the controller.
+
+use std::collections::BTreeMap;
+
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::Condition;
+
+/// Desired state of an SQS queue.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "skyport.dev",
+    version = "v1alpha1",
+    kind = "Queue",
+    namespaced,
+    status = "QueueStatus",
+    shortname = "sq",
+    category = "skyport",
+    doc = "An AWS SQS queue managed by skyport. Apps read its URL and ARN from `status` or from the ConfigMap `<name>-sqs`.",
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason","priority":1}"#,
+    printcolumn = r#"{"name":"Queue","type":"string","jsonPath":".status.queueName"}"#,
+    printcolumn = r#"{"name":"URL","type":"string","jsonPath":".status.queueUrl"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.queueName) || self.queueName.endsWith('.fifo') == self.fifo").message("queueName must end in '.fifo' exactly when fifo is true"),
+    validation = Rule::new("has(self.queueName) == has(oldSelf.queueName) && (!has(self.queueName) || self.queueName == oldSelf.queueName)").message("queueName is immutable: create a new Queue to rename"),
+    validation = Rule::new("self.fifo == oldSelf.fifo").message("fifo is immutable: SQS cannot convert between standard and FIFO queues"),
+    validation = Rule::new("self.fifo || (!has(self.contentBasedDeduplication) && !has(self.deduplicationScope) && !has(self.fifoThroughputLimit))").message("contentBasedDeduplication, deduplicationScope and fifoThroughputLimit apply only to FIFO queues (set fifo: true)"),
+    validation = Rule::new("!has(self.fifoThroughputLimit) || self.fifoThroughputLimit != 'perMessageGroupId' || (has(self.deduplicationScope) && self.deduplicationScope == 'messageGroup')").message("fifoThroughputLimit perMessageGroupId requires deduplicationScope messageGroup (high-throughput FIFO)"),
+    validation = Rule::new("!(has(self.sqsManagedEncryption) && self.sqsManagedEncryption && has(self.kmsKeyId))").message("choose one kind of encryption: sqsManagedEncryption or kmsKeyId, not both"),
+    validation = Rule::new("!has(self.kmsDataKeyReusePeriodSeconds) || has(self.kmsKeyId)").message("kmsDataKeyReusePeriodSeconds only applies with kmsKeyId")
+)]
+pub struct QueueSpec {
+    /// Name of the SQS queue. Optional and immutable; defaults to `<namespace>-<name>` made
+    /// valid for SQS (at most 80 characters of letters, digits, `-` and `_`, shortened with a hash
+    /// when too long), plus `.fifo` for FIFO queues. A FIFO queue's name must end in `.fifo`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 80), regex(pattern = r"^[A-Za-z0-9_-]+(\.fifo)?$"))]
+    pub queue_name: Option<String>,
+
+    /// Create a FIFO queue (exactly-once, ordered per message group). Immutable.
+    #[serde(default)]
+    pub fifo: bool,
+
+    /// FIFO only: use a SHA-256 hash of the body as the deduplication ID when the sender gives
+    /// none. Unset leaves the SQS default (false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_based_deduplication: Option<bool>,
+
+    /// FIFO only: whether deduplication happens per `queue` or per `messageGroup`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deduplication_scope: Option<DeduplicationScope>,
+
+    /// FIFO only: whether the throughput quota applies `perQueue` or `perMessageGroupId`
+    /// (the latter requires deduplicationScope messageGroup).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fifo_throughput_limit: Option<FifoThroughputLimit>,
+
+    /// Seconds a received message stays invisible to other consumers (0-43200). Unset fields
+    /// are not managed: SQS's value at creation (30) stays, and later changes made outside
+    /// skyport are left alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 43200))]
+    pub visibility_timeout_seconds: Option<i32>,
+
+    /// Seconds SQS keeps a message (60-1209600, i.e. 1 minute to 14 days). Unset: not managed
+    /// (SQS default 345600, 4 days).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 60, max = 1209600))]
+    pub message_retention_seconds: Option<i32>,
+
+    /// Seconds every message is delayed before it becomes visible (0-900). Unset: not managed
+    /// (SQS default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 900))]
+    pub delay_seconds: Option<i32>,
+
+    /// Largest accepted message in bytes (1024-1048576). Unset: not managed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1024, max = 1048576))]
+    pub maximum_message_size_bytes: Option<i32>,
+
+    /// Long-polling wait of ReceiveMessage in seconds (0-20). Unset: not managed (SQS default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 20))]
+    pub receive_wait_time_seconds: Option<i32>,
+
+    /// Where messages go after `maxReceiveCount` failed receives (the redrive policy). Removing
+    /// this field removes the redrive policy from the queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter: Option<DeadLetter>,
+
+    /// Which source queues may use this queue as their dead-letter queue. Removing this field
+    /// removes the policy (SQS then allows all queues of the account).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redrive_allow_policy: Option<RedriveAllowPolicy>,
+
+    /// The queue's access policy, an IAM policy document written as YAML (not a JSON string).
+    /// Compared by meaning, not by text. Removing this field removes the policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "policy_schema")]
+    pub policy: Option<serde_json::Value>,
+
+    /// Server-side encryption with SQS-owned keys (SSE-SQS). Unset: not managed (SQS enables it
+    /// by default). Mutually exclusive with kmsKeyId.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sqs_managed_encryption: Option<bool>,
+
+    /// KMS key (ID, alias such as `alias/aws/sqs`, or ARN) for SSE-KMS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 2048))]
+    pub kms_key_id: Option<String>,
+
+    /// Seconds SQS may reuse a KMS data key (60-86400). Only with kmsKeyId.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 60, max = 86400))]
+    pub kms_data_key_reuse_period_seconds: Option<i32>,
+
+    /// Tags on the SQS queue. skyport adds its own `skyport.dev/*` tags (owner UID, namespace,
+    /// name) and removes tags that are in neither set.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 45))]
+    #[x_kube(validation = Rule::new("self.all(k, !k.startsWith('skyport.dev/') && !k.startsWith('aws:'))").message("tag keys starting with 'skyport.dev/' are reserved for skyport and 'aws:' for AWS"))]
+    #[x_kube(validation = Rule::new("self.all(k, size(k) <= 128 && size(self[k]) <= 256)").message("tag keys are at most 128 characters and values at most 256"))]
+    pub tags: BTreeMap<String, String>,
+
+    /// What happens to the SQS queue when this Queue is deleted: `Delete` (default) or `Retain`.
+    #[serde(default)]
+    pub deletion_policy: DeletionPolicy,
+
+    /// Take over an existing SQS queue of the same name that skyport did not create. Without
+    /// it such a queue is never touched and the Queue reports Ready=False, reason AlreadyExists.
+    #[serde(default)]
+    pub adopt: bool,
+}
+
+fn policy_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "description": "The queue's access policy, an IAM policy document written as YAML (not a JSON string). Compared by meaning, not by text. Removing this field removes the policy.",
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
+/// FIFO deduplication scope.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum DeduplicationScope {
+    #[serde(rename = "queue")]
+    Queue,
+    #[serde(rename = "messageGroup")]
+    MessageGroup,
+}
+
+/// FIFO throughput quota scope.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum FifoThroughputLimit {
+    #[serde(rename = "perQueue")]
+    PerQueue,
+    #[serde(rename = "perMessageGroupId")]
+    PerMessageGroupId,
+}
+
+/// What deleting the Queue does to the SQS queue.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum DeletionPolicy {
+    /// Delete the SQS queue, then let the Queue go.
+    #[default]
+    Delete,
+    /// Keep the SQS queue (and its messages); only the Kubernetes object goes.
+    Retain,
+}
+
+/// The dead-letter target: another Queue in this namespace, or any SQS queue by ARN.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.queueRef) != has(self.targetArn)").message("deadLetter needs exactly one of queueRef and targetArn"))]
+pub struct DeadLetter {
+    /// A Queue in the same namespace; skyport waits until it is Ready and follows its ARN.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_ref: Option<LocalQueueRef>,
+    /// ARN of an existing SQS queue, e.g. `arn:aws:sqs:eu-west-1:123456789012:orders-dlq`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^arn:aws[a-zA-Z-]*:sqs:[a-z0-9-]+:[0-9]{12}:[A-Za-z0-9_-]{1,80}(\.fifo)?$"))]
+    pub target_arn: Option<String>,
+    /// Receives after which a message moves to the dead-letter queue (1-1000).
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_receive_count: i32,
+}
+
+/// Reference to a Queue in the same namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct LocalQueueRef {
+    /// `metadata.name` of the Queue.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+/// Who may use this queue as a dead-letter queue.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("(self.redrivePermission == 'byQueue') == (has(self.sourceQueueArns) && size(self.sourceQueueArns) > 0)").message("sourceQueueArns is required with redrivePermission byQueue and not allowed otherwise"))]
+pub struct RedriveAllowPolicy {
+    /// `allowAll`, `denyAll`, or `byQueue` (only the queues in sourceQueueArns).
+    pub redrive_permission: RedrivePermission,
+    /// With byQueue: the ARNs of the source queues allowed (at most 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 10))]
+    pub source_queue_arns: Option<Vec<String>>,
+}
+
+/// Redrive permission values as SQS spells them.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum RedrivePermission {
+    #[serde(rename = "allowAll")]
+    AllowAll,
+    #[serde(rename = "denyAll")]
+    DenyAll,
+    #[serde(rename = "byQueue")]
+    ByQueue,
+}
+
+/// Observed state of the SQS queue.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueStatus {
+    /// The queue's URL, for SQS SDK calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_url: Option<String>,
+    /// The queue's ARN, for IAM policies and redrive policies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_arn: Option<String>,
+    /// The SQS queue name in use (spec.queueName or the derived default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_name: Option<String>,
+    /// The `metadata.generation` of the spec last applied to SQS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`: the queue exists and matches the spec. `Synced`: the last reconcile succeeded.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}

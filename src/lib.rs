@@ -1,0 +1,12 @@
+//! skyport: a Kubernetes operator for cloud resources that live outside the cluster.
+//!
+//! The binary (`src/main.rs`) only parses flags and wires these modules together; tests and
+//! benchmarks drive the same controllers in-process.
+
+pub mod config;
+pub mod controllers;
+pub mod crd;
+pub mod error;
+pub mod telemetry;
+
+pub use error::{Error, Result};
