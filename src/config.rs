@@ -120,10 +120,9 @@ mod tests {
 
     #[test]
     fn flags_parse_durations_and_limits() {
-        let cli = Cli::try_parse_from([
-            "skyport", "run", "--queue-resync", "5s", "--sqs-rate", "3", "--namespace", "team-a",
-        ])
-        .unwrap();
+        let cli =
+            Cli::try_parse_from(["skyport", "run", "--queue-resync", "5s", "--sqs-rate", "3", "--namespace", "team-a"])
+                .unwrap();
         let Command::Run(run) = cli.command else { panic!("expected run") };
         assert_eq!(run.queue.resync, Duration::from_secs(5));
         assert_eq!(run.aws.sqs_rate.get(), 3);

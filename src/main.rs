@@ -38,7 +38,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         client,
         Arc::new(sqs),
         args.queue.clone(),
-        args.namespace.as_deref(),
+        args.namespace.clone(),
         shutdown_signal(),
     );
     queues.await;

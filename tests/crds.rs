@@ -5,10 +5,7 @@ fn checked_in_crds_match_the_rust_types() {
     let generated = skyport::crd::to_yaml(&skyport::crd::all()).expect("CRDs serialize");
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/crds/queue.yaml");
     let on_disk = std::fs::read_to_string(path).expect("crds/queue.yaml exists");
-    assert!(
-        generated == on_disk,
-        "crds/queue.yaml is stale: regenerate it with `cargo run -- crds > crds/queue.yaml`"
-    );
+    assert!(generated == on_disk, "crds/queue.yaml is stale: regenerate it with `cargo run -- crds > crds/queue.yaml`");
 }
 
 #[test]

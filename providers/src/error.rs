@@ -50,32 +50,34 @@ impl QueueError {
             "NonExistentQueue" | "QueueDoesNotExist" => QueueError::NotFound,
             "QueueDeletedRecently" => QueueError::DeletedRecently(message),
             "QueueAlreadyExists" | "QueueNameExists" => QueueError::AlreadyExists(message),
-            "InvalidAttributeName" | "InvalidAttributeValue" | "InvalidParameterValue"
-            | "InvalidParameterValueException" | "InvalidAddress" | "UnsupportedOperation"
-            | "ValidationError" | "TooManyEntriesInBatchRequest" | "KmsInvalidKeyUsage"
-            | "KmsNotFound" | "KmsInvalidState" => QueueError::Invalid {
-                code: code.to_string(),
-                message,
-            },
-            "AccessDenied" | "AccessDeniedException" | "InvalidClientTokenId"
-            | "UnrecognizedClientException" | "InvalidSecurity" | "SignatureDoesNotMatch"
-            | "MissingAuthenticationToken" | "ExpiredToken" | "KmsAccessDenied"
-            | "KmsDisabled" => QueueError::AccessDenied {
-                code: code.to_string(),
-                message,
-            },
-            "RequestThrottled" | "ThrottlingException" | "Throttling" | "OverLimit"
-            | "KmsThrottled" => QueueError::Throttled {
-                code: code.to_string(),
-                message,
-            },
+            "InvalidAttributeName"
+            | "InvalidAttributeValue"
+            | "InvalidParameterValue"
+            | "InvalidParameterValueException"
+            | "InvalidAddress"
+            | "UnsupportedOperation"
+            | "ValidationError"
+            | "TooManyEntriesInBatchRequest"
+            | "KmsInvalidKeyUsage"
+            | "KmsNotFound"
+            | "KmsInvalidState" => QueueError::Invalid { code: code.to_string(), message },
+            "AccessDenied"
+            | "AccessDeniedException"
+            | "InvalidClientTokenId"
+            | "UnrecognizedClientException"
+            | "InvalidSecurity"
+            | "SignatureDoesNotMatch"
+            | "MissingAuthenticationToken"
+            | "ExpiredToken"
+            | "KmsAccessDenied"
+            | "KmsDisabled" => QueueError::AccessDenied { code: code.to_string(), message },
+            "RequestThrottled" | "ThrottlingException" | "Throttling" | "OverLimit" | "KmsThrottled" => {
+                QueueError::Throttled { code: code.to_string(), message }
+            }
             "InternalError" | "InternalFailure" | "ServiceUnavailable" => {
                 QueueError::Unavailable(format!("{code}: {message}"))
             }
-            _ => QueueError::Other {
-                code: code.to_string(),
-                message,
-            },
+            _ => QueueError::Other { code: code.to_string(), message },
         }
     }
 }
@@ -90,10 +92,7 @@ mod tests {
             QueueError::from_code("AWS.SimpleQueueService.NonExistentQueue", String::new()),
             QueueError::NotFound
         ));
-        assert!(matches!(
-            QueueError::from_code("QueueDoesNotExist", String::new()),
-            QueueError::NotFound
-        ));
+        assert!(matches!(QueueError::from_code("QueueDoesNotExist", String::new()), QueueError::NotFound));
         assert!(matches!(
             QueueError::from_code("AWS.SimpleQueueService.QueueDeletedRecently", "wait".into()),
             QueueError::DeletedRecently(m) if m == "wait"

@@ -39,10 +39,7 @@ impl CallCounters {
 
     /// How many acquisitions had to wait, and for how long in total.
     pub fn waits(&self) -> (u64, Duration) {
-        (
-            self.waits.load(Ordering::Relaxed),
-            Duration::from_micros(self.waited_micros.load(Ordering::Relaxed)),
-        )
+        (self.waits.load(Ordering::Relaxed), Duration::from_micros(self.waited_micros.load(Ordering::Relaxed)))
     }
 }
 
@@ -68,9 +65,7 @@ impl Limiter {
             let start = Instant::now();
             self.bucket.until_ready().await;
             self.counters.waits.fetch_add(1, Ordering::Relaxed);
-            self.counters
-                .waited_micros
-                .fetch_add(start.elapsed().as_micros() as u64, Ordering::Relaxed);
+            self.counters.waited_micros.fetch_add(start.elapsed().as_micros() as u64, Ordering::Relaxed);
         }
         self.counters.record(operation);
     }

@@ -54,6 +54,9 @@ pub struct SqsSettings {
     pub burst: NonZeroU32,
     /// Upper bound for one call including the SDK's own retries.
     pub operation_timeout: Duration,
+    /// Overrides the endpoint from the standard chain (tests point single controllers at a
+    /// proxy this way; operators normally use `AWS_ENDPOINT_URL_SQS`).
+    pub endpoint_url: Option<String>,
 }
 
 impl Default for SqsSettings {
@@ -63,6 +66,7 @@ impl Default for SqsSettings {
             rate_per_second: NonZeroU32::new(20).expect("non-zero"),
             burst: NonZeroU32::new(40).expect("non-zero"),
             operation_timeout: Duration::from_secs(20),
+            endpoint_url: None,
         }
     }
 }
@@ -82,15 +86,16 @@ impl SqsProvider {
         let http = aws_smithy_http_client::Builder::new()
             .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
             .build_https();
-        let mut loader = aws_config::defaults(BehaviorVersion::latest())
-            .http_client(http)
-            .timeout_config(
-                TimeoutConfig::builder()
-                    .connect_timeout(Duration::from_secs(3))
-                    .operation_attempt_timeout(settings.operation_timeout / 2)
-                    .operation_timeout(settings.operation_timeout)
-                    .build(),
-            );
+        let mut loader = aws_config::defaults(BehaviorVersion::latest()).http_client(http).timeout_config(
+            TimeoutConfig::builder()
+                .connect_timeout(Duration::from_secs(3))
+                .operation_attempt_timeout(settings.operation_timeout / 2)
+                .operation_timeout(settings.operation_timeout)
+                .build(),
+        );
+        if let Some(endpoint) = &settings.endpoint_url {
+            loader = loader.endpoint_url(endpoint);
+        }
         if let Some(region) = &settings.region {
             loader = loader.region(Region::new(region.clone()));
         }
@@ -136,10 +141,7 @@ where
 }
 
 fn to_sdk_attributes(attributes: &Attributes) -> std::collections::HashMap<QueueAttributeName, String> {
-    attributes
-        .iter()
-        .map(|(k, v)| (QueueAttributeName::from(k.as_str()), v.clone()))
-        .collect()
+    attributes.iter().map(|(k, v)| (QueueAttributeName::from(k.as_str()), v.clone())).collect()
 }
 
 #[async_trait]
@@ -164,8 +166,7 @@ impl QueueBackend for SqsProvider {
             .send()
             .await
             .map_err(map_err)?;
-        out.queue_url
-            .ok_or_else(|| QueueError::Unavailable("CreateQueue returned no QueueUrl".into()))
+        out.queue_url.ok_or_else(|| QueueError::Unavailable("CreateQueue returned no QueueUrl".into()))
     }
 
     async fn attributes(&self, url: &str) -> Result<Option<Attributes>, QueueError> {
@@ -180,11 +181,7 @@ impl QueueBackend for SqsProvider {
             .map_err(map_err)
         {
             Ok(out) => Ok(Some(
-                out.attributes
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|(k, v)| (k.as_str().to_string(), v))
-                    .collect(),
+                out.attributes.unwrap_or_default().into_iter().map(|(k, v)| (k.as_str().to_string(), v)).collect(),
             )),
             Err(QueueError::NotFound) => Ok(None),
             Err(e) => Err(e),
@@ -223,13 +220,7 @@ impl QueueBackend for SqsProvider {
 
     async fn untag(&self, url: &str, keys: &[String]) -> Result<(), QueueError> {
         self.limiter.acquire("UntagQueue").await;
-        self.client
-            .untag_queue()
-            .queue_url(url)
-            .set_tag_keys(Some(keys.to_vec()))
-            .send()
-            .await
-            .map_err(map_err)?;
+        self.client.untag_queue().queue_url(url).set_tag_keys(Some(keys.to_vec())).send().await.map_err(map_err)?;
         Ok(())
     }
 

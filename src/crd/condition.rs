@@ -51,9 +51,7 @@ impl Condition {
 pub fn merge(previous: &[Condition], mut next: Vec<Condition>, now: &str) -> Vec<Condition> {
     for c in &mut next {
         c.last_transition_time = match previous.iter().find(|p| p.type_ == c.type_) {
-            Some(p) if p.status == c.status && !p.last_transition_time.is_empty() => {
-                p.last_transition_time.clone()
-            }
+            Some(p) if p.status == c.status && !p.last_transition_time.is_empty() => p.last_transition_time.clone(),
             _ => now.to_string(),
         };
     }

@@ -3,8 +3,8 @@
 pub mod condition;
 pub mod queue;
 
-use kube::CustomResourceExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
 
 pub use condition::{Condition, ConditionStatus};
 pub use queue::{Queue, QueueSpec, QueueStatus};

@@ -27,7 +27,13 @@ pub struct Ready {
 }
 
 /// Runs the plan's steps against SQS.
-pub async fn apply(queue: &Queue, desired: &Desired, observed: &Observed, plan: Plan, ctx: &Context) -> Result<Outcome> {
+pub async fn apply(
+    queue: &Queue,
+    desired: &Desired,
+    observed: &Observed,
+    plan: Plan,
+    ctx: &Context,
+) -> Result<Outcome> {
     let (steps, adopting) = match plan {
         Plan::Wait { reason, message, retry } => return Ok(Outcome::Wait { reason, message, retry }),
         Plan::Apply { steps, adopting } => (steps, adopting),
@@ -50,7 +56,10 @@ pub async fn apply(queue: &Queue, desired: &Desired, observed: &Observed, plan: 
                         let retry = ctx.settings.recently_deleted_retry;
                         return Ok(Outcome::Wait {
                             reason: "RecentlyDeleted",
-                            message: format!("SQS refuses to recreate {name:?} until 60 s after it was deleted; retrying every {}s", retry.as_secs()),
+                            message: format!(
+                                "SQS refuses to recreate {name:?} until 60 s after it was deleted; retrying every {}s",
+                                retry.as_secs()
+                            ),
                             retry: Some(retry),
                         });
                     }
@@ -61,7 +70,10 @@ pub async fn apply(queue: &Queue, desired: &Desired, observed: &Observed, plan: 
                 let recreated = queue.status.as_ref().and_then(|s| s.queue_url.as_ref()).is_some();
                 info!(url, recreated, "created SQS queue");
                 events.push(if recreated {
-                    ("Recreated", format!("SQS queue {name} was missing (deleted outside skyport?) and was created again"))
+                    (
+                        "Recreated",
+                        format!("SQS queue {name} was missing (deleted outside skyport?) and was created again"),
+                    )
                 } else {
                     ("Created", format!("created SQS queue {name}"))
                 });
@@ -123,7 +135,11 @@ pub async fn ensure_configmap(queue: &Queue, ready: &Ready, ctx: &Context) -> Re
     let cached = ctx.configmaps.get(&ObjectRef::new(&configmap_name(queue)).within(&ns));
     let current = cached.as_ref().is_some_and(|cm| {
         cm.data == want.data
-            && cm.metadata.owner_references.as_ref().is_some_and(|refs| refs.iter().any(|r| Some(&r.uid) == queue.metadata.uid.as_ref()))
+            && cm
+                .metadata
+                .owner_references
+                .as_ref()
+                .is_some_and(|refs| refs.iter().any(|r| Some(&r.uid) == queue.metadata.uid.as_ref()))
     });
     if current {
         return Ok(());

@@ -109,7 +109,9 @@ pub fn desired(spec: &QueueSpec, owner: &Owner<'_>, dead_letter_arn: Option<&str
         a.insert("KmsMasterKeyId".into(), v.clone());
     }
     let redrive = match (&spec.dead_letter, dead_letter_arn) {
-        (Some(dl), Some(arn)) => json!({"deadLetterTargetArn": arn, "maxReceiveCount": dl.max_receive_count}).to_string(),
+        (Some(dl), Some(arn)) => {
+            json!({"deadLetterTargetArn": arn, "maxReceiveCount": dl.max_receive_count}).to_string()
+        }
         _ => String::new(),
     };
     a.insert("RedrivePolicy".into(), redrive);
@@ -137,11 +139,7 @@ pub fn desired(spec: &QueueSpec, owner: &Owner<'_>, dead_letter_arn: Option<&str
     tags.insert(TAG_OWNER_NAMESPACE.into(), owner.namespace.into());
     tags.insert(TAG_OWNER_NAME.into(), owner.name.into());
 
-    Desired {
-        name: queue_name(owner.namespace, owner.name, spec),
-        attributes: a,
-        tags,
-    }
+    Desired { name: queue_name(owner.namespace, owner.name, spec), attributes: a, tags }
 }
 
 #[cfg(test)]

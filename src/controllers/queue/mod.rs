@@ -76,10 +76,10 @@ pub fn controller(
     client: Client,
     sqs: Arc<dyn QueueBackend>,
     settings: QueueArgs,
-    namespace: Option<&str>,
+    namespace: Option<String>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) -> (Arc<Context>, impl std::future::Future<Output = ()> + Send) {
-    let (queues, configmaps): (Api<Queue>, Api<ConfigMap>) = match namespace {
+    let (queues, configmaps): (Api<Queue>, Api<ConfigMap>) = match namespace.as_deref() {
         Some(ns) => (Api::namespaced(client.clone(), ns), Api::namespaced(client.clone(), ns)),
         None => (Api::all(client.clone()), Api::all(client.clone())),
     };
@@ -98,10 +98,7 @@ pub fn controller(
         .reflect(cm_writer)
         .touched_objects();
     let (tx, rx) = unbounded();
-    let reporter = Reporter {
-        controller: "skyport".into(),
-        instance: std::env::var("POD_NAME").ok(),
-    };
+    let reporter = Reporter { controller: "skyport".into(), instance: std::env::var("POD_NAME").ok() };
     let ctx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client,
@@ -174,12 +171,24 @@ async fn reconcile_inner(queue: Arc<Queue>, ctx: Arc<Context>) -> Result<Action>
             for (reason, note) in &ready.events {
                 publish(&ctx, &queue, EventType::Normal, reason, note.clone()).await;
             }
-            let was = ready_condition(&queue).map(|c| (c.status, queue.status.as_ref().and_then(|s| s.queue_arn.clone())));
+            let was =
+                ready_condition(&queue).map(|c| (c.status, queue.status.as_ref().and_then(|s| s.queue_arn.clone())));
             let arn = ready.arn.clone();
-            write_status(&queue, &api, &ctx, Some(&ready), vec![
-                Condition::new("Ready", ConditionStatus::True, "Available", "the SQS queue exists and matches the spec"),
-                Condition::new("Synced", ConditionStatus::True, "ReconcileSuccess", ""),
-            ])
+            write_status(
+                &queue,
+                &api,
+                &ctx,
+                Some(&ready),
+                vec![
+                    Condition::new(
+                        "Ready",
+                        ConditionStatus::True,
+                        "Available",
+                        "the SQS queue exists and matches the spec",
+                    ),
+                    Condition::new("Synced", ConditionStatus::True, "ReconcileSuccess", ""),
+                ],
+            )
             .await?;
             if was != Some((ConditionStatus::True, Some(arn))) {
                 wake_dependents(&queue, &ctx);
@@ -193,12 +202,21 @@ async fn reconcile_inner(queue: Arc<Queue>, ctx: Arc<Context>) -> Result<Action>
             Ok(retry.map(Action::requeue).unwrap_or_else(Action::await_change))
         }
         Err(e) if e.is_permanent() => {
-            report_problem(&queue, &api, &ctx, e.reason(), &format!("{e}; fix the spec, nothing is retried until it changes")).await?;
+            report_problem(
+                &queue,
+                &api,
+                &ctx,
+                e.reason(),
+                &format!("{e}; fix the spec, nothing is retried until it changes"),
+            )
+            .await?;
             Ok(Action::await_change())
         }
         Err(e) => {
             // Best effort: the API server may be what is failing.
-            if let Err(status_err) = report_problem(&queue, &api, &ctx, e.reason(), &format!("{e}; retrying with backoff")).await {
+            if let Err(status_err) =
+                report_problem(&queue, &api, &ctx, e.reason(), &format!("{e}; retrying with backoff")).await
+            {
                 debug!(error = %status_err, "could not record the failure in status");
             }
             Err(e)
@@ -248,15 +266,27 @@ async fn report_problem(queue: &Queue, api: &Api<Queue>, ctx: &Context, reason: 
         warn!(reason, message, "queue not ready");
         publish(ctx, queue, EventType::Warning, reason, message.to_string()).await;
     }
-    write_status(queue, api, ctx, None, vec![
-        Condition::new("Ready", ConditionStatus::False, reason, message),
-        Condition::new("Synced", ConditionStatus::False, reason, message),
-    ])
+    write_status(
+        queue,
+        api,
+        ctx,
+        None,
+        vec![
+            Condition::new("Ready", ConditionStatus::False, reason, message),
+            Condition::new("Synced", ConditionStatus::False, reason, message),
+        ],
+    )
     .await
 }
 
 /// Writes status when (and only when) it differs from what the object already says.
-async fn write_status(queue: &Queue, api: &Api<Queue>, ctx: &Context, ready: Option<&Ready>, conditions: Vec<Condition>) -> Result<()> {
+async fn write_status(
+    queue: &Queue,
+    api: &Api<Queue>,
+    ctx: &Context,
+    ready: Option<&Ready>,
+    conditions: Vec<Condition>,
+) -> Result<()> {
     let old = queue.status.clone().unwrap_or_default();
     let generation = queue.metadata.generation;
     let conditions = conditions.into_iter().map(|mut c| {
@@ -264,10 +294,8 @@ async fn write_status(queue: &Queue, api: &Api<Queue>, ctx: &Context, ready: Opt
         c
     });
     let now = k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
-    let mut new = QueueStatus {
-        conditions: condition::merge(&old.conditions, conditions.collect(), &now),
-        ..old.clone()
-    };
+    let mut new =
+        QueueStatus { conditions: condition::merge(&old.conditions, conditions.collect(), &now), ..old.clone() };
     if let Some(r) = ready {
         new.queue_url = Some(r.url.clone());
         new.queue_arn = Some(r.arn.clone());
@@ -278,8 +306,7 @@ async fn write_status(queue: &Queue, api: &Api<Queue>, ctx: &Context, ready: Opt
         return Ok(());
     }
     ctx.api_writes.inc();
-    api.patch_status(&queue.name_any(), &PatchParams::default(), &Patch::Merge(json!({ "status": new })))
-        .await?;
+    api.patch_status(&queue.name_any(), &PatchParams::default(), &Patch::Merge(json!({ "status": new }))).await?;
     Ok(())
 }
 
@@ -328,7 +355,8 @@ async fn cleanup(queue: &Queue, api: &Api<Queue>, ctx: &Context) -> Result<Actio
         DeletionPolicy::Retain => {
             let url = queue.status.as_ref().and_then(|s| s.queue_url.clone()).unwrap_or_default();
             info!(url, "deletionPolicy Retain: SQS queue kept");
-            publish(ctx, queue, EventType::Normal, "Retained", format!("deletionPolicy Retain: SQS queue {url} kept")).await;
+            publish(ctx, queue, EventType::Normal, "Retained", format!("deletionPolicy Retain: SQS queue {url} kept"))
+                .await;
         }
     }
     ctx.api_writes.inc();

@@ -25,8 +25,12 @@ impl DeadLetterWait {
     pub fn into_outcome(self, resync: Duration) -> Outcome {
         match self {
             // The referenced Queue wakes us when it becomes Ready; the retry is a safety net.
-            DeadLetterWait::NotReady(message) => Outcome::Wait { reason: "DeadLetterQueueNotReady", message, retry: Some(resync) },
-            DeadLetterWait::Mismatch(message) => Outcome::Wait { reason: "InvalidDeadLetterQueue", message, retry: Some(resync) },
+            DeadLetterWait::NotReady(message) => {
+                Outcome::Wait { reason: "DeadLetterQueueNotReady", message, retry: Some(resync) }
+            }
+            DeadLetterWait::Mismatch(message) => {
+                Outcome::Wait { reason: "InvalidDeadLetterQueue", message, retry: Some(resync) }
+            }
             DeadLetterWait::Invalid(message) => Outcome::Wait { reason: "InvalidSpec", message, retry: None },
         }
     }
@@ -71,9 +75,8 @@ pub fn dead_letter_arn(queue: &Queue, queues: &Store<Queue>) -> Result<Option<St
 /// lookup call), else by name. Tags are read only when `tags_due` or ownership is unproven.
 pub async fn observe(queue: &Queue, desired: &Desired, sqs: &dyn QueueBackend, tags_due: bool) -> Result<Observed> {
     let status = queue.status.as_ref();
-    let recorded_url = status
-        .filter(|s| s.queue_name.as_deref() == Some(desired.name.as_str()))
-        .and_then(|s| s.queue_url.clone());
+    let recorded_url =
+        status.filter(|s| s.queue_name.as_deref() == Some(desired.name.as_str())).and_then(|s| s.queue_url.clone());
     let url = match &recorded_url {
         Some(url) => Some(url.clone()),
         None => sqs.queue_url(&desired.name).await?,
@@ -116,7 +119,11 @@ mod tests {
 
     fn with_dlq(target: &str) -> QueueSpec {
         QueueSpec {
-            dead_letter: Some(DeadLetter { queue_ref: Some(LocalQueueRef { name: target.into() }), target_arn: None, max_receive_count: 5 }),
+            dead_letter: Some(DeadLetter {
+                queue_ref: Some(LocalQueueRef { name: target.into() }),
+                target_arn: None,
+                max_receive_count: 5,
+            }),
             ..Default::default()
         }
     }

@@ -60,8 +60,7 @@ pub fn plan(desired: &Desired, fifo: bool, uid: &str, adopt: bool, observed: &Ob
         Observed::Present(existing) => existing,
     };
 
-    let ours = existing.recorded
-        || existing.tags.as_ref().and_then(|t| t.get(TAG_OWNER_UID)).is_some_and(|u| u == uid);
+    let ours = existing.recorded || existing.tags.as_ref().and_then(|t| t.get(TAG_OWNER_UID)).is_some_and(|u| u == uid);
     if !ours && !adopt {
         return Plan::Wait {
             reason: "AlreadyExists",
@@ -90,7 +89,8 @@ pub fn plan(desired: &Desired, fifo: bool, uid: &str, adopt: bool, observed: &Ob
             .filter(|(k, v)| observed_tags.get(k.as_str()) != Some(v))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let remove: Vec<String> = observed_tags.keys().filter(|k| !desired.tags.contains_key(k.as_str())).cloned().collect();
+        let remove: Vec<String> =
+            observed_tags.keys().filter(|k| !desired.tags.contains_key(k.as_str())).cloned().collect();
         if !add.is_empty() {
             steps.push(Step::Tag(add));
         }
@@ -117,13 +117,15 @@ pub fn attribute_matches(name: &str, desired: &str, observed: Option<&str>) -> b
             }
         }
         "ContentBasedDeduplication" | "SqsManagedSseEnabled" | "FifoQueue" => desired.eq_ignore_ascii_case(observed),
-        "VisibilityTimeout" | "MessageRetentionPeriod" | "DelaySeconds" | "MaximumMessageSize"
-        | "ReceiveMessageWaitTimeSeconds" | "KmsDataKeyReusePeriodSeconds" => {
-            match (desired.trim().parse::<i64>(), observed.trim().parse::<i64>()) {
-                (Ok(d), Ok(o)) => d == o,
-                _ => desired == observed,
-            }
-        }
+        "VisibilityTimeout"
+        | "MessageRetentionPeriod"
+        | "DelaySeconds"
+        | "MaximumMessageSize"
+        | "ReceiveMessageWaitTimeSeconds"
+        | "KmsDataKeyReusePeriodSeconds" => match (desired.trim().parse::<i64>(), observed.trim().parse::<i64>()) {
+            (Ok(d), Ok(o)) => d == o,
+            _ => desired == observed,
+        },
         _ => desired == observed,
     }
 }
@@ -191,7 +193,9 @@ mod tests {
         let spec = QueueSpec {
             visibility_timeout_seconds: Some(45),
             content_based_deduplication: Some(true),
-            policy: Some(serde_json::json!({"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": ["sqs:SendMessage"], "Principal": "*"}]})),
+            policy: Some(
+                serde_json::json!({"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": ["sqs:SendMessage"], "Principal": "*"}]}),
+            ),
             ..Default::default()
         };
         let d = want(&spec);
@@ -200,7 +204,10 @@ mod tests {
             &[
                 ("VisibilityTimeout", "45"),
                 ("ContentBasedDeduplication", "TRUE"),
-                ("Policy", r#"{"Statement":{"Principal":"*","Action":"sqs:SendMessage","Effect":"Allow"},"Version":"2012-10-17"}"#),
+                (
+                    "Policy",
+                    r#"{"Statement":{"Principal":"*","Action":"sqs:SendMessage","Effect":"Allow"},"Version":"2012-10-17"}"#,
+                ),
                 ("DelaySeconds", "7"),
                 ("QueueArn", "arn"),
             ],
@@ -253,10 +260,7 @@ mod tests {
         let Plan::Apply { steps, .. } = plan(&d, false, UID, false, &observed) else { panic!() };
         assert_eq!(
             steps,
-            vec![
-                Step::Tag([("team".to_string(), "b".to_string())].into()),
-                Step::Untag(vec!["stale".to_string()])
-            ]
+            vec![Step::Tag([("team".to_string(), "b".to_string())].into()), Step::Untag(vec!["stale".to_string()])]
         );
     }
 
@@ -264,7 +268,10 @@ mod tests {
     fn foreign_queue_is_left_alone_without_adopt() {
         let d = want(&QueueSpec::default());
         let observed = existing(&[], Some(&[("owner", "someone-else")]), false);
-        assert!(matches!(plan(&d, false, UID, false, &observed), Plan::Wait { reason: "AlreadyExists", retry: None, .. }));
+        assert!(matches!(
+            plan(&d, false, UID, false, &observed),
+            Plan::Wait { reason: "AlreadyExists", retry: None, .. }
+        ));
     }
 
     #[test]

@@ -1,0 +1,242 @@
+//! Harness for integration tests against the real environment of `tests/env.sh up`: a real
+//! kube-apiserver (+ etcd, kube-controller-manager) and real LocalStack.
+//!
+//! Each test gets its own namespace and its own in-process Queue controller watching only that
+//! namespace, so tests run in parallel without seeing each other's objects, and each can read its
+//! controller's call counters.
+
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_sdk_sqs::Client as SqsClient;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use skyport::config::QueueArgs;
+use skyport::controllers::queue::{Context, controller};
+use skyport::crd::{ConditionStatus, Queue};
+use tokio::sync::{OnceCell, oneshot};
+
+pub mod proxy;
+
+static SETUP: OnceCell<()> = OnceCell::const_new();
+
+fn require_env() {
+    for var in ["KUBECONFIG", "AWS_ENDPOINT_URL"] {
+        if std::env::var_os(var).is_none() {
+            panic!(
+                "{var} is not set: start the test environment with `eval \"$(tests/env.sh up)\"` (or run tests/run.sh)"
+            );
+        }
+    }
+}
+
+/// A kube client for the test API server, with skyport's CRDs installed from `crds/` (the
+/// checked-in files, so they are what gets tested).
+pub async fn client() -> Client {
+    require_env();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = Client::try_default().await.expect("kube client from KUBECONFIG");
+    SETUP.get_or_init(|| install_crds(client.clone())).await;
+    client
+}
+
+async fn install_crds(client: Client) {
+    let api: Api<CustomResourceDefinition> = Api::all(client);
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/crds");
+    for entry in std::fs::read_dir(dir).expect("crds/ exists") {
+        let path = entry.expect("dir entry").path();
+        let text = std::fs::read_to_string(&path).expect("read CRD");
+        let crd: CustomResourceDefinition = serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+        let name = crd.name_any();
+        api.patch(&name, &PatchParams::apply("skyport-tests").force(), &Patch::Apply(&crd))
+            .await
+            .unwrap_or_else(|e| panic!("applying {path:?}: {e}"));
+        eventually(&format!("CRD {name} Established"), Duration::from_secs(30), || async {
+            let crd = api.get(&name).await.ok()?;
+            crd.status?.conditions?.iter().any(|c| c.type_ == "Established" && c.status == "True").then_some(())
+        })
+        .await;
+    }
+}
+
+/// Polls `f` every 200 ms until it returns `Some`, or panics after `timeout` naming `what`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A fresh namespace, deleted by [`TestNs::cleanup`] (left in place when a test fails, for
+/// inspection, unless the whole environment is torn down).
+pub struct TestNs {
+    pub client: Client,
+    pub name: String,
+}
+
+impl TestNs {
+    pub async fn new(prefix: &str) -> Self {
+        let client = client().await;
+        let name = format!("{prefix}-{:08x}", rand::random::<u32>());
+        let ns: Namespace = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": {"skyport.dev/test": "true"}}
+        }))
+        .unwrap();
+        Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await.expect("create namespace");
+        TestNs { client, name }
+    }
+
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), &self.name)
+    }
+
+    pub async fn cleanup(self) {
+        let _ = Api::<Namespace>::all(self.client.clone()).delete(&self.name, &DeleteParams::default()).await;
+    }
+}
+
+/// A Queue controller running in-process for one namespace.
+pub struct Operator {
+    pub ctx: Arc<Context>,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Settings for fast tests: short resync and backoff.
+pub fn fast_settings() -> QueueArgs {
+    QueueArgs {
+        resync: Duration::from_secs(2),
+        tag_resync: Duration::from_secs(600),
+        concurrency: 4,
+        backoff_min: Duration::from_millis(200),
+        backoff_max: Duration::from_secs(2),
+        recently_deleted_retry: Duration::from_secs(5),
+    }
+}
+
+impl Operator {
+    pub async fn start(ns: &TestNs, settings: QueueArgs) -> Self {
+        Self::start_with_endpoint(ns, settings, None).await
+    }
+
+    /// Like [`Operator::start`], talking to SQS at `endpoint` instead of `AWS_ENDPOINT_URL`.
+    pub async fn start_with_endpoint(ns: &TestNs, settings: QueueArgs, endpoint: Option<String>) -> Self {
+        let sqs = providers::SqsProvider::from_env(&providers::SqsSettings {
+            endpoint_url: endpoint,
+            operation_timeout: Duration::from_secs(5),
+            ..Default::default()
+        })
+        .await;
+        let (tx, rx) = oneshot::channel::<()>();
+        let (ctx, run) = controller(ns.client.clone(), Arc::new(sqs), settings, Some(ns.name.clone()), async {
+            let _ = rx.await;
+        });
+        let task = tokio::spawn(run);
+        Operator { ctx, stop: Some(tx), task }
+    }
+
+    /// SQS calls made so far, per operation.
+    pub fn sqs_calls(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        self.ctx.sqs.limiter().counters.snapshot()
+    }
+
+    /// Stops the controller, letting reconciles in flight finish.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(20), &mut self.task).await;
+    }
+}
+
+/// An SQS client independent of skyport's adapter, to check and disturb SQS behind its back.
+pub async fn sqs() -> SqsClient {
+    require_env();
+    let http = aws_smithy_http_client::Builder::new()
+        .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
+            aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
+        ))
+        .build_https();
+    let config = aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(http).load().await;
+    SqsClient::new(&config)
+}
+
+/// Builds a Queue from a JSON spec.
+pub fn queue(name: &str, spec: serde_json::Value) -> Queue {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "skyport.dev/v1alpha1",
+        "kind": "Queue",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .expect("valid Queue JSON")
+}
+
+/// The Ready condition's (status, reason), if any.
+pub fn ready(q: &Queue) -> Option<(ConditionStatus, String)> {
+    let c = q.status.as_ref()?.conditions.iter().find(|c| c.type_ == "Ready")?;
+    Some((c.status, c.reason.clone()))
+}
+
+/// Waits until the Queue's Ready condition has `status` and `reason`, returning the object.
+pub async fn wait_ready(
+    api: &Api<Queue>,
+    name: &str,
+    status: ConditionStatus,
+    reason: &str,
+    timeout: Duration,
+) -> Queue {
+    let mut last = None;
+    let what = format!("Queue {name} Ready={status:?} reason {reason}");
+    let result = tokio::time::timeout(timeout, async {
+        loop {
+            if let Ok(q) = api.get(name).await {
+                if ready(&q).as_ref().is_some_and(|(s, r)| *s == status && r == reason) {
+                    return q;
+                }
+                last = q.status.clone();
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    result.unwrap_or_else(|_| panic!("timed out waiting for {what}; last status: {last:#?}"))
+}
+
+/// All attributes of the queue at `url` (via the independent client).
+pub async fn attributes(sqs: &SqsClient, url: &str) -> std::collections::HashMap<String, String> {
+    sqs.get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::All)
+        .send()
+        .await
+        .expect("GetQueueAttributes")
+        .attributes
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k.as_str().to_string(), v))
+        .collect()
+}
+
+/// Whether a queue of that name exists.
+pub async fn queue_exists(sqs: &SqsClient, name: &str) -> bool {
+    sqs.get_queue_url().queue_name(name).send().await.is_ok()
+}

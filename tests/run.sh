@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The whole test suite: unit tests, the CRD drift check, and the integration tests against a real
+# kube-apiserver + LocalStack (started with tests/env.sh, stopped again unless it was already up
+# or SKYPORT_KEEP_ENV=1). Extra arguments go to `cargo test` before `--`, e.g. `--test queue`.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+started=0
+tests/env.sh env >/dev/null 2>&1 || started=1
+exports="$(tests/env.sh up)"
+eval "$exports"
+cleanup() {
+  if [[ $started == 1 && "${SKYPORT_KEEP_ENV:-0}" != 1 ]]; then tests/env.sh down >&2 || true; fi
+}
+trap cleanup EXIT
+
+# The integration tests wait on real servers, not on the CPU: run them wide.
+cargo test --workspace --all-targets "$@" -- --include-ignored --test-threads 16
