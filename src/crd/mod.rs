@@ -14,7 +14,35 @@ pub const GROUP: &str = "skyport.dev";
 
 /// Every CRD skyport serves, in the order `skyport crds` prints them.
 pub fn all() -> Vec<CustomResourceDefinition> {
-    vec![Queue::crd()]
+    vec![unwrap_descriptions(Queue::crd())]
+}
+
+/// Doc comments are wrapped at source width; `kubectl explain` reflows text itself, so single line
+/// breaks become spaces (blank lines stay paragraph breaks).
+fn unwrap_descriptions(crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    fn walk(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(map) => {
+                for (k, v) in map.iter_mut() {
+                    match v {
+                        serde_json::Value::String(s) if k == "description" => {
+                            *s = s
+                                .split("\n\n")
+                                .map(|p| p.split_whitespace().collect::<Vec<_>>().join(" "))
+                                .collect::<Vec<_>>()
+                                .join("\n\n");
+                        }
+                        other => walk(other),
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    let mut json = serde_json::to_value(&crd).expect("CRDs serialize");
+    walk(&mut json);
+    serde_json::from_value(json).expect("CRDs deserialize")
 }
 
 /// Renders `crds` as a multi-document YAML stream with a "generated" header.
