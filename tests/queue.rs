@@ -434,3 +434,42 @@ async fn converged_queue_costs_no_writes_over_several_resyncs() {
     op.stop().await;
     ns.cleanup().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn fifo_dead_letter_queue_for_a_standard_queue_is_reported_with_a_warning_event() {
+    let ns = TestNs::new("sq-dlqkind").await;
+    let op = Operator::start(&ns, fast_settings()).await;
+    let queues: Api<Queue> = ns.api();
+    queues.create(&PostParams::default(), &queue("dlq", json!({"fifo": true}))).await.unwrap();
+    queues
+        .create(
+            &PostParams::default(),
+            &queue("std", json!({"deadLetter": {"queueRef": {"name": "dlq"}, "maxReceiveCount": 2}})),
+        )
+        .await
+        .unwrap();
+    let q = wait_ready(&queues, "std", ConditionStatus::False, "InvalidDeadLetterQueue", READY_TIMEOUT).await;
+    let message = q.status.unwrap().conditions[0].message.clone();
+    assert!(message.contains("FIFO") && message.contains("standard"), "{message}");
+
+    let events: Api<k8s_openapi::api::events::v1::Event> = ns.api();
+    let warning = eventually("Warning Event for the Queue", READY_TIMEOUT, || async {
+        events.list(&Default::default()).await.ok()?.items.into_iter().find(|e| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("std") && e.type_.as_deref() == Some("Warning")
+        })
+    })
+    .await;
+    assert_eq!(warning.reason.as_deref(), Some("InvalidDeadLetterQueue"));
+    assert!(!queue_exists(&sqs().await, &format!("{}-std", ns.name)).await, "nothing created for an unusable spec");
+    // A Queue that never became usable can still be deleted.
+    for name in ["std", "dlq"] {
+        queues.delete(name, &DeleteParams::default()).await.unwrap();
+        eventually(&format!("Queue {name} deleted"), READY_TIMEOUT, || async {
+            matches!(queues.get(name).await, Err(kube::Error::Api(e)) if e.code == 404).then_some(())
+        })
+        .await;
+    }
+    op.stop().await;
+    ns.cleanup().await;
+}
