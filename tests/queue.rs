@@ -75,8 +75,7 @@ async fn created_queue_becomes_ready_with_url_arn_attributes_tags_and_configmap(
     .await;
     assert_eq!(back.data.unwrap()["QUEUE_URL"], url);
 
-    op.stop().await;
-    ns.cleanup().await;
+    finish(op, ns).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -129,8 +128,7 @@ async fn spec_edits_converge_attributes_and_tags_in_place() {
         (attributes(&sqs, &url).await["VisibilityTimeout"] == "90").then_some(())
     })
     .await;
-    op.stop().await;
-    ns.cleanup().await;
+    finish(op, ns).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -155,8 +153,7 @@ async fn queue_deleted_out_of_band_is_recreated_after_the_sixty_second_rule() {
     // First create, then retries every 5 s (recently_deleted_retry) for at most ~60 s: bounded,
     // no hot loop.
     assert!(creates <= creates_while_waiting + 15, "CreateQueue attempts: {creates}");
-    op.stop().await;
-    ns.cleanup().await;
+    finish(op, ns).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -173,10 +170,7 @@ async fn deleting_the_queue_removes_the_sqs_queue_and_the_finalizer_unless_retai
     queues.delete("doomed", &DeleteParams::default()).await.unwrap();
     queues.delete("kept", &DeleteParams::default()).await.unwrap();
     for name in ["doomed", "kept"] {
-        eventually(&format!("Queue {name} gone from the API"), READY_TIMEOUT, || async {
-            matches!(queues.get(name).await, Err(kube::Error::Api(e)) if e.code == 404).then_some(())
-        })
-        .await;
+        wait_gone(&queues, name, READY_TIMEOUT).await;
     }
     let sqs = sqs().await;
     assert!(!queue_exists(&sqs, &format!("{}-doomed", ns.name)).await, "Delete policy removes the SQS queue");
@@ -184,8 +178,7 @@ async fn deleting_the_queue_removes_the_sqs_queue_and_the_finalizer_unless_retai
     assert!(queue_exists(&sqs, &kept).await, "Retain keeps the SQS queue");
     let url = sqs.get_queue_url().queue_name(&kept).send().await.unwrap().queue_url.unwrap();
     sqs.delete_queue().queue_url(url).send().await.unwrap();
-    op.stop().await;
-    ns.cleanup().await;
+    finish(op, ns).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -204,8 +197,7 @@ async fn fifo_queue_gets_the_suffix_and_fifo_attributes() {
     assert_eq!(a["DeduplicationScope"], "messageGroup");
     assert_eq!(a["FifoThroughputLimit"], "perMessageGroupId");
     queues.delete("events", &DeleteParams::default()).await.unwrap();
-    op.stop().await;
-    ns.cleanup().await;
+    finish(op, ns).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -263,8 +255,7 @@ async fn dead_letter_queue_by_reference_is_awaited_then_followed() {
     for name in ["work", "work-dlq", "other-dlq"] {
         queues.delete(name, &DeleteParams::default()).await.unwrap();
     }
-    op.stop().await;
-    ns.cleanup().await;
+    finish(op, ns).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -306,8 +297,7 @@ async fn foreign_queue_is_untouched_without_adopt_and_managed_with_it() {
         (!queue_exists(&sqs, &name).await).then_some(())
     })
     .await;
-    op.stop().await;
-    ns.cleanup().await;
+    finish(op, ns).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -391,8 +381,7 @@ async fn unreachable_sqs_turns_ready_false_and_recovers_when_it_returns() {
     assert_eq!(attributes(&sqs().await, &url_of(&q)).await["VisibilityTimeout"], "32");
     queues.delete("flaky", &DeleteParams::default()).await.unwrap();
     eventually("Queue deleted", READY_TIMEOUT, || async { queues.get("flaky").await.is_err().then_some(()) }).await;
-    op.stop().await;
-    ns.cleanup().await;
+    finish(op, ns).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -431,8 +420,7 @@ async fn converged_queue_costs_no_writes_over_several_resyncs() {
     assert!(reads >= 3, "resyncs kept reading SQS ({reads} reads in {:?})", resync * 4);
     assert_eq!(delta("GetQueueUrl") + delta("ListQueueTags"), 0, "one call per resync: {calls_after:?}");
     queues.delete("calm", &DeleteParams::default()).await.unwrap();
-    op.stop().await;
-    ns.cleanup().await;
+    finish(op, ns).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -465,11 +453,7 @@ async fn fifo_dead_letter_queue_for_a_standard_queue_is_reported_with_a_warning_
     // A Queue that never became usable can still be deleted.
     for name in ["std", "dlq"] {
         queues.delete(name, &DeleteParams::default()).await.unwrap();
-        eventually(&format!("Queue {name} deleted"), READY_TIMEOUT, || async {
-            matches!(queues.get(name).await, Err(kube::Error::Api(e)) if e.code == 404).then_some(())
-        })
-        .await;
+        wait_gone(&queues, name, READY_TIMEOUT).await;
     }
-    op.stop().await;
-    ns.cleanup().await;
+    finish(op, ns).await;
 }

@@ -240,3 +240,25 @@ pub async fn attributes(sqs: &SqsClient, url: &str) -> std::collections::HashMap
 pub async fn queue_exists(sqs: &SqsClient, name: &str) -> bool {
     sqs.get_queue_url().queue_name(name).send().await.is_ok()
 }
+
+/// Waits until the Queue `name` is gone from the API (finalizer released).
+pub async fn wait_gone(api: &Api<Queue>, name: &str, timeout: Duration) {
+    eventually(&format!("Queue {name} deleted"), timeout, || async {
+        matches!(api.get(name).await, Err(kube::Error::Api(e)) if e.code == 404).then_some(())
+    })
+    .await;
+}
+
+/// Ends a test: deletes every Queue left in the namespace while the controller still runs (so
+/// their SQS queues go too and no finalizer is left behind), then stops the controller and
+/// deletes the namespace.
+pub async fn finish(op: Operator, ns: TestNs) {
+    let api: Api<Queue> = ns.api();
+    let _ = api.delete_collection(&DeleteParams::default(), &Default::default()).await;
+    eventually("all Queues of the test deleted", Duration::from_secs(60), || async {
+        api.list(&Default::default()).await.ok()?.items.is_empty().then_some(())
+    })
+    .await;
+    op.stop().await;
+    ns.cleanup().await;
+}
