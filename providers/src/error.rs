@@ -82,9 +82,105 @@ impl QueueError {
     }
 }
 
+/// A failed exit-server host call (DigitalOcean, Hetzner Cloud, ...). Messages come from the
+/// provider's error body with the API token scrubbed out, so they are safe to log and to put in
+/// status conditions and Events.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostError {
+    /// The provider throttled us (HTTP 429) or our own view of its quota says to wait.
+    /// `retry_after` is the provider's `Retry-After`, else the time until its rate-limit reset.
+    #[error("{provider} rate limit reached{}", retry_hint(.retry_after))]
+    RateLimited { provider: &'static str, retry_after: Option<std::time::Duration> },
+    /// The token is missing, wrong, expired or lacks the scope (HTTP 401 / 403).
+    #[error("{provider} rejected the credentials: {message}")]
+    Unauthorized { provider: &'static str, message: String },
+    /// The request itself is wrong (unknown region or size, bad user data; HTTP 400 / 422).
+    #[error("{provider} rejected the request: {message}")]
+    Invalid { provider: &'static str, message: String },
+    /// The host (or another referenced object) does not exist (HTTP 404).
+    #[error("{provider}: not found: {message}")]
+    NotFound { provider: &'static str, message: String },
+    /// An object with the same unique field (the server name) already exists (HTTP 409).
+    #[error("{provider}: already exists: {message}")]
+    AlreadyExists { provider: &'static str, message: String },
+    /// An account limit was reached (number of servers, cores, IPs).
+    #[error("{provider} quota exceeded: {message}")]
+    Quota { provider: &'static str, message: String },
+    /// Network failure, timeout, 5xx, maintenance, a locked resource or a malformed response.
+    #[error("{provider} unavailable: {message}")]
+    Unavailable { provider: &'static str, message: String },
+}
+
+fn retry_hint(retry_after: &Option<std::time::Duration>) -> String {
+    match retry_after {
+        Some(d) => format!(", retry after {:.1}s", d.as_secs_f64()),
+        None => String::new(),
+    }
+}
+
+impl HostError {
+    /// Invalid input and bad credentials need a user to act; everything else may pass with time.
+    /// A quota counts as transient: it frees up when hosts are deleted, including by the
+    /// operator's own orphan sweep, and the controller's backoff keeps retries cheap.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            HostError::Unauthorized { .. } | HostError::Invalid { .. } => ErrorClass::Permanent,
+            HostError::RateLimited { .. }
+            | HostError::NotFound { .. }
+            | HostError::AlreadyExists { .. }
+            | HostError::Quota { .. }
+            | HostError::Unavailable { .. } => ErrorClass::Transient,
+        }
+    }
+
+    /// How long the provider asked us to wait, when it said so.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            HostError::RateLimited { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+
+    /// Stable snake_case label for metrics (the `outcome` of a failed cloud call) and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            HostError::RateLimited { .. } => "rate_limited",
+            HostError::Unauthorized { .. } => "unauthorized",
+            HostError::Invalid { .. } => "invalid",
+            HostError::NotFound { .. } => "not_found",
+            HostError::AlreadyExists { .. } => "already_exists",
+            HostError::Quota { .. } => "quota",
+            HostError::Unavailable { .. } => "unavailable",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_errors_needing_a_user_are_permanent_the_rest_transient() {
+        let p = "test";
+        let m = String::new;
+        for e in
+            [HostError::Unauthorized { provider: p, message: m() }, HostError::Invalid { provider: p, message: m() }]
+        {
+            assert_eq!(e.class(), ErrorClass::Permanent, "{e}");
+        }
+        for e in [
+            HostError::RateLimited { provider: p, retry_after: None },
+            HostError::NotFound { provider: p, message: m() },
+            HostError::AlreadyExists { provider: p, message: m() },
+            HostError::Quota { provider: p, message: m() },
+            HostError::Unavailable { provider: p, message: m() },
+        ] {
+            assert_eq!(e.class(), ErrorClass::Transient, "{e}");
+        }
+        let e = HostError::RateLimited { provider: p, retry_after: Some(std::time::Duration::from_millis(2500)) };
+        assert_eq!(e.to_string(), "test rate limit reached, retry after 2.5s");
+        assert_eq!(e.retry_after(), Some(std::time::Duration::from_millis(2500)));
+    }
 
     #[test]
     fn query_and_json_protocol_codes_map_to_the_same_variant() {

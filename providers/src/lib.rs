@@ -4,10 +4,20 @@
 //! exercised against any backend that keeps the same contract, and every adapter shares one way
 //! of rate limiting and of classifying errors.
 
+pub mod digitalocean;
 pub mod error;
+pub mod hetzner;
+pub mod hosts;
 pub mod limiter;
+pub mod rest;
 pub mod sqs;
+pub mod userdata;
 
-pub use error::{ErrorClass, QueueError};
+pub use digitalocean::{DigitalOceanProvider, DigitalOceanSettings};
+pub use error::{ErrorClass, HostError, QueueError};
+pub use hetzner::{HetznerProvider, HetznerSettings};
+pub use hosts::{Host, HostProvider, HostRequest, HostState, TagSyntax, owner_tags};
 pub use limiter::{CallCounters, Limiter};
+pub use rest::{ApiToken, Budget, RestSettings};
 pub use sqs::{QueueBackend, SqsProvider, SqsSettings};
+pub use userdata::{ExitServer, Protocol, TunnelService, render_cloud_config};

@@ -59,6 +59,18 @@ impl Limiter {
         }
     }
 
+    /// Any `governor` quota, e.g. one cell per 900 ms with a burst of 60 for an hourly budget.
+    pub fn from_quota(quota: Quota) -> Self {
+        Limiter { bucket: RateLimiter::direct(quota), counters: CallCounters::default() }
+    }
+
+    /// Counts `waited` as time spent waiting before a call, for waits decided outside the
+    /// bucket (a provider saying its quota is exhausted until a reset time).
+    pub fn record_wait(&self, waited: Duration) {
+        self.counters.waits.fetch_add(1, Ordering::Relaxed);
+        self.counters.waited_micros.fetch_add(waited.as_micros() as u64, Ordering::Relaxed);
+    }
+
     /// Waits for a token, then counts `operation` as one call.
     pub async fn acquire(&self, operation: &'static str) {
         if self.bucket.check().is_err() {

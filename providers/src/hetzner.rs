@@ -1,0 +1,257 @@
+//! Hetzner Cloud Servers as exit-server hosts.
+//!
+//! Follows the published API reference, https://docs.hetzner.cloud/ (read 2026-11-22 through
+//! the text copy in github.com/smrezvani/Hetzner-Cloud-API-Document `llm.txt` @7a118fe7):
+//! - "Authentication" (`Authorization: Bearer`), "Errors" (`{"error": {"code", "message",
+//!   "details"}}` with codes such as `invalid_input`, `unauthorized`, `forbidden`, `not_found`,
+//!   `uniqueness_error`, `resource_limit_exceeded`, `rate_limit_exceeded`, `locked`),
+//!   "Labels" (keys: optional DNS-subdomain prefix + `/` + name ≤ 63; values ≤ 63 characters,
+//!   alphanumeric at both ends, `-_.` inside), "Label Selector" (`k==v`), "Pagination"
+//!   (`page`, `per_page` default 25 max 50, `meta.pagination.next_page` null on the last page)
+//!   and "Rate Limiting".
+//! - Servers: "Create a Server" (`POST /servers`, 201, `{"server", "action", "next_actions",
+//!   "root_password"}`; `name`, `server_type`, `image`, `location`, `user_data` ≤ 32 KiB,
+//!   `labels`, `start_after_create`), "Get a Server" (`GET /servers/{id}`), "Delete a Server"
+//!   (`DELETE /servers/{id}`, 200 with an action) and "Get all Servers" (`GET /servers` with
+//!   `label_selector`, `page`, `per_page`). `status` ∈ running, initializing, starting,
+//!   stopping, off, deleting, migrating, rebuilding, unknown; `public_net.ipv4.ip`.
+//!
+//! Rate limits: "The default limit is 3600 requests per hour and per Project. The number of
+//! remaining requests increases gradually", by one per second at that limit; responses carry
+//! `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` (the UNIX time at which the
+//! full limit is available again), and exceeding the limit gives `429` `rate_limit_exceeded`.
+//! [`default_budget`] stays under it with room for other clients of the same project.
+
+use std::collections::BTreeMap;
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use reqwest::Method;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::error::HostError;
+use crate::hosts::{Host, HostProvider, HostRequest, HostState, TagSyntax};
+use crate::limiter::Limiter;
+use crate::rest::{ApiToken, Budget, RefillModel, RestClient, RestSettings};
+
+const PROVIDER: &str = "hetzner";
+/// Production endpoint (paths below are relative to it).
+pub const API_URL: &str = "https://api.hetzner.cloud/v1";
+/// Environment variable read for the token (the `hcloud` CLI's name).
+pub const TOKEN_ENV: &[&str] = &["HCLOUD_TOKEN"];
+/// `user_data` "is limited to 32KiB".
+pub const MAX_USER_DATA: usize = 32 * 1024;
+/// Largest `per_page` the API accepts.
+pub const MAX_PAGE_SIZE: u32 = 50;
+
+/// One call per 1.25 s sustained (2,880 an hour, 80 % of the 3,600 quota) with bursts of 60:
+/// at most 2,940 calls in any hour, leaving a fifth of the project's quota to people and tools
+/// sharing it. Hetzner refills one request per second, so a burst of 60 is back within a minute.
+pub fn default_budget() -> Budget {
+    Budget { period: Duration::from_millis(1250), burst: NonZeroU32::new(60).expect("non-zero") }
+}
+
+/// How to reach Hetzner Cloud and what to create.
+#[derive(Debug, Clone)]
+pub struct HetznerSettings {
+    pub rest: RestSettings,
+    /// Image name of every exit server.
+    pub image: String,
+    /// Location used when a request names none; `None` lets Hetzner choose.
+    pub default_location: Option<String>,
+    /// Server type used when a request names none: the smallest shared x86 type. `cx23`
+    /// replaced `cx22` (inlets-operator's choice); current tooling uses it, e.g. Pulumi's hcloud
+    /// v1.32.1 docs (2026-02). Check `GET /server_types` for what your project can order.
+    pub default_server_type: String,
+    /// `per_page` for listing (1–50).
+    pub page_size: u32,
+}
+
+impl HetznerSettings {
+    pub fn new(token: ApiToken) -> Self {
+        HetznerSettings {
+            rest: RestSettings {
+                base_url: API_URL.into(),
+                token,
+                budget: default_budget(),
+                timeout: Duration::from_secs(30),
+            },
+            image: "ubuntu-24.04".into(),
+            default_location: None,
+            default_server_type: "cx23".into(),
+            page_size: MAX_PAGE_SIZE,
+        }
+    }
+}
+
+/// Servers through the Hetzner Cloud REST API.
+#[derive(Debug)]
+pub struct HetznerProvider {
+    rest: RestClient,
+    settings: HetznerSettings,
+}
+
+impl HetznerProvider {
+    pub fn new(settings: HetznerSettings) -> Result<Self, HostError> {
+        let rest = RestClient::new(PROVIDER, &settings.rest, RefillModel::GradualPerHour)?;
+        Ok(HetznerProvider { rest, settings })
+    }
+
+    /// The shared REST client (rate-limit state for metrics).
+    pub fn rest(&self) -> &RestClient {
+        &self.rest
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct Server {
+    id: u64,
+    name: String,
+    #[serde(default)]
+    status: String,
+    #[serde(default)]
+    public_net: PublicNet,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct PublicNet {
+    #[serde(default)]
+    ipv4: Option<Ipv4>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Ipv4 {
+    ip: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct ServerBody {
+    server: Server,
+}
+
+#[derive(Debug, Deserialize)]
+struct ServerPage {
+    servers: Vec<Server>,
+    #[serde(default)]
+    meta: Option<Meta>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Meta {
+    #[serde(default)]
+    pagination: Option<Pagination>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Pagination {
+    #[serde(default)]
+    next_page: Option<u64>,
+}
+
+impl From<Server> for Host {
+    fn from(s: Server) -> Host {
+        let state = match s.status.as_str() {
+            "running" => HostState::Running,
+            "stopping" | "off" => HostState::Stopped,
+            "deleting" => HostState::Deleting,
+            // initializing, starting, migrating, rebuilding, unknown, and anything added later.
+            _ => HostState::Provisioning,
+        };
+        let tags = s.labels.iter().map(|(k, v)| TagSyntax::Hetzner.decode(k, v)).collect();
+        Host { id: s.id.to_string(), name: s.name, public_ipv4: s.public_net.ipv4.map(|v| v.ip), state, tags }
+    }
+}
+
+/// Server ids are positive integers; anything else cannot name a server and must not be
+/// spliced into a path.
+fn server_id(id: &str) -> Result<u64, HostError> {
+    id.parse::<u64>()
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| HostError::Invalid { provider: PROVIDER, message: format!("{id:?} is not a server id") })
+}
+
+#[async_trait]
+impl HostProvider for HetznerProvider {
+    async fn create(&self, request: &HostRequest) -> Result<Host, HostError> {
+        if request.user_data.len() > MAX_USER_DATA {
+            return Err(HostError::Invalid {
+                provider: PROVIDER,
+                message: format!(
+                    "user data is {} bytes; Hetzner accepts at most {MAX_USER_DATA}",
+                    request.user_data.len()
+                ),
+            });
+        }
+        let labels: BTreeMap<String, String> =
+            request.tags.iter().map(|(k, v)| TagSyntax::Hetzner.encode(k, v)).collect();
+        let mut body = json!({
+            "name": request.name,
+            "server_type": request.size.as_deref().unwrap_or(&self.settings.default_server_type),
+            "image": self.settings.image,
+            "user_data": request.user_data,
+            "labels": labels,
+            "start_after_create": true,
+        });
+        if let Some(location) = request.region.as_ref().or(self.settings.default_location.as_ref()) {
+            body["location"] = json!(location);
+        }
+        let response = self.rest.send("CreateServer", Method::POST, "/servers", &[], Some(&body)).await?;
+        let created: ServerBody = self.rest.decode("CreateServer", &response)?;
+        Ok(created.server.into())
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<Host>, HostError> {
+        let id = server_id(id)?;
+        match self.rest.send("GetServer", Method::GET, &format!("/servers/{id}"), &[], None).await {
+            Ok(response) => Ok(Some(self.rest.decode::<ServerBody>("GetServer", &response)?.server.into())),
+            Err(HostError::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn delete(&self, id: &str) -> Result<(), HostError> {
+        let id = server_id(id)?;
+        match self.rest.send("DeleteServer", Method::DELETE, &format!("/servers/{id}"), &[], None).await {
+            Ok(_) | Err(HostError::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn list_by_tag(&self, key: &str, value: &str) -> Result<Vec<Host>, HostError> {
+        let (key, value) = TagSyntax::Hetzner.encode(key, value);
+        let selector = format!("{key}=={value}");
+        let per_page = self.settings.page_size.clamp(1, MAX_PAGE_SIZE).to_string();
+        let mut hosts = Vec::new();
+        let mut page = 1u64;
+        for _ in 0..MAX_PAGES {
+            let page_str = page.to_string();
+            let query = [("label_selector", selector.as_str()), ("per_page", per_page.as_str()), ("page", &page_str)];
+            let response = self.rest.send("ListServers", Method::GET, "/servers", &query, None).await?;
+            let body: ServerPage = self.rest.decode("ListServers", &response)?;
+            let next = body.meta.and_then(|m| m.pagination).and_then(|p| p.next_page);
+            let empty = body.servers.is_empty();
+            hosts.extend(body.servers.into_iter().map(Host::from));
+            match next {
+                Some(n) if !empty && n > page => page = n,
+                _ => return Ok(hosts),
+            }
+        }
+        Err(HostError::Unavailable { provider: PROVIDER, message: format!("more than {MAX_PAGES} pages of servers") })
+    }
+
+    fn name(&self) -> &'static str {
+        PROVIDER
+    }
+
+    fn limiter(&self) -> &Limiter {
+        self.rest.limiter()
+    }
+}
+
+/// A runaway `next_page` must not loop forever (50 per page × 2,000 pages = 100,000 servers).
+const MAX_PAGES: u32 = 2000;

@@ -1,0 +1,262 @@
+//! Exit-server hosts: the small VMs a Tunnel provisions, behind one object-safe trait.
+//!
+//! Every adapter (DigitalOcean, Hetzner Cloud, later EC2 and local) creates, reads, deletes and
+//! lists hosts the same way, so the Tunnel controller and its contract tests never see a cloud's
+//! own vocabulary. Ownership travels as tags: each host carries the owning Tunnel's UID,
+//! namespace and name under the keys below, so a controller that crashed between "create" and
+//! "write status" finds its host again by tag instead of creating a second one, and the orphan
+//! sweep can tell which hosts no Tunnel owns any more.
+//!
+//! Tags are written here in one canonical form (`key → value`, keys like Kubernetes label
+//! keys). Each cloud has its own syntax, so each adapter maps them with [`TagSyntax`]:
+//! - Hetzner Cloud labels are key/value pairs with Kubernetes-like rules: keys pass unchanged,
+//!   values are at most 63 characters (longer ones are shortened, see [`fit_value`]).
+//! - DigitalOcean tags are single strings of `[a-zA-Z0-9_:-]`, at most 255 characters: `key=value`
+//!   becomes `skyport_dev:tunnel-uid:<value>` with `.` written as `_` (Kubernetes names never
+//!   contain `_`, so the mapping reverses exactly).
+//!
+//! The UID is a 36-character UUID and always survives unchanged; namespace and name are for
+//! people reading the cloud console. Controllers match hosts by UID.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+
+use crate::error::HostError;
+use crate::limiter::Limiter;
+
+/// Marks a host as created by skyport (value [`MANAGED_BY_VALUE`]); the orphan sweep lists by it.
+pub const TAG_MANAGED_BY: &str = "skyport.dev/managed-by";
+/// The value of [`TAG_MANAGED_BY`].
+pub const MANAGED_BY_VALUE: &str = "skyport";
+/// `metadata.uid` of the owning Tunnel.
+pub const TAG_TUNNEL_UID: &str = "skyport.dev/tunnel-uid";
+/// `metadata.namespace` of the owning Tunnel.
+pub const TAG_TUNNEL_NAMESPACE: &str = "skyport.dev/tunnel-namespace";
+/// `metadata.name` of the owning Tunnel.
+pub const TAG_TUNNEL_NAME: &str = "skyport.dev/tunnel-name";
+
+/// The canonical prefix of skyport's tag keys.
+const KEY_PREFIX: &str = "skyport.dev/";
+/// How that prefix is spelled inside a DigitalOcean tag.
+const DO_KEY_PREFIX: &str = "skyport_dev:";
+
+/// The tags every host of a Tunnel carries.
+pub fn owner_tags(uid: &str, namespace: &str, name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (TAG_MANAGED_BY.to_string(), MANAGED_BY_VALUE.to_string()),
+        (TAG_TUNNEL_UID.to_string(), uid.to_string()),
+        (TAG_TUNNEL_NAMESPACE.to_string(), namespace.to_string()),
+        (TAG_TUNNEL_NAME.to_string(), name.to_string()),
+    ])
+}
+
+/// What to create. `Debug` leaves the user data out: it holds the tunnel's secrets.
+#[derive(Clone, PartialEq, Eq)]
+pub struct HostRequest {
+    /// Host name; must be a valid hostname (RFC 1123) and unique per project on Hetzner.
+    pub name: String,
+    /// Provider region / location slug; `None` uses the adapter's default (or the cloud's).
+    pub region: Option<String>,
+    /// Provider size / server type slug; `None` uses the adapter's default.
+    pub size: Option<String>,
+    /// cloud-init user data (see [`crate::userdata`]). Contains the tunnel's secrets: adapters
+    /// never log it and never put it in errors.
+    pub user_data: String,
+    /// Canonical tags, normally [`owner_tags`].
+    pub tags: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for HostRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostRequest")
+            .field("name", &self.name)
+            .field("region", &self.region)
+            .field("size", &self.size)
+            .field("user_data", &format_args!("<{} bytes>", self.user_data.len()))
+            .field("tags", &self.tags)
+            .finish()
+    }
+}
+
+/// Lifecycle of a host, reduced to what the Tunnel controller acts on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostState {
+    /// Accepted but not yet running (booting, initialising, migrating).
+    Provisioning,
+    /// Running; `public_ipv4` is normally set.
+    Running,
+    /// Powered off or archived: needs a replacement (or a power-on) to carry traffic.
+    Stopped,
+    /// Being deleted.
+    Deleting,
+}
+
+/// A host as the provider reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Host {
+    /// The provider's id, as a string (numeric on DigitalOcean and Hetzner).
+    pub id: String,
+    pub name: String,
+    pub public_ipv4: Option<String>,
+    pub state: HostState,
+    /// Canonical tags decoded from the provider's syntax; tags skyport did not write appear
+    /// with their provider spelling as key and an empty value (DigitalOcean) or unchanged
+    /// (Hetzner).
+    pub tags: BTreeMap<String, String>,
+}
+
+/// Exit-server VMs. Implementations are idempotent where it matters for reconciling:
+/// deleting a host that is already gone is success, `get` of a missing host is `Ok(None)`.
+#[async_trait]
+pub trait HostProvider: Send + Sync {
+    /// Starts creating a host and returns it as first reported (usually `Provisioning`).
+    /// Not idempotent: callers look up by tag before creating.
+    async fn create(&self, request: &HostRequest) -> Result<Host, HostError>;
+    /// The host with this id, or `None` when it no longer exists.
+    async fn get(&self, id: &str) -> Result<Option<Host>, HostError>;
+    /// Deletes the host; a host that is already gone counts as deleted.
+    async fn delete(&self, id: &str) -> Result<(), HostError>;
+    /// All hosts carrying the canonical tag `key=value`, across every page.
+    async fn list_by_tag(&self, key: &str, value: &str) -> Result<Vec<Host>, HostError>;
+    /// Short provider name for messages, metrics and config (`digitalocean`, `hetzner`).
+    fn name(&self) -> &'static str;
+    /// The limiter every call of this provider goes through.
+    fn limiter(&self) -> &Limiter;
+}
+
+/// A cloud's tag syntax, for mapping canonical `key=value` tags both ways.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TagSyntax {
+    /// Plain strings of `[a-zA-Z0-9_:-]`, at most 255 characters (DigitalOcean tags).
+    DigitalOcean,
+    /// Key/value labels, values at most 63 characters of `[a-zA-Z0-9_.-]` (Hetzner Cloud).
+    Hetzner,
+}
+
+/// DigitalOcean's maximum tag length.
+pub const DO_TAG_MAX: usize = 255;
+/// Hetzner Cloud's maximum label value length.
+pub const HETZNER_VALUE_MAX: usize = 63;
+
+impl TagSyntax {
+    /// One canonical tag in this cloud's syntax: `(key, value)` for Hetzner; for DigitalOcean the
+    /// whole tag string is returned as the key and the value is empty.
+    pub fn encode(self, key: &str, value: &str) -> (String, String) {
+        match self {
+            TagSyntax::Hetzner => (key.to_string(), fit_value(&sanitize(value, "-_."), HETZNER_VALUE_MAX)),
+            TagSyntax::DigitalOcean => {
+                let key = match key.strip_prefix(KEY_PREFIX) {
+                    Some(rest) => format!("{DO_KEY_PREFIX}{}", sanitize(rest, "-")),
+                    None => sanitize(key, "-_:"),
+                };
+                let value = sanitize(&value.replace('.', "_"), "-_");
+                let room = DO_TAG_MAX.saturating_sub(key.len() + 1);
+                (format!("{key}:{}", fit_value(&value, room)), String::new())
+            }
+        }
+    }
+
+    /// Reads a provider tag back into canonical form (the inverse of [`TagSyntax::encode`] for
+    /// values that fitted).
+    pub fn decode(self, key: &str, value: &str) -> (String, String) {
+        match self {
+            TagSyntax::Hetzner => (key.to_string(), value.to_string()),
+            TagSyntax::DigitalOcean => match key.strip_prefix(DO_KEY_PREFIX).and_then(|rest| rest.split_once(':')) {
+                Some((name, value)) => (format!("{KEY_PREFIX}{name}"), value.replace('_', ".")),
+                None => (key.to_string(), value.to_string()),
+            },
+        }
+    }
+}
+
+/// Replaces every character outside `[a-zA-Z0-9]` and `extra` with `-`.
+fn sanitize(s: &str, extra: &str) -> String {
+    s.chars().map(|c| if c.is_ascii_alphanumeric() || extra.contains(c) { c } else { '-' }).collect()
+}
+
+/// `value` if it fits in `max` characters, else a prefix plus `-` plus 8 hex digits of a hash of
+/// the whole value, so distinct long values stay distinct and the same value always maps the
+/// same way (list-by-tag encodes the query value with the same function).
+pub fn fit_value(value: &str, max: usize) -> String {
+    if value.len() <= max {
+        return value.to_string();
+    }
+    let suffix = format!("-{:08x}", fnv1a32(value.as_bytes()));
+    let keep = max.saturating_sub(suffix.len());
+    let mut head: String = value.chars().take(keep).collect();
+    // Label values must begin and end with an alphanumeric; the hash ends with one, the head
+    // must not end in a separator before the dash.
+    while head.ends_with(|c: char| !c.is_ascii_alphanumeric()) {
+        head.pop();
+    }
+    format!("{head}{suffix}")
+}
+
+/// 32-bit FNV-1a: a stable, dependency-free hash for shortening names (not for security).
+fn fnv1a32(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(*b)).wrapping_mul(0x0100_0193))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const UID: &str = "0b6e3c57-4d0e-4b52-9a43-3f4f7e7d2a10";
+
+    #[test]
+    fn digitalocean_tags_use_only_the_allowed_characters_and_decode_back() {
+        for (key, value) in owner_tags(UID, "team-a", "web.frontend-tunnel") {
+            let (tag, empty) = TagSyntax::DigitalOcean.encode(&key, &value);
+            assert!(empty.is_empty());
+            assert!(tag.len() <= DO_TAG_MAX);
+            assert!(tag.chars().all(|c| c.is_ascii_alphanumeric() || "_:-".contains(c)), "{tag}");
+            assert_eq!(TagSyntax::DigitalOcean.decode(&tag, ""), (key, value));
+        }
+        assert_eq!(
+            TagSyntax::DigitalOcean.encode(TAG_TUNNEL_UID, UID).0,
+            "skyport_dev:tunnel-uid:0b6e3c57-4d0e-4b52-9a43-3f4f7e7d2a10"
+        );
+        // Foreign tags come back as they are.
+        assert_eq!(TagSyntax::DigitalOcean.decode("env:prod", ""), ("env:prod".into(), String::new()));
+    }
+
+    #[test]
+    fn a_host_request_never_prints_its_user_data() {
+        let request = HostRequest {
+            name: "skyport-web".into(),
+            region: None,
+            size: None,
+            user_data: "token = \"s3cret\"".into(),
+            tags: owner_tags(UID, "ns", "web"),
+        };
+        let printed = format!("{request:?}");
+        assert!(!printed.contains("s3cret") && printed.contains("<16 bytes>"), "{printed}");
+    }
+
+    #[test]
+    fn hetzner_labels_keep_keys_and_short_values_unchanged() {
+        for (key, value) in owner_tags(UID, "team-a", "web-tunnel") {
+            let (k, v) = TagSyntax::Hetzner.encode(&key, &value);
+            assert_eq!((k.as_str(), v.as_str()), (key.as_str(), value.as_str()));
+        }
+    }
+
+    #[test]
+    fn long_values_are_shortened_deterministically_and_stay_valid() {
+        let long = format!("{}-tunnel", "a".repeat(60));
+        let (_, v) = TagSyntax::Hetzner.encode(TAG_TUNNEL_NAME, &long);
+        assert_eq!(v.len(), HETZNER_VALUE_MAX);
+        assert_eq!(v, TagSyntax::Hetzner.encode(TAG_TUNNEL_NAME, &long).1, "same input, same label");
+        assert_ne!(v, TagSyntax::Hetzner.encode(TAG_TUNNEL_NAME, &format!("{long}2")).1);
+        assert!(v.starts_with(|c: char| c.is_ascii_alphanumeric()));
+        assert!(v.ends_with(|c: char| c.is_ascii_alphanumeric()));
+        // A cut that lands on a separator is trimmed so the value stays a valid label.
+        let dotted = format!("{}.{}", "b".repeat(53), "c".repeat(20));
+        let v = fit_value(&dotted, HETZNER_VALUE_MAX);
+        assert!(!v.contains(".-"), "{v}");
+
+        let (tag, _) = TagSyntax::DigitalOcean.encode(TAG_TUNNEL_NAME, &"x".repeat(300));
+        assert_eq!(tag.len(), DO_TAG_MAX);
+    }
+}

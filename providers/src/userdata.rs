@@ -1,0 +1,530 @@
+//! cloud-init user data for the exit server: pure functions, no IO.
+//!
+//! The exit server runs the tunnel server, rathole (Apache-2.0), pinned to [`RATHOLE_VERSION`],
+//! with the Noise transport (`Noise_NK_25519_ChaChaPoly_BLAKE2s`: the server holds an X25519
+//! key, each service has its own token). rathole declares public ports on the server side, one
+//! `[server.services.<name>]` per port, so the rendered `server.toml` lists exactly the Service's
+//! ports; it hot-reloads that file when it changes. See `../shared/research/tunnel.md` for why
+//! rathole and for the measured behaviour.
+//!
+//! The rendered `#cloud-config`:
+//! - installs the release binary from [`RATHOLE_URL`] and refuses to run it unless its SHA-256 is
+//!   [`RATHOLE_SHA256`];
+//! - writes `/etc/rathole/server.toml` (mode 0600, owned by the unprivileged `rathole` user), the
+//!   only place secrets appear (the Noise private key and the service tokens);
+//! - writes a systemd unit that runs `rathole --server` as that user, allowed to bind ports below
+//!   1024 and nothing more;
+//! - writes an nftables ruleset that drops all inbound traffic except the control port (TCP),
+//!   the service ports (TCP and UDP as given), replies, loopback and ICMP. SSH stays closed: the
+//!   operator never logs in, it replaces the host instead.
+//!
+//! Everything is sorted, so the same input always renders byte-for-byte the same document.
+
+use std::collections::BTreeSet;
+
+use serde::Serialize;
+use serde_saphyr::LitString;
+
+/// The rathole release the exit server runs (the latest stable, 2023-10-01).
+pub const RATHOLE_VERSION: &str = "0.5.0";
+/// Static (musl) x86_64 build of [`RATHOLE_VERSION`] from the project's GitHub releases.
+pub const RATHOLE_URL: &str =
+    "https://github.com/rapiz1/rathole/releases/download/v0.5.0/rathole-x86_64-unknown-linux-musl.zip";
+/// SHA-256 of the archive at [`RATHOLE_URL`].
+///
+/// PLACEHOLDER: this machine cannot download release assets, so the digest is not yet known.
+/// Until it is filled in (or replaced by skyport's own published build), `sha256sum -c` fails on
+/// the exit server and rathole is never started: a safe failure, but no tunnel.
+pub const RATHOLE_SHA256: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+/// Default TCP port the tunnel client dials.
+pub const DEFAULT_CONTROL_PORT: u16 = 2333;
+
+/// Where the server configuration lives on the exit server.
+pub const SERVER_CONFIG_PATH: &str = "/etc/rathole/server.toml";
+/// The systemd unit's path.
+pub const UNIT_PATH: &str = "/etc/systemd/system/rathole.service";
+/// The firewall ruleset's path (loaded by `nftables.service` on Debian and Ubuntu).
+pub const NFTABLES_PATH: &str = "/etc/nftables.conf";
+
+/// Transport protocol of one public port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+}
+
+impl Protocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+        }
+    }
+}
+
+/// One public port of the exit server, forwarded to the in-cluster client.
+#[derive(Clone, PartialEq, Eq)]
+pub struct TunnelService {
+    /// rathole service name, shared with the client config: `[A-Za-z0-9_.-]`, 1–63 characters.
+    pub name: String,
+    pub protocol: Protocol,
+    /// The public port on the exit server.
+    pub port: u16,
+    /// The service's token (secret).
+    pub token: String,
+}
+
+impl std::fmt::Debug for TunnelService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TunnelService")
+            .field("name", &self.name)
+            .field("protocol", &self.protocol)
+            .field("port", &self.port)
+            .field("token", &"<redacted>")
+            .finish()
+    }
+}
+
+/// Everything the exit server needs.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ExitServer {
+    /// TCP port rathole's control channel listens on.
+    pub control_port: u16,
+    /// Base64 X25519 private key (as `rathole --genkey` prints it); the client gets the public
+    /// half.
+    pub noise_private_key: String,
+    pub services: Vec<TunnelService>,
+}
+
+impl std::fmt::Debug for ExitServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExitServer")
+            .field("control_port", &self.control_port)
+            .field("noise_private_key", &"<redacted>")
+            .field("services", &self.services)
+            .finish()
+    }
+}
+
+/// Why an [`ExitServer`] cannot be rendered. Messages never contain secrets.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UserDataError {
+    #[error("service name {0:?} must be 1-63 characters of A-Z, a-z, 0-9, '_', '.', '-'")]
+    InvalidName(String),
+    #[error("service name {0:?} is used twice")]
+    DuplicateName(String),
+    #[error("port {port}/{protocol} is used twice (the control port is {control_port}/tcp)")]
+    DuplicatePort { port: u16, protocol: &'static str, control_port: u16 },
+    #[error("port 0 is not a valid port (service {0:?} or the control port)")]
+    PortZero(String),
+    #[error("service {0:?} has an empty token")]
+    EmptyToken(String),
+    #[error("the Noise private key must be non-empty base64")]
+    InvalidKey,
+}
+
+impl ExitServer {
+    /// Services sorted by name, after checking names, ports, tokens and the key.
+    fn validated(&self) -> Result<Vec<&TunnelService>, UserDataError> {
+        if self.noise_private_key.is_empty()
+            || !self.noise_private_key.chars().all(|c| c.is_ascii_alphanumeric() || "+/=".contains(c))
+        {
+            return Err(UserDataError::InvalidKey);
+        }
+        if self.control_port == 0 {
+            return Err(UserDataError::PortZero("control".into()));
+        }
+        let mut names = BTreeSet::new();
+        let mut ports = BTreeSet::from([(Protocol::Tcp, self.control_port)]);
+        for s in &self.services {
+            let name_ok = (1..=63).contains(&s.name.len())
+                && s.name.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
+            if !name_ok {
+                return Err(UserDataError::InvalidName(s.name.clone()));
+            }
+            if !names.insert(s.name.as_str()) {
+                return Err(UserDataError::DuplicateName(s.name.clone()));
+            }
+            if s.port == 0 {
+                return Err(UserDataError::PortZero(s.name.clone()));
+            }
+            if !ports.insert((s.protocol, s.port)) {
+                return Err(UserDataError::DuplicatePort {
+                    port: s.port,
+                    protocol: s.protocol.as_str(),
+                    control_port: self.control_port,
+                });
+            }
+            if s.token.is_empty() {
+                return Err(UserDataError::EmptyToken(s.name.clone()));
+            }
+        }
+        let mut sorted: Vec<&TunnelService> = self.services.iter().collect();
+        sorted.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(sorted)
+    }
+
+    fn ports(&self, protocol: Protocol) -> BTreeSet<u16> {
+        let mut ports: BTreeSet<u16> =
+            self.services.iter().filter(|s| s.protocol == protocol).map(|s| s.port).collect();
+        if protocol == Protocol::Tcp {
+            ports.insert(self.control_port);
+        }
+        ports
+    }
+}
+
+/// A TOML basic string (quotes, backslashes and control characters escaped).
+fn toml_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// rathole's `server.toml`: the control port, the Noise key and one section per service.
+pub fn render_server_toml(server: &ExitServer) -> Result<String, UserDataError> {
+    let services = server.validated()?;
+    let mut out = String::new();
+    out.push_str("# Generated by skyport; rathole reloads this file when it changes.\n");
+    out.push_str("[server]\n");
+    out.push_str(&format!("bind_addr = \"0.0.0.0:{}\"\n\n", server.control_port));
+    out.push_str("[server.transport]\ntype = \"noise\"\n\n");
+    out.push_str("[server.transport.noise]\n");
+    out.push_str(&format!("local_private_key = {}\n", toml_string(&server.noise_private_key)));
+    for s in services {
+        out.push_str(&format!("\n[server.services.{}]\n", toml_string(&s.name)));
+        out.push_str(&format!("type = \"{}\"\n", s.protocol.as_str()));
+        out.push_str(&format!("token = {}\n", toml_string(&s.token)));
+        out.push_str(&format!("bind_addr = \"0.0.0.0:{}\"\n", s.port));
+    }
+    Ok(out)
+}
+
+/// The host firewall: inbound traffic only to the control port and the service ports.
+pub fn render_nftables(server: &ExitServer) -> String {
+    let set = |ports: BTreeSet<u16>| ports.iter().map(u16::to_string).collect::<Vec<_>>().join(", ");
+    let tcp = server.ports(Protocol::Tcp);
+    let udp = server.ports(Protocol::Udp);
+    let mut out = String::new();
+    out.push_str("#!/usr/sbin/nft -f\n");
+    out.push_str("# Generated by skyport: only the tunnel's control port and the Service's ports are open.\n");
+    out.push_str("flush ruleset\n\n");
+    out.push_str("table inet skyport {\n");
+    out.push_str("  chain input {\n");
+    out.push_str("    type filter hook input priority filter; policy drop;\n");
+    out.push_str("    ct state established,related accept\n");
+    out.push_str("    ct state invalid drop\n");
+    out.push_str("    iif \"lo\" accept\n");
+    out.push_str("    meta l4proto { icmp, ipv6-icmp } accept\n");
+    out.push_str(&format!("    tcp dport {{ {} }} accept\n", set(tcp)));
+    if !udp.is_empty() {
+        out.push_str(&format!("    udp dport {{ {} }} accept\n", set(udp)));
+    }
+    out.push_str("  }\n");
+    out.push_str("}\n");
+    out
+}
+
+/// The systemd unit running the tunnel server.
+pub fn render_unit() -> String {
+    format!(
+        "[Unit]\n\
+         Description=rathole {RATHOLE_VERSION} tunnel server (skyport exit server)\n\
+         After=network-online.target nftables.service\n\
+         Wants=network-online.target\n\
+         \n\
+         [Service]\n\
+         User=rathole\n\
+         Group=rathole\n\
+         ExecStart=/usr/local/bin/rathole --server {SERVER_CONFIG_PATH}\n\
+         Restart=always\n\
+         RestartSec=1\n\
+         LimitNOFILE=1048576\n\
+         AmbientCapabilities=CAP_NET_BIND_SERVICE\n\
+         CapabilityBoundingSet=CAP_NET_BIND_SERVICE\n\
+         NoNewPrivileges=true\n\
+         ProtectSystem=strict\n\
+         ProtectHome=true\n\
+         PrivateTmp=true\n\
+         \n\
+         [Install]\n\
+         WantedBy=multi-user.target\n"
+    )
+}
+
+#[derive(Serialize)]
+struct CloudConfig {
+    package_update: bool,
+    packages: Vec<&'static str>,
+    users: Vec<User>,
+    write_files: Vec<WriteFile>,
+    runcmd: Vec<Vec<String>>,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum User {
+    /// The image's default user (keeps the provider's SSH-key handling intact).
+    Default(&'static str),
+    System {
+        name: &'static str,
+        system: bool,
+        shell: &'static str,
+        lock_passwd: bool,
+    },
+}
+
+#[derive(Serialize)]
+struct WriteFile {
+    path: &'static str,
+    owner: &'static str,
+    permissions: &'static str,
+    /// Written in cloud-init's final stage: after packages are installed (so a package never
+    /// finds our file in its way) and the `rathole` user exists, before `runcmd` runs.
+    defer: bool,
+    content: LitString,
+}
+
+/// The `#cloud-config` user data for an exit server.
+pub fn render_cloud_config(server: &ExitServer) -> Result<String, UserDataError> {
+    let server_toml = render_server_toml(server)?;
+    let install = format!(
+        "set -eu; curl -fsSL --retry 5 -o /tmp/rathole.zip '{RATHOLE_URL}'; \
+         echo '{RATHOLE_SHA256}  /tmp/rathole.zip' | sha256sum -c -; \
+         unzip -o /tmp/rathole.zip rathole -d /usr/local/bin; chmod 0755 /usr/local/bin/rathole; rm -f /tmp/rathole.zip"
+    );
+    let argv = |args: &[&str]| args.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let doc = CloudConfig {
+        package_update: true,
+        packages: vec!["ca-certificates", "curl", "nftables", "unzip"],
+        users: vec![
+            User::Default("default"),
+            User::System { name: "rathole", system: true, shell: "/usr/sbin/nologin", lock_passwd: true },
+        ],
+        write_files: vec![
+            WriteFile {
+                path: NFTABLES_PATH,
+                owner: "root:root",
+                permissions: "0644",
+                defer: true,
+                content: LitString(render_nftables(server)),
+            },
+            WriteFile {
+                path: UNIT_PATH,
+                owner: "root:root",
+                permissions: "0644",
+                defer: true,
+                content: LitString(render_unit()),
+            },
+            WriteFile {
+                path: SERVER_CONFIG_PATH,
+                owner: "rathole:rathole",
+                permissions: "0600",
+                defer: true,
+                content: LitString(server_toml),
+            },
+        ],
+        runcmd: vec![
+            argv(&["systemctl", "enable", "--now", "nftables.service"]),
+            argv(&["nft", "-f", NFTABLES_PATH]),
+            vec!["sh".into(), "-c".into(), install],
+            argv(&["systemctl", "daemon-reload"]),
+            argv(&["systemctl", "enable", "--now", "rathole.service"]),
+        ],
+    };
+    let yaml = serde_saphyr::to_string(&doc).expect("plain structs always serialize");
+    Ok(format!("#cloud-config\n{yaml}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    const KEY: &str = "cGhhbnRvbS1rZXktZm9yLXRlc3RzLW9ubHktMzJieXRlcw==";
+
+    fn service(name: &str, protocol: Protocol, port: u16, token: &str) -> TunnelService {
+        TunnelService { name: name.into(), protocol, port, token: token.into() }
+    }
+
+    fn sample() -> ExitServer {
+        ExitServer {
+            control_port: DEFAULT_CONTROL_PORT,
+            noise_private_key: KEY.into(),
+            services: vec![
+                service("default.web.80-tcp", Protocol::Tcp, 80, "tok-web-80-Zq8\"x\\y"),
+                service("default.web.443-tcp", Protocol::Tcp, 443, "tok-web-443-Lm2"),
+                service("default.dns.53-udp", Protocol::Udp, 53, "tok-dns-53-Pp7: #not-a-comment"),
+            ],
+        }
+    }
+
+    fn parse(doc: &str) -> Value {
+        serde_saphyr::from_str::<Value>(doc).expect("valid YAML")
+    }
+
+    fn file<'a>(doc: &'a Value, path: &str) -> &'a str {
+        doc["write_files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["path"] == path)
+            .and_then(|f| f["content"].as_str())
+            .unwrap_or_else(|| panic!("no {path}"))
+    }
+
+    /// Calls `f(path, string)` for every string in the document.
+    fn walk(v: &Value, path: &mut Vec<String>, f: &mut dyn FnMut(&[String], &str)) {
+        match v {
+            Value::String(s) => f(path, s),
+            Value::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    path.push(i.to_string());
+                    walk(item, path, f);
+                    path.pop();
+                }
+            }
+            Value::Object(map) => {
+                for (k, item) in map {
+                    path.push(k.clone());
+                    walk(item, path, f);
+                    path.pop();
+                }
+            }
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn the_output_is_a_cloud_config_that_parses_as_yaml() {
+        let out = render_cloud_config(&sample()).unwrap();
+        assert!(out.starts_with("#cloud-config\n"));
+        let doc = parse(&out);
+        assert_eq!(doc["packages"].as_array().unwrap().len(), 4);
+        let toml_file =
+            doc["write_files"].as_array().unwrap().iter().find(|f| f["path"] == SERVER_CONFIG_PATH).unwrap();
+        assert_eq!(toml_file["permissions"], "0600", "the mode stays a string");
+        assert_eq!(toml_file["owner"], "rathole:rathole");
+        // The file contents survive YAML round-tripping byte for byte.
+        assert_eq!(file(&doc, SERVER_CONFIG_PATH), render_server_toml(&sample()).unwrap());
+        assert_eq!(file(&doc, NFTABLES_PATH), render_nftables(&sample()));
+        assert_eq!(file(&doc, UNIT_PATH), render_unit());
+        let install = doc["runcmd"][2][2].as_str().unwrap();
+        assert!(install.contains(RATHOLE_URL) && install.contains(RATHOLE_SHA256) && install.contains("sha256sum -c"));
+    }
+
+    #[test]
+    fn exactly_the_given_ports_are_bound_and_opened() {
+        let doc = parse(&render_cloud_config(&sample()).unwrap());
+        let toml = file(&doc, SERVER_CONFIG_PATH);
+        let mut bound: Vec<&str> = toml.lines().filter_map(|l| l.strip_prefix("bind_addr = \"0.0.0.0:")).collect();
+        bound.sort();
+        assert_eq!(bound, ["2333\"", "443\"", "53\"", "80\""]);
+        assert!(toml.contains("type = \"udp\"\ntoken = \"tok-dns-53"));
+
+        let nft = file(&doc, NFTABLES_PATH);
+        let rule = |proto: &str| {
+            nft.lines().find_map(|l| l.trim().strip_prefix(&format!("{proto} dport {{ "))?.strip_suffix(" } accept"))
+        };
+        assert_eq!(rule("tcp"), Some("80, 443, 2333"));
+        assert_eq!(rule("udp"), Some("53"));
+        assert!(nft.contains("policy drop"));
+        assert_eq!(nft.matches("dport").count(), 2, "no other port is opened");
+
+        let tcp_only = ExitServer { services: vec![service("a", Protocol::Tcp, 8080, "t")], ..sample() };
+        let nft = render_nftables(&tcp_only);
+        assert!(nft.contains("tcp dport { 2333, 8080 } accept") && !nft.contains("udp dport"));
+    }
+
+    #[test]
+    fn secrets_appear_only_in_the_server_config() {
+        let server = sample();
+        let out = render_cloud_config(&server).unwrap();
+        let doc = parse(&out);
+        let config_index =
+            doc["write_files"].as_array().unwrap().iter().position(|f| f["path"] == SERVER_CONFIG_PATH).unwrap();
+        let allowed = ["write_files".to_string(), config_index.to_string(), "content".to_string()];
+        // As they appear in the TOML (quotes and backslashes escaped).
+        let secrets: Vec<String> = server
+            .services
+            .iter()
+            .map(|s| s.token.as_str())
+            .chain([server.noise_private_key.as_str()])
+            .map(|s| toml_string(s).trim_matches('"').to_string())
+            .collect();
+        let mut seen = 0;
+        walk(&doc, &mut Vec::new(), &mut |path, s| {
+            for secret in &secrets {
+                if s.contains(secret.as_str()) {
+                    assert_eq!(path, allowed, "secret found outside server.toml");
+                    seen += 1;
+                }
+            }
+        });
+        assert_eq!(seen, secrets.len());
+        // In the raw text, too: each secret exactly once.
+        for secret in &secrets {
+            assert_eq!(out.matches(secret.as_str()).count(), 1, "{secret}");
+        }
+        assert!(!format!("{server:?}").contains("tok-") && !format!("{server:?}").contains(KEY));
+    }
+
+    #[test]
+    fn rendering_is_deterministic_and_independent_of_service_order() {
+        let a = render_cloud_config(&sample()).unwrap();
+        assert_eq!(a, render_cloud_config(&sample()).unwrap());
+        let mut reversed = sample();
+        reversed.services.reverse();
+        assert_eq!(a, render_cloud_config(&reversed).unwrap());
+    }
+
+    #[test]
+    fn bad_input_is_refused_without_revealing_secrets() {
+        let mut s = sample();
+        s.services.push(service("dup", Protocol::Tcp, 80, "tok-dup-secret"));
+        let e = render_cloud_config(&s).unwrap_err();
+        assert!(matches!(e, UserDataError::DuplicatePort { port: 80, .. }), "{e}");
+        assert!(!e.to_string().contains("tok-"));
+
+        let mut s = sample();
+        s.services.push(service("ctl", Protocol::Tcp, DEFAULT_CONTROL_PORT, "t"));
+        assert!(matches!(render_cloud_config(&s), Err(UserDataError::DuplicatePort { .. })));
+        // The same number over UDP is a different port.
+        let mut s = sample();
+        s.services.push(service("ctl-udp", Protocol::Udp, DEFAULT_CONTROL_PORT, "t"));
+        assert!(render_cloud_config(&s).is_ok());
+
+        let mut s = sample();
+        s.services[0].name = "bad name]".into();
+        assert!(matches!(render_cloud_config(&s), Err(UserDataError::InvalidName(_))));
+        let mut s = sample();
+        s.services[1].name = s.services[0].name.clone();
+        assert!(matches!(render_cloud_config(&s), Err(UserDataError::DuplicateName(_))));
+        let mut s = sample();
+        s.services[0].token.clear();
+        assert!(matches!(render_cloud_config(&s), Err(UserDataError::EmptyToken(_))));
+        let s = ExitServer { noise_private_key: "not base64!".into(), ..sample() };
+        assert_eq!(render_cloud_config(&s), Err(UserDataError::InvalidKey));
+    }
+
+    #[test]
+    fn many_services_still_fit_the_smallest_user_data_limit() {
+        // 100 ports with 64-character tokens: about 19 KiB, under Hetzner's 32 KiB.
+        let services =
+            (0..100).map(|i| service(&format!("ns.svc.{i}-tcp"), Protocol::Tcp, 10000 + i, &"t".repeat(64))).collect();
+        let out = render_cloud_config(&ExitServer { services, ..sample() }).unwrap();
+        assert!(out.len() < crate::hetzner::MAX_USER_DATA, "{} bytes", out.len());
+    }
+}
