@@ -1,9 +1,10 @@
 //! Command line and environment configuration.
 
+use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{ArgAction, Args, Parser, Subcommand};
 
 use crate::telemetry::LogFormat;
 
@@ -18,7 +19,9 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the controllers against the current kubeconfig or the in-cluster config.
-    Run(RunArgs),
+    // A flag given twice takes the last value, so manifests can append overrides.
+    #[command(args_override_self = true)]
+    Run(Box<RunArgs>),
     /// Print the CustomResourceDefinitions as YAML (what `crds/` holds).
     Crds,
 }
@@ -34,11 +37,49 @@ pub struct RunArgs {
     #[arg(long, env = "SKYPORT_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
 
+    /// Address of the HTTP server for /healthz, /readyz and /metrics (port 0 picks a free port;
+    /// the address is logged).
+    #[arg(long, env = "SKYPORT_LISTEN_ADDRESS", default_value = "0.0.0.0:8080")]
+    pub listen_address: SocketAddr,
+
+    #[command(flatten)]
+    pub leader: LeaderArgs,
+
     #[command(flatten)]
     pub queue: QueueArgs,
 
     #[command(flatten)]
     pub aws: AwsArgs,
+}
+
+/// Leader election: with several replicas, only the holder of a coordination.k8s.io Lease runs
+/// the controllers; the others wait and take over when the lease expires.
+#[derive(Debug, Clone, Args)]
+pub struct LeaderArgs {
+    /// Run the controllers only while holding the Lease (needed with more than one replica).
+    #[arg(long = "leader-elect", env = "SKYPORT_LEADER_ELECT", default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub enabled: bool,
+
+    /// Name of the Lease.
+    #[arg(long = "lease-name", env = "SKYPORT_LEASE_NAME", default_value = "skyport")]
+    pub lease_name: String,
+
+    /// Namespace of the Lease (default: POD_NAMESPACE, else the kubeconfig's namespace).
+    #[arg(long = "lease-namespace", env = "SKYPORT_LEASE_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+
+    /// How long the Lease stays valid without renewal: a standby takes over at most this long
+    /// after the leader dies. The leader renews a third of it before expiry.
+    #[arg(long = "lease-duration", env = "SKYPORT_LEASE_DURATION", default_value = "15s", value_parser = parse_lease_duration)]
+    pub lease_duration: Duration,
+}
+
+fn parse_lease_duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    if d < Duration::from_secs(3) || d.subsec_nanos() != 0 {
+        return Err("must be whole seconds, at least 3s".into());
+    }
+    Ok(d)
 }
 
 /// Queue controller settings.
@@ -127,6 +168,35 @@ mod tests {
         assert_eq!(run.queue.resync, Duration::from_secs(5));
         assert_eq!(run.aws.sqs_rate.get(), 3);
         assert_eq!(run.namespace.as_deref(), Some("team-a"));
+    }
+
+    #[test]
+    fn leader_election_is_off_by_default_and_takes_a_lease_duration() {
+        let cli = Cli::try_parse_from(["skyport", "run"]).unwrap();
+        let Command::Run(run) = cli.command else { panic!("expected run") };
+        assert!(!run.leader.enabled);
+        assert_eq!(run.leader.lease_name, "skyport");
+        assert_eq!(run.listen_address.to_string(), "0.0.0.0:8080");
+        let cli = Cli::try_parse_from([
+            "skyport",
+            "run",
+            "--leader-elect",
+            "--lease-duration",
+            "5s",
+            "--listen-address",
+            "127.0.0.1:0",
+        ])
+        .unwrap();
+        let Command::Run(run) = cli.command else { panic!("expected run") };
+        assert!(run.leader.enabled);
+        assert_eq!(run.leader.lease_duration, Duration::from_secs(5));
+        let off = Cli::try_parse_from(["skyport", "run", "--leader-elect=false"]).unwrap();
+        let Command::Run(run) = off.command else { panic!("expected run") };
+        assert!(!run.leader.enabled);
+        assert!(Cli::try_parse_from(["skyport", "run", "--lease-duration", "1500ms"]).is_err());
+        let twice = Cli::try_parse_from(["skyport", "run", "--queue-resync=60s", "--queue-resync=30s"]).unwrap();
+        let Command::Run(run) = twice.command else { panic!("expected run") };
+        assert_eq!(run.queue.resync, Duration::from_secs(30), "the last occurrence wins");
     }
 
     #[test]

@@ -7,6 +7,9 @@ pub mod config;
 pub mod controllers;
 pub mod crd;
 pub mod error;
+pub mod http;
+pub mod leader;
+pub mod metrics;
 pub mod telemetry;
 
 pub use error::{Error, Result};

@@ -4,9 +4,13 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::Parser;
+use futures::FutureExt;
 use skyport::config::{Cli, Command, RunArgs};
+use skyport::http::{self, Phase};
+use skyport::leader::{self, Lease};
+use skyport::metrics::{CloudSnapshot, Metrics, ReadyCounts};
 use skyport::{controllers, crd, telemetry};
-use tracing::info;
+use tracing::{error, info};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -18,30 +22,123 @@ async fn main() -> anyhow::Result<()> {
             print!("{}", crd::to_yaml(&crd::all())?);
             Ok(())
         }
-        Command::Run(args) => run(args).await,
+        Command::Run(args) => run(*args).await,
     }
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     telemetry::init(args.log_format);
-    let client = kube::Client::try_default()
+    let config = kube::Config::infer()
         .await
         .context("no Kubernetes configuration found (KUBECONFIG, ~/.kube/config or in-cluster)")?;
-    let sqs = providers::SqsProvider::from_env(&args.aws.sqs_settings()).await;
+    let client = kube::Client::try_from(config.clone()).context("building the Kubernetes client")?;
+
+    let state = http::State::new(Metrics::default());
+    let (listener, address) =
+        http::bind(args.listen_address).await.with_context(|| format!("cannot listen on {}", args.listen_address))?;
+    info!(%address, "serving /healthz, /readyz and /metrics");
+    tokio::spawn(http::serve(listener, state.clone()));
+
+    let shutdown = shutdown_signal().boxed().shared();
+    tokio::spawn({
+        let (shutdown, state) = (shutdown.clone(), state.clone());
+        async move {
+            shutdown.await;
+            state.set_phase(Phase::ShuttingDown);
+        }
+    });
+
+    let lease = if args.leader.enabled {
+        let namespace = args
+            .leader
+            .lease_namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|s| !s.is_empty()))
+            .unwrap_or_else(|| client.default_namespace().to_string());
+        // A renewal that hangs must fail before the Lease expires.
+        let mut lease_config = config.clone();
+        let timeout = leader::renew_margin(args.leader.lease_duration);
+        lease_config.connect_timeout = Some(timeout);
+        lease_config.read_timeout = Some(timeout);
+        lease_config.write_timeout = Some(timeout);
+        let lease_client = kube::Client::try_from(lease_config).context("building the Lease client")?;
+        let lease = Lease::new(
+            lease_client,
+            &namespace,
+            &args.leader.lease_name,
+            args.leader.lease_duration,
+            leader::identity(),
+        )
+        .await
+        .with_context(|| format!("preparing the leader Lease {namespace}/{}", args.leader.lease_name))?;
+        state.set_phase(Phase::Standby);
+        tokio::select! {
+            _ = lease.acquire() => {}
+            _ = shutdown.clone() => {
+                lease.release().await;
+                info!("stopped before becoming leader");
+                return Ok(());
+            }
+        }
+        Some(lease)
+    } else {
+        None
+    };
+    state.metrics.leader.set(1);
+    state.set_phase(Phase::Syncing);
+
+    let sqs = Arc::new(providers::SqsProvider::from_env(&args.aws.sqs_settings()).await);
     info!(
         namespace = args.namespace.as_deref().unwrap_or("<all>"),
         region = sqs.region().as_deref().unwrap_or("<unset>"),
         resync = ?args.queue.resync,
         "starting skyport"
     );
-    let (_ctx, queues) = controllers::queue::controller(
+    let (ctx, queues) = controllers::queue::controller(
         client,
-        Arc::new(sqs),
+        sqs.clone(),
         args.queue.clone(),
         args.namespace.clone(),
-        shutdown_signal(),
+        shutdown.clone(),
     );
-    queues.await;
+    let (objects, writes) = (ctx.clone(), ctx.clone());
+    state.metrics.add_controller(
+        "queue",
+        ctx.metrics.clone(),
+        move || {
+            ReadyCounts::count(objects.queues.state().iter().map(|q| {
+                q.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready")).map(|c| c.status)
+            }))
+        },
+        move || writes.api_writes.get(),
+    );
+    state.metrics.add_cloud("sqs", move || CloudSnapshot::of(&providers::QueueBackend::limiter(&*sqs).counters));
+    tokio::spawn({
+        let (ctx, state) = (ctx.clone(), state.clone());
+        async move {
+            let synced = http::synced(&ctx.queues).await && http::synced(&ctx.configmaps).await;
+            if synced && state.phase() == Phase::Syncing {
+                state.set_phase(Phase::Running);
+                info!("caches synced; ready");
+            }
+        }
+    });
+
+    match &lease {
+        None => queues.await,
+        Some(lease) => {
+            tokio::select! {
+                _ = queues => {}
+                reason = lease.hold() => {
+                    // Exit at once: a replacement leader may already be reconciling.
+                    error!(%reason, "lost the leader lease; exiting");
+                    std::process::exit(1);
+                }
+            }
+            lease.release().await;
+        }
+    }
+    state.metrics.leader.set(0);
     info!("stopped");
     Ok(())
 }

@@ -14,5 +14,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# helm for tests/deploy.rs, built from its Go module once (kept out of the tests so a cold build
+# does not compete with them for the CPU).
+SKYPORT_HELM="$(tests/env/build-helm.sh)"
+export SKYPORT_HELM
+
 # The integration tests wait on real servers, not on the CPU: run them wide.
 cargo test --workspace --all-targets "$@" -- --include-ignored --test-threads 16

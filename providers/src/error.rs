@@ -43,6 +43,20 @@ impl QueueError {
         }
     }
 
+    /// Stable snake_case label for metrics (the `outcome` of a failed cloud call).
+    pub fn label(&self) -> &'static str {
+        match self {
+            QueueError::NotFound => "not_found",
+            QueueError::DeletedRecently(_) => "deleted_recently",
+            QueueError::AlreadyExists(_) => "already_exists",
+            QueueError::Invalid { .. } => "invalid",
+            QueueError::AccessDenied { .. } => "access_denied",
+            QueueError::Throttled { .. } => "throttled",
+            QueueError::Unavailable(_) => "unavailable",
+            QueueError::Other { .. } => "other",
+        }
+    }
+
     /// Maps an AWS error code (query- or JSON-protocol spelling) and message to a variant.
     pub fn from_code(code: &str, message: String) -> Self {
         let short = code.rsplit('.').next().unwrap_or(code);

@@ -13,10 +13,15 @@ use std::time::{Duration, Instant};
 
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 
-/// Counts calls per operation name and time spent waiting for the limiter.
+/// Outcome label of a successful call (failed calls carry the error's own label).
+pub const SUCCESS: &str = "success";
+
+/// Counts calls per operation name, their outcomes, and time spent waiting for the limiter.
 #[derive(Debug, Default)]
 pub struct CallCounters {
     calls: Mutex<BTreeMap<&'static str, u64>>,
+    /// Finished calls per (operation, outcome).
+    outcomes: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
     waits: AtomicU64,
     waited_micros: AtomicU64,
 }
@@ -25,6 +30,17 @@ impl CallCounters {
     pub fn record(&self, operation: &'static str) {
         let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
         *calls.entry(operation).or_default() += 1;
+    }
+
+    /// Records how a call of `operation` ended: [`SUCCESS`] or an error label.
+    pub fn record_outcome(&self, operation: &'static str, outcome: &'static str) {
+        let mut outcomes = self.outcomes.lock().unwrap_or_else(|p| p.into_inner());
+        *outcomes.entry((operation, outcome)).or_default() += 1;
+    }
+
+    /// A copy of the finished-call counts per (operation, outcome).
+    pub fn outcomes(&self) -> BTreeMap<(&'static str, &'static str), u64> {
+        self.outcomes.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// A copy of the per-operation call counts.
@@ -97,5 +113,16 @@ mod tests {
         limiter.acquire("GetQueueAttributes").await;
         assert_eq!(limiter.counters.waits().0, 1, "the sixth call waited");
         assert_eq!(limiter.counters.snapshot()["GetQueueAttributes"], 6);
+    }
+
+    #[test]
+    fn outcomes_are_counted_per_operation_and_label() {
+        let counters = CallCounters::default();
+        counters.record_outcome("CreateQueue", SUCCESS);
+        counters.record_outcome("CreateQueue", "throttled");
+        counters.record_outcome("CreateQueue", SUCCESS);
+        let outcomes = counters.outcomes();
+        assert_eq!(outcomes[&("CreateQueue", SUCCESS)], 2);
+        assert_eq!(outcomes[&("CreateQueue", "throttled")], 1);
     }
 }

@@ -14,7 +14,7 @@ use aws_sdk_sqs::types::QueueAttributeName;
 use aws_smithy_http_client::tls;
 
 use crate::error::QueueError;
-use crate::limiter::Limiter;
+use crate::limiter::{Limiter, SUCCESS};
 
 /// Attribute name → value, as SQS spells them (`VisibilityTimeout`, `RedrivePolicy`, ...).
 pub type Attributes = BTreeMap<String, String>;
@@ -144,11 +144,26 @@ fn to_sdk_attributes(attributes: &Attributes) -> std::collections::HashMap<Queue
     attributes.iter().map(|(k, v)| (QueueAttributeName::from(k.as_str()), v.clone())).collect()
 }
 
+impl SqsProvider {
+    /// Waits for the limiter, runs `call` and counts how it ended, so every operation is rate
+    /// limited and shows up in the counters by outcome.
+    async fn call<T>(
+        &self,
+        operation: &'static str,
+        call: impl Future<Output = Result<T, QueueError>>,
+    ) -> Result<T, QueueError> {
+        self.limiter.acquire(operation).await;
+        let result = call.await;
+        self.limiter.counters.record_outcome(operation, result.as_ref().map_or_else(QueueError::label, |_| SUCCESS));
+        result
+    }
+}
+
 #[async_trait]
 impl QueueBackend for SqsProvider {
     async fn queue_url(&self, name: &str) -> Result<Option<String>, QueueError> {
-        self.limiter.acquire("GetQueueUrl").await;
-        match self.client.get_queue_url().queue_name(name).send().await.map_err(map_err) {
+        let call = async { self.client.get_queue_url().queue_name(name).send().await.map_err(map_err) };
+        match self.call("GetQueueUrl", call).await {
             Ok(out) => Ok(out.queue_url),
             Err(QueueError::NotFound) => Ok(None),
             Err(e) => Err(e),
@@ -156,30 +171,31 @@ impl QueueBackend for SqsProvider {
     }
 
     async fn create_queue(&self, name: &str, attributes: &Attributes, tags: &Tags) -> Result<String, QueueError> {
-        self.limiter.acquire("CreateQueue").await;
-        let out = self
-            .client
-            .create_queue()
-            .queue_name(name)
-            .set_attributes(Some(to_sdk_attributes(attributes)))
-            .set_tags((!tags.is_empty()).then(|| tags.clone().into_iter().collect()))
-            .send()
-            .await
-            .map_err(map_err)?;
+        let call = async {
+            self.client
+                .create_queue()
+                .queue_name(name)
+                .set_attributes(Some(to_sdk_attributes(attributes)))
+                .set_tags((!tags.is_empty()).then(|| tags.clone().into_iter().collect()))
+                .send()
+                .await
+                .map_err(map_err)
+        };
+        let out = self.call("CreateQueue", call).await?;
         out.queue_url.ok_or_else(|| QueueError::Unavailable("CreateQueue returned no QueueUrl".into()))
     }
 
     async fn attributes(&self, url: &str) -> Result<Option<Attributes>, QueueError> {
-        self.limiter.acquire("GetQueueAttributes").await;
-        match self
-            .client
-            .get_queue_attributes()
-            .queue_url(url)
-            .attribute_names(QueueAttributeName::All)
-            .send()
-            .await
-            .map_err(map_err)
-        {
+        let call = async {
+            self.client
+                .get_queue_attributes()
+                .queue_url(url)
+                .attribute_names(QueueAttributeName::All)
+                .send()
+                .await
+                .map_err(map_err)
+        };
+        match self.call("GetQueueAttributes", call).await {
             Ok(out) => Ok(Some(
                 out.attributes.unwrap_or_default().into_iter().map(|(k, v)| (k.as_str().to_string(), v)).collect(),
             )),
@@ -189,44 +205,50 @@ impl QueueBackend for SqsProvider {
     }
 
     async fn set_attributes(&self, url: &str, attributes: &Attributes) -> Result<(), QueueError> {
-        self.limiter.acquire("SetQueueAttributes").await;
-        self.client
-            .set_queue_attributes()
-            .queue_url(url)
-            .set_attributes(Some(to_sdk_attributes(attributes)))
-            .send()
-            .await
-            .map_err(map_err)?;
+        let call = async {
+            self.client
+                .set_queue_attributes()
+                .queue_url(url)
+                .set_attributes(Some(to_sdk_attributes(attributes)))
+                .send()
+                .await
+                .map_err(map_err)
+        };
+        self.call("SetQueueAttributes", call).await?;
         Ok(())
     }
 
     async fn tags(&self, url: &str) -> Result<Tags, QueueError> {
-        self.limiter.acquire("ListQueueTags").await;
-        let out = self.client.list_queue_tags().queue_url(url).send().await.map_err(map_err)?;
+        let call = async { self.client.list_queue_tags().queue_url(url).send().await.map_err(map_err) };
+        let out = self.call("ListQueueTags", call).await?;
         Ok(out.tags.unwrap_or_default().into_iter().collect())
     }
 
     async fn tag(&self, url: &str, tags: &Tags) -> Result<(), QueueError> {
-        self.limiter.acquire("TagQueue").await;
-        self.client
-            .tag_queue()
-            .queue_url(url)
-            .set_tags(Some(tags.clone().into_iter().collect()))
-            .send()
-            .await
-            .map_err(map_err)?;
+        let call = async {
+            self.client
+                .tag_queue()
+                .queue_url(url)
+                .set_tags(Some(tags.clone().into_iter().collect()))
+                .send()
+                .await
+                .map_err(map_err)
+        };
+        self.call("TagQueue", call).await?;
         Ok(())
     }
 
     async fn untag(&self, url: &str, keys: &[String]) -> Result<(), QueueError> {
-        self.limiter.acquire("UntagQueue").await;
-        self.client.untag_queue().queue_url(url).set_tag_keys(Some(keys.to_vec())).send().await.map_err(map_err)?;
+        let call = async {
+            self.client.untag_queue().queue_url(url).set_tag_keys(Some(keys.to_vec())).send().await.map_err(map_err)
+        };
+        self.call("UntagQueue", call).await?;
         Ok(())
     }
 
     async fn delete_queue(&self, url: &str) -> Result<(), QueueError> {
-        self.limiter.acquire("DeleteQueue").await;
-        match self.client.delete_queue().queue_url(url).send().await.map_err(map_err) {
+        let call = async { self.client.delete_queue().queue_url(url).send().await.map_err(map_err) };
+        match self.call("DeleteQueue", call).await {
             Ok(_) | Err(QueueError::NotFound) => Ok(()),
             Err(e) => Err(e),
         }

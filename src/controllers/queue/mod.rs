@@ -36,6 +36,7 @@ use crate::controllers::{ApiWrites, Backoff, jittered, remove_finalizer};
 use crate::crd::condition::{self, Condition, ConditionStatus};
 use crate::crd::queue::{DeletionPolicy, Queue, QueueStatus};
 use crate::error::{Error, Result};
+use crate::metrics::ReconcileMetrics;
 
 use act::Ready;
 
@@ -57,6 +58,8 @@ pub struct Context {
     pub backoff: Backoff,
     /// Writes made to the API server (finalizers, status, ConfigMaps, Events).
     pub api_writes: ApiWrites,
+    /// Reconcile counts, failures by reason and durations, for `/metrics`.
+    pub metrics: Arc<ReconcileMetrics>,
     /// When each queue's tags were last found converged, and at which generation.
     tags_checked: Mutex<HashMap<String, (Instant, Option<i64>)>>,
     /// Wakes Queues that use a queue as their dead-letter queue when it changes.
@@ -108,6 +111,7 @@ pub fn controller(
         queues: queue_reader.clone(),
         configmaps: cm_reader,
         api_writes: ApiWrites::default(),
+        metrics: Arc::default(),
         tags_checked: Mutex::default(),
         dependents: tx,
     });
@@ -149,7 +153,10 @@ fn key(queue: &Queue) -> String {
 /// Entry point per object: a span with kind, namespace and name around [`reconcile_inner`].
 pub async fn reconcile(queue: Arc<Queue>, ctx: Arc<Context>) -> Result<Action> {
     let span = info_span!("reconcile", kind = "Queue", namespace = %queue.namespace().unwrap_or_default(), name = %queue.name_any());
-    reconcile_inner(queue, ctx).instrument(span).await
+    let started = Instant::now();
+    let result = reconcile_inner(queue, ctx.clone()).instrument(span).await;
+    ctx.metrics.record(started.elapsed(), result.as_ref().err().map(Error::reason));
+    result
 }
 
 async fn reconcile_inner(queue: Arc<Queue>, ctx: Arc<Context>) -> Result<Action> {

@@ -1,0 +1,336 @@
+//! Prometheus metrics, served as OpenMetrics text on `/metrics` (prometheus-client).
+//!
+//! Nothing is counted twice: each controller records its reconciles in its own
+//! [`ReconcileMetrics`]; cloud calls and rate-limiter waits are read at scrape time from the
+//! providers' [`providers::CallCounters`]; objects by Ready state are counted from the
+//! controller's cache at scrape time.
+//!
+//! | metric | labels |
+//! |---|---|
+//! | `skyport_reconciles_total` | `controller` |
+//! | `skyport_reconcile_errors_total` | `controller`, `reason` |
+//! | `skyport_reconcile_duration_seconds` (histogram) | `controller` |
+//! | `skyport_objects` (gauge) | `controller`, `ready` (`True`, `False`, `Unknown`) |
+//! | `skyport_kube_api_writes_total` | `controller` |
+//! | `skyport_cloud_api_calls_total` | `provider`, `operation`, `outcome` (`success` or an error label) |
+//! | `skyport_rate_limiter_waits_total` | `provider` |
+//! | `skyport_rate_limiter_wait_seconds_total` | `provider` |
+//! | `skyport_leader` (gauge) | |
+//! | `skyport_build_info` | `version` |
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::{Registry, Unit};
+
+/// Content type of [`Metrics::encode`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Reconcile counts, failures by reason and durations of one controller.
+#[derive(Debug)]
+pub struct ReconcileMetrics {
+    reconciles: AtomicU64,
+    errors: Mutex<BTreeMap<&'static str, u64>>,
+    duration: Histogram,
+}
+
+impl Default for ReconcileMetrics {
+    fn default() -> Self {
+        ReconcileMetrics {
+            reconciles: AtomicU64::new(0),
+            errors: Mutex::default(),
+            // 5 ms .. ~82 s: a converged object takes one cloud read, a slow create tens of seconds.
+            duration: Histogram::new(exponential_buckets(0.005, 2.0, 15)),
+        }
+    }
+}
+
+impl ReconcileMetrics {
+    /// Records one reconcile that took `elapsed` and failed with `error` (a stable reason), if
+    /// it failed.
+    pub fn record(&self, elapsed: Duration, error: Option<&'static str>) {
+        self.reconciles.fetch_add(1, Ordering::Relaxed);
+        self.duration.observe(elapsed.as_secs_f64());
+        if let Some(reason) = error {
+            *self.errors.lock().unwrap_or_else(|p| p.into_inner()).entry(reason).or_default() += 1;
+        }
+    }
+
+    pub fn reconciles(&self) -> u64 {
+        self.reconciles.load(Ordering::Relaxed)
+    }
+
+    /// Failed reconciles per reason.
+    pub fn errors(&self) -> BTreeMap<&'static str, u64> {
+        self.errors.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// Objects in a controller's cache by the status of their Ready condition.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ReadyCounts {
+    pub ready: u64,
+    pub not_ready: u64,
+    /// No Ready condition yet.
+    pub unknown: u64,
+}
+
+impl ReadyCounts {
+    /// Counts objects by the status of their Ready condition (`None`: no condition yet).
+    pub fn count(statuses: impl IntoIterator<Item = Option<crate::crd::ConditionStatus>>) -> Self {
+        use crate::crd::ConditionStatus;
+        let mut counts = ReadyCounts::default();
+        for status in statuses {
+            match status {
+                Some(ConditionStatus::True) => counts.ready += 1,
+                Some(ConditionStatus::False) => counts.not_ready += 1,
+                Some(ConditionStatus::Unknown) | None => counts.unknown += 1,
+            }
+        }
+        counts
+    }
+}
+
+/// What one cloud provider adapter has done so far (from its limiter's counters).
+#[derive(Debug, Default, Clone)]
+pub struct CloudSnapshot {
+    /// Finished calls per (operation, outcome).
+    pub calls: BTreeMap<(&'static str, &'static str), u64>,
+    /// Calls that had to wait for the rate limiter, and the total wait.
+    pub waits: (u64, Duration),
+}
+
+impl CloudSnapshot {
+    pub fn of(counters: &providers::CallCounters) -> Self {
+        CloudSnapshot { calls: counters.outcomes(), waits: counters.waits() }
+    }
+}
+
+type ObjectsFn = Box<dyn Fn() -> ReadyCounts + Send + Sync>;
+type CounterFn = Box<dyn Fn() -> u64 + Send + Sync>;
+type CloudFn = Box<dyn Fn() -> CloudSnapshot + Send + Sync>;
+
+struct ControllerSource {
+    name: &'static str,
+    reconciles: Arc<ReconcileMetrics>,
+    objects: ObjectsFn,
+    api_writes: CounterFn,
+}
+
+struct CloudSource {
+    provider: &'static str,
+    snapshot: CloudFn,
+}
+
+#[derive(Default)]
+struct Sources {
+    controllers: Vec<ControllerSource>,
+    clouds: Vec<CloudSource>,
+}
+
+/// Reads the registered controllers and providers on each scrape.
+#[derive(Clone, Default)]
+struct SourcesCollector(Arc<Mutex<Sources>>);
+
+impl std::fmt::Debug for SourcesCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SourcesCollector")
+    }
+}
+
+impl Collector for SourcesCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let sources = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let controllers = &sources.controllers;
+        {
+            let mut m = enc.encode_descriptor("reconciles", "Reconciles run", None, MetricType::Counter)?;
+            for c in controllers {
+                ConstCounter::new(c.reconciles.reconciles()).encode(m.encode_family(&[("controller", c.name)])?)?;
+            }
+        }
+        {
+            let help = "Reconciles that failed and were retried with backoff, by reason (permanent problems are reported in status and count in skyport_objects{ready=\"False\"})";
+            let mut m = enc.encode_descriptor("reconcile_errors", help, None, MetricType::Counter)?;
+            for c in controllers {
+                for (reason, n) in c.reconciles.errors() {
+                    ConstCounter::new(n).encode(m.encode_family(&[("controller", c.name), ("reason", reason)])?)?;
+                }
+            }
+        }
+        {
+            let mut m = enc.encode_descriptor(
+                "reconcile_duration",
+                "Time one reconcile took",
+                Some(&Unit::Seconds),
+                MetricType::Histogram,
+            )?;
+            for c in controllers {
+                c.reconciles.duration.encode(m.encode_family(&[("controller", c.name)])?)?;
+            }
+        }
+        {
+            let help = "Objects in the controller's cache by the status of their Ready condition";
+            let mut m = enc.encode_descriptor("objects", help, None, MetricType::Gauge)?;
+            for c in controllers {
+                let counts = (c.objects)();
+                for (ready, n) in [("True", counts.ready), ("False", counts.not_ready), ("Unknown", counts.unknown)] {
+                    let n = i64::try_from(n).unwrap_or(i64::MAX);
+                    ConstGauge::new(n).encode(m.encode_family(&[("controller", c.name), ("ready", ready)])?)?;
+                }
+            }
+        }
+        {
+            let help = "Writes to the Kubernetes API (finalizers, status, owned objects, Events)";
+            let mut m = enc.encode_descriptor("kube_api_writes", help, None, MetricType::Counter)?;
+            for c in controllers {
+                ConstCounter::new((c.api_writes)()).encode(m.encode_family(&[("controller", c.name)])?)?;
+            }
+        }
+        let clouds: Vec<(&'static str, CloudSnapshot)> =
+            sources.clouds.iter().map(|c| (c.provider, (c.snapshot)())).collect();
+        {
+            let help = "Cloud API calls made, by outcome (success or the error's label)";
+            let mut m = enc.encode_descriptor("cloud_api_calls", help, None, MetricType::Counter)?;
+            for (provider, snap) in &clouds {
+                for ((operation, outcome), n) in &snap.calls {
+                    let labels = [("provider", *provider), ("operation", *operation), ("outcome", *outcome)];
+                    ConstCounter::new(*n).encode(m.encode_family(&labels)?)?;
+                }
+            }
+        }
+        {
+            let help = "Cloud API calls that had to wait for the rate limiter";
+            let mut m = enc.encode_descriptor("rate_limiter_waits", help, None, MetricType::Counter)?;
+            for (provider, snap) in &clouds {
+                ConstCounter::new(snap.waits.0).encode(m.encode_family(&[("provider", *provider)])?)?;
+            }
+        }
+        {
+            let help = "Time spent waiting for the rate limiter";
+            let mut m = enc.encode_descriptor("rate_limiter_wait", help, Some(&Unit::Seconds), MetricType::Counter)?;
+            for (provider, snap) in &clouds {
+                ConstCounter::new(snap.waits.1.as_secs_f64()).encode(m.encode_family(&[("provider", *provider)])?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The operator's metrics registry. Controllers and providers are added when they start (a
+/// standby replica has none until it becomes leader).
+pub struct Metrics {
+    registry: Registry,
+    sources: SourcesCollector,
+    /// 1 while this replica runs the controllers (holds the Lease, or runs without election).
+    pub leader: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("skyport");
+        let sources = SourcesCollector::default();
+        registry.register_collector(Box::new(sources.clone()));
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica runs the controllers (holds the leader Lease or runs without leader election)",
+            leader.clone(),
+        );
+        registry.register(
+            "build",
+            "Version of the running binary",
+            Info::new(vec![("version".to_string(), env!("CARGO_PKG_VERSION").to_string())]),
+        );
+        Metrics { registry, sources, leader }
+    }
+}
+
+impl Metrics {
+    /// Adds a controller: its reconcile metrics, a count of its cached objects by Ready
+    /// state, and its Kubernetes API write counter.
+    pub fn add_controller(
+        &self,
+        name: &'static str,
+        reconciles: Arc<ReconcileMetrics>,
+        objects: impl Fn() -> ReadyCounts + Send + Sync + 'static,
+        api_writes: impl Fn() -> u64 + Send + Sync + 'static,
+    ) {
+        let source =
+            ControllerSource { name, reconciles, objects: Box::new(objects), api_writes: Box::new(api_writes) };
+        self.sources.0.lock().unwrap_or_else(|p| p.into_inner()).controllers.push(source);
+    }
+
+    /// Adds a cloud provider adapter, read through its limiter's counters.
+    pub fn add_cloud(&self, provider: &'static str, snapshot: impl Fn() -> CloudSnapshot + Send + Sync + 'static) {
+        let source = CloudSource { provider, snapshot: Box::new(snapshot) };
+        self.sources.0.lock().unwrap_or_else(|p| p.into_inner()).clouds.push(source);
+    }
+
+    /// The current values as OpenMetrics text ([`CONTENT_TYPE`]).
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_has_every_family_with_controller_and_provider_labels() {
+        let metrics = Metrics::default();
+        let queue = Arc::new(ReconcileMetrics::default());
+        queue.record(Duration::from_millis(30), None);
+        queue.record(Duration::from_millis(3), Some("SqsUnavailable"));
+        metrics.add_controller("queue", queue.clone(), || ReadyCounts { ready: 2, not_ready: 1, unknown: 0 }, || 7);
+        let counters = providers::CallCounters::default();
+        counters.record_outcome("CreateQueue", providers::limiter::SUCCESS);
+        counters.record_outcome("GetQueueAttributes", "unavailable");
+        let snap = CloudSnapshot::of(&counters);
+        metrics.add_cloud("sqs", move || snap.clone());
+        metrics.leader.set(1);
+
+        let text = metrics.encode();
+        for line in [
+            r#"skyport_reconciles_total{controller="queue"} 2"#,
+            r#"skyport_reconcile_errors_total{controller="queue",reason="SqsUnavailable"} 1"#,
+            r#"skyport_reconcile_duration_seconds_count{controller="queue"} 2"#,
+            r#"skyport_reconcile_duration_seconds_bucket{le="0.005",controller="queue"} 1"#,
+            r#"skyport_objects{controller="queue",ready="True"} 2"#,
+            r#"skyport_objects{controller="queue",ready="False"} 1"#,
+            r#"skyport_objects{controller="queue",ready="Unknown"} 0"#,
+            r#"skyport_kube_api_writes_total{controller="queue"} 7"#,
+            r#"skyport_cloud_api_calls_total{provider="sqs",operation="CreateQueue",outcome="success"} 1"#,
+            r#"skyport_cloud_api_calls_total{provider="sqs",operation="GetQueueAttributes",outcome="unavailable"} 1"#,
+            r#"skyport_rate_limiter_waits_total{provider="sqs"} 0"#,
+            r#"skyport_rate_limiter_wait_seconds_total{provider="sqs"} 0.0"#,
+            "skyport_leader 1",
+            r#"skyport_build_info{version="#,
+            "# TYPE skyport_reconcile_duration_seconds histogram",
+            "# EOF",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in:\n{text}");
+        }
+        assert_eq!(queue.errors()["SqsUnavailable"], 1);
+    }
+
+    #[test]
+    fn a_standby_exposes_the_families_without_controller_series() {
+        let text = Metrics::default().encode();
+        assert!(text.contains("skyport_leader 0"), "{text}");
+        assert!(text.contains("# TYPE skyport_reconciles counter"), "{text}");
+        assert!(!text.contains("skyport_reconciles_total{"), "{text}");
+    }
+}

@@ -1,0 +1,330 @@
+//! The install manifests in `deploy/`: the kustomize base and the Helm chart render the same
+//! objects, the real API server accepts both (server-side dry run), the CRD copies match
+//! `crds/`, and the Deployment is hardened and passes flags the binary accepts.
+//!
+//! The tests that need `kubectl`, `helm` or the API server are ignored by default; tests/run.sh
+//! runs them (it builds helm with tests/env/build-helm.sh and exports SKYPORT_HELM).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use clap::Parser;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(root().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// Every document of a YAML stream, without empty ones.
+fn documents(yaml: &str) -> Vec<Value> {
+    let docs: Vec<Value> = serde_saphyr::from_multiple(yaml).unwrap_or_else(|e| panic!("invalid YAML: {e}\n{yaml}"));
+    docs.into_iter().filter(|d| !d.is_null()).collect()
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} in the manifests"))
+}
+
+/// Runs `program args` with `stdin`; panics with its output unless it succeeds.
+fn run(program: &str, args: &[&str], stdin: Option<&str>) -> String {
+    let mut child = Command::new(program)
+        .args(args)
+        .current_dir(root())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {program}: {e} (is the test environment's PATH set?)"));
+    let mut input = child.stdin.take().expect("stdin");
+    if let Some(text) = stdin {
+        input.write_all(text.as_bytes()).expect("write stdin");
+    }
+    drop(input);
+    let out = child.wait_with_output().expect("wait");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{program} {args:?} failed ({}):\n{stdout}\n{stderr}", out.status);
+    stdout.into_owned()
+}
+
+fn require_env() {
+    assert!(
+        std::env::var_os("KUBECONFIG").is_some(),
+        "KUBECONFIG is not set: start the test environment with `eval \"$(tests/env.sh up)\"` (or run tests/run.sh)"
+    );
+}
+
+/// helm built from its Go module: SKYPORT_HELM (tests/run.sh), else tests/env/build-helm.sh.
+fn helm() -> String {
+    if let Some(path) = std::env::var_os("SKYPORT_HELM") {
+        return path.to_string_lossy().into_owned();
+    }
+    run("tests/env/build-helm.sh", &[], None).trim().to_string()
+}
+
+fn kustomize() -> String {
+    run("kubectl", &["kustomize", "deploy/"], None)
+}
+
+fn helm_template(extra: &[&str]) -> String {
+    let mut args =
+        vec!["template", "skyport", "deploy/helm/skyport", "--namespace", "skyport-system", "--include-crds"];
+    args.extend_from_slice(extra);
+    run(&helm(), &args, None)
+}
+
+/// The install namespace must exist for a server-side dry run of the objects inside it (the
+/// dry run does not create the Namespace). Applying it is what an install does first anyway.
+fn ensure_install_namespace() {
+    run("kubectl", &["apply", "-f", "deploy/namespace.yaml"], None);
+}
+
+/// Removes what only Helm adds (its bookkeeping labels), then keys objects by kind/namespace/name.
+fn normalized(docs: Vec<Value>) -> BTreeMap<String, Value> {
+    fn strip(labels: Option<&mut Value>) {
+        if let Some(map) = labels.and_then(Value::as_object_mut) {
+            map.remove("helm.sh/chart");
+            map.remove("app.kubernetes.io/managed-by");
+        }
+    }
+    /// `1000.0` and `1000` are the same number (kustomize rewrites the CRD's floats, Helm does not).
+    fn integral_numbers(v: &mut Value) {
+        match v {
+            Value::Number(n) => {
+                if let Some(f) = n.as_f64().filter(|f| f.fract() == 0.0 && f.abs() < 9e15 && !n.is_i64()) {
+                    *v = Value::from(f as i64);
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(integral_numbers),
+            Value::Object(map) => map.values_mut().for_each(integral_numbers),
+            _ => {}
+        }
+    }
+    docs.into_iter()
+        .map(|mut d| {
+            integral_numbers(&mut d);
+            strip(d.pointer_mut("/metadata/labels"));
+            strip(d.pointer_mut("/spec/template/metadata/labels"));
+            let key = format!(
+                "{}/{}/{}",
+                d["kind"].as_str().unwrap_or_default(),
+                d["metadata"]["namespace"].as_str().unwrap_or_default(),
+                d["metadata"]["name"].as_str().unwrap_or_default()
+            );
+            (key, d)
+        })
+        .collect()
+}
+
+#[test]
+fn deploy_crds_are_copies_of_the_generated_crds() {
+    let canonical: BTreeMap<String, String> = std::fs::read_dir(root().join("crds"))
+        .expect("crds/")
+        .map(|e| e.expect("entry").path())
+        .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read_to_string(&p).unwrap()))
+        .collect();
+    for dir in ["deploy/crds", "deploy/helm/skyport/crds"] {
+        let copies: BTreeMap<String, String> = std::fs::read_dir(root().join(dir))
+            .unwrap_or_else(|e| panic!("{dir}: {e}"))
+            .map(|e| e.expect("entry").path())
+            .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read_to_string(&p).unwrap()))
+            .collect();
+        assert!(copies == canonical, "{dir}/ differs from crds/: refresh it with `cp crds/*.yaml {dir}/`");
+    }
+}
+
+#[test]
+fn kustomization_lists_every_manifest_in_deploy() {
+    let kustomization: Value = serde_saphyr::from_str(&read("deploy/kustomization.yaml")).unwrap();
+    let listed: Vec<&str> =
+        kustomization["resources"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    for entry in std::fs::read_dir(root().join("deploy")).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        if name.ends_with(".yaml") && name != "kustomization.yaml" {
+            assert!(listed.contains(&name.as_str()), "deploy/{name} is not in deploy/kustomization.yaml");
+        }
+    }
+    for crd in std::fs::read_dir(root().join("crds")).unwrap() {
+        let name = format!("crds/{}", crd.unwrap().file_name().to_string_lossy());
+        assert!(listed.contains(&name.as_str()), "{name} is not in deploy/kustomization.yaml");
+    }
+}
+
+fn rules(rules: Option<Vec<PolicyRule>>) -> Vec<String> {
+    let mut out = Vec::new();
+    for r in rules.unwrap_or_default() {
+        for group in r.api_groups.clone().unwrap_or_default() {
+            for resource in r.resources.clone().unwrap_or_default() {
+                let names = r.resource_names.clone().map(|n| format!("[{}]", n.join(","))).unwrap_or_default();
+                for verb in &r.verbs {
+                    out.push(format!("{group}/{resource}{names}:{verb}"));
+                }
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Each grant, with the call that needs it. A new API call in a controller must be added to
+/// deploy/rbac.yaml, the chart, and here; an unused grant is an error too.
+#[test]
+fn rbac_grants_exactly_the_calls_the_controllers_make() {
+    let docs = documents(&read("deploy/rbac.yaml"));
+    let cluster: ClusterRole = serde_json::from_value(find(&docs, "ClusterRole", "skyport").clone()).unwrap();
+    let mut expected = vec![
+        "skyport.dev/queues:list",         // Queue watch (reflector)
+        "skyport.dev/queues:watch",        // Queue watch
+        "skyport.dev/queues:patch",        // finalizer add/remove
+        "skyport.dev/queues/status:patch", // status
+        "/configmaps:list",                // owned ConfigMaps watch (by label)
+        "/configmaps:watch",               //
+        "/configmaps:create",              // server-side apply of a new ConfigMap
+        "/configmaps:patch",               // server-side apply
+        "events.k8s.io/events:create",     // Recorder
+        "events.k8s.io/events:patch",      // Recorder (repeated events become a series)
+    ];
+    expected.sort();
+    assert_eq!(rules(cluster.rules), expected);
+    let lease: Role = serde_json::from_value(find(&docs, "Role", "skyport-leader-election").clone()).unwrap();
+    assert_eq!(lease.metadata.namespace.as_deref(), Some("skyport-system"));
+    let mut expected = vec![
+        "coordination.k8s.io/leases:create",
+        "coordination.k8s.io/leases[skyport]:get",
+        "coordination.k8s.io/leases[skyport]:patch",
+    ];
+    expected.sort();
+    assert_eq!(rules(lease.rules), expected);
+}
+
+#[test]
+fn deployment_is_hardened_probed_and_passes_flags_the_binary_accepts() {
+    let deployment: Deployment = serde_saphyr::from_str(&read("deploy/deployment.yaml")).unwrap();
+    let pod = deployment.spec.unwrap().template.spec.unwrap();
+    assert_eq!(pod.service_account_name.as_deref(), Some("skyport"));
+    let pod_security = pod.security_context.unwrap();
+    assert_eq!(pod_security.run_as_non_root, Some(true));
+    assert_eq!(pod_security.seccomp_profile.unwrap().type_, "RuntimeDefault");
+    let container = &pod.containers[0];
+    let security = container.security_context.clone().unwrap();
+    assert_eq!(security.allow_privilege_escalation, Some(false));
+    assert_eq!(security.read_only_root_filesystem, Some(true));
+    assert_eq!(security.capabilities.unwrap().drop, Some(vec!["ALL".to_string()]));
+    let probe_path = |p: &Option<k8s_openapi::api::core::v1::Probe>| p.clone().unwrap().http_get.unwrap().path.unwrap();
+    assert_eq!(probe_path(&container.liveness_probe), "/healthz");
+    assert_eq!(probe_path(&container.readiness_probe), "/readyz");
+    let env: Vec<(String, String)> = container
+        .env
+        .clone()
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.name, e.value_from.and_then(|v| v.field_ref).map(|f| f.field_path).unwrap_or_default()))
+        .collect();
+    assert!(env.contains(&("POD_NAME".into(), "metadata.name".into())), "{env:?}");
+    assert!(env.contains(&("POD_NAMESPACE".into(), "metadata.namespace".into())), "{env:?}");
+    let secret = container.env_from.clone().unwrap()[0].secret_ref.clone().unwrap();
+    assert_eq!((secret.name.as_str(), secret.optional), ("skyport-aws", Some(true)));
+    assert!(container.resources.clone().unwrap().requests.is_some());
+
+    let args = container.args.clone().unwrap();
+    let cli = skyport::config::Cli::try_parse_from(std::iter::once("skyport".to_string()).chain(args.clone()))
+        .unwrap_or_else(|e| panic!("deploy/deployment.yaml passes flags skyport rejects: {e}"));
+    let skyport::config::Command::Run(run) = cli.command else { panic!("not `skyport run`: {args:?}") };
+    assert!(run.leader.enabled, "replicas > 1 must be safe");
+    assert_eq!(run.leader.lease_name, "skyport", "must match the Role's resourceNames");
+    assert_eq!(run.listen_address.port(), 8080, "must match the container port");
+}
+
+#[test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+fn kustomize_base_is_accepted_by_a_server_side_dry_run() {
+    require_env();
+    ensure_install_namespace();
+    let out = run("kubectl", &["apply", "--dry-run=server", "-k", "deploy/"], None);
+    for object in [
+        "namespace/skyport-system",
+        "customresourcedefinition.apiextensions.k8s.io/queues.skyport.dev",
+        "serviceaccount/skyport",
+        "clusterrole.rbac.authorization.k8s.io/skyport",
+        "clusterrolebinding.rbac.authorization.k8s.io/skyport",
+        "role.rbac.authorization.k8s.io/skyport-leader-election",
+        "rolebinding.rbac.authorization.k8s.io/skyport-leader-election",
+        "deployment.apps/skyport",
+        "service/skyport-metrics",
+    ] {
+        assert!(out.contains(object), "{object} missing from the dry run:\n{out}");
+    }
+}
+
+#[test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+fn helm_chart_with_default_values_renders_the_kustomize_objects() {
+    require_env();
+    run(&helm(), &["lint", "--strict", "deploy/helm/skyport"], None);
+    let mut from_kustomize = normalized(documents(&kustomize()));
+    let from_helm = normalized(documents(&helm_template(&[])));
+    // Helm does not create its release namespace (`--create-namespace` does).
+    assert!(from_kustomize.remove("Namespace//skyport-system").is_some());
+    let (k, h): (Vec<&String>, Vec<&String>) = (from_kustomize.keys().collect(), from_helm.keys().collect());
+    assert_eq!(k, h, "the two renderings hold different objects");
+    for (key, object) in &from_kustomize {
+        assert!(
+            &from_helm[key] == object,
+            "{key} differs:\nkustomize: {}\nhelm: {}",
+            serde_json::to_string_pretty(object).unwrap(),
+            serde_json::to_string_pretty(&from_helm[key]).unwrap()
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+fn helm_chart_output_is_accepted_by_a_server_side_dry_run() {
+    require_env();
+    ensure_install_namespace();
+    let defaults = helm_template(&[]);
+    run("kubectl", &["apply", "--dry-run=server", "-f", "-"], Some(&defaults));
+    // Every optional branch of the templates.
+    let custom = helm_template(&[
+        "--set",
+        "replicaCount=2,watchNamespace=team-a,logLevel=debug,aws.region=eu-west-1,aws.sqsEndpointUrl=http://sqs.local:4566",
+        "--set",
+        "leaderElection.leaseName=custom,serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn=arn:aws:iam::1:role/x",
+        "--set",
+        "podAnnotations.a=b,podLabels.c=d,nodeSelector.e=f,priorityClassName=system-cluster-critical",
+        "--set",
+        "extraArgs[0]=--queue-resync=30s,extraEnv[0].name=X,extraEnv[0].value=y,metrics.service.annotations.g=h",
+    ]);
+    let docs = documents(&custom);
+    let deployment: Deployment = serde_json::from_value(find(&docs, "Deployment", "skyport").clone()).unwrap();
+    let args = deployment.spec.unwrap().template.spec.unwrap().containers[0].args.clone().unwrap();
+    assert!(args.contains(&"--namespace=team-a".to_string()) && args.contains(&"--lease-name=custom".to_string()));
+    skyport::config::Cli::try_parse_from(std::iter::once("skyport".to_string()).chain(args.clone()))
+        .unwrap_or_else(|e| panic!("the chart passes flags skyport rejects: {e}: {args:?}"));
+    let role: Role = serde_json::from_value(find(&docs, "Role", "skyport-leader-election").clone()).unwrap();
+    assert_eq!(role.rules.unwrap()[1].resource_names, Some(vec!["custom".to_string()]));
+    run("kubectl", &["apply", "--dry-run=server", "-f", "-"], Some(&custom));
+    // Without leader election and RBAC.
+    let minimal =
+        helm_template(&["--set", "leaderElection.enabled=false,rbac.create=false,metrics.service.enabled=false"]);
+    let docs = documents(&minimal);
+    assert!(!docs.iter().any(|d| d["kind"] == "Role" || d["kind"] == "ClusterRole" || d["kind"] == "Service"));
+    run("kubectl", &["apply", "--dry-run=server", "-f", "-"], Some(&minimal));
+}
+
+#[test]
+fn dockerfile_builds_a_static_binary_into_a_non_root_image() {
+    let dockerfile = read("Dockerfile");
+    assert!(dockerfile.matches("FROM ").count() >= 2, "multi-stage");
+    assert!(dockerfile.contains("USER 65532:65532"), "non-root, matching runAsUser in the manifests");
+    assert!(Path::new(&root().join(".dockerignore")).exists(), "keep target/ out of the build context");
+}

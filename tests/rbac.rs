@@ -1,0 +1,192 @@
+//! The RBAC in `deploy/` is sufficient and minimal: the Queue controller runs in-process with
+//! the identity of the deploy ServiceAccount `skyport-system/skyport` (a token from the
+//! TokenRequest API) and passes a Queue scenario, while requests outside the granted rules are
+//! refused with 403.
+//!
+//! This applies `deploy/` to the test API server for real (`kubectl apply -k deploy/`): the
+//! ServiceAccount and its bindings must exist. The Deployment it creates stays inert (the test
+//! environment runs no Deployment controller, scheduler or kubelet).
+
+mod common;
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::authorization::v1::{ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec};
+use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::Client;
+use serde_json::json;
+use skyport::crd::{ConditionStatus, Queue};
+use tokio::sync::oneshot;
+
+const INSTALL_NS: &str = "skyport-system";
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `kubectl apply -k deploy/` against the test API server.
+fn install_deploy() {
+    let out = Command::new("kubectl")
+        .args(["apply", "-k", "deploy/"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run kubectl (is the test environment's PATH set?)");
+    assert!(out.status.success(), "kubectl apply -k deploy/ failed:\n{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A client authenticated as the deploy ServiceAccount, with a short-lived bound token.
+async fn service_account_client(admin: &Client) -> Client {
+    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), INSTALL_NS);
+    let request = TokenRequest {
+        spec: TokenRequestSpec { audiences: vec![], expiration_seconds: Some(3600), ..Default::default() },
+        ..Default::default()
+    };
+    let token = accounts
+        .create_token_request("skyport", &PostParams::default(), &request)
+        .await
+        .expect("TokenRequest for skyport-system/skyport")
+        .status
+        .expect("token in status")
+        .token;
+    let mut config = kube::Config::infer().await.expect("kubeconfig");
+    config.auth_info = serde_json::from_value(json!({ "token": token })).expect("auth info");
+    Client::try_from(config).expect("client")
+}
+
+fn forbidden<T: std::fmt::Debug>(result: Result<T, kube::Error>, what: &str) {
+    match result {
+        Err(kube::Error::Api(e)) if e.code == 403 => {}
+        other => panic!("{what}: expected 403 Forbidden, got {other:?}"),
+    }
+}
+
+async fn allowed(
+    client: &Client,
+    namespace: &str,
+    verb: &str,
+    resource: &str,
+    group: &str,
+    name: Option<&str>,
+) -> bool {
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some(namespace.to_string()),
+                verb: Some(verb.to_string()),
+                resource: Some(resource.to_string()),
+                group: Some(group.to_string()),
+                name: name.map(str::to_string),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+    api.create(&PostParams::default(), &review).await.expect("SelfSubjectAccessReview").status.expect("status").allowed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn queue_controller_works_with_the_deploy_service_account_and_nothing_else_is_allowed() {
+    let admin = client().await;
+    tokio::task::spawn_blocking(install_deploy).await.unwrap();
+    let sa = service_account_client(&admin).await;
+    let ns = TestNs::new("rbac").await;
+
+    // The controller, with the ServiceAccount's identity only.
+    let sqs_provider = providers::SqsProvider::from_env(&providers::SqsSettings {
+        operation_timeout: Duration::from_secs(5),
+        ..Default::default()
+    })
+    .await;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let (ctx, run) = skyport::controllers::queue::controller(
+        sa.clone(),
+        Arc::new(sqs_provider),
+        fast_settings(),
+        Some(ns.name.clone()),
+        async {
+            let _ = stopped.await;
+        },
+    );
+    let task = tokio::spawn(run);
+
+    // create → Ready, ConfigMap, Event
+    let queues: Api<Queue> = ns.api();
+    queues.create(&PostParams::default(), &queue("orders", json!({"tags": {"team": "shop"}}))).await.unwrap();
+    let q = wait_ready(&queues, "orders", ConditionStatus::True, "Available", TIMEOUT).await;
+    let sqs_name = q.status.as_ref().and_then(|s| s.queue_name.clone()).expect("status.queueName");
+    let configmaps: Api<ConfigMap> = ns.api();
+    eventually("ConfigMap orders-sqs", TIMEOUT, || async { configmaps.get("orders-sqs").await.ok() }).await;
+    let events: Api<Event> = ns.api();
+    eventually("a Created Event", TIMEOUT, || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        list.items.iter().any(|e| e.reason.as_deref() == Some("Created")).then_some(())
+    })
+    .await;
+    // delete → SQS queue and finalizer gone
+    queues.delete("orders", &DeleteParams::default()).await.unwrap();
+    wait_gone(&queues, "orders", TIMEOUT).await;
+    assert!(!queue_exists(&sqs().await, &sqs_name).await, "SQS queue {sqs_name} still exists");
+    assert!(
+        ctx.metrics.errors().is_empty(),
+        "reconciles failed under the ServiceAccount's identity: {:?}",
+        ctx.metrics.errors()
+    );
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
+
+    // What the ClusterRole grants works cluster-wide, as the Deployment (all namespaces) needs.
+    Api::<Queue>::all(sa.clone()).list(&ListParams::default().limit(1)).await.expect("list Queues in all namespaces");
+    Api::<ConfigMap>::all(sa.clone())
+        .list(&ListParams::default().labels("app.kubernetes.io/managed-by=skyport").limit(1))
+        .await
+        .expect("list managed ConfigMaps in all namespaces");
+
+    // Everything else is refused.
+    forbidden(Api::<Secret>::all(sa.clone()).list(&ListParams::default()).await, "list Secrets cluster-wide");
+    forbidden(Api::<Namespace>::all(sa.clone()).delete(&ns.name, &DeleteParams::default()).await, "delete a Namespace");
+    forbidden(Api::<Pod>::namespaced(sa.clone(), &ns.name).list(&ListParams::default()).await, "list Pods");
+    forbidden(
+        Api::<Queue>::namespaced(sa.clone(), &ns.name).get("orders").await,
+        "get a Queue (the cache serves reads)",
+    );
+    forbidden(
+        Api::<Queue>::namespaced(sa.clone(), &ns.name).delete("orders", &DeleteParams::default()).await,
+        "delete a Queue",
+    );
+    forbidden(
+        Api::<ConfigMap>::namespaced(sa.clone(), &ns.name).delete("orders-sqs", &DeleteParams::default()).await,
+        "delete a ConfigMap (owned ones are garbage collected)",
+    );
+    forbidden(Api::<LeaseObject>::namespaced(sa.clone(), "default").list(&ListParams::default()).await, "list Leases");
+
+    // Leases: create in the install namespace, read and renew only the operator's own.
+    let lease = |verb, name| allowed(&sa, INSTALL_NS, verb, "leases", "coordination.k8s.io", name);
+    assert!(lease("create", None).await);
+    assert!(lease("get", Some("skyport")).await);
+    assert!(lease("patch", Some("skyport")).await);
+    assert!(!lease("patch", Some("someone-else")).await);
+    assert!(!lease("delete", Some("skyport")).await);
+    assert!(!lease("update", Some("skyport")).await);
+    assert!(!allowed(&sa, "default", "create", "leases", "coordination.k8s.io", None).await);
+
+    // And the real leader election calls succeed under that identity.
+    let lease =
+        skyport::leader::Lease::new(sa.clone(), INSTALL_NS, "skyport", Duration::from_secs(3), "rbac-test".into())
+            .await
+            .expect("prepare the Lease as the ServiceAccount");
+    tokio::time::timeout(Duration::from_secs(30), lease.acquire()).await.expect("acquire the Lease");
+    let held = Api::<LeaseObject>::namespaced(admin.clone(), INSTALL_NS).get("skyport").await.unwrap();
+    assert_eq!(held.spec.and_then(|s| s.holder_identity).as_deref(), Some("rbac-test"));
+    lease.release().await;
+    let released = Api::<LeaseObject>::namespaced(admin.clone(), INSTALL_NS).get("skyport").await.unwrap();
+    assert_eq!(released.spec.and_then(|s| s.holder_identity), None, "the Lease is free again");
+
+    ns.cleanup().await;
+}
