@@ -38,8 +38,9 @@ pub struct RunArgs {
     pub log_format: LogFormat,
 
     /// Address of the HTTP server for /healthz, /readyz and /metrics (port 0 picks a free port;
-    /// the address is logged).
-    #[arg(long, env = "SKYPORT_LISTEN_ADDRESS", default_value = "0.0.0.0:8080")]
+    /// the address is logged). Loopback by default; in a Pod the manifests pass 0.0.0.0:8080 so
+    /// the kubelet's probes and Prometheus reach it.
+    #[arg(long, env = "SKYPORT_LISTEN_ADDRESS", default_value = "127.0.0.1:8080")]
     pub listen_address: SocketAddr,
 
     #[command(flatten)]
@@ -176,7 +177,7 @@ mod tests {
         let Command::Run(run) = cli.command else { panic!("expected run") };
         assert!(!run.leader.enabled);
         assert_eq!(run.leader.lease_name, "skyport");
-        assert_eq!(run.listen_address.to_string(), "0.0.0.0:8080");
+        assert_eq!(run.listen_address.to_string(), "127.0.0.1:8080");
         let cli = Cli::try_parse_from([
             "skyport",
             "run",

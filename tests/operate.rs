@@ -71,6 +71,16 @@ impl Skyport {
         .await
     }
 
+    /// The first log line whose message starts with `message`.
+    fn log_line(&self, message: &str) -> Option<Value> {
+        self.logs
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|l| l["message"].as_str().is_some_and(|m| m.starts_with(message)))
+            .cloned()
+    }
+
     fn logged(&self, message: &str) -> bool {
         self.logs.lock().unwrap().iter().any(|l| l["message"].as_str().is_some_and(|m| m.starts_with(message)))
     }
@@ -125,8 +135,8 @@ async fn two_processes_elect_one_leader_which_a_standby_replaces_after_kill_9() 
     let ns = TestNs::new("leader").await;
     let leases: Api<Lease> = ns.api();
     let queues: Api<Queue> = ns.api();
-    let mut a = Skyport::start(&ns.name).await;
-    let mut b = Skyport::start(&ns.name).await;
+    let a = Skyport::start(&ns.name).await;
+    let b = Skyport::start(&ns.name).await;
 
     let first = eventually("a Lease holder", TIMEOUT, || async { holder(&leases).await }).await;
     let (mut leader, standby) = if first == a.identity { (a, b) } else { (b, a) };
@@ -161,6 +171,11 @@ async fn two_processes_elect_one_leader_which_a_standby_replaces_after_kill_9() 
     assert_eq!(s["skyport_leader"], 0.0);
     assert!(!s.keys().any(|k| k.starts_with("skyport_reconciles_total")), "the standby reconciled: {s:?}");
     assert!(!standby.logged("starting skyport"), "the standby started its controllers");
+
+    // JSON log lines written during a reconcile name the object.
+    let line = leader.log_line("created SQS queue").expect("the leader logged the creation");
+    assert_eq!((line["kind"].as_str(), line["name"].as_str()), (Some("Queue"), Some("one")), "{line}");
+    assert_eq!(line["namespace"].as_str(), Some(ns.name.as_str()), "{line}");
 
     // kill -9 the leader: the standby takes over within the lease duration (plus its retry).
     leader.child.start_kill().unwrap();
