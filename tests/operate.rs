@@ -246,6 +246,28 @@ async fn sigterm_on_a_standby_exits_at_once_and_a_lone_process_is_leader() {
     ns.cleanup().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn a_leader_that_loses_its_lease_exits_at_once() {
+    let ns = TestNs::new("lost").await;
+    let leases: Api<Lease> = ns.api();
+    let mut a = Skyport::start(&ns.name).await;
+    eventually("a holds the Lease", TIMEOUT, || async { (holder(&leases).await? == a.identity).then_some(()) }).await;
+    // Someone else takes the Lease (as a standby would after a missed renewal).
+    let patch = json!({"spec": {"holderIdentity": "intruder", "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(k8s_openapi::jiff::Timestamp::now())}});
+    leases.patch("skyport", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await.unwrap();
+    let taken = Instant::now();
+    let status = tokio::time::timeout(LEASE_DURATION + Duration::from_secs(5), a.child.wait())
+        .await
+        .expect("the old leader exits")
+        .unwrap();
+    assert_eq!(status.code(), Some(1), "{status}");
+    assert!(taken.elapsed() <= LEASE_DURATION, "noticed after {:?}", taken.elapsed());
+    assert!(a.logged("lost the leader lease"));
+    assert_eq!(holder(&leases).await.as_deref(), Some("intruder"), "the new holder keeps the Lease");
+    ns.cleanup().await;
+}
+
 fn kubectl(args: &[&str]) -> String {
     let out = std::process::Command::new("kubectl").args(args).output().expect("kubectl on PATH");
     assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
