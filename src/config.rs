@@ -69,8 +69,9 @@ pub struct LeaderArgs {
     #[arg(long = "lease-namespace", env = "SKYPORT_LEASE_NAMESPACE")]
     pub lease_namespace: Option<String>,
 
-    /// How long the Lease stays valid without renewal: a standby takes over at most this long
-    /// after the leader dies. The leader renews a third of it before expiry.
+    /// How long the Lease stays valid without renewal: a standby takes over within this long
+    /// after the leader's last renewal (plus up to a second). The leader renews half of it
+    /// before expiry.
     #[arg(long = "lease-duration", env = "SKYPORT_LEASE_DURATION", default_value = "15s", value_parser = parse_lease_duration)]
     pub lease_duration: Duration,
 }

@@ -55,9 +55,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             .clone()
             .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|s| !s.is_empty()))
             .unwrap_or_else(|| client.default_namespace().to_string());
-        // A renewal that hangs must fail before the Lease expires.
+        // A renewal that hangs must fail while there is time to retry it.
         let mut lease_config = config.clone();
-        let timeout = leader::renew_margin(args.leader.lease_duration);
+        let timeout = leader::request_timeout(args.leader.lease_duration);
         lease_config.connect_timeout = Some(timeout);
         lease_config.read_timeout = Some(timeout);
         lease_config.write_timeout = Some(timeout);

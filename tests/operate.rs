@@ -19,7 +19,9 @@ use skyport::crd::{ConditionStatus, Queue};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 
-const LEASE_DURATION: Duration = Duration::from_secs(4);
+/// Long enough that a slow API server under a parallel test run does not fail renewals
+/// (request timeout: a sixth of it).
+const LEASE_DURATION: Duration = Duration::from_secs(6);
 const TIMEOUT: Duration = Duration::from_secs(30);
 
 /// One `skyport run` process and the JSON log lines it printed.
