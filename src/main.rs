@@ -116,7 +116,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     tokio::spawn({
         let (ctx, state) = (ctx.clone(), state.clone());
         async move {
-            let synced = http::synced(&ctx.queues).await && http::synced(&ctx.configmaps).await;
+            let synced =
+                controllers::store_synced(&ctx.queues).await && controllers::store_synced(&ctx.configmaps).await;
             if synced && state.phase() == Phase::Syncing {
                 state.set_phase(Phase::Running);
                 info!("caches synced; ready");

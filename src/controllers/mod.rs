@@ -106,6 +106,23 @@ where
     }
 }
 
+/// Waits until `store`'s reflector has listed everything once; `false` if it never will.
+///
+/// `Store::wait_until_ready` wakes only the last of several concurrent waiters (a single-waker
+/// oneshot inside kube-runtime), and the controller waits on the same store; so this polls.
+pub async fn store_synced<K>(store: &kube::runtime::reflector::Store<K>) -> bool
+where
+    K: kube::runtime::reflector::Lookup + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    loop {
+        if let Ok(result) = tokio::time::timeout(std::time::Duration::from_millis(200), store.wait_until_ready()).await
+        {
+            return result.is_ok();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

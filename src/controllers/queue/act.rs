@@ -131,7 +131,7 @@ pub fn configmap(queue: &Queue, ready: &Ready) -> Result<ConfigMap> {
 pub async fn ensure_configmap(queue: &Queue, ready: &Ready, ctx: &Context) -> Result<()> {
     let want = configmap(queue, ready)?;
     let ns = queue.namespace().ok_or(Error::MissingObjectKey("namespace"))?;
-    let _ = ctx.configmaps.wait_until_ready().await;
+    crate::controllers::store_synced(&ctx.configmaps).await;
     let cached = ctx.configmaps.get(&ObjectRef::new(&configmap_name(queue)).within(&ns));
     let current = cached.as_ref().is_some_and(|cm| {
         cm.data == want.data
