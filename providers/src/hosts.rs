@@ -24,6 +24,7 @@ use async_trait::async_trait;
 
 use crate::error::HostError;
 use crate::limiter::Limiter;
+use crate::userdata::ExitServer;
 
 /// Marks a host as created by skyport (value [`MANAGED_BY_VALUE`]); the orphan sweep lists by it.
 pub const TAG_MANAGED_BY: &str = "skyport.dev/managed-by";
@@ -60,9 +61,12 @@ pub struct HostRequest {
     pub region: Option<String>,
     /// Provider size / server type slug; `None` uses the adapter's default.
     pub size: Option<String>,
-    /// cloud-init user data (see [`crate::userdata`]). Contains the tunnel's secrets: adapters
-    /// never log it and never put it in errors.
+    /// cloud-init user data for a cloud VM, normally [`crate::userdata::render_cloud_config`] of
+    /// `server`. Contains the tunnel's secrets: adapters never log it and never put it in errors.
     pub user_data: String,
+    /// The tunnel server the host runs, as data: for adapters that start it themselves instead
+    /// of through cloud-init (the local provider). Secret, like `user_data`.
+    pub server: ExitServer,
     /// Canonical tags, normally [`owner_tags`].
     pub tags: BTreeMap<String, String>,
 }
@@ -74,6 +78,7 @@ impl std::fmt::Debug for HostRequest {
             .field("region", &self.region)
             .field("size", &self.size)
             .field("user_data", &format_args!("<{} bytes>", self.user_data.len()))
+            .field("server", &self.server)
             .field("tags", &self.tags)
             .finish()
     }
@@ -119,6 +124,15 @@ pub trait HostProvider: Send + Sync {
     async fn delete(&self, id: &str) -> Result<(), HostError>;
     /// All hosts carrying the canonical tag `key=value`, across every page.
     async fn list_by_tag(&self, key: &str, value: &str) -> Result<Vec<Host>, HostError>;
+    /// Replaces the tunnel server's configuration on a running host (the Service's ports
+    /// changed), so the host keeps its address. `Ok(false)` means this provider cannot change a
+    /// host after it was created; the controller then replaces the host.
+    ///
+    /// rathole declares public ports on the server side, and cloud user data runs once at first
+    /// boot, so only providers that own the server process (local) can do this today.
+    async fn reconfigure(&self, _id: &str, _server: &ExitServer) -> Result<bool, HostError> {
+        Ok(false)
+    }
     /// Short provider name for messages, metrics and config (`digitalocean`, `hetzner`).
     fn name(&self) -> &'static str;
     /// The limiter every call of this provider goes through.
@@ -228,6 +242,7 @@ mod tests {
             region: None,
             size: None,
             user_data: "token = \"s3cret\"".into(),
+            server: ExitServer { control_port: 2333, noise_private_key: "c2VjcmV0".into(), services: vec![] },
             tags: owner_tags(UID, "ns", "web"),
         };
         let printed = format!("{request:?}");

@@ -453,8 +453,8 @@ fn hz_provider(base: &str, token: &str, page_size: u32) -> HetznerProvider {
     HetznerProvider::new(settings).unwrap()
 }
 
-fn user_data() -> String {
-    render_cloud_config(&ExitServer {
+fn exit_server() -> ExitServer {
+    ExitServer {
         control_port: 2333,
         noise_private_key: "cGhhbnRvbS1rZXktZm9yLXRlc3RzLW9ubHktMzJieXRlcw==".into(),
         services: vec![TunnelService {
@@ -463,8 +463,11 @@ fn user_data() -> String {
             port: 80,
             token: "tok".into(),
         }],
-    })
-    .unwrap()
+    }
+}
+
+fn user_data() -> String {
+    render_cloud_config(&exit_server()).unwrap()
 }
 
 fn request(name: &str, uid: &str) -> HostRequest {
@@ -473,6 +476,7 @@ fn request(name: &str, uid: &str) -> HostRequest {
         region: None,
         size: None,
         user_data: user_data(),
+        server: exit_server(),
         tags: owner_tags(uid, "team-a", "web-tunnel"),
     }
 }
