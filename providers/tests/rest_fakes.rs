@@ -21,17 +21,16 @@ use hyper::{Method, Request, Response};
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 
+mod contract;
+use contract::{UID, request, user_data};
+
 use providers::digitalocean::{DigitalOceanProvider, DigitalOceanSettings};
 use providers::hetzner::{HetznerProvider, HetznerSettings};
-use providers::hosts::{
-    HostProvider, HostRequest, HostState, MANAGED_BY_VALUE, TAG_MANAGED_BY, TAG_TUNNEL_UID, owner_tags,
-};
+use providers::hosts::{HostProvider, MANAGED_BY_VALUE, TAG_MANAGED_BY, TAG_TUNNEL_UID};
 use providers::rest::ApiToken;
-use providers::userdata::{ExitServer, Protocol, TunnelService, render_cloud_config};
 use providers::{ErrorClass, HostError};
 
 const TOKEN: &str = "test-token-3f9a0c1d8e7b6a5f4e3d2c1b0a998877";
-const UID: &str = "0b6e3c57-4d0e-4b52-9a43-3f4f7e7d2a10";
 /// Reads of a host before the fake reports it running.
 const POLLS_UNTIL_RUNNING: u32 = 2;
 
@@ -453,80 +452,11 @@ fn hz_provider(base: &str, token: &str, page_size: u32) -> HetznerProvider {
     HetznerProvider::new(settings).unwrap()
 }
 
-fn exit_server() -> ExitServer {
-    ExitServer {
-        control_port: 2333,
-        noise_private_key: "cGhhbnRvbS1rZXktZm9yLXRlc3RzLW9ubHktMzJieXRlcw==".into(),
-        services: vec![TunnelService {
-            name: "team-a.web.80-tcp".into(),
-            protocol: Protocol::Tcp,
-            port: 80,
-            token: "tok".into(),
-        }],
-    }
-}
-
-fn user_data() -> String {
-    render_cloud_config(&exit_server()).unwrap()
-}
-
-fn request(name: &str, uid: &str) -> HostRequest {
-    HostRequest {
-        name: name.into(),
-        region: None,
-        size: None,
-        user_data: user_data(),
-        server: exit_server(),
-        tags: owner_tags(uid, "team-a", "web-tunnel"),
-    }
-}
-
-/// The behaviour every host provider must have.
-async fn contract(provider: &dyn HostProvider) {
-    let created = provider.create(&request("skyport-web-tunnel", UID)).await.expect("create");
-    assert!(!created.id.is_empty());
-    assert_eq!(created.name, "skyport-web-tunnel");
-    assert_eq!(created.state, HostState::Provisioning);
-    assert_eq!(created.tags, owner_tags(UID, "team-a", "web-tunnel"), "tags come back in canonical form");
-
-    // Booting: provisioning for a few reads, then running with a public address.
-    let first = provider.get(&created.id).await.unwrap().expect("exists");
-    assert_eq!(first.state, HostState::Provisioning);
-    let mut running = None;
-    for _ in 0..POLLS_UNTIL_RUNNING + 2 {
-        let host = provider.get(&created.id).await.unwrap().expect("exists");
-        if host.state == HostState::Running {
-            running = Some(host);
-            break;
-        }
-    }
-    let running = running.expect("running after a few polls");
-    let ip: std::net::Ipv4Addr = running.public_ipv4.as_deref().expect("public IPv4").parse().expect("an IPv4 address");
-    assert!(!ip.is_private(), "the public address, not the private one");
-
-    // Found by its owner's UID and by the managed-by tag; nothing under another UID.
-    let by_uid = provider.list_by_tag(TAG_TUNNEL_UID, UID).await.unwrap();
-    assert_eq!(by_uid.iter().map(|h| h.id.as_str()).collect::<Vec<_>>(), [created.id.as_str()]);
-    assert_eq!(by_uid[0].tags, owner_tags(UID, "team-a", "web-tunnel"));
-    assert!(provider.list_by_tag(TAG_MANAGED_BY, MANAGED_BY_VALUE).await.unwrap().iter().any(|h| h.id == created.id));
-    assert!(provider.list_by_tag(TAG_TUNNEL_UID, "11111111-2222-3333-4444-555555555555").await.unwrap().is_empty());
-
-    // Deleting is idempotent.
-    provider.delete(&created.id).await.expect("delete");
-    assert_eq!(provider.get(&created.id).await.unwrap(), None);
-    provider.delete(&created.id).await.expect("deleting an already-gone host is success");
-    assert!(provider.list_by_tag(TAG_TUNNEL_UID, UID).await.unwrap().is_empty());
-
-    // Every call went through the limiter and was counted.
-    let counts = provider.limiter().counters.snapshot();
-    assert!(counts.values().sum::<u64>() >= 9, "{counts:?}");
-}
-
 #[tokio::test]
 async fn digitalocean_keeps_the_host_provider_contract() {
     let (fake, base) = Fake::start(Kind::DigitalOcean).await;
     let provider = do_provider(&base, TOKEN, 200);
-    contract(&provider).await;
+    contract::run(&provider, contract::Expect::booting_cloud(POLLS_UNTIL_RUNNING + 2)).await;
     let counts = provider.limiter().counters.snapshot();
     assert_eq!(counts["CreateDroplet"], 1);
     assert_eq!(counts["DeleteDroplet"], 2);
@@ -554,7 +484,7 @@ async fn digitalocean_keeps_the_host_provider_contract() {
 async fn hetzner_keeps_the_host_provider_contract() {
     let (fake, base) = Fake::start(Kind::Hetzner).await;
     let provider = hz_provider(&base, TOKEN, 50);
-    contract(&provider).await;
+    contract::run(&provider, contract::Expect::booting_cloud(POLLS_UNTIL_RUNNING + 2)).await;
     let counts = provider.limiter().counters.snapshot();
     assert_eq!(counts["CreateServer"], 1);
     assert_eq!(counts["DeleteServer"], 2);

@@ -1,0 +1,107 @@
+//! The behaviour every host provider must have, shared by the adapters' test files
+//! (`mod contract;`): DigitalOcean and Hetzner against their fakes, EC2 against LocalStack, local
+//! against real rathole processes.
+#![allow(dead_code)] // each test binary uses a different part
+
+use std::time::Duration;
+
+use providers::hosts::{
+    HostProvider, HostRequest, HostState, MANAGED_BY_VALUE, TAG_MANAGED_BY, TAG_TUNNEL_UID, owner_tags,
+};
+use providers::userdata::{ExitServer, Protocol, TunnelService, render_cloud_config};
+
+pub const UID: &str = "0b6e3c57-4d0e-4b52-9a43-3f4f7e7d2a10";
+
+/// What differs between providers while they keep the same contract.
+pub struct Expect {
+    /// `create` reports the host as still provisioning (a booting VM), not yet running.
+    pub created_provisioning: bool,
+    /// Reads of the host, `interval` apart, after which it must be running.
+    pub polls_until_running: u32,
+    pub interval: Duration,
+    /// The public address is a globally routable one (clouds), not a loopback one (local).
+    pub public_address: bool,
+}
+
+impl Expect {
+    /// A cloud VM that boots for a few reads, then runs with a public address.
+    pub fn booting_cloud(polls_until_running: u32) -> Self {
+        Expect { created_provisioning: true, polls_until_running, interval: Duration::ZERO, public_address: true }
+    }
+}
+
+pub fn exit_server() -> ExitServer {
+    ExitServer {
+        control_port: 2333,
+        noise_private_key: "cGhhbnRvbS1rZXktZm9yLXRlc3RzLW9ubHktMzJieXRlcw==".into(),
+        services: vec![TunnelService {
+            name: "team-a.web.80-tcp".into(),
+            protocol: Protocol::Tcp,
+            port: 80,
+            token: "tok".into(),
+        }],
+    }
+}
+
+pub fn user_data() -> String {
+    render_cloud_config(&exit_server()).unwrap()
+}
+
+pub fn request(name: &str, uid: &str) -> HostRequest {
+    HostRequest {
+        name: name.into(),
+        region: None,
+        size: None,
+        user_data: user_data(),
+        server: exit_server(),
+        tags: owner_tags(uid, "team-a", "web-tunnel"),
+    }
+}
+
+/// The behaviour every host provider must have.
+pub async fn run(provider: &dyn HostProvider, expect: Expect) {
+    let created = provider.create(&request("skyport-web-tunnel", UID)).await.expect("create");
+    assert!(!created.id.is_empty());
+    assert_eq!(created.name, "skyport-web-tunnel");
+    if expect.created_provisioning {
+        assert_eq!(created.state, HostState::Provisioning);
+    }
+    assert_eq!(created.tags, owner_tags(UID, "team-a", "web-tunnel"), "tags come back in canonical form");
+
+    // Booting: provisioning for a few reads, then running with a public address.
+    if expect.created_provisioning {
+        let first = provider.get(&created.id).await.unwrap().expect("exists");
+        assert_eq!(first.state, HostState::Provisioning);
+    }
+    let mut running = None;
+    for _ in 0..expect.polls_until_running {
+        tokio::time::sleep(expect.interval).await;
+        let host = provider.get(&created.id).await.unwrap().expect("exists");
+        if host.state == HostState::Running {
+            running = Some(host);
+            break;
+        }
+    }
+    let running = running.expect("running after a few polls");
+    let ip: std::net::Ipv4Addr = running.public_ipv4.as_deref().expect("public IPv4").parse().expect("an IPv4 address");
+    if expect.public_address {
+        assert!(!ip.is_private() && !ip.is_loopback(), "the public address, not the private one");
+    }
+
+    // Found by its owner's UID and by the managed-by tag; nothing under another UID.
+    let by_uid = provider.list_by_tag(TAG_TUNNEL_UID, UID).await.unwrap();
+    assert_eq!(by_uid.iter().map(|h| h.id.as_str()).collect::<Vec<_>>(), [created.id.as_str()]);
+    assert_eq!(by_uid[0].tags, owner_tags(UID, "team-a", "web-tunnel"));
+    assert!(provider.list_by_tag(TAG_MANAGED_BY, MANAGED_BY_VALUE).await.unwrap().iter().any(|h| h.id == created.id));
+    assert!(provider.list_by_tag(TAG_TUNNEL_UID, "11111111-2222-3333-4444-555555555555").await.unwrap().is_empty());
+
+    // Deleting is idempotent.
+    provider.delete(&created.id).await.expect("delete");
+    assert_eq!(provider.get(&created.id).await.unwrap(), None);
+    provider.delete(&created.id).await.expect("deleting an already-gone host is success");
+    assert!(provider.list_by_tag(TAG_TUNNEL_UID, UID).await.unwrap().is_empty());
+
+    // Every call went through the limiter and was counted.
+    let counts = provider.limiter().counters.snapshot();
+    assert!(counts.values().sum::<u64>() >= 9, "{counts:?}");
+}
