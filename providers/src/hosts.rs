@@ -36,6 +36,10 @@ pub const TAG_TUNNEL_UID: &str = "skyport.dev/tunnel-uid";
 pub const TAG_TUNNEL_NAMESPACE: &str = "skyport.dev/tunnel-namespace";
 /// `metadata.name` of the owning Tunnel.
 pub const TAG_TUNNEL_NAME: &str = "skyport.dev/tunnel-name";
+/// Identity of the cluster whose skyport created the host (the `kube-system` namespace's UID by
+/// default), so the orphan sweeps of several clusters sharing one cloud account never delete
+/// each other's hosts.
+pub const TAG_CLUSTER: &str = "skyport.dev/cluster";
 
 /// The canonical prefix of skyport's tag keys.
 const KEY_PREFIX: &str = "skyport.dev/";

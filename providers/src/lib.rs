@@ -20,4 +20,7 @@ pub use hosts::{Host, HostProvider, HostRequest, HostState, TagSyntax, owner_tag
 pub use limiter::{CallCounters, Limiter};
 pub use rest::{ApiToken, Budget, RestSettings};
 pub use sqs::{QueueBackend, SqsProvider, SqsSettings};
-pub use userdata::{ExitServer, Protocol, TunnelService, render_cloud_config};
+pub use userdata::{
+    ClientService, ExitServer, NoiseKeypair, Protocol, TunnelClient, TunnelService, render_client_toml,
+    render_cloud_config,
+};
