@@ -9,6 +9,7 @@ pub mod error;
 pub mod hetzner;
 pub mod hosts;
 pub mod limiter;
+pub mod local;
 pub mod rest;
 pub mod sqs;
 pub mod userdata;

@@ -60,9 +60,20 @@ pub fn request(name: &str, uid: &str) -> HostRequest {
 
 /// The behaviour every host provider must have.
 pub async fn run(provider: &dyn HostProvider, expect: Expect) {
-    let created = provider.create(&request("skyport-web-tunnel", UID)).await.expect("create");
+    run_with(provider, &request("skyport-web-tunnel", UID), expect).await
+}
+
+/// A random UUID-shaped UID, so tests against a shared backend never see each other's hosts.
+pub fn fresh_uid() -> String {
+    let h: String = (0..16).map(|_| format!("{:02x}", rand::random::<u8>())).collect();
+    format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
+}
+
+/// [`run`] with a request of the caller's (its tags must be `owner_tags(UID, "team-a", "web-tunnel")`).
+pub async fn run_with(provider: &dyn HostProvider, request: &HostRequest, expect: Expect) {
+    let created = provider.create(request).await.expect("create");
     assert!(!created.id.is_empty());
-    assert_eq!(created.name, "skyport-web-tunnel");
+    assert_eq!(created.name, request.name);
     if expect.created_provisioning {
         assert_eq!(created.state, HostState::Provisioning);
     }

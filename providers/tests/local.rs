@@ -1,0 +1,218 @@
+//! The local provider with real rathole processes (`SKYPORT_RATHOLE`, built by
+//! tests/env/build-rathole.sh; tests/run.sh exports it): the shared contract, real bytes through
+//! a real server and client, reconfiguration in place, and a server killed out of band.
+
+mod contract;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use providers::hosts::{HostProvider, HostState, MANAGED_BY_VALUE, TAG_MANAGED_BY};
+use providers::local::{LocalProvider, LocalSettings};
+use providers::userdata::{
+    ClientService, ExitServer, NoiseKeypair, Protocol, TunnelClient, TunnelService, render_client_toml,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+
+fn rathole() -> PathBuf {
+    std::env::var_os("SKYPORT_RATHOLE").map(PathBuf::from).expect(
+        "SKYPORT_RATHOLE is not set: export SKYPORT_RATHOLE=\"$(tests/env/build-rathole.sh)\" or run tests/run.sh",
+    )
+}
+
+fn provider(test: &str) -> LocalProvider {
+    let dir = std::env::temp_dir().join(format!("skyport-local-provider-{test}-{:08x}", rand::random::<u32>()));
+    LocalProvider::new(LocalSettings::new(dir, rathole())).unwrap()
+}
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn local_keeps_the_host_provider_contract() {
+    let p = provider("contract");
+    let mut request = contract::request("skyport-web-tunnel", contract::UID);
+    // A real key: rathole refuses to start without one.
+    request.server.noise_private_key = NoiseKeypair::generate().private_key;
+    request.server.services[0].port = 18080;
+    let expect = contract::Expect {
+        created_provisioning: false,
+        polls_until_running: 3,
+        interval: Duration::from_millis(100),
+        public_address: false,
+    };
+    contract::run_with(&p, &request, expect).await;
+}
+
+/// A TCP echo server that first says which backend it is.
+async fn tcp_backend(tag: &'static str) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let _ = conn.write_all(format!("{tag}\n").as_bytes()).await;
+                let (mut r, mut w) = conn.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    addr
+}
+
+async fn udp_backend() -> String {
+    let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = socket.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 65536];
+        while let Ok((n, from)) = socket.recv_from(&mut buf).await {
+            let _ = socket.send_to(&buf[..n], from).await;
+        }
+    });
+    addr
+}
+
+/// Sends 1 MiB and returns (the backend's tag, whether every byte came back unchanged).
+async fn tcp_roundtrip(addr: String) -> Option<(String, bool)> {
+    let work = async {
+        let mut conn = TcpStream::connect(addr).await.ok()?;
+        let mut tag = Vec::new();
+        let mut b = [0u8; 1];
+        while conn.read_exact(&mut b).await.is_ok() && b[0] != b'\n' {
+            tag.push(b[0]);
+        }
+        if tag.is_empty() {
+            return None;
+        }
+        let payload: Vec<u8> = (0..1 << 20).map(|i| (i % 253) as u8).collect();
+        let (mut r, mut w) = conn.into_split();
+        let sent = payload.clone();
+        tokio::spawn(async move { w.write_all(&sent).await });
+        let mut back = vec![0u8; payload.len()];
+        r.read_exact(&mut back).await.ok()?;
+        Some((String::from_utf8(tag).ok()?, back == payload))
+    };
+    tokio::time::timeout(Duration::from_secs(10), work).await.ok()?
+}
+
+async fn until<T, F: std::future::Future<Output = Option<T>>>(what: &str, mut f: impl FnMut() -> F) -> T {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn real_bytes_flow_through_a_local_exit_server_and_ports_change_in_place() {
+    let p = provider("bytes");
+    let keys = NoiseKeypair::generate();
+    let service = |name: &str, protocol, port| TunnelService { name: name.into(), protocol, port, token: "tok".into() };
+    let mut server = ExitServer {
+        control_port: 2333,
+        noise_private_key: keys.private_key.clone(),
+        services: vec![service("tcp-8080", Protocol::Tcp, 8080), service("udp-5353", Protocol::Udp, 5353)],
+    };
+    let mut request = contract::request("skyport-bytes", &contract::fresh_uid());
+    request.server = server.clone();
+    let host = p.create(&request).await.unwrap();
+    let ip = host.public_ipv4.clone().unwrap();
+    assert!(ip.starts_with("127.77."), "{ip}");
+
+    let (web, admin, dns) = (tcp_backend("web").await, tcp_backend("admin").await, udp_backend().await);
+    let client = |services: Vec<ClientService>| TunnelClient {
+        remote_addr: format!("{ip}:2333"),
+        server_public_key: keys.public_key.clone(),
+        services,
+    };
+    let cs = |name: &str, protocol, local: &str| ClientService {
+        name: name.into(),
+        protocol,
+        token: "tok".into(),
+        local_addr: local.into(),
+    };
+    let config = std::env::temp_dir().join(format!("skyport-local-client-{}.toml", host.id));
+    let write = |c: &TunnelClient| std::fs::write(&config, render_client_toml(c).unwrap()).unwrap();
+    write(&client(vec![
+        cs("tcp-8080", Protocol::Tcp, &web),
+        cs("tcp-9090", Protocol::Tcp, &admin),
+        cs("udp-5353", Protocol::Udp, &dns),
+    ]));
+    let mut rathole_client = tokio::process::Command::new(rathole())
+        .arg("--client")
+        .arg(&config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+
+    let (tag, intact) = until("TCP through the tunnel", || tcp_roundtrip(format!("{ip}:8080"))).await;
+    assert_eq!((tag.as_str(), intact), ("web", true));
+    let udp = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    until("UDP through the tunnel", || async {
+        udp.send_to(b"ping", format!("{ip}:5353")).await.ok()?;
+        let mut buf = [0u8; 16];
+        let (n, _) = tokio::time::timeout(Duration::from_millis(500), udp.recv_from(&mut buf)).await.ok()?.ok()?;
+        (&buf[..n] == b"ping").then_some(())
+    })
+    .await;
+    assert!(TcpStream::connect(format!("{ip}:9090")).await.is_err(), "9090 is not exposed yet");
+
+    // A port added on the server side: same host, same address, reloaded without a restart.
+    server.services.push(service("tcp-9090", Protocol::Tcp, 9090));
+    assert!(p.reconfigure(&host.id, &server).await.unwrap());
+    let (tag, intact) = until("the added port", || tcp_roundtrip(format!("{ip}:9090"))).await;
+    assert_eq!((tag.as_str(), intact), ("admin", true));
+    // And removed again.
+    server.services.retain(|s| s.port != 9090);
+    p.reconfigure(&host.id, &server).await.unwrap();
+    until("the removed port closed", || async {
+        TcpStream::connect(format!("{ip}:9090")).await.is_err().then_some(())
+    })
+    .await;
+    assert!(tcp_roundtrip(format!("{ip}:8080")).await.is_some(), "the other port still works");
+    let after = p.get(&host.id).await.unwrap().unwrap();
+    assert_eq!((after.state, after.public_ipv4.as_deref()), (HostState::Running, Some(ip.as_str())));
+
+    // Killed out of band: reads as stopped; deleting it (twice) is fine and leaves nothing.
+    let pid = std::fs::read_to_string(p.host_dir(&host.id).join("pid")).unwrap();
+    assert!(std::process::Command::new("kill").args(["-9", pid.trim()]).status().unwrap().success());
+    until("the killed server reads as stopped", || async {
+        (p.get(&host.id).await.unwrap()?.state == HostState::Stopped).then_some(())
+    })
+    .await;
+    p.delete(&host.id).await.unwrap();
+    p.delete(&host.id).await.unwrap();
+    assert!(!p.host_dir(&host.id).exists());
+    assert!(p.list_by_tag(TAG_MANAGED_BY, MANAGED_BY_VALUE).await.unwrap().is_empty());
+    let _ = rathole_client.kill().await;
+    let _ = std::fs::remove_file(&config);
+}
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn two_hosts_get_distinct_addresses_with_the_same_ports() {
+    let p = provider("two");
+    let mut request = contract::request("skyport-a", &contract::fresh_uid());
+    request.server.noise_private_key = NoiseKeypair::generate().private_key;
+    request.server.services[0].port = 18081;
+    let a = p.create(&request).await.unwrap();
+    let b = p.create(&request).await.unwrap();
+    assert_ne!(a.public_ipv4, b.public_ipv4);
+    // Both control channels listen on 2333, each on its own address (rathole binds a service's
+    // public port once a client serves it; the bytes test covers that).
+    for h in [&a, &b] {
+        let ip = h.public_ipv4.as_deref().unwrap();
+        assert!(TcpStream::connect(format!("{ip}:2333")).await.is_ok(), "{ip}:2333 listens");
+        p.delete(&h.id).await.unwrap();
+    }
+    // A host that cannot start (no key) is reported, not left behind running.
+    let mut bad = contract::request("skyport-bad", &contract::fresh_uid());
+    bad.server.noise_private_key = "not base64!".into();
+    let err = p.create(&bad).await.unwrap_err();
+    assert_eq!(err.class(), providers::ErrorClass::Permanent, "{err}");
+}
