@@ -23,7 +23,11 @@ pub enum Command {
     #[command(args_override_self = true)]
     Run(Box<RunArgs>),
     /// Print the CustomResourceDefinitions as YAML (what `crds/` holds).
-    Crds,
+    Crds {
+        /// Write one file per CRD (`<singular>.yaml`) into this directory instead of printing.
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+    },
 }
 
 /// Settings of `skyport run`. Every flag can also be set through the environment variable shown.
@@ -51,6 +55,9 @@ pub struct RunArgs {
 
     #[command(flatten)]
     pub aws: AwsArgs,
+
+    #[command(flatten)]
+    pub tunnel: TunnelArgs,
 }
 
 /// Leader election: with several replicas, only the holder of a coordination.k8s.io Lease runs
@@ -144,6 +151,96 @@ pub struct AwsArgs {
     /// SQS calls allowed in a burst above the sustained rate.
     #[arg(long = "sqs-burst", env = "SKYPORT_SQS_BURST", default_value = "40")]
     pub sqs_burst: NonZeroU32,
+}
+
+/// Tunnel settings: which LoadBalancer Services get a Tunnel, and where exit servers run.
+#[derive(Debug, Clone, Args)]
+pub struct TunnelArgs {
+    /// Default provider for exit servers (`local`, `ec2`, `digitalocean`, `hetzner`); a Tunnel's
+    /// spec.provider overrides it. Without it the Tunnel controllers do not run. Credentials come
+    /// from the provider's standard environment: the AWS chain for ec2, DIGITALOCEAN_TOKEN,
+    /// HCLOUD_TOKEN; providers whose credentials are present are configured too.
+    #[arg(long, env = "SKYPORT_PROVIDER", value_parser = ["local", "ec2", "digitalocean", "hetzner"])]
+    pub provider: Option<String>,
+
+    /// Also serve LoadBalancer Services without a loadBalancerClass, as a cluster's default load
+    /// balancer does. Without it only class `skyport.dev/tunnel` is served.
+    #[arg(long = "default-load-balancer", env = "SKYPORT_DEFAULT_LOAD_BALANCER", default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub default_load_balancer: bool,
+
+    /// Serve only Services annotated `skyport.dev/tunnel: "true"` (instead of every eligible one
+    /// not annotated "false").
+    #[arg(long = "annotated-only", env = "SKYPORT_ANNOTATED_ONLY", default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub annotated_only: bool,
+
+    /// How often an Active Tunnel re-reads its exit server, to replace one deleted or stopped
+    /// outside skyport (shortened by up to 10% at random).
+    #[arg(id = "tunnel_resync", value_name = "TUNNEL_RESYNC", long = "tunnel-resync", env = "SKYPORT_TUNNEL_RESYNC", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub resync: Duration,
+
+    /// Tunnels reconciled in parallel.
+    #[arg(
+        id = "tunnel_concurrency",
+        value_name = "TUNNEL_CONCURRENCY",
+        long = "tunnel-concurrency",
+        env = "SKYPORT_TUNNEL_CONCURRENCY",
+        default_value_t = 4
+    )]
+    pub concurrency: u16,
+
+    /// How often to look for exit servers tagged by skyport whose Tunnel no longer exists and
+    /// delete them; 0 turns the sweep off.
+    #[arg(long = "orphan-sweep-interval", env = "SKYPORT_ORPHAN_SWEEP_INTERVAL", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub orphan_sweep_interval: Duration,
+
+    /// Image of the in-cluster tunnel client (rathole; must match the exit server's version).
+    #[arg(
+        long = "tunnel-client-image",
+        env = "SKYPORT_TUNNEL_CLIENT_IMAGE",
+        default_value = "docker.io/rapiz1/rathole:v0.5.0"
+    )]
+    pub client_image: String,
+
+    /// TCP port of the tunnel's control channel on the exit server; a Service may not use it.
+    #[arg(long = "tunnel-control-port", env = "SKYPORT_TUNNEL_CONTROL_PORT", default_value_t = 2333, value_parser = clap::value_parser!(u16).range(1..))]
+    pub control_port: u16,
+
+    /// local provider: directory holding one folder per exit server process.
+    #[arg(long = "local-state-dir", env = "SKYPORT_LOCAL_STATE_DIR", default_value = "/tmp/skyport-local-hosts")]
+    pub local_state_dir: std::path::PathBuf,
+
+    /// local provider: the rathole binary the exit servers run.
+    #[arg(long = "local-rathole", env = "SKYPORT_RATHOLE", default_value = "rathole")]
+    pub local_rathole: std::path::PathBuf,
+
+    /// ec2 provider: AMI of the exit servers (a Debian or Ubuntu image with cloud-init).
+    #[arg(long = "ec2-image-id", env = "SKYPORT_EC2_IMAGE_ID")]
+    pub ec2_image_id: Option<String>,
+
+    /// Identity of this cluster, tagged on every exit server so that orphan sweeps of clusters
+    /// sharing a cloud account leave each other's hosts alone (default: the UID of the
+    /// kube-system namespace).
+    #[arg(long = "cluster-id", env = "SKYPORT_CLUSTER_ID")]
+    pub cluster_id: Option<String>,
+}
+
+impl Default for TunnelArgs {
+    fn default() -> Self {
+        TunnelArgs {
+            provider: None,
+            default_load_balancer: false,
+            annotated_only: false,
+            resync: Duration::from_secs(60),
+            concurrency: 4,
+            orphan_sweep_interval: Duration::from_secs(600),
+            client_image: "docker.io/rapiz1/rathole:v0.5.0".into(),
+            control_port: 2333,
+            local_state_dir: "/tmp/skyport-local-hosts".into(),
+            local_rathole: "rathole".into(),
+            ec2_image_id: None,
+            cluster_id: None,
+        }
+    }
 }
 
 impl AwsArgs {

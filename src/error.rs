@@ -1,7 +1,7 @@
 //! The operator's one error type and its policy: which failures are permanent (wait for the user)
 //! and which are transient (retry with backoff), and the PascalCase reason each one reports.
 
-use providers::{ErrorClass, QueueError};
+use providers::{ErrorClass, HostError, QueueError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -9,6 +9,8 @@ pub enum Error {
     Kube(#[from] kube::Error),
     #[error("{0}")]
     Queue(#[from] QueueError),
+    #[error("{0}")]
+    Host(#[from] HostError),
     #[error("object has no {0}")]
     MissingObjectKey(&'static str),
     #[error("{0}")]
@@ -23,6 +25,7 @@ impl Error {
     pub fn is_permanent(&self) -> bool {
         match self {
             Error::Queue(e) => e.class() == ErrorClass::Permanent,
+            Error::Host(e) => e.class() == ErrorClass::Permanent,
             Error::InvalidSpec(_) | Error::MissingObjectKey(_) => true,
             Error::Kube(_) => false,
         }
@@ -44,6 +47,23 @@ impl Error {
                 QueueError::Unavailable(_) => "SqsUnavailable",
                 QueueError::Other { .. } => "SqsError",
             },
+            Error::Host(e) => match e {
+                HostError::RateLimited { .. } => "ProviderRateLimited",
+                HostError::Unauthorized { .. } => "ProviderUnauthorized",
+                HostError::Invalid { .. } => "ProviderRejected",
+                HostError::NotFound { .. } => "ProviderNotFound",
+                HostError::AlreadyExists { .. } => "ProviderConflict",
+                HostError::Quota { .. } => "ProviderQuotaExceeded",
+                HostError::Unavailable { .. } => "ProviderUnavailable",
+            },
+        }
+    }
+
+    /// How long the cloud asked us to wait before the next call, when it said so.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            Error::Host(e) => e.retry_after(),
+            _ => None,
         }
     }
 }

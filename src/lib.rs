@@ -7,6 +7,7 @@ pub mod config;
 pub mod controllers;
 pub mod crd;
 pub mod error;
+pub mod hosts;
 pub mod http;
 pub mod leader;
 pub mod metrics;

@@ -18,8 +18,16 @@ async fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
     match cli.command {
-        Command::Crds => {
+        Command::Crds { dir: None } => {
             print!("{}", crd::to_yaml(&crd::all())?);
+            Ok(())
+        }
+        Command::Crds { dir: Some(dir) } => {
+            for c in crd::all() {
+                let path = dir.join(crd::file_name(&c));
+                std::fs::write(&path, crd::to_yaml(std::slice::from_ref(&c))?)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
             Ok(())
         }
         Command::Run(args) => run(*args).await,
@@ -94,6 +102,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         resync = ?args.queue.resync,
         "starting skyport"
     );
+    let client_for_tunnels = client.clone();
     let (ctx, queues) = controllers::queue::controller(
         client,
         sqs.clone(),
@@ -125,11 +134,15 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     });
 
+    let tunnels = start_tunnels(&args, client_for_tunnels, &state, shutdown.clone()).await?;
+    let controllers = async move {
+        tokio::join!(queues, tunnels);
+    };
     match &lease {
-        None => queues.await,
+        None => controllers.await,
         Some(lease) => {
             tokio::select! {
-                _ = queues => {}
+                _ = controllers => {}
                 reason = lease.hold() => {
                     // Exit at once: a replacement leader may already be reconciling.
                     error!(%reason, "lost the leader lease; exiting");
@@ -142,6 +155,64 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     state.metrics.leader.set(0);
     info!("stopped");
     Ok(())
+}
+
+/// Starts the Tunnel and Service controllers when a provider is configured; otherwise a future
+/// that does nothing.
+async fn start_tunnels(
+    args: &RunArgs,
+    client: kube::Client,
+    state: &http::State,
+    shutdown: futures::future::Shared<futures::future::BoxFuture<'static, ()>>,
+) -> anyhow::Result<futures::future::BoxFuture<'static, ()>> {
+    let registry = skyport::hosts::configure(&args.tunnel).await?;
+    if registry.names().is_empty() {
+        info!("no exit-server provider configured (--provider); Tunnel controllers not started");
+        return Ok(futures::future::ready(()).boxed());
+    }
+    let cluster_id = skyport::hosts::cluster_id(&client, &args.tunnel).await?;
+    let backoff = controllers::Backoff::new(args.queue.backoff_min, args.queue.backoff_max);
+    for provider in registry.all() {
+        let provider = provider.clone();
+        state.metrics.add_cloud(provider.name(), move || CloudSnapshot::of(&provider.limiter().counters));
+    }
+    let (ctx, tunnels) = controllers::tunnel::controller(
+        client.clone(),
+        registry,
+        args.tunnel.clone(),
+        backoff,
+        args.namespace.clone(),
+        cluster_id,
+        shutdown.clone(),
+    );
+    let (svc_ctx, services) = controllers::service::controller(
+        client,
+        args.tunnel.clone(),
+        ctx.tunnels.clone(),
+        args.namespace.clone(),
+        shutdown,
+    );
+    let (objects, writes) = (ctx.clone(), ctx.clone());
+    state.metrics.add_controller(
+        "tunnel",
+        ctx.metrics.clone(),
+        move || {
+            ReadyCounts::count(objects.tunnels.state().iter().map(|t| {
+                t.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready")).map(|c| c.status)
+            }))
+        },
+        move || writes.api_writes.get(),
+    );
+    let svc_writes = svc_ctx.clone();
+    state
+        .metrics
+        .add_controller("service", svc_ctx.metrics.clone(), ReadyCounts::default, move || svc_writes.api_writes.get());
+    let orphans = ctx.clone();
+    state.metrics.add_orphans(move || orphans.orphans_deleted.load(std::sync::atomic::Ordering::Relaxed));
+    Ok(async move {
+        tokio::join!(tunnels, services);
+    }
+    .boxed())
 }
 
 async fn shutdown_signal() {

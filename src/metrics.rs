@@ -135,6 +135,7 @@ struct CloudSource {
 struct Sources {
     controllers: Vec<ControllerSource>,
     clouds: Vec<CloudSource>,
+    orphans: Option<CounterFn>,
 }
 
 /// Reads the registered controllers and providers on each scrape.
@@ -194,6 +195,11 @@ impl Collector for SourcesCollector {
             for c in controllers {
                 ConstCounter::new((c.api_writes)()).encode(m.encode_family(&[("controller", c.name)])?)?;
             }
+        }
+        if let Some(orphans) = &sources.orphans {
+            let help = "Exit servers the orphan sweep deleted (tagged by this cluster, no Tunnel left)";
+            let m = enc.encode_descriptor("orphan_hosts_deleted", help, None, MetricType::Counter)?;
+            ConstCounter::new(orphans()).encode(m)?;
         }
         let clouds: Vec<(&'static str, CloudSnapshot)> =
             sources.clouds.iter().map(|c| (c.provider, (c.snapshot)())).collect();
@@ -275,6 +281,11 @@ impl Metrics {
         self.sources.0.lock().unwrap_or_else(|p| p.into_inner()).clouds.push(source);
     }
 
+    /// Adds the orphan sweep's count of deleted exit servers.
+    pub fn add_orphans(&self, deleted: impl Fn() -> u64 + Send + Sync + 'static) {
+        self.sources.0.lock().unwrap_or_else(|p| p.into_inner()).orphans = Some(Box::new(deleted));
+    }
+
     /// The current values as OpenMetrics text ([`CONTENT_TYPE`]).
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -301,6 +312,7 @@ mod tests {
         let snap = CloudSnapshot::of(&counters);
         metrics.add_cloud("sqs", move || snap.clone());
         metrics.leader.set(1);
+        metrics.add_orphans(|| 3);
 
         let text = metrics.encode();
         for line in [
@@ -317,6 +329,7 @@ mod tests {
             r#"skyport_rate_limiter_waits_total{provider="sqs"} 0"#,
             r#"skyport_rate_limiter_wait_seconds_total{provider="sqs"} 0.0"#,
             "skyport_leader 1",
+            "skyport_orphan_hosts_deleted_total 3",
             r#"skyport_build_info{version="#,
             "# TYPE skyport_reconcile_duration_seconds histogram",
             "# EOF",

@@ -2,10 +2,23 @@
 
 #[test]
 fn checked_in_crds_match_the_rust_types() {
-    let generated = skyport::crd::to_yaml(&skyport::crd::all()).expect("CRDs serialize");
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/crds/queue.yaml");
-    let on_disk = std::fs::read_to_string(path).expect("crds/queue.yaml exists");
-    assert!(generated == on_disk, "crds/queue.yaml is stale: regenerate it with `cargo run -- crds > crds/queue.yaml`");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
+    let mut expected: Vec<String> = Vec::new();
+    for crd in skyport::crd::all() {
+        let name = skyport::crd::file_name(&crd);
+        let generated = skyport::crd::to_yaml(std::slice::from_ref(&crd)).expect("CRDs serialize");
+        let on_disk = std::fs::read_to_string(dir.join(&name)).unwrap_or_default();
+        assert!(
+            generated == on_disk,
+            "crds/{name} is stale or missing: regenerate with `cargo run -- crds --dir crds`"
+        );
+        expected.push(name);
+    }
+    let mut present: Vec<String> =
+        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    present.sort();
+    expected.sort();
+    assert_eq!(present, expected, "crds/ holds exactly one file per CRD");
 }
 
 #[test]

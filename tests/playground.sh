@@ -1,16 +1,29 @@
 #!/usr/bin/env bash
 # A local playground: the real control plane + LocalStack (tests/env.sh), CRDs from crds/, the
-# skyport operator running as a local process, and the example Queues from examples/ Ready.
+# skyport operator running as a local process with the local exit-server provider, the example
+# Queues from examples/ Ready, and the example LoadBalancer Service with an address that curl
+# reaches through a real tunnel.
 #
 #   tests/playground.sh [up]   bring it all up (idempotent; restarts the operator with a fresh build)
 #   tests/playground.sh down   stop the operator and the environment
 #
-# Afterwards: eval "$(tests/env.sh env)"; kubectl get queues
+# Afterwards: eval "$(tests/env.sh env)"; kubectl get queues,tunnels,services
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 STATE="${SKYPORT_STATE:-/tmp/skyport-env}"
 PIDFILE="$STATE/run/operator.pid"
 LOG="$STATE/logs/operator.log"
+HOSTS="$STATE/local-hosts"
+DEMO="$STATE/run/demo"
+
+# The demo's stand-ins for a node: a web backend on loopback and the tunnel client (no kubelet
+# runs in this control plane; tests/common/kubelet.rs does the same for the tests).
+stop_demo() {
+  for f in "$DEMO"/*.pid; do
+    [[ -f $f ]] && kill "$(cat "$f")" 2>/dev/null || true
+    rm -f "$f"
+  done
+}
 
 stop_operator() {
   if [[ -f $PIDFILE ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
@@ -24,6 +37,12 @@ stop_operator() {
 
 case "${1:-up}" in
   down)
+    stop_demo
+    if [[ -f $PIDFILE ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
+      # Deleting the Tunnel lets the running operator delete its exit server.
+      eval "$(tests/env.sh env)" 2>/dev/null && kubectl delete -f examples/tunnel.yaml --ignore-not-found --wait=false >&2 || true
+      kubectl wait --for=delete tunnel/web-tunnel --timeout=30s >/dev/null 2>&1 || true
+    fi
     stop_operator
     tests/env.sh down
     exit 0 ;;
@@ -32,15 +51,19 @@ case "${1:-up}" in
 esac
 
 eval "$(tests/env.sh up)"
+RATHOLE="$(tests/env/build-rathole.sh)"
 echo "building skyport ..." >&2
 cargo build --quiet --bin skyport
 kubectl apply --server-side --force-conflicts --field-manager=skyport-playground -f crds/ >&2
-kubectl wait --for condition=Established crd/queues.skyport.dev --timeout=60s >/dev/null
+kubectl wait --for condition=Established crd/queues.skyport.dev crd/tunnels.skyport.dev --timeout=60s >/dev/null
 
+stop_demo
 stop_operator
-mkdir -p "$(dirname "$PIDFILE")" "$(dirname "$LOG")"
+mkdir -p "$(dirname "$PIDFILE")" "$(dirname "$LOG")" "$DEMO"
 # Only the default namespace: tests run their own controllers in their own namespaces.
-setsid nohup target/debug/skyport run --namespace default --queue-resync 20s >"$LOG" 2>&1 </dev/null &
+setsid nohup target/debug/skyport run --namespace default --queue-resync 20s \
+  --provider local --local-rathole "$RATHOLE" --local-state-dir "$HOSTS" --tunnel-resync 20s \
+  >"$LOG" 2>&1 </dev/null &
 echo $! >"$PIDFILE"
 echo "operator running (pid $(cat "$PIDFILE")), log: $LOG" >&2
 
@@ -50,11 +73,35 @@ if ! kubectl wait --for=condition=Ready queue/orders-dlq queue/orders --timeout=
   exit 1
 fi
 kubectl get queues -o wide >&2
+
+# The LoadBalancer demo: a backend on loopback, the Service, its Tunnel Active with an address.
+mkdir -p "$DEMO/www"
+echo "hello from the web backend behind the tunnel" >"$DEMO/www/index.html"
+(cd "$DEMO/www" && setsid nohup python3 -m http.server 18080 --bind 127.0.0.1 >"$DEMO/web.log" 2>&1 </dev/null & echo $! >"$DEMO/web.pid")
+kubectl apply -f examples/tunnel.yaml >&2
+if ! kubectl wait --for=jsonpath='{.status.phase}'=Active tunnel/web-tunnel --timeout=120s >&2; then
+  tail -n 30 "$LOG" >&2
+  exit 1
+fi
+# The tunnel client, as the Deployment web-tunnel-client would run it, with the Service's
+# cluster IP pointed at the backend (no kube-proxy here either).
+kubectl get secret web-tunnel-credentials -o jsonpath='{.data.client\.toml}' | base64 -d \
+  | sed -E 's#^local_addr = ".*"#local_addr = "127.0.0.1:18080"#' >"$DEMO/client.toml"
+chmod 600 "$DEMO/client.toml"
+setsid nohup "$RATHOLE" --client "$DEMO/client.toml" >"$DEMO/client.log" 2>&1 </dev/null &
+echo $! >"$DEMO/client.pid"
+IP="$(kubectl get service web -o jsonpath='{.status.loadBalancer.ingress[0].ip}')"
+for _ in $(seq 50); do curl -fsS --max-time 2 "http://$IP:8080/" >/dev/null 2>&1 && break; sleep 0.2; done
+kubectl get service web tunnel/web-tunnel >&2
+echo "curl http://$IP:8080/ ->" >&2
+curl -fsS --max-time 5 "http://$IP:8080/" >&2
+
 cat >&2 <<MSG
 
 The playground is up. In your shell:
   eval "\$(tests/env.sh env)"
-  kubectl get queues
+  kubectl get queues,tunnels,services
   kubectl get configmap orders-sqs -o yaml
+  curl http://$IP:8080/        # through the exit server and the tunnel client
 Operator log: $LOG      Stop everything: tests/playground.sh down
 MSG

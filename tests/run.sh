@@ -18,6 +18,9 @@ trap cleanup EXIT
 # does not compete with them for the CPU).
 SKYPORT_HELM="$(tests/env/build-helm.sh)"
 export SKYPORT_HELM
+# rathole, the tunnel server and client the Tunnel tests run for real, built from its crate once.
+SKYPORT_RATHOLE="$(tests/env/build-rathole.sh)"
+export SKYPORT_RATHOLE
 
 # The integration tests wait on real servers, not on the CPU: run them wide.
 cargo test --workspace --all-targets "$@" -- --include-ignored --test-threads 16

@@ -124,10 +124,7 @@ impl LocalProvider {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
         let config = dir.join("server.toml");
         let ours = String::from_utf8_lossy(&cmdline).contains(&*config.to_string_lossy());
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // State is the field after the parenthesised command name; Z = exited, not yet reaped.
-        let zombie = stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z'));
-        (ours && !zombie).then_some(pid)
+        (ours && running(pid)).then_some(pid)
     }
 
     fn records(&self) -> Result<Vec<Record>, HostError> {
@@ -146,14 +143,21 @@ impl LocalProvider {
         Ok(out)
     }
 
+    /// The next free address after the one handed out last (kept in `last-address`), so a
+    /// replaced host gets a new address, as a cloud VM would.
     fn allocate(&self, taken: &[Record]) -> Result<Ipv4Addr, HostError> {
-        (2..=254u8)
-            .map(|last| Ipv4Addr::new(127, 77, self.settings.address_block, last))
+        let marker = self.settings.state_dir.join("last-address");
+        let last: u8 = std::fs::read_to_string(&marker).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(1);
+        let address = (1..=253u16)
+            .map(|step| 2 + ((u16::from(last.max(2)) - 2 + step) % 253) as u8)
+            .map(|octet| Ipv4Addr::new(127, 77, self.settings.address_block, octet))
             .find(|a| !taken.iter().any(|r| r.address == *a))
             .ok_or_else(|| HostError::Quota {
                 provider: PROVIDER,
                 message: "all 253 local addresses are in use".into(),
-            })
+            })?;
+        let _ = std::fs::write(&marker, address.octets()[3].to_string());
+        Ok(address)
     }
 
     fn write_config(&self, dir: &Path, server: &ExitServer, address: Ipv4Addr) -> Result<(), HostError> {
@@ -200,6 +204,13 @@ impl LocalProvider {
 fn render(server: &ExitServer, address: Ipv4Addr) -> Result<String, HostError> {
     render_server_toml_on(server, &address.to_string())
         .map_err(|e| HostError::Invalid { provider: PROVIDER, message: e.to_string() })
+}
+
+/// Whether process `pid` exists and has not exited (a zombie awaiting its reaper has).
+fn running(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // The state is the field after the parenthesised command name; Z = exited, not yet reaped.
+    !stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z'))
 }
 
 fn unavailable(message: String) -> HostError {
@@ -254,7 +265,8 @@ impl HostProvider for LocalProvider {
                 if tokio::net::TcpStream::connect((address, request.server.control_port)).await.is_ok() {
                     break;
                 }
-                if tokio::time::Instant::now() > deadline || self.alive(&id).is_none() {
+                // Not `alive`: until exec, the child's command line is still ours.
+                if tokio::time::Instant::now() > deadline || !running(pid as i32) {
                     let log = std::fs::read_to_string(dir.join("rathole.log")).unwrap_or_default();
                     return Err(unavailable(format!(
                         "exit server did not listen on {address}:{}: {}",

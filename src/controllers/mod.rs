@@ -1,6 +1,8 @@
 //! Controllers, and what they share: per-object error backoff, resync jitter, finalizer patches.
 
 pub mod queue;
+pub mod service;
+pub mod tunnel;
 
 use std::collections::HashMap;
 use std::sync::Mutex;

@@ -2,19 +2,26 @@
 
 pub mod condition;
 pub mod queue;
+pub mod tunnel;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
 pub use condition::{Condition, ConditionStatus};
 pub use queue::{Queue, QueueSpec, QueueStatus};
+pub use tunnel::{Tunnel, TunnelPhase, TunnelSpec, TunnelStatus};
 
 /// The API group of every skyport resource.
 pub const GROUP: &str = "skyport.dev";
 
 /// Every CRD skyport serves, in the order `skyport crds` prints them.
 pub fn all() -> Vec<CustomResourceDefinition> {
-    vec![unwrap_descriptions(Queue::crd())]
+    vec![unwrap_descriptions(Queue::crd()), unwrap_descriptions(Tunnel::crd())]
+}
+
+/// The file a CRD is checked in as under `crds/`: its singular name, e.g. `queue.yaml`.
+pub fn file_name(crd: &CustomResourceDefinition) -> String {
+    format!("{}.yaml", crd.spec.names.singular.as_deref().unwrap_or(&crd.spec.names.plural))
 }
 
 /// Doc comments are wrapped at source width; `kubectl explain` reflows text itself, so single line

@@ -21,6 +21,7 @@ use skyport::controllers::queue::{Context, controller};
 use skyport::crd::{ConditionStatus, Queue};
 use tokio::sync::{OnceCell, oneshot};
 
+pub mod kubelet;
 pub mod proxy;
 
 static SETUP: OnceCell<()> = OnceCell::const_new();

@@ -1,0 +1,287 @@
+//! What a Tunnel should look like, computed from its Service and credentials: pure functions.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Service;
+use kube::ResourceExt;
+use providers::userdata::{ClientService, ExitServer, NoiseKeypair, Protocol, TunnelClient, TunnelService};
+use sha2::{Digest, Sha256};
+
+use crate::crd::tunnel::{Tunnel, TunnelPort};
+
+/// Why a Service's ports cannot be exposed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PortProblem {
+    #[error("the Service has no ports to expose")]
+    NoPorts,
+    #[error("port {port} ({name}) uses {protocol}; tunnels carry TCP and UDP only")]
+    Unsupported { port: i32, name: String, protocol: String },
+    #[error(
+        "port {0}/TCP is the tunnel's control port on the exit server; use another port or run skyport with a different --tunnel-control-port"
+    )]
+    Reserved(i32),
+}
+
+/// The ports the exit server must expose for `service`, sorted and without duplicates.
+pub fn service_ports(service: &Service, control_port: u16) -> Result<Vec<TunnelPort>, PortProblem> {
+    let mut ports = Vec::new();
+    for p in service.spec.as_ref().and_then(|s| s.ports.as_ref()).into_iter().flatten() {
+        let protocol = p.protocol.clone().unwrap_or_else(|| "TCP".into());
+        if protocol != "TCP" && protocol != "UDP" {
+            return Err(PortProblem::Unsupported { port: p.port, name: p.name.clone().unwrap_or_default(), protocol });
+        }
+        if protocol == "TCP" && p.port == i32::from(control_port) {
+            return Err(PortProblem::Reserved(p.port));
+        }
+        ports.push(TunnelPort { port: p.port, protocol });
+    }
+    ports.sort();
+    ports.dedup();
+    if ports.is_empty() {
+        return Err(PortProblem::NoPorts);
+    }
+    Ok(ports)
+}
+
+fn protocol(port: &TunnelPort) -> Protocol {
+    if port.protocol == "UDP" { Protocol::Udp } else { Protocol::Tcp }
+}
+
+/// rathole service name of a port, shared by the server and client configs: `tcp-80`.
+pub fn service_name(port: &TunnelPort) -> String {
+    format!("{}-{}", port.protocol.to_ascii_lowercase(), port.port)
+}
+
+/// The tunnel's secrets, kept in the Tunnel's Secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    pub keypair: NoiseKeypair,
+    /// Shared by every service of the tunnel: one client serves them all.
+    pub token: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Credentials(<redacted>)")
+    }
+}
+
+impl Credentials {
+    pub fn generate() -> Self {
+        let bytes: [u8; 32] = rand::random();
+        Credentials { keypair: NoiseKeypair::generate(), token: hex(&bytes) }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What the exit server runs.
+pub fn exit_server(ports: &[TunnelPort], credentials: &Credentials, control_port: u16) -> ExitServer {
+    ExitServer {
+        control_port,
+        noise_private_key: credentials.keypair.private_key.clone(),
+        services: ports
+            .iter()
+            .map(|p| TunnelService {
+                name: service_name(p),
+                protocol: protocol(p),
+                // Validated by service_ports: 1..=65535 comes from the Service's schema.
+                port: u16::try_from(p.port).unwrap_or_default(),
+                token: credentials.token.clone(),
+            })
+            .collect(),
+    }
+}
+
+/// What the in-cluster client runs: every port forwarded to the Service's cluster IP, so the
+/// client needs no DNS and kube-proxy balances over the endpoints.
+pub fn client(
+    ports: &[TunnelPort],
+    credentials: &Credentials,
+    host_ip: &str,
+    control_port: u16,
+    cluster_ip: &str,
+) -> TunnelClient {
+    TunnelClient {
+        remote_addr: format!("{host_ip}:{control_port}"),
+        server_public_key: credentials.keypair.public_key.clone(),
+        services: ports
+            .iter()
+            .map(|p| ClientService {
+                name: service_name(p),
+                protocol: protocol(p),
+                token: credentials.token.clone(),
+                local_addr: format!("{}:{}", bracket(cluster_ip), p.port),
+            })
+            .collect(),
+    }
+}
+
+fn bracket(ip: &str) -> String {
+    if ip.contains(':') { format!("[{ip}]") } else { ip.to_string() }
+}
+
+/// The exit server's host name: `skyport-<namespace>-<name>`, as a valid RFC 1123 label (at most
+/// 63 characters; longer ones keep a prefix and a hash of the whole, so they stay unique).
+pub fn host_name(namespace: &str, name: &str) -> String {
+    fit_label(&format!("skyport-{namespace}-{name}").replace('.', "-"))
+}
+
+/// `value` if it is a valid label value of at most 63 characters, else a prefix plus a hash.
+pub fn fit_label(value: &str) -> String {
+    if value.len() <= 63 {
+        return value.to_string();
+    }
+    let digest = Sha256::digest(value.as_bytes());
+    let suffix = hex(&digest[..4]);
+    let head = value[..54].trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
+    format!("{head}-{suffix}")
+}
+
+/// Names of the objects a Tunnel owns.
+pub fn secret_name(tunnel: &Tunnel) -> String {
+    format!("{}-credentials", tunnel.name_any())
+}
+
+pub fn deployment_name(tunnel: &Tunnel) -> String {
+    format!("{}-client", tunnel.name_any())
+}
+
+/// Labels of the client Deployment's pods (and its selector).
+pub fn client_labels(tunnel: &Tunnel) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".into(), "skyport-tunnel-client".into()),
+        ("app.kubernetes.io/instance".into(), fit_label(&tunnel.name_any())),
+        ("app.kubernetes.io/managed-by".into(), "skyport".into()),
+    ])
+}
+
+/// SHA-256 of the client config: a pod template annotation, so a config change rolls the pod
+/// (a mounted Secret's update is not noticed by rathole).
+pub fn checksum(text: &str) -> String {
+    hex(&Sha256::digest(text.as_bytes()))
+}
+
+/// Whether `tunnel` may write `service`'s status: only the Tunnel the Service controls (the one
+/// skyport made for it, or one a person gave a controller reference to the Service). A Tunnel
+/// written by hand for someone else's Service exposes it but leaves its status alone.
+pub fn controls_service_status(tunnel: &Tunnel, service: &Service) -> bool {
+    let Some(uid) = service.metadata.uid.as_deref() else { return false };
+    tunnel.owner_references().iter().any(|r| r.kind == "Service" && r.uid == uid && r.controller == Some(true))
+}
+
+/// `status.loadBalancer.ingress` for the exit server, `ipMode: Proxy` because traffic arrives
+/// from the tunnel client, not with the client's source address.
+pub fn ingress(host_ip: &str, ports: &[TunnelPort]) -> serde_json::Value {
+    let ports: Vec<_> = ports.iter().map(|p| serde_json::json!({"port": p.port, "protocol": p.protocol})).collect();
+    serde_json::json!([{"ip": host_ip, "ipMode": "Proxy", "ports": ports}])
+}
+
+/// Whether the Service already shows exactly `want` as its ingress.
+pub fn ingress_matches(service: &Service, want: &serde_json::Value) -> bool {
+    let current = service.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref());
+    match current {
+        Some(current) => serde_json::to_value(current).ok().as_ref() == Some(want),
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service(ports: serde_json::Value) -> Service {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "team-a", "uid": "svc-uid"},
+            "spec": {"type": "LoadBalancer", "clusterIP": "10.0.0.7", "ports": ports},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn ports_are_sorted_deduplicated_and_default_to_tcp() {
+        let svc = service(serde_json::json!([
+            {"name": "dns", "port": 53, "protocol": "UDP"},
+            {"name": "https", "port": 443},
+            {"name": "http", "port": 80, "protocol": "TCP"},
+            {"name": "dns-tcp", "port": 53, "protocol": "TCP"},
+        ]));
+        let ports = service_ports(&svc, 2333).unwrap();
+        let got: Vec<_> = ports.iter().map(|p| (p.port, p.protocol.as_str())).collect();
+        assert_eq!(got, [(53, "TCP"), (53, "UDP"), (80, "TCP"), (443, "TCP")]);
+        assert_eq!(ports.iter().map(service_name).collect::<Vec<_>>(), ["tcp-53", "udp-53", "tcp-80", "tcp-443"]);
+    }
+
+    #[test]
+    fn sctp_the_control_port_and_no_ports_are_explained() {
+        let sctp = service(serde_json::json!([{"name": "sig", "port": 3868, "protocol": "SCTP"}]));
+        assert_eq!(
+            service_ports(&sctp, 2333).unwrap_err().to_string(),
+            "port 3868 (sig) uses SCTP; tunnels carry TCP and UDP only"
+        );
+        let clash = service(serde_json::json!([{"port": 2333}]));
+        assert!(matches!(service_ports(&clash, 2333), Err(PortProblem::Reserved(2333))));
+        let udp_ok = service(serde_json::json!([{"port": 2333, "protocol": "UDP"}]));
+        assert!(service_ports(&udp_ok, 2333).is_ok(), "only the TCP control port is taken");
+        assert_eq!(service_ports(&service(serde_json::json!([])), 2333), Err(PortProblem::NoPorts));
+    }
+
+    #[test]
+    fn server_and_client_agree_on_names_tokens_and_keys() {
+        let creds = Credentials::generate();
+        let ports =
+            vec![TunnelPort { port: 80, protocol: "TCP".into() }, TunnelPort { port: 53, protocol: "UDP".into() }];
+        let server = exit_server(&ports, &creds, 2333);
+        let client = client(&ports, &creds, "203.0.113.9", 2333, "10.0.0.7");
+        assert_eq!(client.remote_addr, "203.0.113.9:2333");
+        assert_eq!(client.server_public_key, creds.keypair.public_key);
+        assert_eq!(server.noise_private_key, creds.keypair.private_key);
+        for (s, c) in server.services.iter().zip(&client.services) {
+            assert_eq!((&s.name, s.protocol, &s.token), (&c.name, c.protocol, &c.token));
+            assert_eq!(c.local_addr, format!("10.0.0.7:{}", s.port));
+        }
+        let v6 = super::client(&ports, &creds, "203.0.113.9", 2333, "fd00::7");
+        assert_eq!(v6.services[0].local_addr, "[fd00::7]:80");
+        assert!(!format!("{creds:?}").contains(&creds.token));
+    }
+
+    #[test]
+    fn host_names_are_valid_labels_and_unique_when_shortened() {
+        assert_eq!(host_name("team-a", "web-tunnel"), "skyport-team-a-web-tunnel");
+        assert_eq!(host_name("ns", "a.b"), "skyport-ns-a-b");
+        let long = host_name(&"n".repeat(63), "web-tunnel");
+        assert_eq!(long.len(), 63);
+        assert_ne!(long, host_name(&"n".repeat(63), "api-tunnel"));
+        assert!(long.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
+    }
+
+    #[test]
+    fn only_the_controlling_tunnel_writes_the_service_status() {
+        let svc = service(serde_json::json!([{"port": 80}]));
+        let owned: Tunnel = serde_json::from_value(serde_json::json!({
+            "apiVersion": "skyport.dev/v1alpha1", "kind": "Tunnel",
+            "metadata": {"name": "web-tunnel", "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Service", "name": "web", "uid": "svc-uid", "controller": true}]},
+            "spec": {"serviceRef": {"name": "web"}},
+        }))
+        .unwrap();
+        assert!(controls_service_status(&owned, &svc));
+        let mut by_hand = owned.clone();
+        by_hand.metadata.owner_references = None;
+        assert!(!controls_service_status(&by_hand, &svc));
+    }
+
+    #[test]
+    fn ingress_is_compared_as_the_api_returns_it() {
+        let ports = vec![TunnelPort { port: 80, protocol: "TCP".into() }];
+        let want = ingress("203.0.113.9", &ports);
+        let mut svc = service(serde_json::json!([{"port": 80}]));
+        assert!(!ingress_matches(&svc, &want));
+        svc.status =
+            Some(serde_json::from_value(serde_json::json!({"loadBalancer": {"ingress": want.clone()}})).unwrap());
+        assert!(ingress_matches(&svc, &want));
+        assert!(!ingress_matches(&svc, &ingress("203.0.113.10", &ports)));
+    }
+}

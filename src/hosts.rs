@@ -1,0 +1,59 @@
+//! The exit-server providers of this operator, built once at startup: the one `--provider` names
+//! (the default for Tunnels without spec.provider) plus every cloud whose credentials are present
+//! in its standard environment. Tokens are read here and handed to the adapters, never logged.
+
+use std::sync::Arc;
+
+use anyhow::{Context as _, bail};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::Api;
+use providers::HostProvider;
+use providers::rest::ApiToken;
+use tracing::info;
+
+use crate::config::TunnelArgs;
+use crate::controllers::tunnel::Providers;
+
+/// The configured providers; `Ok` with none when no `--provider` is given and no cloud has
+/// credentials (the Tunnel controllers then do not run).
+pub async fn configure(args: &TunnelArgs) -> anyhow::Result<Providers> {
+    let default = args.provider.as_deref();
+    let mut list: Vec<Arc<dyn HostProvider>> = Vec::new();
+    if default == Some("local") {
+        let settings = providers::local::LocalSettings::new(args.local_state_dir.clone(), args.local_rathole.clone());
+        list.push(Arc::new(providers::local::LocalProvider::new(settings).context("local provider")?));
+    }
+    let token = |vars: &[&str]| vars.iter().find_map(|v| std::env::var(v).ok().filter(|t| !t.is_empty()));
+    match token(&["DIGITALOCEAN_TOKEN", "DIGITALOCEAN_ACCESS_TOKEN"]) {
+        Some(t) => {
+            let settings = providers::DigitalOceanSettings::new(ApiToken::new(t));
+            list.push(Arc::new(providers::DigitalOceanProvider::new(settings).context("digitalocean provider")?));
+        }
+        None if default == Some("digitalocean") => bail!("--provider digitalocean needs DIGITALOCEAN_TOKEN"),
+        None => {}
+    }
+    match token(&["HCLOUD_TOKEN"]) {
+        Some(t) => {
+            let settings = providers::HetznerSettings::new(ApiToken::new(t));
+            list.push(Arc::new(providers::HetznerProvider::new(settings).context("hetzner provider")?));
+        }
+        None if default == Some("hetzner") => bail!("--provider hetzner needs HCLOUD_TOKEN"),
+        None => {}
+    }
+    let registry = Providers::new(args.provider.clone(), list);
+    info!(default = default.unwrap_or("<none>"), configured = ?registry.names(), "exit-server providers");
+    Ok(registry)
+}
+
+/// This cluster's identity for host tags: `--cluster-id`, else the kube-system namespace's UID
+/// (stable for the cluster's life, distinct between clusters).
+pub async fn cluster_id(client: &kube::Client, args: &TunnelArgs) -> anyhow::Result<String> {
+    if let Some(id) = &args.cluster_id {
+        return Ok(id.clone());
+    }
+    let ns = Api::<Namespace>::all(client.clone())
+        .get("kube-system")
+        .await
+        .context("reading the kube-system namespace's UID as the cluster id (or pass --cluster-id)")?;
+    ns.metadata.uid.context("kube-system has no UID")
+}

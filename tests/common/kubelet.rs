@@ -1,0 +1,221 @@
+//! A very small stand-in for the kubelet and kube-proxy, for the one Deployment kind skyport
+//! makes: the tunnel client. The test control plane runs no nodes, so this runs the client
+//! Deployment's container as a local process — the real rathole binary (`SKYPORT_RATHOLE`) with
+//! the Deployment's args and the client.toml from the Secret the Deployment mounts — and, in
+//! place of kube-proxy, points the Service's cluster IP at local test backends.
+//!
+//! Like a kubelet it restarts the process when the pod template changes (the config checksum
+//! annotation) and stops it when the Deployment is gone.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
+use kube::Client;
+use kube::api::Api;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+
+/// Path of the rathole binary (tests/run.sh exports it from tests/env/build-rathole.sh).
+pub fn rathole() -> PathBuf {
+    std::env::var_os("SKYPORT_RATHOLE").map(PathBuf::from).expect(
+        "SKYPORT_RATHOLE is not set: run tests/run.sh, or export SKYPORT_RATHOLE=\"$(tests/env/build-rathole.sh)\"",
+    )
+}
+
+/// Echo backends standing in for a Service's endpoints, one per (port, protocol), started on
+/// demand. Each answers with its own port first, so a test can tell which port it reached:
+/// TCP sends `<port>\n` on accept and then echoes; UDP answers `<port>:<datagram>`.
+#[derive(Clone, Default)]
+pub struct Backends(Arc<Mutex<BTreeMap<(u16, String), SocketAddr>>>);
+
+impl Backends {
+    pub async fn addr(&self, port: u16, protocol: &str) -> SocketAddr {
+        if let Some(a) = self.0.lock().unwrap().get(&(port, protocol.to_string())) {
+            return *a;
+        }
+        let addr = match protocol {
+            "udp" => {
+                let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+                let addr = socket.local_addr().unwrap();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 65536];
+                    while let Ok((n, from)) = socket.recv_from(&mut buf).await {
+                        let mut reply = format!("{port}:").into_bytes();
+                        reply.extend_from_slice(&buf[..n]);
+                        let _ = socket.send_to(&reply, from).await;
+                    }
+                });
+                addr
+            }
+            _ => {
+                let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+                let addr = listener.local_addr().unwrap();
+                tokio::spawn(async move {
+                    while let Ok((mut conn, _)) = listener.accept().await {
+                        tokio::spawn(async move {
+                            if conn.write_all(format!("{port}\n").as_bytes()).await.is_err() {
+                                return;
+                            }
+                            let (mut r, mut w) = conn.split();
+                            let _ = tokio::io::copy(&mut r, &mut w).await;
+                        });
+                    }
+                });
+                addr
+            }
+        };
+        *self.0.lock().unwrap().entry((port, protocol.to_string())).or_insert(addr)
+    }
+}
+
+/// Rewrites every `local_addr = "<ip>:<port>"` of a rathole client.toml (the Service's cluster
+/// IP) to the local backend for that port, as kube-proxy would route it.
+async fn route(client_toml: &str, backends: &Backends) -> String {
+    let mut lines: Vec<String> = client_toml.lines().map(String::from).collect();
+    // Each section's `type` (rathole's default is tcp), keyed by the section's first line.
+    let mut section_type = BTreeMap::new();
+    let mut section = 0;
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim().starts_with('[') {
+            section = i;
+        }
+        if let Some(v) = line.trim().strip_prefix("type = ") {
+            section_type.insert(section, v.trim_matches('"').to_string());
+        }
+    }
+    let mut section = 0;
+    for (i, line) in lines.iter_mut().enumerate() {
+        if line.trim().starts_with('[') {
+            section = i;
+        }
+        let Some(value) = line.trim().strip_prefix("local_addr = ") else { continue };
+        let port: u16 = value.trim_matches('"').rsplit(':').next().and_then(|p| p.parse().ok()).expect("a port");
+        let protocol = section_type.get(&section).map(String::as_str).unwrap_or("tcp");
+        *line = format!("local_addr = \"{}\"", backends.addr(port, protocol).await);
+    }
+    lines.into_iter().map(|l| l + "\n").collect()
+}
+
+/// Runs the client Deployment `name` of `namespace` until dropped.
+pub struct ClientRunner {
+    task: tokio::task::JoinHandle<()>,
+    /// How many times the client process was (re)started.
+    pub starts: Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl Drop for ClientRunner {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl ClientRunner {
+    pub fn start(client: Client, namespace: &str, name: &str, backends: Backends) -> Self {
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
+        let secrets: Api<Secret> = Api::namespaced(client, namespace);
+        let name = name.to_string();
+        let dir = std::env::temp_dir().join(format!("skyport-kubelet-{namespace}-{name}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let starts = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counter = starts.clone();
+        let task = tokio::spawn(async move {
+            let mut running: Option<(String, tokio::process::Child)> = None;
+            loop {
+                let template = deployments.get_opt(&name).await.ok().flatten().and_then(|d| d.spec).map(|s| s.template);
+                let want = template.as_ref().map(|t| serde_json::to_string(t).unwrap());
+                if running.as_ref().map(|(k, _)| Some(k)) != Some(want.as_ref()) {
+                    if let Some((_, mut child)) = running.take() {
+                        let _ = child.kill().await;
+                    }
+                    if let (Some(key), Some(template)) = (want, template)
+                        && let Some(child) = launch(&template, &secrets, &backends, &dir).await
+                    {
+                        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        running = Some((key, child));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        });
+        ClientRunner { task, starts }
+    }
+}
+
+/// Starts the pod template's single container: args as given, the Secret volume's items
+/// written under a local directory that stands in for the mount path.
+async fn launch(
+    template: &k8s_openapi::api::core::v1::PodTemplateSpec,
+    secrets: &Api<Secret>,
+    backends: &Backends,
+    dir: &std::path::Path,
+) -> Option<tokio::process::Child> {
+    let spec = template.spec.as_ref()?;
+    let container = spec.containers.first()?;
+    let mut args = container.args.clone().unwrap_or_default();
+    for mount in container.volume_mounts.iter().flatten() {
+        let volume = spec.volumes.iter().flatten().find(|v| v.name == mount.name)?;
+        let source = volume.secret.as_ref()?;
+        let secret = secrets.get_opt(source.secret_name.as_deref()?).await.ok().flatten()?;
+        let data = secret.data.unwrap_or_default();
+        for item in source.items.iter().flatten() {
+            let text = String::from_utf8(data.get(&item.key)?.0.clone()).ok()?;
+            let text = route(&text, backends).await;
+            let local = dir.join(&item.path);
+            std::fs::write(&local, text).ok()?;
+            let in_pod = format!("{}/{}", mount.mount_path.trim_end_matches('/'), item.path);
+            for a in &mut args {
+                if *a == in_pod {
+                    *a = local.to_string_lossy().into_owned();
+                }
+            }
+        }
+    }
+    let log = std::fs::File::create(dir.join("rathole.log")).ok()?;
+    tokio::process::Command::new(rathole())
+        .args(&args)
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone().ok()?)
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .ok()
+}
+
+/// Sends `payload` to `ip:port` over TCP and returns (the backend's port tag, the echo), or
+/// `None` while the tunnel is not (yet) carrying that port.
+pub async fn tcp_echo(ip: &str, port: u16, payload: &[u8]) -> Option<(u16, Vec<u8>)> {
+    let work = async {
+        let mut conn = TcpStream::connect((ip, port)).await.ok()?;
+        let mut tag = Vec::new();
+        let mut byte = [0u8; 1];
+        while conn.read_exact(&mut byte).await.is_ok() && byte[0] != b'\n' {
+            tag.push(byte[0]);
+        }
+        let tag: u16 = String::from_utf8(tag).ok()?.parse().ok()?;
+        let (mut r, mut w) = conn.into_split();
+        let data = payload.to_vec();
+        let writer = tokio::spawn(async move {
+            w.write_all(&data).await.ok()?;
+            w.shutdown().await.ok()
+        });
+        let mut echoed = vec![0u8; payload.len()];
+        r.read_exact(&mut echoed).await.ok()?;
+        writer.await.ok()??;
+        Some((tag, echoed))
+    };
+    tokio::time::timeout(Duration::from_secs(10), work).await.ok()?
+}
+
+/// Sends one datagram to `ip:port` and returns the reply, or `None` without one within 1 s.
+pub async fn udp_echo(ip: &str, port: u16, payload: &[u8]) -> Option<Vec<u8>> {
+    let socket = UdpSocket::bind("127.0.0.1:0").await.ok()?;
+    socket.send_to(payload, (ip, port)).await.ok()?;
+    let mut buf = vec![0u8; 65536];
+    let (n, _) = tokio::time::timeout(Duration::from_secs(1), socket.recv_from(&mut buf)).await.ok()?.ok()?;
+    Some(buf[..n].to_vec())
+}

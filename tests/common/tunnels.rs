@@ -1,0 +1,99 @@
+//! Tunnel harness, included by the Tunnel tests only (`#[path = "common/tunnels.rs"] mod tunnels;`).
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::api::{Api, DeleteParams};
+use tokio::sync::oneshot;
+
+use crate::common::{TestNs, eventually, kubelet};
+
+/// Tunnel and Service controllers running in-process for one namespace, with a local provider
+/// of their own (its own state directory, so tests never see each other's exit servers).
+pub struct TunnelOperator {
+    pub ctx: Arc<skyport::controllers::tunnel::Context>,
+    pub services: Arc<skyport::controllers::service::Context>,
+    pub local: Arc<providers::local::LocalProvider>,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Tunnel settings for fast tests: local provider, 2 s resync, no orphan sweep.
+pub fn fast_tunnel_settings() -> skyport::config::TunnelArgs {
+    skyport::config::TunnelArgs {
+        provider: Some("local".into()),
+        resync: Duration::from_secs(2),
+        orphan_sweep_interval: Duration::ZERO,
+        ..Default::default()
+    }
+}
+
+impl TunnelOperator {
+    pub async fn start(ns: &TestNs, settings: skyport::config::TunnelArgs) -> Self {
+        use futures::FutureExt;
+        if std::env::var_os("RUST_LOG").is_some() {
+            skyport::telemetry::init(skyport::telemetry::LogFormat::Text);
+        }
+        let state = std::env::temp_dir().join(format!("skyport-test-hosts-{}", ns.name));
+        let local = Arc::new(
+            providers::local::LocalProvider::new(providers::local::LocalSettings::new(state, kubelet::rathole()))
+                .expect("local provider"),
+        );
+        let registry = skyport::controllers::tunnel::Providers::new(settings.provider.clone(), vec![local.clone()]);
+        let (tx, rx) = oneshot::channel::<()>();
+        let shutdown = async {
+            let _ = rx.await;
+        }
+        .boxed()
+        .shared();
+        let backoff = skyport::controllers::Backoff::new(Duration::from_millis(200), Duration::from_secs(2));
+        let (ctx, tunnels) = skyport::controllers::tunnel::controller(
+            ns.client.clone(),
+            registry,
+            settings.clone(),
+            backoff,
+            Some(ns.name.clone()),
+            format!("test-{}", ns.name),
+            shutdown.clone(),
+        );
+        let (services, svc_run) = skyport::controllers::service::controller(
+            ns.client.clone(),
+            settings,
+            ctx.tunnels.clone(),
+            Some(ns.name.clone()),
+            shutdown,
+        );
+        let task = tokio::spawn(async move {
+            tokio::join!(tunnels, svc_run);
+        });
+        TunnelOperator { ctx, services, local, stop: Some(tx), task }
+    }
+
+    /// Stops the controllers, letting reconciles in flight finish.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(20), &mut self.task).await;
+    }
+}
+
+/// Ends a Tunnel test: deletes every Tunnel (and Service) while the controllers still run, so
+/// their exit servers go too; checks none is left; stops the controllers; deletes the namespace.
+pub async fn finish_tunnels(op: TunnelOperator, ns: TestNs) {
+    use providers::HostProvider;
+    let services: Api<k8s_openapi::api::core::v1::Service> = ns.api();
+    let _ = services.delete_collection(&DeleteParams::default(), &Default::default()).await;
+    let tunnels: Api<skyport::crd::Tunnel> = ns.api();
+    let _ = tunnels.delete_collection(&DeleteParams::default(), &Default::default()).await;
+    eventually("all Tunnels of the test deleted", Duration::from_secs(60), || async {
+        tunnels.list(&Default::default()).await.ok()?.items.is_empty().then_some(())
+    })
+    .await;
+    let left =
+        op.local.list_by_tag(providers::hosts::TAG_MANAGED_BY, providers::hosts::MANAGED_BY_VALUE).await.unwrap();
+    assert!(left.is_empty(), "exit servers leaked: {left:?}");
+    op.stop().await;
+    ns.cleanup().await;
+}

@@ -1,0 +1,498 @@
+//! Tunnels against the real test environment with the local provider: a real kube-apiserver
+//! (+ the garbage collector), real rathole exit servers on their own 127.77.x.y addresses, and
+//! the real rathole client run from the client Deployment by `common::kubelet`.
+
+mod common;
+#[path = "common/tunnels.rs"]
+mod tunnels;
+
+use std::time::Duration;
+
+use common::kubelet::{Backends, ClientRunner, tcp_echo, udp_echo};
+use common::{TestNs, eventually};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Event, Secret, Service};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use providers::HostProvider;
+use providers::hosts::{MANAGED_BY_VALUE, TAG_CLUSTER, TAG_MANAGED_BY};
+use skyport::crd::{ConditionStatus, Tunnel, TunnelPhase};
+use tunnels::{TunnelOperator, fast_tunnel_settings, finish_tunnels};
+
+const NEEDS_ENV: &str = "needs the test environment: tests/env.sh up";
+
+fn service(name: &str, class: Option<&str>, annotations: serde_json::Value, ports: serde_json::Value) -> Service {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"type": "LoadBalancer", "loadBalancerClass": class, "ports": ports, "selector": {"app": name}},
+    }))
+    .unwrap()
+}
+
+fn web(name: &str) -> Service {
+    service(
+        name,
+        Some("skyport.dev/tunnel"),
+        serde_json::json!({}),
+        serde_json::json!([{"name": "http", "port": 8080, "protocol": "TCP"}, {"name": "dns", "port": 5353, "protocol": "UDP"}]),
+    )
+}
+
+/// Waits until the Tunnel is Active and returns it.
+async fn active(api: &Api<Tunnel>, name: &str, timeout: Duration) -> Tunnel {
+    let mut last = None;
+    let found = tokio::time::timeout(timeout, async {
+        loop {
+            if let Ok(t) = api.get(name).await {
+                if t.status.as_ref().and_then(|s| s.phase) == Some(TunnelPhase::Active) {
+                    return t;
+                }
+                last = t.status.clone();
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    found.unwrap_or_else(|_| panic!("Tunnel {name} not Active after {timeout:?}; last status: {last:#?}"))
+}
+
+fn host_ip(t: &Tunnel) -> String {
+    t.status.as_ref().and_then(|s| s.host_ip.clone()).expect("hostIp")
+}
+
+fn host_id(t: &Tunnel) -> String {
+    t.status.as_ref().and_then(|s| s.host_id.clone()).expect("hostId")
+}
+
+fn ingress_ip(s: &Service) -> Option<String> {
+    s.status.as_ref()?.load_balancer.as_ref()?.ingress.as_ref()?.first()?.ip.clone()
+}
+
+async fn events(client: &Client, ns: &str, involved: &str) -> Vec<(String, String)> {
+    let api: Api<Event> = Api::namespaced(client.clone(), ns);
+    let list = api.list(&Default::default()).await.unwrap();
+    list.items
+        .into_iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some(involved))
+        .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+        .collect()
+}
+
+/// Real bytes through the real tunnel, 1 MiB over TCP (checked by content) and a datagram over
+/// UDP, until they arrive (the client connects a moment after it starts).
+async fn carries(ip: &str, tcp: u16, udp: Option<u16>) {
+    let payload: Vec<u8> = (0..1024 * 1024).map(|i| (i * 7 % 251) as u8).collect();
+    eventually(&format!("TCP {ip}:{tcp} through the tunnel"), Duration::from_secs(30), || async {
+        let (tag, echoed) = tcp_echo(ip, tcp, &payload).await?;
+        assert_eq!(tag, tcp, "reached the backend of port {tag}, not {tcp}");
+        assert!(echoed == payload, "bytes changed on the way");
+        Some(())
+    })
+    .await;
+    if let Some(udp) = udp {
+        eventually(&format!("UDP {ip}:{udp} through the tunnel"), Duration::from_secs(30), || async {
+            let reply = udp_echo(ip, udp, b"ping").await?;
+            assert_eq!(reply, format!("{udp}:ping").into_bytes());
+            Some(())
+        })
+        .await;
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn a_load_balancer_service_gets_an_exit_server_and_real_bytes_flow_through_it() {
+    let _ = NEEDS_ENV;
+    let ns = TestNs::new("tun-bytes").await;
+    let op = TunnelOperator::start(&ns, fast_tunnel_settings()).await;
+    let services: Api<Service> = ns.api();
+    let tunnels: Api<Tunnel> = ns.api();
+    services.create(&PostParams::default(), &web("web")).await.unwrap();
+
+    let tunnel = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+    let ip = host_ip(&tunnel);
+    let status = tunnel.status.clone().unwrap();
+    assert_eq!(status.provider.as_deref(), Some("local"));
+    let ready = status.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!((ready.status, ready.reason.as_str()), (ConditionStatus::True, "Active"));
+    assert_eq!(status.observed_generation, tunnel.metadata.generation);
+    let owner = &tunnel.owner_references()[0];
+    assert_eq!((owner.kind.as_str(), owner.controller), ("Service", Some(true)));
+
+    // The Service shows the exit server's address, ipMode Proxy, with its ports.
+    let svc = eventually("Service ingress set", Duration::from_secs(20), || async {
+        let s = services.get("web").await.ok()?;
+        (ingress_ip(&s)? == ip).then_some(s)
+    })
+    .await;
+    let ingress = &svc.status.unwrap().load_balancer.unwrap().ingress.unwrap()[0];
+    assert_eq!(ingress.ip_mode.as_deref(), Some("Proxy"));
+    let ports: Vec<_> = ingress.ports.clone().unwrap().into_iter().map(|p| (p.port, p.protocol)).collect();
+    assert_eq!(ports, [(5353, "UDP".to_string()), (8080, "TCP".to_string())]);
+    assert!(svc.spec.unwrap().external_ips.is_none(), "spec.externalIPs is never touched");
+
+    // The client Deployment is hardened, single, recreated on change; secrets stay in the Secret.
+    let deployment: Deployment = ns.api().get("web-tunnel-client").await.unwrap();
+    let spec = deployment.spec.clone().unwrap();
+    assert_eq!(spec.replicas, Some(1));
+    assert_eq!(spec.strategy.unwrap().type_.as_deref(), Some("Recreate"));
+    let pod = spec.template.spec.unwrap();
+    assert_eq!(pod.security_context.unwrap().run_as_non_root, Some(true));
+    let container = &pod.containers[0];
+    assert!(container.resources.as_ref().unwrap().limits.is_some());
+    let secret: Secret = ns.api().get("web-tunnel-credentials").await.unwrap();
+    let token = String::from_utf8(secret.data.unwrap()["token"].0.clone()).unwrap();
+    let visible =
+        serde_json::to_string(&(&tunnel, &deployment, events(&ns.client, &ns.name, "web-tunnel").await)).unwrap();
+    assert!(!visible.contains(&token), "the tunnel token leaked into status, the Deployment or Events");
+
+    // Real bytes: the real rathole client (run from the Deployment) and server carry TCP and UDP.
+    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
+    carries(&ip, 8080, Some(5353)).await;
+    // Steady state: another resync changes nothing.
+    let writes = op.ctx.api_writes.get();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(op.ctx.api_writes.get(), writes, "an Active Tunnel costs no API writes");
+    finish_tunnels(op, ns).await;
+}
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn service_port_changes_follow_on_the_same_exit_server() {
+    let ns = TestNs::new("tun-ports").await;
+    let op = TunnelOperator::start(&ns, fast_tunnel_settings()).await;
+    let services: Api<Service> = ns.api();
+    let tunnels: Api<Tunnel> = ns.api();
+    services.create(&PostParams::default(), &web("web")).await.unwrap();
+    let before = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
+    carries(&host_ip(&before), 8080, None).await;
+
+    // Add a TCP port and drop the UDP one.
+    let patch = serde_json::json!({"spec": {"ports": [
+        {"name": "http", "port": 8080, "protocol": "TCP"}, {"name": "admin", "port": 9090, "protocol": "TCP"}]}});
+    services.patch("web", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    let after = eventually("Tunnel exposes 8080 and 9090", Duration::from_secs(30), || async {
+        let t = tunnels.get("web-tunnel").await.ok()?;
+        let ports: Vec<i32> = t.status.as_ref()?.ports.iter().map(|p| p.port).collect();
+        (ports == [8080, 9090] && t.status.as_ref()?.phase == Some(TunnelPhase::Active)).then_some(t)
+    })
+    .await;
+    assert_eq!(host_id(&after), host_id(&before), "no new exit server for a port change");
+    assert_eq!(host_ip(&after), host_ip(&before), "the address stays");
+    carries(&host_ip(&after), 9090, None).await;
+    carries(&host_ip(&after), 8080, None).await;
+    eventually("UDP 5353 closed", Duration::from_secs(20), || async {
+        udp_echo(&host_ip(&after), 5353, b"x").await.is_none().then_some(())
+    })
+    .await;
+    eventually("Service ingress lists 8080 and 9090", Duration::from_secs(20), || async {
+        let s = services.get("web").await.ok()?;
+        let ports: Vec<i32> =
+            s.status?.load_balancer?.ingress?.first()?.ports.clone()?.iter().map(|p| p.port).collect();
+        (ports == [8080, 9090]).then_some(())
+    })
+    .await;
+    let reasons: Vec<String> = events(&ns.client, &ns.name, "web-tunnel").await.into_iter().map(|e| e.0).collect();
+    assert!(reasons.contains(&"PortsChanged".to_string()), "{reasons:?}");
+    finish_tunnels(op, ns).await;
+}
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn class_default_and_annotation_rules_decide_which_services_get_a_tunnel() {
+    let ns = TestNs::new("tun-rules").await;
+    let op = TunnelOperator::start(&ns, fast_tunnel_settings()).await;
+    let services: Api<Service> = ns.api();
+    let tunnels: Api<Tunnel> = ns.api();
+    let port = serde_json::json!([{"port": 8080}]);
+    let none = serde_json::json!({});
+    for s in [
+        service("classed", Some("skyport.dev/tunnel"), none.clone(), port.clone()),
+        service("classless", None, none.clone(), port.clone()),
+        service("other-class", Some("example.com/lb"), none.clone(), port.clone()),
+        service(
+            "opted-out",
+            Some("skyport.dev/tunnel"),
+            serde_json::json!({"skyport.dev/tunnel": "false"}),
+            port.clone(),
+        ),
+    ] {
+        services.create(&PostParams::default(), &s).await.unwrap();
+    }
+    active(&tunnels, "classed-tunnel", Duration::from_secs(60)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let names: Vec<String> =
+        tunnels.list(&Default::default()).await.unwrap().items.iter().map(|t| t.name_any()).collect();
+    assert_eq!(names, ["classed-tunnel"], "only the skyport-classed, not opted-out Service");
+
+    // Opting out later removes the Tunnel, its exit server and the ingress.
+    let host = host_id(&tunnels.get("classed-tunnel").await.unwrap());
+    let optout = serde_json::json!({"metadata": {"annotations": {"skyport.dev/tunnel": "false"}}});
+    services.patch("classed", &PatchParams::default(), &Patch::Merge(&optout)).await.unwrap();
+    eventually("Tunnel of the opted-out Service gone", Duration::from_secs(30), || async {
+        tunnels.get_opt("classed-tunnel").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    assert_eq!(op.local.get(&host).await.unwrap(), None, "its exit server is deleted");
+    let svc = services.get("classed").await.unwrap();
+    assert_eq!(ingress_ip(&svc), None, "ingress cleared");
+    op.stop().await;
+
+    // As the default load balancer, the class-less Service is served too; with --annotated-only
+    // only annotated ones.
+    let mut settings = fast_tunnel_settings();
+    settings.default_load_balancer = true;
+    let op = TunnelOperator::start(&ns, settings.clone()).await;
+    active(&tunnels, "classless-tunnel", Duration::from_secs(60)).await;
+    assert!(tunnels.get_opt("other-class-tunnel").await.unwrap().is_none());
+    op.stop().await;
+
+    settings.annotated_only = true;
+    let op = TunnelOperator::start(&ns, settings).await;
+    eventually("class-less, unannotated Service loses its Tunnel", Duration::from_secs(30), || async {
+        tunnels.get_opt("classless-tunnel").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let optin = serde_json::json!({"metadata": {"annotations": {"skyport.dev/tunnel": "true"}}});
+    services.patch("classless", &PatchParams::default(), &Patch::Merge(&optin)).await.unwrap();
+    active(&tunnels, "classless-tunnel", Duration::from_secs(60)).await;
+    finish_tunnels(op, ns).await;
+}
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn deleting_the_tunnel_gives_a_fresh_exit_server_with_a_new_address() {
+    let ns = TestNs::new("tun-fresh").await;
+    let op = TunnelOperator::start(&ns, fast_tunnel_settings()).await;
+    let services: Api<Service> = ns.api();
+    let tunnels: Api<Tunnel> = ns.api();
+    services.create(&PostParams::default(), &web("web")).await.unwrap();
+    let old = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+    tunnels.delete("web-tunnel", &DeleteParams::default()).await.unwrap();
+
+    let new = eventually("a new Tunnel, Active", Duration::from_secs(60), || async {
+        let t = tunnels.get("web-tunnel").await.ok()?;
+        (t.uid() != old.uid() && t.status.as_ref()?.phase == Some(TunnelPhase::Active)).then_some(t)
+    })
+    .await;
+    assert_eq!(op.local.get(&host_id(&old)).await.unwrap(), None, "the old exit server is gone");
+    assert_ne!(host_id(&new), host_id(&old));
+    assert_ne!(host_ip(&new), host_ip(&old), "a new address");
+    eventually("Service shows the new address", Duration::from_secs(20), || async {
+        (ingress_ip(&services.get("web").await.ok()?)? == host_ip(&new)).then_some(())
+    })
+    .await;
+    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
+    carries(&host_ip(&new), 8080, None).await;
+    finish_tunnels(op, ns).await;
+}
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn an_exit_server_killed_out_of_band_is_replaced_at_the_next_resync() {
+    let ns = TestNs::new("tun-kill").await;
+    let op = TunnelOperator::start(&ns, fast_tunnel_settings()).await;
+    let services: Api<Service> = ns.api();
+    let tunnels: Api<Tunnel> = ns.api();
+    services.create(&PostParams::default(), &web("web")).await.unwrap();
+    let old = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+
+    // Kill the exit server's process behind skyport's back, as a cloud VM would die.
+    let pid_file = op.local.host_dir(&host_id(&old)).join("pid");
+    let pid = std::fs::read_to_string(&pid_file).unwrap().trim().to_string();
+    let status = std::process::Command::new("kill").args(["-9", &pid]).status().unwrap();
+    assert!(status.success());
+
+    // Resync is 2 s: replaced well within a few periods, the Service following.
+    let new = eventually("Tunnel on a new exit server", Duration::from_secs(20), || async {
+        let t = tunnels.get("web-tunnel").await.ok()?;
+        let s = t.status.as_ref()?;
+        (s.host_id.as_deref() != Some(&host_id(&old)) && s.phase == Some(TunnelPhase::Active)).then_some(t)
+    })
+    .await;
+    assert_eq!(op.local.get(&host_id(&old)).await.unwrap(), None, "the dead host is deleted, not left");
+    eventually("Service shows the replacement's address", Duration::from_secs(20), || async {
+        (ingress_ip(&services.get("web").await.ok()?)? == host_ip(&new)).then_some(())
+    })
+    .await;
+    let reasons: Vec<String> = events(&ns.client, &ns.name, "web-tunnel").await.into_iter().map(|e| e.0).collect();
+    assert!(reasons.contains(&"ExitServerLost".to_string()), "{reasons:?}");
+    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
+    carries(&host_ip(&new), 8080, None).await;
+    finish_tunnels(op, ns).await;
+}
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn deleting_the_service_deletes_the_tunnel_and_its_exit_server() {
+    let ns = TestNs::new("tun-svcdel").await;
+    let op = TunnelOperator::start(&ns, fast_tunnel_settings()).await;
+    let services: Api<Service> = ns.api();
+    let tunnels: Api<Tunnel> = ns.api();
+    services.create(&PostParams::default(), &web("web")).await.unwrap();
+    let tunnel = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+    services.delete("web", &DeleteParams::default()).await.unwrap();
+
+    // The garbage collector deletes the owned Tunnel; its finalizer deletes the host.
+    eventually("Tunnel garbage-collected", Duration::from_secs(60), || async {
+        tunnels.get_opt("web-tunnel").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    assert_eq!(op.local.get(&host_id(&tunnel)).await.unwrap(), None);
+    let left = op.local.list_by_tag(TAG_MANAGED_BY, MANAGED_BY_VALUE).await.unwrap();
+    assert!(left.is_empty(), "nothing leaked: {left:?}");
+    finish_tunnels(op, ns).await;
+}
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn the_orphan_sweep_deletes_tagged_hosts_without_a_tunnel_and_keeps_the_rest() {
+    let ns = TestNs::new("tun-sweep").await;
+    let mut settings = fast_tunnel_settings();
+    settings.orphan_sweep_interval = Duration::from_secs(2);
+    let op = TunnelOperator::start(&ns, settings).await;
+    let services: Api<Service> = ns.api();
+    let tunnels: Api<Tunnel> = ns.api();
+    services.create(&PostParams::default(), &web("web")).await.unwrap();
+    let live = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+
+    // Hosts as a crashed or finalizer-less skyport could leave them: one of this cluster and
+    // namespace with no Tunnel, one of another cluster, one of another namespace.
+    let make = |cluster: &str, namespace: &str| {
+        let mut tags = providers::owner_tags(&uuid(), namespace, "gone-tunnel");
+        tags.insert(TAG_CLUSTER.to_string(), cluster.to_string());
+        providers::HostRequest {
+            name: "skyport-orphan".into(),
+            region: None,
+            size: None,
+            user_data: String::new(),
+            server: providers::ExitServer {
+                control_port: 2333,
+                noise_private_key: providers::userdata::NoiseKeypair::generate().private_key,
+                services: vec![providers::TunnelService {
+                    name: "tcp-8080".into(),
+                    protocol: providers::Protocol::Tcp,
+                    port: 8080,
+                    token: "t".into(),
+                }],
+            },
+            tags,
+        }
+    };
+    let cluster = op.ctx.cluster_id.clone();
+    let orphan = op.local.create(&make(&cluster, &ns.name)).await.unwrap();
+    let foreign = op.local.create(&make("another-cluster", &ns.name)).await.unwrap();
+    let elsewhere = op.local.create(&make(&cluster, "another-namespace")).await.unwrap();
+
+    eventually("orphan deleted by the sweep", Duration::from_secs(20), || async {
+        op.local.get(&orphan.id).await.unwrap().is_none().then_some(())
+    })
+    .await;
+    assert!(op.ctx.orphans_deleted.load(std::sync::atomic::Ordering::Relaxed) >= 1);
+    assert!(op.local.get(&foreign.id).await.unwrap().is_some(), "another cluster's host is kept");
+    assert!(op.local.get(&elsewhere.id).await.unwrap().is_some(), "a host outside the namespace is kept");
+    assert!(op.local.get(&host_id(&live)).await.unwrap().is_some(), "a live Tunnel's host is kept");
+    op.local.delete(&foreign.id).await.unwrap();
+    op.local.delete(&elsewhere.id).await.unwrap();
+    finish_tunnels(op, ns).await;
+}
+
+fn uuid() -> String {
+    let b: [u8; 16] = rand::random();
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
+}
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn a_hand_made_tunnel_exposes_a_service_but_leaves_its_status_alone() {
+    let ns = TestNs::new("tun-hand").await;
+    let op = TunnelOperator::start(&ns, fast_tunnel_settings()).await;
+    let services: Api<Service> = ns.api();
+    let tunnels: Api<Tunnel> = ns.api();
+    // A ClusterIP Service: skyport itself would not serve it.
+    let svc: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "internal"},
+        "spec": {"ports": [{"port": 8080}], "selector": {"app": "internal"}},
+    }))
+    .unwrap();
+    services.create(&PostParams::default(), &svc).await.unwrap();
+    let tunnel: Tunnel = serde_json::from_value(serde_json::json!({
+        "apiVersion": "skyport.dev/v1alpha1", "kind": "Tunnel",
+        "metadata": {"name": "by-hand"},
+        "spec": {"serviceRef": {"name": "internal"}, "provider": "local"},
+    }))
+    .unwrap();
+    tunnels.create(&PostParams::default(), &tunnel).await.unwrap();
+    let t = active(&tunnels, "by-hand", Duration::from_secs(60)).await;
+    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "by-hand-client", Backends::default());
+    carries(&host_ip(&t), 8080, None).await;
+    assert_eq!(ingress_ip(&services.get("internal").await.unwrap()), None, "status of a Service it does not own");
+    finish_tunnels(op, ns).await;
+}
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn bad_input_is_refused_or_reported_never_retried_hot() {
+    let ns = TestNs::new("tun-bad").await;
+    let mut settings = fast_tunnel_settings();
+    settings.control_port = 2333;
+    let op = TunnelOperator::start(&ns, settings).await;
+    let services: Api<Service> = ns.api();
+    let tunnels: Api<Tunnel> = ns.api();
+
+    // Refused at admission: unknown provider, immutable fields.
+    let bad: Tunnel = serde_json::from_value(serde_json::json!({
+        "apiVersion": "skyport.dev/v1alpha1", "kind": "Tunnel", "metadata": {"name": "bad"},
+        "spec": {"serviceRef": {"name": "web"}, "provider": "aws"},
+    }))
+    .unwrap();
+    let err = tunnels.create(&PostParams::default(), &bad).await.unwrap_err();
+    assert!(matches!(&err, kube::Error::Api(e) if e.code == 422), "{err}");
+
+    // A Service using the control port, and one with SCTP: Failed with the reason, an Event.
+    let clash =
+        service("clash", Some("skyport.dev/tunnel"), serde_json::json!({}), serde_json::json!([{"port": 2333}]));
+    services.create(&PostParams::default(), &clash).await.unwrap();
+    let failed = eventually("clash-tunnel Failed InvalidService", Duration::from_secs(30), || async {
+        let t = tunnels.get("clash-tunnel").await.ok()?;
+        let s = t.status.clone()?;
+        let c = s.conditions.iter().find(|c| c.type_ == "Ready")?;
+        (s.phase == Some(TunnelPhase::Failed) && c.reason == "InvalidService").then_some(c.message.clone())
+    })
+    .await;
+    assert!(failed.contains("2333") && failed.contains("control port"), "{failed}");
+    assert!(events(&ns.client, &ns.name, "clash-tunnel").await.iter().any(|e| e.0 == "InvalidService"));
+    let immutable = serde_json::json!({"spec": {"provider": "hetzner"}});
+    let err = tunnels.patch("clash-tunnel", &PatchParams::default(), &Patch::Merge(&immutable)).await.unwrap_err();
+    assert!(matches!(&err, kube::Error::Api(e) if e.code == 422 && e.message.contains("immutable")), "{err}");
+
+    // Not retried hot: no further reconciles while nothing changes.
+    let before = op.ctx.metrics.reconciles();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(op.ctx.metrics.reconciles() <= before + 1, "a Failed Tunnel waits for a change");
+
+    // Fixing the Service heals it.
+    let fix = serde_json::json!({"spec": {"ports": [{"port": 8080}]}});
+    services.patch("clash", &PatchParams::default(), &Patch::Merge(&fix)).await.unwrap();
+    active(&tunnels, "clash-tunnel", Duration::from_secs(60)).await;
+
+    // A provider skyport is not configured for.
+    let mut elsewhere = service(
+        "far",
+        Some("skyport.dev/tunnel"),
+        serde_json::json!({"skyport.dev/provider": "hetzner"}),
+        serde_json::json!([{"port": 8080}]),
+    );
+    elsewhere.metadata.name = Some("far".into());
+    services.create(&PostParams::default(), &elsewhere).await.unwrap();
+    let message = eventually("far-tunnel ProviderNotConfigured", Duration::from_secs(30), || async {
+        let t = tunnels.get("far-tunnel").await.ok()?;
+        let c = t.status?.conditions.into_iter().find(|c| c.type_ == "Ready")?;
+        (c.reason == "ProviderNotConfigured").then_some(c.message)
+    })
+    .await;
+    assert!(message.contains("hetzner") && message.contains("local"), "{message}");
+    finish_tunnels(op, ns).await;
+}
