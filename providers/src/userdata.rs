@@ -652,6 +652,9 @@ mod tests {
         let pair = NoiseKeypair::from_private(GENKEY_PRIVATE).unwrap();
         assert_eq!(pair.public_key, GENKEY_PUBLIC);
         assert_eq!(pair.private_key, GENKEY_PRIVATE);
+        // A second pair from a later run, so the fixture is not a lucky match.
+        let second = NoiseKeypair::from_private("ljQqivQjyn4K6qv2SSldOpHeLToaIIzXNB+C6GYVXvY=").unwrap();
+        assert_eq!(second.public_key, "zhugQPoNYvapZkTPN1CRqHtU4pUve+MFTEKPwgmS91I=");
         let fresh = NoiseKeypair::generate();
         assert_ne!(fresh.private_key, NoiseKeypair::generate().private_key);
         assert_eq!(NoiseKeypair::from_private(&fresh.private_key).unwrap(), fresh);
