@@ -8,19 +8,21 @@
 //! between distinct addresses, through the real tunnel binaries.
 //!
 //! State lives on disk, one directory per host under the state directory — `host.json` (id,
-//! name, address, tags), `server.toml` (0600), `rathole.log`, `pid` — so hosts outlive an
-//! operator restart as VMs do, and are found again by tag. The server process runs in its own
-//! process group; a process that died (or was killed) reads as [`HostState::Stopped`], which the
-//! Tunnel controller replaces. rathole reloads `server.toml` when it changes, so
+//! name, address, tags, creation time), `server.toml` (0600), `rathole.log`, `pid` — so hosts
+//! outlive an operator restart as VMs do, and are found again by tag. The server process runs in
+//! its own process group; a process that died (or was killed) reads as [`HostState::Stopped`],
+//! which the Tunnel controller replaces. rathole reloads `server.toml` when it changes, so
 //! [`HostProvider::reconfigure`] rewrites the file and the host keeps its address.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
@@ -30,57 +32,79 @@ use crate::limiter::Limiter;
 use crate::userdata::{ExitServer, render_server_toml_on};
 
 const PROVIDER: &str = "local";
+/// What rathole (built with `hot-reload`) logs once its config watcher is in place. Until then a
+/// rewritten `server.toml` would go unnoticed, so `create` waits for it.
+const WATCHING: &str = "Start watching the config";
+/// How long `delete` gives the server to exit on SIGTERM before SIGKILL.
+const TERM_GRACE: Duration = Duration::from_secs(2);
 
 /// Settings of the local provider.
 #[derive(Debug, Clone)]
 pub struct LocalSettings {
     /// One folder per exit server is kept here.
     pub state_dir: PathBuf,
-    /// The rathole binary.
+    /// The rathole binary (built with the `server`, `noise` and `hot-reload` features).
     pub rathole: PathBuf,
-    /// The third octet of the addresses handed out: 127.77.`x`.y (hosts of one state directory
-    /// never share an address; distinct directories should use distinct blocks or accept that
-    /// their hosts bind the same address).
-    pub address_block: u8,
-    /// How long `create` waits for the server's control port to accept connections.
+    /// The first address handed out; with `last_address`, a range inside 127.0.0.0/8.
+    pub first_address: Ipv4Addr,
+    /// The last address handed out.
+    pub last_address: Ipv4Addr,
+    /// How long `create` waits for the server to listen and watch its config.
     pub start_timeout: Duration,
 }
 
 impl LocalSettings {
+    /// Addresses 127.77.0.1 to 127.77.255.254, a 10 s start timeout.
     pub fn new(state_dir: impl Into<PathBuf>, rathole: impl Into<PathBuf>) -> Self {
-        let state_dir = state_dir.into();
-        // Spread independent state directories (one per test, the playground) over blocks.
-        let block = state_dir.to_string_lossy().bytes().fold(0u8, |h, b| h.wrapping_mul(31).wrapping_add(b));
         LocalSettings {
-            state_dir,
+            state_dir: state_dir.into(),
             rathole: rathole.into(),
-            address_block: block,
+            first_address: Ipv4Addr::new(127, 77, 0, 1),
+            last_address: Ipv4Addr::new(127, 77, 255, 254),
             start_timeout: Duration::from_secs(10),
         }
     }
 }
 
+/// `host.json`.
 #[derive(Debug, Serialize, Deserialize)]
 struct Record {
     id: String,
     name: String,
     address: Ipv4Addr,
     tags: BTreeMap<String, String>,
+    /// Seconds since the Unix epoch; 0 in records written before it was kept.
+    #[serde(default)]
+    created_unix: u64,
 }
 
 /// Exit servers as local rathole processes.
 pub struct LocalProvider {
     settings: LocalSettings,
     limiter: Limiter,
-    /// Serialises address allocation and directory creation.
+    /// Serialises address allocation, directory creation and config rewrites.
     lock: Mutex<()>,
 }
 
 impl LocalProvider {
+    /// A provider keeping its hosts under `settings.state_dir` (created if missing).
     pub fn new(settings: LocalSettings) -> Result<Self, HostError> {
+        if u32::from(settings.first_address) > u32::from(settings.last_address)
+            || !settings.first_address.is_loopback()
+            || !settings.last_address.is_loopback()
+        {
+            return Err(HostError::Invalid {
+                provider: PROVIDER,
+                message: format!(
+                    "the address range {}..{} must be ascending and inside 127.0.0.0/8",
+                    settings.first_address, settings.last_address
+                ),
+            });
+        }
         std::fs::create_dir_all(&settings.state_dir)
             .map_err(|e| unavailable(format!("cannot create state directory {}: {e}", settings.state_dir.display())))?;
-        // Local processes: no quota to respect, the limiter only counts.
+        // Local processes have no quota to respect; the limiter is there so calls are counted
+        // like every other adapter's.
         let plenty = NonZeroU32::new(1000).unwrap_or(NonZeroU32::MIN);
         let limiter = Limiter::new(plenty, plenty);
         Ok(LocalProvider { settings, limiter, lock: Mutex::new(()) })
@@ -144,20 +168,42 @@ impl LocalProvider {
     }
 
     /// The next free address after the one handed out last (kept in `last-address`), so a
-    /// replaced host gets a new address, as a cloud VM would.
-    fn allocate(&self, taken: &[Record]) -> Result<Ipv4Addr, HostError> {
+    /// replaced host gets a new address, as a cloud VM would (the Tunnel tests rely on it).
+    /// Without a marker the search starts at a point derived from the state directory, so
+    /// independent directories (parallel tests, the playground) start far apart; an address
+    /// whose control port someone already listens on (another directory's host, a leftover
+    /// process) is skipped.
+    fn allocate(&self, taken: &[Record], control_port: u16) -> Result<Ipv4Addr, HostError> {
+        let first = u32::from(self.settings.first_address);
+        let size = u32::from(self.settings.last_address) - first + 1;
         let marker = self.settings.state_dir.join("last-address");
-        let last: u8 = std::fs::read_to_string(&marker).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(1);
-        let address = (1..=253u16)
-            .map(|step| 2 + ((u16::from(last.max(2)) - 2 + step) % 253) as u8)
-            .map(|octet| Ipv4Addr::new(127, 77, self.settings.address_block, octet))
-            .find(|a| !taken.iter().any(|r| r.address == *a))
-            .ok_or_else(|| HostError::Quota {
-                provider: PROVIDER,
-                message: "all 253 local addresses are in use".into(),
-            })?;
-        let _ = std::fs::write(&marker, address.octets()[3].to_string());
-        Ok(address)
+        let last = std::fs::read_to_string(&marker)
+            .ok()
+            .and_then(|s| s.trim().parse::<Ipv4Addr>().ok())
+            .map(u32::from)
+            .filter(|a| (first..first + size).contains(a))
+            .map(|a| a - first)
+            .unwrap_or_else(|| fnv1a32(self.settings.state_dir.to_string_lossy().as_bytes()) % size);
+        for step in 1..=size {
+            let address = Ipv4Addr::from(first + (last + step) % size);
+            if taken.iter().any(|r| r.address == address) {
+                continue;
+            }
+            match std::net::TcpListener::bind((address, control_port)) {
+                Ok(probe) => drop(probe),
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => continue,
+                Err(e) => {
+                    return Err(unavailable(format!(
+                        "cannot bind {address}:{control_port} ({e}); the local provider needs all of 127.0.0.0/8 \
+                         on the loopback interface, as Linux has"
+                    )));
+                }
+            }
+            // Best effort: a lost marker only means the next search starts elsewhere.
+            let _ = std::fs::write(&marker, address.to_string());
+            return Ok(address);
+        }
+        Err(HostError::Quota { provider: PROVIDER, message: format!("all {size} local addresses are in use") })
     }
 
     fn write_config(&self, dir: &Path, server: &ExitServer, address: Ipv4Addr) -> Result<(), HostError> {
@@ -169,10 +215,10 @@ impl LocalProvider {
             .map_err(|e| unavailable(format!("cannot replace server.toml: {e}")))
     }
 
-    fn spawn(&self, dir: &Path) -> Result<u32, HostError> {
+    fn spawn(&self, dir: &Path) -> Result<tokio::process::Child, HostError> {
         let log = std::fs::File::create(dir.join("rathole.log")).map_err(|e| unavailable(format!("log file: {e}")))?;
         let err_log = log.try_clone().map_err(|e| unavailable(format!("log file: {e}")))?;
-        let mut child = tokio::process::Command::new(&self.settings.rathole)
+        tokio::process::Command::new(&self.settings.rathole)
             .arg("--server")
             .arg(dir.join("server.toml"))
             .stdin(std::process::Stdio::null())
@@ -181,17 +227,49 @@ impl LocalProvider {
             // Its own process group: it outlives an operator restart, as a VM would.
             .process_group(0)
             .spawn()
-            .map_err(|e| unavailable(format!("cannot start {}: {e}", self.settings.rathole.display())))?;
-        let pid = child.id().ok_or_else(|| unavailable("the exit server exited at once".into()))?;
-        // Reap it when it ends, so a killed server does not linger as a zombie.
-        tokio::spawn(async move {
-            let _ = child.wait().await;
-        });
-        Ok(pid)
+            .map_err(|e| unavailable(format!("cannot start {}: {e}", self.settings.rathole.display())))
     }
-}
 
-impl LocalProvider {
+    /// Writes the host's folder and starts its server; on failure the caller removes both.
+    async fn start(
+        &self,
+        dir: &Path,
+        record: &Record,
+        server: &ExitServer,
+        child: &mut Option<tokio::process::Child>,
+    ) -> Result<(), HostError> {
+        std::fs::create_dir_all(dir).map_err(|e| unavailable(format!("cannot create {}: {e}", dir.display())))?;
+        self.write_config(dir, server, record.address)?;
+        let json = serde_json::to_vec_pretty(record).map_err(|e| unavailable(e.to_string()))?;
+        std::fs::write(dir.join("host.json"), json).map_err(|e| unavailable(format!("host.json: {e}")))?;
+        let process = child.insert(self.spawn(dir)?);
+        let pid = process.id().ok_or_else(|| unavailable("the exit server exited at once".into()))?;
+        std::fs::write(dir.join("pid"), pid.to_string()).map_err(|e| unavailable(format!("pid file: {e}")))?;
+
+        // Ready means: the control port answers (a client dialing at once must not fail) and the
+        // config watcher runs (a reconfigure right after create must not be missed).
+        let deadline = tokio::time::Instant::now() + self.settings.start_timeout;
+        let control = (record.address, server.control_port);
+        let mut listening = false;
+        loop {
+            listening = listening || tokio::net::TcpStream::connect(control).await.is_ok();
+            let log = std::fs::read_to_string(dir.join("rathole.log")).unwrap_or_default();
+            if listening && log.contains(WATCHING) {
+                return Ok(());
+            }
+            let exited = process.try_wait().ok().flatten();
+            if exited.is_some() || tokio::time::Instant::now() > deadline {
+                let why = match exited {
+                    Some(status) => format!("exited ({status})"),
+                    None if listening => "did not start watching its config (built without hot-reload?)".to_string(),
+                    None => format!("did not listen on {}:{}", control.0, control.1),
+                };
+                return Err(unavailable(format!("exit server {why}: {}", last_line(&log, server))));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     fn finish<T>(&self, operation: &'static str, result: &Result<T, HostError>) {
         let outcome = match result {
             Ok(_) => crate::limiter::SUCCESS,
@@ -206,11 +284,30 @@ fn render(server: &ExitServer, address: Ipv4Addr) -> Result<String, HostError> {
         .map_err(|e| HostError::Invalid { provider: PROVIDER, message: e.to_string() })
 }
 
+/// The log's last line for an error message, unless it quotes one of the server's secrets
+/// (rathole's config errors may quote the offending TOML line).
+fn last_line(log: &str, server: &ExitServer) -> String {
+    let line = log.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no output");
+    let secrets = server.services.iter().map(|s| s.token.as_str()).chain([server.noise_private_key.as_str()]);
+    if secrets.filter(|s| !s.is_empty()).any(|s| line.contains(s)) {
+        return "<log line withheld: it contains a secret>".into();
+    }
+    line.to_string()
+}
+
 /// Whether process `pid` exists and has not exited (a zombie awaiting its reaper has).
 fn running(pid: i32) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
     // The state is the field after the parenthesised command name; Z = exited, not yet reaped.
     !stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z'))
+}
+
+/// Signals the process group led by `pid`; a group that is already gone is not an error.
+fn signal_group(pid: i32, signal: Signal) -> Result<(), HostError> {
+    match killpg(Pid::from_raw(pid), signal) {
+        Ok(()) | Err(nix::errno::Errno::ESRCH) => Ok(()),
+        Err(e) => Err(unavailable(format!("cannot send {signal} to exit server process group {pid}: {e}"))),
+    }
 }
 
 fn unavailable(message: String) -> HostError {
@@ -228,16 +325,9 @@ fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
     f.write_all(text.as_bytes())
 }
 
-/// Sends `signal` (`TERM`, `KILL`) to the process group led by `pid`, with kill(1): the
-/// workspace forbids `unsafe`, and this is a development provider.
-async fn signal_group(pid: i32, signal: &str) {
-    let _ = tokio::process::Command::new("kill")
-        .args(["-s", signal, "--", &format!("-{pid}")])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .await;
+/// 32-bit FNV-1a, to spread state directories over the address range (not for security).
+fn fnv1a32(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(*b)).wrapping_mul(0x0100_0193))
 }
 
 #[async_trait]
@@ -245,38 +335,44 @@ impl HostProvider for LocalProvider {
     async fn create(&self, request: &HostRequest) -> Result<Host, HostError> {
         self.limiter.acquire("CreateHost").await;
         let result = async {
+            // Refuse a config rathole would reject before anything is allocated or created.
+            render(&request.server, self.settings.first_address)?;
             let _guard = self.lock.lock().await;
-            let taken = self.records()?;
-            let address = self.allocate(&taken)?;
-            // Refuse a config rathole would reject before anything is created.
-            render(&request.server, address)?;
+            let address = self.allocate(&self.records()?, request.server.control_port)?;
             let id = format!("local-{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff);
+            let created_unix = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+            let record = Record {
+                id: id.clone(),
+                name: request.name.clone(),
+                address,
+                tags: request.tags.clone(),
+                created_unix,
+            };
             let dir = self.host_dir(&id);
-            std::fs::create_dir_all(&dir).map_err(|e| unavailable(format!("cannot create {}: {e}", dir.display())))?;
-            let record = Record { id: id.clone(), name: request.name.clone(), address, tags: request.tags.clone() };
-            self.write_config(&dir, &request.server, address)?;
-            let json = serde_json::to_vec_pretty(&record).map_err(|e| unavailable(e.to_string()))?;
-            std::fs::write(dir.join("host.json"), json).map_err(|e| unavailable(format!("host.json: {e}")))?;
-            let pid = self.spawn(&dir)?;
-            std::fs::write(dir.join("pid"), pid.to_string()).map_err(|e| unavailable(format!("pid file: {e}")))?;
-            // Return only once the control port answers: a client dialing at once must not fail.
-            let deadline = tokio::time::Instant::now() + self.settings.start_timeout;
-            loop {
-                if tokio::net::TcpStream::connect((address, request.server.control_port)).await.is_ok() {
-                    break;
+            let mut child = None;
+            match self.start(&dir, &record, &request.server, &mut child).await {
+                Ok(()) => {
+                    if let Some(mut child) = child {
+                        // Reap it when it ends, so a killed server does not linger as a zombie.
+                        tokio::spawn(async move {
+                            let _ = child.wait().await;
+                        });
+                    }
+                    Ok(self.host(&record))
                 }
-                // Not `alive`: until exec, the child's command line is still ours.
-                if tokio::time::Instant::now() > deadline || !running(pid as i32) {
-                    let log = std::fs::read_to_string(dir.join("rathole.log")).unwrap_or_default();
-                    return Err(unavailable(format!(
-                        "exit server did not listen on {address}:{}: {}",
-                        request.server.control_port,
-                        log.lines().last().unwrap_or("no output")
-                    )));
+                Err(e) => {
+                    // Leave nothing behind: no half-made host for list_by_tag, no stray process.
+                    if let Some(mut child) = child {
+                        let _ = child.kill().await;
+                    }
+                    if let Err(rm) = std::fs::remove_dir_all(&dir)
+                        && rm.kind() != std::io::ErrorKind::NotFound
+                    {
+                        tracing::warn!(host = %id, error = %rm, "cannot remove a local host that failed to start");
+                    }
+                    Err(e)
                 }
-                tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            Ok(self.host(&record))
         }
         .await;
         self.finish("CreateHost", &result);
@@ -293,17 +389,17 @@ impl HostProvider for LocalProvider {
     async fn delete(&self, id: &str) -> Result<(), HostError> {
         self.limiter.acquire("DeleteHost").await;
         let result = async {
-            if self.read_record(id)?.is_none() {
+            if !valid_id(id) || !self.host_dir(id).exists() {
                 return Ok(());
             }
             if let Some(pid) = self.alive(id) {
-                signal_group(pid, "TERM").await;
-                let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+                signal_group(pid, Signal::SIGTERM)?;
+                let deadline = tokio::time::Instant::now() + TERM_GRACE;
                 while self.alive(id).is_some() && tokio::time::Instant::now() < deadline {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 if self.alive(id).is_some() {
-                    signal_group(pid, "KILL").await;
+                    signal_group(pid, Signal::SIGKILL)?;
                 }
             }
             match std::fs::remove_dir_all(self.host_dir(id)) {
@@ -333,6 +429,8 @@ impl HostProvider for LocalProvider {
     async fn reconfigure(&self, id: &str, server: &ExitServer) -> Result<bool, HostError> {
         self.limiter.acquire("ReconfigureHost").await;
         let result = async {
+            // Two rewrites of one host share the temporary file; one at a time.
+            let _guard = self.lock.lock().await;
             let record = self
                 .read_record(id)?
                 .ok_or_else(|| HostError::NotFound { provider: PROVIDER, message: format!("host {id}") })?;

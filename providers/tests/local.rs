@@ -21,15 +21,41 @@ fn rathole() -> PathBuf {
     )
 }
 
-fn provider(test: &str) -> LocalProvider {
+/// A provider over a fresh state directory; dropping the guard (also when the test panics) kills
+/// the servers left in it and removes it, so a failed run leaves no process holding an address.
+fn provider(test: &str) -> (LocalProvider, StateDir) {
+    provider_with(test, rathole(), |_| {})
+}
+
+fn provider_with(test: &str, rathole: PathBuf, tune: impl FnOnce(&mut LocalSettings)) -> (LocalProvider, StateDir) {
     let dir = std::env::temp_dir().join(format!("skyport-local-provider-{test}-{:08x}", rand::random::<u32>()));
-    LocalProvider::new(LocalSettings::new(dir, rathole())).unwrap()
+    let mut settings = LocalSettings::new(&dir, rathole);
+    tune(&mut settings);
+    (LocalProvider::new(settings).unwrap(), StateDir(dir))
+}
+
+struct StateDir(PathBuf);
+
+impl Drop for StateDir {
+    fn drop(&mut self) {
+        for entry in std::fs::read_dir(&self.0).into_iter().flatten().flatten() {
+            let Some(pid) = std::fs::read_to_string(entry.path().join("pid")).ok().and_then(|p| p.trim().parse().ok())
+            else {
+                continue;
+            };
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmdline).contains(&*entry.path().to_string_lossy()) {
+                let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn local_keeps_the_host_provider_contract() {
-    let p = provider("contract");
+    let (p, _dir) = provider("contract");
     let mut request = contract::request("skyport-web-tunnel", contract::UID);
     // A real key: rathole refuses to start without one.
     request.server.noise_private_key = NoiseKeypair::generate().private_key;
@@ -94,6 +120,22 @@ async fn tcp_roundtrip(addr: String) -> Option<(String, bool)> {
     tokio::time::timeout(Duration::from_secs(10), work).await.ok()?
 }
 
+/// `rathole --client` with `client`'s config, killed when the handle drops.
+fn start_client(name: &str, client: &TunnelClient) -> (tokio::process::Child, PathBuf) {
+    let config = std::env::temp_dir().join(format!("skyport-local-client-{name}-{:08x}.toml", rand::random::<u32>()));
+    std::fs::write(&config, render_client_toml(client).unwrap()).unwrap();
+    let child = tokio::process::Command::new(rathole())
+        .arg("--client")
+        .arg(&config)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    (child, config)
+}
+
 async fn until<T, F: std::future::Future<Output = Option<T>>>(what: &str, mut f: impl FnMut() -> F) -> T {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
@@ -108,7 +150,7 @@ async fn until<T, F: std::future::Future<Output = Option<T>>>(what: &str, mut f:
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn real_bytes_flow_through_a_local_exit_server_and_ports_change_in_place() {
-    let p = provider("bytes");
+    let (p, _dir) = provider("bytes");
     let keys = NoiseKeypair::generate();
     let service = |name: &str, protocol, port| TunnelService { name: name.into(), protocol, port, token: "tok".into() };
     let mut server = ExitServer {
@@ -134,21 +176,14 @@ async fn real_bytes_flow_through_a_local_exit_server_and_ports_change_in_place()
         token: "tok".into(),
         local_addr: local.into(),
     };
-    let config = std::env::temp_dir().join(format!("skyport-local-client-{}.toml", host.id));
-    let write = |c: &TunnelClient| std::fs::write(&config, render_client_toml(c).unwrap()).unwrap();
-    write(&client(vec![
-        cs("tcp-8080", Protocol::Tcp, &web),
-        cs("tcp-9090", Protocol::Tcp, &admin),
-        cs("udp-5353", Protocol::Udp, &dns),
-    ]));
-    let mut rathole_client = tokio::process::Command::new(rathole())
-        .arg("--client")
-        .arg(&config)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let (mut rathole_client, config) = start_client(
+        "bytes",
+        &client(vec![
+            cs("tcp-8080", Protocol::Tcp, &web),
+            cs("tcp-9090", Protocol::Tcp, &admin),
+            cs("udp-5353", Protocol::Udp, &dns),
+        ]),
+    );
 
     let (tag, intact) = until("TCP through the tunnel", || tcp_roundtrip(format!("{ip}:8080"))).await;
     assert_eq!((tag.as_str(), intact), ("web", true));
@@ -195,24 +230,111 @@ async fn real_bytes_flow_through_a_local_exit_server_and_ports_change_in_place()
 
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]
-async fn two_hosts_get_distinct_addresses_with_the_same_ports() {
-    let p = provider("two");
-    let mut request = contract::request("skyport-a", &contract::fresh_uid());
-    request.server.noise_private_key = NoiseKeypair::generate().private_key;
-    request.server.services[0].port = 18081;
-    let a = p.create(&request).await.unwrap();
-    let b = p.create(&request).await.unwrap();
+async fn two_hosts_created_at_once_get_distinct_addresses_and_carry_the_same_port() {
+    let (p, _dir) = provider("two");
+    let keys = NoiseKeypair::generate();
+    let server = |services| ExitServer { control_port: 2333, noise_private_key: keys.private_key.clone(), services };
+    let tcp = |port| TunnelService { name: format!("tcp-{port}"), protocol: Protocol::Tcp, port, token: "tok".into() };
+    let mut request = contract::request("skyport-two", &contract::fresh_uid());
+    request.server = server(vec![tcp(18081)]);
+    let (a, b) = tokio::join!(p.create(&request), p.create(&request));
+    let (a, b) = (a.unwrap(), b.unwrap());
     assert_ne!(a.public_ipv4, b.public_ipv4);
-    // Both control channels listen on 2333, each on its own address (rathole binds a service's
-    // public port once a client serves it; the bytes test covers that).
+
+    // Reconfigured right after create (the watcher is up by then): both add the same port 18082.
+    let both = server(vec![tcp(18081), tcp(18082)]);
     for h in [&a, &b] {
-        let ip = h.public_ipv4.as_deref().unwrap();
-        assert!(TcpStream::connect(format!("{ip}:2333")).await.is_ok(), "{ip}:2333 listens");
+        assert!(p.reconfigure(&h.id, &both).await.unwrap());
+    }
+    let mut clients = Vec::new();
+    for (h, tag) in [(&a, "a"), (&b, "b")] {
+        let backend = tcp_backend(tag).await;
+        let ip = h.public_ipv4.clone().unwrap();
+        let services = [18081, 18082]
+            .map(|port| ClientService {
+                name: format!("tcp-{port}"),
+                protocol: Protocol::Tcp,
+                token: "tok".into(),
+                local_addr: backend.clone(),
+            })
+            .to_vec();
+        let client =
+            TunnelClient { remote_addr: format!("{ip}:2333"), server_public_key: keys.public_key.clone(), services };
+        clients.push(start_client(tag, &client));
+    }
+    for (h, tag) in [(&a, "a"), (&b, "b")] {
+        let ip = h.public_ipv4.clone().unwrap();
+        for port in [18081, 18082] {
+            let (got, intact) = until("bytes through each host", || tcp_roundtrip(format!("{ip}:{port}"))).await;
+            assert_eq!((got.as_str(), intact), (tag, true), "{ip}:{port}");
+        }
+    }
+    for h in [&a, &b] {
         p.delete(&h.id).await.unwrap();
     }
-    // A host that cannot start (no key) is reported, not left behind running.
-    let mut bad = contract::request("skyport-bad", &contract::fresh_uid());
+    for (_, config) in clients {
+        let _ = std::fs::remove_file(config);
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn an_address_someone_else_listens_on_is_skipped() {
+    // A leftover process (or another state directory's host) on the first address of the range.
+    let busy = std::net::TcpListener::bind("127.77.250.1:2333").unwrap();
+    let (p, _dir) = provider_with("busy", rathole(), |s| {
+        s.first_address = "127.77.250.1".parse().unwrap();
+        s.last_address = "127.77.250.2".parse().unwrap();
+    });
+    let mut request = contract::request("skyport-busy", &contract::fresh_uid());
+    request.server.noise_private_key = NoiseKeypair::generate().private_key;
+    request.server.services[0].port = 18083;
+    let host = p.create(&request).await.unwrap();
+    assert_eq!(host.public_ipv4.as_deref(), Some("127.77.250.2"));
+    // The range is full now: a quota error, nothing created.
+    let err = p.create(&request).await.unwrap_err();
+    assert!(matches!(err, providers::HostError::Quota { provider: "local", .. }), "{err}");
+    p.delete(&host.id).await.unwrap();
+    drop(busy);
+}
+
+/// Needs no rathole: the provider is checked with binaries that cannot be a tunnel server.
+#[tokio::test]
+async fn a_server_that_fails_to_start_is_reported_and_leaves_nothing_behind() {
+    let mut request = contract::request("skyport-bad", &contract::fresh_uid());
+    request.server.services[0].token = "tok-never-printed".into();
+    for binary in ["false", "/nonexistent/rathole"] {
+        let (p, dir) = provider_with("fails", binary.into(), |s| s.start_timeout = Duration::from_secs(2));
+        let err = p.create(&request).await.unwrap_err();
+        assert!(matches!(err, providers::HostError::Unavailable { provider: "local", .. }), "{binary}: {err}");
+        assert!(!err.to_string().contains("tok-never-printed"));
+        let left: Vec<_> = std::fs::read_dir(&dir.0).unwrap().flatten().map(|e| e.file_name()).collect();
+        assert!(left.iter().all(|name| !name.to_string_lossy().starts_with("local-")), "{left:?}");
+        assert!(p.list_by_tag(TAG_MANAGED_BY, MANAGED_BY_VALUE).await.unwrap().is_empty());
+    }
+    // A config rathole would refuse is refused before anything runs, as the user's mistake.
+    let (p, _dir) = provider_with("invalid", "false".into(), |_| {});
+    let mut bad = request.clone();
     bad.server.noise_private_key = "not base64!".into();
     let err = p.create(&bad).await.unwrap_err();
     assert_eq!(err.class(), providers::ErrorClass::Permanent, "{err}");
+}
+
+#[tokio::test]
+async fn a_corrupt_host_folder_is_reported_by_get_and_skipped_by_list() {
+    let (p, _dir) = provider_with("corrupt", "false".into(), |_| {});
+    let id = "local-0123456789ab";
+    std::fs::create_dir_all(p.host_dir(id)).unwrap();
+    std::fs::write(p.host_dir(id).join("host.json"), "{not json").unwrap();
+    let err = p.get(id).await.unwrap_err();
+    assert!(matches!(err, providers::HostError::Unavailable { provider: "local", .. }), "{err}");
+    assert!(p.list_by_tag(TAG_MANAGED_BY, MANAGED_BY_VALUE).await.unwrap().is_empty());
+    assert_eq!(p.get("local-ffffffffffff").await.unwrap(), None);
+    assert_eq!(p.get("../../etc").await.unwrap(), None, "ids never leave the state directory");
+    let err = p.reconfigure("local-ffffffffffff", &contract::exit_server()).await.unwrap_err();
+    assert!(matches!(err, providers::HostError::NotFound { provider: "local", .. }), "{err}");
+    p.delete(id).await.unwrap();
+    assert!(!p.host_dir(id).exists());
+    let ops = p.limiter().counters.snapshot();
+    assert_eq!((ops["GetHost"], ops["ListHosts"], ops["DeleteHost"], ops["ReconfigureHost"]), (3, 1, 1, 1));
 }
