@@ -77,7 +77,8 @@ kubectl get queues -o wide >&2
 # The LoadBalancer demo: a backend on loopback, the Service, its Tunnel Active with an address.
 mkdir -p "$DEMO/www"
 echo "hello from the web backend behind the tunnel" >"$DEMO/www/index.html"
-(cd "$DEMO/www" && setsid nohup python3 -m http.server 18080 --bind 127.0.0.1 >"$DEMO/web.log" 2>&1 </dev/null & echo $! >"$DEMO/web.pid")
+(cd "$DEMO/www" && exec setsid python3 -m http.server 18080 --bind 127.0.0.1 >"$DEMO/web.log" 2>&1 </dev/null) &
+echo $! >"$DEMO/web.pid"
 kubectl apply -f examples/tunnel.yaml >&2
 if ! kubectl wait --for=jsonpath='{.status.phase}'=Active tunnel/web-tunnel --timeout=120s >&2; then
   tail -n 30 "$LOG" >&2
@@ -92,7 +93,7 @@ setsid nohup "$RATHOLE" --client "$DEMO/client.toml" >"$DEMO/client.log" 2>&1 </
 echo $! >"$DEMO/client.pid"
 IP="$(kubectl get service web -o jsonpath='{.status.loadBalancer.ingress[0].ip}')"
 for _ in $(seq 50); do curl -fsS --max-time 2 "http://$IP:8080/" >/dev/null 2>&1 && break; sleep 0.2; done
-kubectl get service web tunnel/web-tunnel >&2
+kubectl get service/web tunnel/web-tunnel >&2
 echo "curl http://$IP:8080/ ->" >&2
 curl -fsS --max-time 5 "http://$IP:8080/" >&2
 

@@ -17,6 +17,19 @@ pub struct TunnelOperator {
     pub local: Arc<providers::local::LocalProvider>,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
+    state: std::path::PathBuf,
+}
+
+impl Drop for TunnelOperator {
+    /// A test that failed before [`finish_tunnels`] must not leave exit servers running: kill
+    /// every server process of this operator's local provider (its state stays for inspection).
+    fn drop(&mut self) {
+        for dir in std::fs::read_dir(&self.state).into_iter().flatten().flatten() {
+            if let Ok(pid) = std::fs::read_to_string(dir.path().join("pid")) {
+                let _ = std::process::Command::new("kill").args(["-9", pid.trim()]).status();
+            }
+        }
+    }
 }
 
 /// Tunnel settings for fast tests: local provider, 2 s resync, no orphan sweep.
@@ -37,7 +50,7 @@ impl TunnelOperator {
         }
         let state = std::env::temp_dir().join(format!("skyport-test-hosts-{}", ns.name));
         let local = Arc::new(
-            providers::local::LocalProvider::new(providers::local::LocalSettings::new(state, kubelet::rathole()))
+            providers::local::LocalProvider::new(providers::local::LocalSettings::new(&state, kubelet::rathole()))
                 .expect("local provider"),
         );
         let registry = skyport::controllers::tunnel::Providers::new(settings.provider.clone(), vec![local.clone()]);
@@ -67,7 +80,7 @@ impl TunnelOperator {
         let task = tokio::spawn(async move {
             tokio::join!(tunnels, svc_run);
         });
-        TunnelOperator { ctx, services, local, stop: Some(tx), task }
+        TunnelOperator { ctx, services, local, stop: Some(tx), task, state }
     }
 
     /// Stops the controllers, letting reconciles in flight finish.
@@ -76,6 +89,8 @@ impl TunnelOperator {
             let _ = tx.send(());
         }
         let _ = tokio::time::timeout(Duration::from_secs(20), &mut self.task).await;
+        // Stopping a controller is not deleting its exit servers: keep them for the next one.
+        self.state = std::path::PathBuf::new();
     }
 }
 
