@@ -8,6 +8,8 @@
 //! environment runs no Deployment controller, scheduler or kubelet).
 
 mod common;
+#[path = "common/tunnels.rs"]
+mod tunnels;
 
 use std::process::Command;
 use std::sync::Arc;
@@ -189,4 +191,60 @@ async fn queue_controller_works_with_the_deploy_service_account_and_nothing_else
     assert_eq!(released.spec.and_then(|s| s.holder_identity), None, "the Lease is free again");
 
     ns.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn tunnel_controllers_work_with_the_deploy_service_account() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::Service;
+    use skyport::crd::{Tunnel, TunnelPhase};
+
+    let admin = client().await;
+    tokio::task::spawn_blocking(install_deploy).await.unwrap();
+    let sa = service_account_client(&admin).await;
+    let ns = TestNs::new("rbac-tun").await;
+    // The cluster id as the binary reads it: the kube-system namespace's UID.
+    let mut settings = tunnels::fast_tunnel_settings();
+    settings.cluster_id = Some(skyport::hosts::cluster_id(&sa, &settings).await.expect("read kube-system as the SA"));
+    let op = tunnels::TunnelOperator::start_as(sa.clone(), &ns, settings).await;
+
+    let services: Api<Service> = ns.api();
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {"type": "LoadBalancer", "loadBalancerClass": "skyport.dev/tunnel", "ports": [{"port": 8080}]},
+    }))
+    .unwrap();
+    services.create(&PostParams::default(), &svc).await.unwrap();
+    let tunnels_api: Api<Tunnel> = ns.api();
+    let tunnel = eventually("Tunnel Active", TIMEOUT, || async {
+        let t = tunnels_api.get("web-tunnel").await.ok()?;
+        (t.status.as_ref()?.phase == Some(TunnelPhase::Active)).then_some(t)
+    })
+    .await;
+    let ip = tunnel.status.and_then(|s| s.host_ip).unwrap();
+    eventually("Service ingress", TIMEOUT, || async {
+        let s = services.get("web").await.ok()?;
+        (s.status?.load_balancer?.ingress?.first()?.ip.as_deref()? == ip).then_some(())
+    })
+    .await;
+    let _: Deployment = ns.api().get("web-tunnel-client").await.expect("client Deployment");
+    // Deleting the Tunnel (finalizer, ingress cleared, a new Tunnel made) works as the SA too.
+    tunnels_api.delete("web-tunnel", &DeleteParams::default()).await.unwrap();
+    eventually("a new Tunnel Active", Duration::from_secs(60), || async {
+        let t = tunnels_api.get("web-tunnel").await.ok()?;
+        (t.metadata.uid != tunnel.metadata.uid && t.status.as_ref()?.phase == Some(TunnelPhase::Active)).then_some(())
+    })
+    .await;
+    assert!(op.ctx.metrics.errors().is_empty(), "Tunnel reconciles failed as the SA: {:?}", op.ctx.metrics.errors());
+    assert!(op.services.metrics.errors().is_empty(), "Service reconciles failed: {:?}", op.services.metrics.errors());
+
+    // Secrets: read by name only, never listed; other kube-system namespaces' data stays closed.
+    forbidden(Api::<Secret>::namespaced(sa.clone(), &ns.name).list(&ListParams::default()).await, "list Secrets");
+    forbidden(Api::<Namespace>::all(sa.clone()).get("default").await, "get a Namespace other than kube-system");
+    forbidden(
+        Api::<Service>::namespaced(sa.clone(), &ns.name).delete("web", &DeleteParams::default()).await,
+        "delete a Service",
+    );
+    tunnels::finish_tunnels(op, ns).await;
 }

@@ -44,6 +44,11 @@ pub fn fast_tunnel_settings() -> skyport::config::TunnelArgs {
 
 impl TunnelOperator {
     pub async fn start(ns: &TestNs, settings: skyport::config::TunnelArgs) -> Self {
+        Self::start_as(ns.client.clone(), ns, settings).await
+    }
+
+    /// Like [`TunnelOperator::start`], talking to the API server as `client` (another identity).
+    pub async fn start_as(client: kube::Client, ns: &TestNs, settings: skyport::config::TunnelArgs) -> Self {
         use futures::FutureExt;
         if std::env::var_os("RUST_LOG").is_some() {
             skyport::telemetry::init(skyport::telemetry::LogFormat::Text);
@@ -61,17 +66,18 @@ impl TunnelOperator {
         .boxed()
         .shared();
         let backoff = skyport::controllers::Backoff::new(Duration::from_millis(200), Duration::from_secs(2));
+        let cluster_id = settings.cluster_id.clone().unwrap_or_else(|| format!("test-{}", ns.name));
         let (ctx, tunnels) = skyport::controllers::tunnel::controller(
-            ns.client.clone(),
+            client.clone(),
             registry,
             settings.clone(),
             backoff,
             Some(ns.name.clone()),
-            format!("test-{}", ns.name),
+            cluster_id,
             shutdown.clone(),
         );
         let (services, svc_run) = skyport::controllers::service::controller(
-            ns.client.clone(),
+            client,
             settings,
             ctx.tunnels.clone(),
             Some(ns.name.clone()),
