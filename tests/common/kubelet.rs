@@ -34,6 +34,11 @@ pub fn rathole() -> PathBuf {
 pub struct Backends(Arc<Mutex<BTreeMap<(u16, String), SocketAddr>>>);
 
 impl Backends {
+    /// Routes `port`/`protocol` to `addr` (an existing server) instead of a tagged echo.
+    pub async fn set(&self, port: u16, protocol: &str, addr: SocketAddr) {
+        self.0.lock().unwrap().insert((port, protocol.to_string()), addr);
+    }
+
     pub async fn addr(&self, port: u16, protocol: &str) -> SocketAddr {
         if let Some(a) = self.0.lock().unwrap().get(&(port, protocol.to_string())) {
             return *a;
