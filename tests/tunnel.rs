@@ -496,3 +496,43 @@ async fn bad_input_is_refused_or_reported_never_retried_hot() {
     assert!(message.contains("hetzner") && message.contains("local"), "{message}");
     finish_tunnels(op, ns).await;
 }
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn provider_failures_are_reported_on_the_tunnel_and_the_service_and_backed_off() {
+    let ns = TestNs::new("tun-fail").await;
+    let mut settings = fast_tunnel_settings();
+    // The local provider cannot start its exit server: every create fails (Unavailable).
+    settings.local_rathole = "/nonexistent/rathole".into();
+    let op = TunnelOperator::start(&ns, settings).await;
+    let services: Api<Service> = ns.api();
+    let tunnels: Api<Tunnel> = ns.api();
+    services.create(&PostParams::default(), &web("web")).await.unwrap();
+
+    let message = eventually("Ready=False ProviderUnavailable", Duration::from_secs(30), || async {
+        let t = tunnels.get("web-tunnel").await.ok()?;
+        let c = t.status?.conditions.into_iter().find(|c| c.type_ == "Ready")?;
+        (c.status == ConditionStatus::False && c.reason == "ProviderUnavailable").then_some(c.message)
+    })
+    .await;
+    assert!(message.contains("/nonexistent/rathole") && message.contains("retrying"), "{message}");
+    eventually("Warning Events on the Tunnel and on the Service", Duration::from_secs(10), || async {
+        let on_tunnel = events(&ns.client, &ns.name, "web-tunnel").await;
+        let on_service = events(&ns.client, &ns.name, "web").await;
+        (on_tunnel.iter().any(|e| e.0 == "ProviderUnavailable")
+            && on_service.iter().any(|e| e.0 == "ProviderUnavailable"))
+        .then_some(())
+    })
+    .await;
+
+    // Backed off per object (200 ms doubling to 2 s here), not retried in a hot loop.
+    let before = op.ctx.metrics.reconciles();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let retries = op.ctx.metrics.reconciles() - before;
+    assert!((1..=8).contains(&retries), "{retries} reconciles in 6 s");
+    assert_eq!(op.ctx.metrics.errors().get("ProviderUnavailable").copied().unwrap_or(0) >= 3, true);
+    let calls = op.local.limiter().counters.outcomes();
+    assert!(calls.get(&("CreateHost", "unavailable")).copied().unwrap_or(0) >= 3, "{calls:?}");
+    assert!(op.local.list_by_tag(TAG_MANAGED_BY, MANAGED_BY_VALUE).await.unwrap().is_empty(), "nothing half-made");
+    finish_tunnels(op, ns).await;
+}

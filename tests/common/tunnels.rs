@@ -54,8 +54,14 @@ impl TunnelOperator {
             skyport::telemetry::init(skyport::telemetry::LogFormat::Text);
         }
         let state = std::env::temp_dir().join(format!("skyport-test-hosts-{}", ns.name));
+        // `settings.local_rathole` other than the default names a (broken) binary on purpose.
+        let rathole = if settings.local_rathole.as_os_str() == "rathole" {
+            kubelet::rathole()
+        } else {
+            settings.local_rathole.clone()
+        };
         let local = Arc::new(
-            providers::local::LocalProvider::new(providers::local::LocalSettings::new(&state, kubelet::rathole()))
+            providers::local::LocalProvider::new(providers::local::LocalSettings::new(&state, rathole))
                 .expect("local provider"),
         );
         let registry = skyport::controllers::tunnel::Providers::new(settings.provider.clone(), vec![local.clone()]);
