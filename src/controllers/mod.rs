@@ -15,6 +15,39 @@ use rand::Rng;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
+/// Stable per-object key for backoff and memory: the UID, else namespace/name.
+pub fn object_key<K: Resource>(obj: &K) -> String {
+    obj.uid().unwrap_or_else(|| format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any()))
+}
+
+/// What wakes a reconcile of a primary object: a new object, a spec change (generation),
+/// deletion starting, or finalizers changing. Status writes (ours) are left out.
+pub fn spec_trigger<K: Resource>(obj: &K) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    obj.meta().uid.hash(&mut h);
+    obj.meta().generation.hash(&mut h);
+    obj.meta().deletion_timestamp.is_some().hash(&mut h);
+    obj.finalizers().hash(&mut h);
+    Some(h.finish())
+}
+
+/// Runs one reconcile inside a span naming the object (kind, namespace, name) and records its
+/// duration and failure reason.
+pub async fn instrumented<K: Resource>(
+    kind: &'static str,
+    obj: &K,
+    metrics: &crate::metrics::ReconcileMetrics,
+    reconcile: impl std::future::Future<Output = crate::Result<kube::runtime::controller::Action>>,
+) -> crate::Result<kube::runtime::controller::Action> {
+    use tracing::Instrument as _;
+    let span = tracing::info_span!("reconcile", kind, namespace = %obj.namespace().unwrap_or_default(), name = %obj.name_any());
+    let started = std::time::Instant::now();
+    let result = reconcile.instrument(span).await;
+    metrics.record(started.elapsed(), result.as_ref().err().map(crate::Error::reason));
+    result
+}
+
 /// Field manager for every server-side apply skyport makes.
 pub const FIELD_MANAGER: &str = "skyport";
 

@@ -25,7 +25,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{debug, info, warn};
 
 use crate::config::TunnelArgs;
 use crate::controllers::ApiWrites;
@@ -148,11 +148,8 @@ fn owned_by(tunnel: &Tunnel, service: &Service) -> bool {
 }
 
 pub async fn reconcile(service: Arc<Service>, ctx: Arc<Context>) -> Result<Action> {
-    let span = info_span!("reconcile", kind = "Service", namespace = %service.namespace().unwrap_or_default(), name = %service.name_any());
-    let started = std::time::Instant::now();
-    let result = reconcile_inner(service, ctx.clone()).instrument(span).await;
-    ctx.metrics.record(started.elapsed(), result.as_ref().err().map(Error::reason));
-    result
+    let metrics = ctx.metrics.clone();
+    crate::controllers::instrumented("Service", &*service.clone(), &metrics, reconcile_inner(service, ctx)).await
 }
 
 async fn reconcile_inner(service: Arc<Service>, ctx: Arc<Context>) -> Result<Action> {

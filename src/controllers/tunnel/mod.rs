@@ -23,7 +23,7 @@ pub mod sweep;
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -38,11 +38,11 @@ use providers::hosts::{TAG_CLUSTER, owner_tags};
 use providers::userdata::{render_client_toml, render_cloud_config};
 use providers::{HostProvider, HostRequest};
 use serde_json::json;
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{debug, info, warn};
 
 use crate::config::TunnelArgs;
 use crate::controllers::queue::MANAGED_BY;
-use crate::controllers::{ApiWrites, Backoff, jittered, remove_finalizer};
+use crate::controllers::{ApiWrites, Backoff, instrumented, jittered, object_key, remove_finalizer, spec_trigger};
 use crate::crd::condition::{self, Condition, ConditionStatus};
 use crate::crd::tunnel::{Tunnel, TunnelPhase, TunnelPort, TunnelStatus};
 use crate::error::{Error, Result};
@@ -128,7 +128,7 @@ pub fn controller(
         .default_backoff()
         .reflect(tunnel_writer)
         .applied_objects()
-        .predicate_filter(trigger_hash, Default::default());
+        .predicate_filter(spec_trigger, Default::default());
     let (service_reader, service_writer) = reflector::store();
     // Our own status writes to Services must not wake Tunnels: only spec and existence matter.
     let service_stream = watcher(services, watcher::Config::default())
@@ -191,15 +191,6 @@ pub fn controller(
     (ctx, both)
 }
 
-fn trigger_hash(t: &Tunnel) -> Option<u64> {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    t.metadata.uid.hash(&mut h);
-    t.metadata.generation.hash(&mut h);
-    t.metadata.deletion_timestamp.is_some().hash(&mut h);
-    t.finalizers().hash(&mut h);
-    Some(h.finish())
-}
-
 fn service_hash(s: &Service) -> Option<u64> {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     s.metadata.uid.hash(&mut h);
@@ -217,16 +208,13 @@ fn deployment_hash(d: &Deployment) -> Option<u64> {
 }
 
 fn key(tunnel: &Tunnel) -> String {
-    tunnel.uid().unwrap_or_else(|| format!("{}/{}", tunnel.namespace().unwrap_or_default(), tunnel.name_any()))
+    object_key(tunnel)
 }
 
-/// Entry point per object: a span with kind, namespace and name around [`reconcile_inner`].
+/// Entry point per object: [`reconcile_inner`] in a span naming the Tunnel.
 pub async fn reconcile(tunnel: Arc<Tunnel>, ctx: Arc<Context>) -> Result<Action> {
-    let span = info_span!("reconcile", kind = "Tunnel", namespace = %tunnel.namespace().unwrap_or_default(), name = %tunnel.name_any());
-    let started = Instant::now();
-    let result = reconcile_inner(tunnel, ctx.clone()).instrument(span).await;
-    ctx.metrics.record(started.elapsed(), result.as_ref().err().map(Error::reason));
-    result
+    let metrics = ctx.metrics.clone();
+    instrumented("Tunnel", &*tunnel.clone(), &metrics, reconcile_inner(tunnel, ctx)).await
 }
 
 /// Why a Tunnel cannot progress without something changing, as (phase, reason, message).
