@@ -5,6 +5,7 @@
 //! of rate limiting and of classifying errors.
 
 pub mod digitalocean;
+pub mod ec2;
 pub mod error;
 pub mod hetzner;
 pub mod hosts;
@@ -15,6 +16,7 @@ pub mod sqs;
 pub mod userdata;
 
 pub use digitalocean::{DigitalOceanProvider, DigitalOceanSettings};
+pub use ec2::{Ec2Provider, Ec2Settings};
 pub use error::{ErrorClass, HostError, QueueError};
 pub use hetzner::{HetznerProvider, HetznerSettings};
 pub use hosts::{Host, HostProvider, HostRequest, HostState, TagSyntax, owner_tags};
