@@ -249,8 +249,18 @@ fn deployment_is_hardened_probed_and_passes_flags_the_binary_accepts() {
         .collect();
     assert!(env.contains(&("POD_NAME".into(), "metadata.name".into())), "{env:?}");
     assert!(env.contains(&("POD_NAMESPACE".into(), "metadata.namespace".into())), "{env:?}");
-    let secret = container.env_from.clone().unwrap()[0].secret_ref.clone().unwrap();
-    assert_eq!((secret.name.as_str(), secret.optional), ("skyport-aws", Some(true)));
+    let secrets: Vec<(String, Option<bool>)> = container
+        .env_from
+        .clone()
+        .unwrap()
+        .into_iter()
+        .map(|e| e.secret_ref.map(|s| (s.name, s.optional)).unwrap_or_default())
+        .collect();
+    assert_eq!(
+        secrets,
+        [("skyport-aws".to_string(), Some(true)), ("skyport-providers".to_string(), Some(true))],
+        "optional credentials Secrets: AWS, exit-server providers"
+    );
     assert!(container.resources.clone().unwrap().requests.is_some());
 
     let args = container.args.clone().unwrap();
@@ -260,6 +270,9 @@ fn deployment_is_hardened_probed_and_passes_flags_the_binary_accepts() {
     assert!(run.leader.enabled, "replicas > 1 must be safe");
     assert_eq!(run.leader.lease_name, "skyport", "must match the Role's resourceNames");
     assert_eq!(run.listen_address.port(), 8080, "must match the container port");
+    assert_eq!(run.tunnel.provider, None, "no cloud is chosen for the user: --provider is set in an overlay");
+    assert!(!run.tunnel.default_load_balancer && !run.tunnel.annotated_only);
+    assert_eq!(run.tunnel.cluster_id, None, "default: the kube-system namespace's UID (RBAC allows that get)");
 }
 
 #[test]
@@ -304,6 +317,13 @@ fn helm_chart_with_default_values_renders_the_kustomize_objects() {
     }
 }
 
+/// The Secrets the chart's Deployment loads with `envFrom`.
+fn deployment_env_from(docs: &[Value]) -> Vec<String> {
+    let deployment: Deployment = serde_json::from_value(find(docs, "Deployment", "skyport").clone()).unwrap();
+    let container = deployment.spec.unwrap().template.spec.unwrap().containers[0].clone();
+    container.env_from.unwrap_or_default().into_iter().filter_map(|e| e.secret_ref.map(|s| s.name)).collect()
+}
+
 #[test]
 #[ignore = "needs the test environment: tests/env.sh up"]
 fn helm_chart_output_is_accepted_by_a_server_side_dry_run() {
@@ -321,20 +341,38 @@ fn helm_chart_output_is_accepted_by_a_server_side_dry_run() {
         "podAnnotations.a=b,podLabels.c=d,nodeSelector.e=f,priorityClassName=system-cluster-critical",
         "--set",
         "extraArgs[0]=--queue-resync=30s,extraEnv[0].name=X,extraEnv[0].value=y,metrics.service.annotations.g=h",
+        "--set",
+        "tunnel.provider=hetzner,tunnel.defaultLoadBalancer=true,tunnel.annotatedOnly=true,tunnel.clusterId=prod-1",
+        "--set",
+        "tunnel.ec2ImageId=ami-0123456789abcdef0,tunnel.orphanSweepInterval=0,tunnel.credentialsSecret=my-tokens",
     ]);
     let docs = documents(&custom);
     let deployment: Deployment = serde_json::from_value(find(&docs, "Deployment", "skyport").clone()).unwrap();
     let args = deployment.spec.unwrap().template.spec.unwrap().containers[0].args.clone().unwrap();
     assert!(args.contains(&"--namespace=team-a".to_string()) && args.contains(&"--lease-name=custom".to_string()));
-    skyport::config::Cli::try_parse_from(std::iter::once("skyport".to_string()).chain(args.clone()))
+    let cli = skyport::config::Cli::try_parse_from(std::iter::once("skyport".to_string()).chain(args.clone()))
         .unwrap_or_else(|e| panic!("the chart passes flags skyport rejects: {e}: {args:?}"));
+    let skyport::config::Command::Run(run_args) = cli.command else { panic!("not `skyport run`: {args:?}") };
+    let tunnel = &run_args.tunnel;
+    assert_eq!(tunnel.provider.as_deref(), Some("hetzner"));
+    assert!(tunnel.default_load_balancer && tunnel.annotated_only);
+    assert_eq!(tunnel.cluster_id.as_deref(), Some("prod-1"));
+    assert_eq!(tunnel.ec2_image_id.as_deref(), Some("ami-0123456789abcdef0"));
+    assert!(tunnel.orphan_sweep_interval.is_zero());
+    let env_from = deployment_env_from(&docs);
+    assert!(env_from.contains(&"my-tokens".to_string()), "{env_from:?}");
     let role: Role = serde_json::from_value(find(&docs, "Role", "skyport-leader-election").clone()).unwrap();
     assert_eq!(role.rules.unwrap()[1].resource_names, Some(vec!["custom".to_string()]));
     run("kubectl", &["apply", "--dry-run=server", "-f", "-"], Some(&custom));
     // Without leader election and RBAC.
-    let minimal =
-        helm_template(&["--set", "leaderElection.enabled=false,rbac.create=false,metrics.service.enabled=false"]);
+    let minimal = helm_template(&[
+        "--set",
+        "leaderElection.enabled=false,rbac.create=false,metrics.service.enabled=false",
+        "--set",
+        "aws.credentialsSecret=,tunnel.credentialsSecret=",
+    ]);
     let docs = documents(&minimal);
+    assert_eq!(deployment_env_from(&docs), Vec::<String>::new());
     assert!(!docs.iter().any(|d| d["kind"] == "Role" || d["kind"] == "ClusterRole" || d["kind"] == "Service"));
     run("kubectl", &["apply", "--dry-run=server", "-f", "-"], Some(&minimal));
 }
