@@ -182,7 +182,9 @@ impl Ec2Provider {
     async fn delete_group(&self, group_id: &str) -> Result<(), HostError> {
         let result = self
             .call("DeleteSecurityGroup", async {
-                self.client.delete_security_group().group_id(group_id).send().await.map_err(map_err)
+                self.client.delete_security_group().group_id(group_id).send().await.map_err(|e| {
+                    if e.code() == Some("DependencyViolation") { group_in_use(group_id) } else { map_err(e) }
+                })
             })
             .await;
         match result {
@@ -268,6 +270,15 @@ fn ingress(request: &HostRequest) -> Vec<IpPermission> {
         rules.push(rule(if s.protocol == Protocol::Udp { "udp" } else { "tcp" }, s.port));
     }
     rules
+}
+
+/// AWS refuses to delete a group while an instance still uses it, which lasts as long as the
+/// instance is shutting down (a minute or two). Transient, so the caller's retry deletes it later.
+fn group_in_use(group_id: &str) -> HostError {
+    HostError::Unavailable {
+        provider: PROVIDER,
+        message: format!("security group {group_id} is still in use by its terminating instance; retrying"),
+    }
 }
 
 fn unavailable(message: &str) -> HostError {
@@ -439,19 +450,7 @@ impl HostProvider for Ec2Provider {
             if !ours {
                 continue;
             }
-            match self.delete_group(&group).await {
-                Ok(()) => {}
-                Err(HostError::Unavailable { message, .. }) if message.starts_with("DependencyViolation") => {
-                    return Err(HostError::Unavailable {
-                        provider: PROVIDER,
-                        message: format!(
-                            "instance {id} is terminating; its security group {group} can be deleted once it is gone \
-                             (retrying)"
-                        ),
-                    });
-                }
-                Err(e) => return Err(e),
-            }
+            self.delete_group(&group).await?;
         }
         Ok(())
     }
@@ -604,5 +603,9 @@ mod tests {
         assert!(matches!(class("VolumeLimitExceeded"), HostError::Quota { .. }));
         assert!(matches!(class("InternalError"), HostError::Unavailable { .. }));
         assert_eq!(class("Unsupported").class(), ErrorClass::Permanent);
+        // delete's answer while the instance shuts down: retried, and says why.
+        let in_use = group_in_use("sg-1");
+        assert_eq!(in_use.class(), ErrorClass::Transient);
+        assert!(in_use.to_string().contains("sg-1 is still in use"), "{in_use}");
     }
 }
