@@ -40,8 +40,13 @@ pub async fn configure(args: &TunnelArgs) -> anyhow::Result<Providers> {
         None if default == Some("hetzner") => bail!("--provider hetzner needs HCLOUD_TOKEN"),
         None => {}
     }
-    let registry = Providers::new(args.provider.clone(), list);
-    info!(default = default.unwrap_or("<none>"), configured = ?registry.names(), "exit-server providers");
+    // With no --provider and exactly one cloud's credentials present, that cloud is the default.
+    let default = args.provider.clone().or_else(|| match list.as_slice() {
+        [only] => Some(only.name().to_string()),
+        _ => None,
+    });
+    let registry = Providers::new(default.clone(), list);
+    info!(default = default.as_deref().unwrap_or("<none>"), configured = ?registry.names(), "exit-server providers");
     Ok(registry)
 }
 
