@@ -10,7 +10,8 @@
 //!   while its instance runs: AWS's `DependencyViolation` during shutdown cannot happen here
 //!   (the transient error `delete` returns for it is covered by the mapping's unit tests).
 //! - Any AMI id and any instance type are accepted, so "bad AMI" and "invalid instance type" are
-//!   unit tests of the error mapping (`providers/src/ec2.rs`), not tests here.
+//!   unit tests of the error mapping (`providers/src/ec2.rs`), not tests here. Subnets are
+//!   checked, which is how a refused launch is tested.
 
 mod contract;
 
@@ -214,6 +215,34 @@ async fn listing_by_tag_isolates_tunnels_by_uid() {
     assert!(listed(mine).await.is_empty());
     assert_eq!(listed(theirs).await, [b.id.as_str()], "deleting one tunnel's host leaves the other's");
     p.delete(&b.id).await.unwrap();
+}
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn a_launch_ec2_refuses_is_a_permanent_error_and_leaves_no_security_group() {
+    // LocalStack checks subnets (unlike AMIs and instance types), so a subnet that does not exist
+    // makes RunInstances fail after the group was made.
+    let default_vpc =
+        provider().await.client().describe_vpcs().send().await.unwrap().vpcs()[0].vpc_id().unwrap().to_string();
+    let endpoint = std::env::var("AWS_ENDPOINT_URL").unwrap();
+    let mut settings = Ec2Settings::new(AMI);
+    settings.endpoint_url = Some(endpoint);
+    settings.vpc_id = Some(default_vpc);
+    settings.subnet_id = Some("subnet-0000000000000dead".into());
+    let p = Ec2Provider::from_env(settings).await.unwrap();
+    let request = request("badsubnet", &contract::fresh_uid());
+
+    let e = p.create(&request).await.expect_err("a subnet that does not exist");
+    assert!(matches!(e, HostError::Invalid { .. }), "{e}");
+    assert_eq!(e.class(), ErrorClass::Permanent);
+    assert!(e.to_string().contains("InvalidSubnetID.NotFound"), "{e}");
+
+    let named = Filter::builder().name("tag:Name").values(&request.name).build();
+    let left = p.client().describe_security_groups().filters(named).send().await.unwrap();
+    assert!(left.security_groups().is_empty(), "the group made for the launch is deleted again: {left:?}");
+    let outcomes = p.limiter().counters.outcomes();
+    assert_eq!(outcomes.get(&("RunInstances", "invalid")), Some(&1), "{outcomes:?}");
+    assert_eq!(outcomes.get(&("DeleteSecurityGroup", "success")), Some(&1), "{outcomes:?}");
 }
 
 #[tokio::test]
