@@ -1,6 +1,7 @@
 //! The exit-server providers of this operator, built once at startup: the one `--provider` names
 //! (the default for Tunnels without spec.provider) plus every cloud whose credentials are present
-//! in its standard environment. Tokens are read here and handed to the adapters, never logged.
+//! in its standard environment (EC2: when an AMI is configured; credentials from the AWS chain).
+//! Tokens are read here and handed to the adapters, never logged.
 
 use std::sync::Arc;
 
@@ -16,7 +17,7 @@ use crate::controllers::tunnel::Providers;
 
 /// The configured providers; `Ok` with none when no `--provider` is given and no cloud has
 /// credentials (the Tunnel controllers then do not run).
-pub async fn configure(args: &TunnelArgs) -> anyhow::Result<Providers> {
+pub async fn configure(args: &TunnelArgs, aws_region: Option<&str>) -> anyhow::Result<Providers> {
     let default = args.provider.as_deref();
     let mut list: Vec<Arc<dyn HostProvider>> = Vec::new();
     if default == Some("local") {
@@ -40,7 +41,18 @@ pub async fn configure(args: &TunnelArgs) -> anyhow::Result<Providers> {
         None if default == Some("hetzner") => bail!("--provider hetzner needs HCLOUD_TOKEN"),
         None => {}
     }
-    // With no --provider and exactly one cloud's credentials present, that cloud is the default.
+    match &args.ec2_image_id {
+        Some(ami) => {
+            let mut settings = providers::Ec2Settings::new(ami.clone());
+            settings.region = aws_region.map(str::to_string);
+            list.push(Arc::new(providers::Ec2Provider::from_env(settings).await.context("ec2 provider")?));
+        }
+        None if args.provider.as_deref() == Some("ec2") => {
+            bail!("--provider ec2 needs --ec2-image-id (an AMI with cloud-init; credentials come from the AWS chain)")
+        }
+        None => {}
+    }
+    // With no --provider and exactly one cloud configured, that cloud is the default.
     let default = args.provider.clone().or_else(|| match list.as_slice() {
         [only] => Some(only.name().to_string()),
         _ => None,

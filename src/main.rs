@@ -165,7 +165,7 @@ async fn start_tunnels(
     state: &http::State,
     shutdown: futures::future::Shared<futures::future::BoxFuture<'static, ()>>,
 ) -> anyhow::Result<futures::future::BoxFuture<'static, ()>> {
-    let registry = skyport::hosts::configure(&args.tunnel).await?;
+    let registry = skyport::hosts::configure(&args.tunnel, args.aws.region.as_deref()).await?;
     if registry.names().is_empty() {
         info!("no exit-server provider configured (--provider); Tunnel controllers not started");
         return Ok(futures::future::ready(()).boxed());

@@ -536,3 +536,70 @@ async fn provider_failures_are_reported_on_the_tunnel_and_the_service_and_backed
     assert!(op.local.list_by_tag(TAG_MANAGED_BY, MANAGED_BY_VALUE).await.unwrap().is_empty(), "nothing half-made");
     finish_tunnels(op, ns).await;
 }
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn a_tunnel_on_ec2_gets_an_instance_with_its_own_security_group_and_the_service_its_address() {
+    let ns = TestNs::new("tun-ec2").await;
+    let ec2 = std::sync::Arc::new(
+        providers::Ec2Provider::from_env(providers::Ec2Settings::new("ami-0123456789abcdef0")).await.unwrap(),
+    );
+    let op = TunnelOperator::start_with(&ns, fast_tunnel_settings(), vec![ec2.clone()]).await;
+    let services: Api<Service> = ns.api();
+    let tunnels: Api<Tunnel> = ns.api();
+    let svc = service(
+        "web",
+        Some("skyport.dev/tunnel"),
+        serde_json::json!({"skyport.dev/provider": "ec2", "skyport.dev/size": "t3.micro"}),
+        serde_json::json!([{"name": "http", "port": 8080}, {"name": "dns", "port": 5353, "protocol": "UDP"}]),
+    );
+    services.create(&PostParams::default(), &svc).await.unwrap();
+
+    // LocalStack's instances are running at once, with a public-looking address.
+    let tunnel = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+    let status = tunnel.status.clone().unwrap();
+    assert_eq!(status.provider.as_deref(), Some("ec2"));
+    let id = host_id(&tunnel);
+    assert!(id.starts_with("i-"), "{id}");
+    eventually("Service shows the instance's address", Duration::from_secs(20), || async {
+        (ingress_ip(&services.get("web").await.ok()?)? == host_ip(&tunnel)).then_some(())
+    })
+    .await;
+
+    // The instance: owner and cluster tags, the requested size, a security group with exactly
+    // the control port and the Service's ports.
+    let client = ec2.client();
+    let out = client.describe_instances().instance_ids(&id).send().await.unwrap();
+    let instance = out.reservations()[0].instances()[0].clone();
+    assert_eq!(instance.instance_type().map(|t| t.as_str()), Some("t3.micro"));
+    let tag = |k: &str| instance.tags().iter().find(|t| t.key() == Some(k)).and_then(|t| t.value()).map(str::to_string);
+    assert_eq!(tag("skyport.dev/tunnel-uid"), tunnel.metadata.uid.clone());
+    assert_eq!(tag("skyport.dev/cluster"), Some(op.ctx.cluster_id.clone()));
+    let group = instance.security_groups()[0].group_id().unwrap().to_string();
+    let groups = client.describe_security_groups().group_ids(&group).send().await.unwrap();
+    let mut rules: Vec<(String, i32)> = groups.security_groups()[0]
+        .ip_permissions()
+        .iter()
+        .map(|p| (p.ip_protocol().unwrap_or_default().to_string(), p.from_port().unwrap_or_default()))
+        .collect();
+    rules.sort();
+    assert_eq!(rules, [("tcp".to_string(), 2333), ("tcp".to_string(), 8080), ("udp".to_string(), 5353)]);
+
+    // Deleting the Service: instance terminated, group deleted, nothing of this UID left.
+    services.delete("web", &DeleteParams::default()).await.unwrap();
+    eventually("Tunnel gone", Duration::from_secs(60), || async {
+        tunnels.get_opt("web-tunnel").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    assert_eq!(ec2.get(&id).await.unwrap(), None, "instance terminated");
+    // Unknown group ids are an error (InvalidGroup.NotFound) or, on some emulators, an empty list.
+    let left = client
+        .describe_security_groups()
+        .group_ids(&group)
+        .send()
+        .await
+        .map(|o| o.security_groups().len())
+        .unwrap_or(0);
+    assert_eq!(left, 0, "the tunnel's security group is deleted");
+    finish_tunnels(op, ns).await;
+}

@@ -49,6 +49,24 @@ impl TunnelOperator {
 
     /// Like [`TunnelOperator::start`], talking to the API server as `client` (another identity).
     pub async fn start_as(client: kube::Client, ns: &TestNs, settings: skyport::config::TunnelArgs) -> Self {
+        Self::start_full(client, ns, settings, Vec::new()).await
+    }
+
+    /// Like [`TunnelOperator::start`], with more providers next to the local one.
+    pub async fn start_with(
+        ns: &TestNs,
+        settings: skyport::config::TunnelArgs,
+        extra: Vec<Arc<dyn providers::HostProvider>>,
+    ) -> Self {
+        Self::start_full(ns.client.clone(), ns, settings, extra).await
+    }
+
+    async fn start_full(
+        client: kube::Client,
+        ns: &TestNs,
+        settings: skyport::config::TunnelArgs,
+        extra: Vec<Arc<dyn providers::HostProvider>>,
+    ) -> Self {
         use futures::FutureExt;
         if std::env::var_os("RUST_LOG").is_some() {
             skyport::telemetry::init(skyport::telemetry::LogFormat::Text);
@@ -64,7 +82,9 @@ impl TunnelOperator {
             providers::local::LocalProvider::new(providers::local::LocalSettings::new(&state, rathole))
                 .expect("local provider"),
         );
-        let registry = skyport::controllers::tunnel::Providers::new(settings.provider.clone(), vec![local.clone()]);
+        let mut all: Vec<Arc<dyn providers::HostProvider>> = vec![local.clone()];
+        all.extend(extra);
+        let registry = skyport::controllers::tunnel::Providers::new(settings.provider.clone(), all);
         let (tx, rx) = oneshot::channel::<()>();
         let shutdown = async {
             let _ = rx.await;
