@@ -2,8 +2,9 @@
 //! only the tunnel's control port and the Service's ports.
 //!
 //! - create: CreateSecurityGroup (tagged like the instance) + AuthorizeSecurityGroupIngress, then
-//!   RunInstances with the user data and the owner tags on the instance and its volume. If
-//!   anything after the group fails, the group is deleted again, so nothing leaks.
+//!   RunInstances with the user data and the owner tags on the instance and its volume, then the
+//!   instance id as a tag on the group. If the launch fails, the group is deleted again, so
+//!   nothing leaks.
 //! - get: DescribeInstances; `pending` → Provisioning, `running` → Running (PublicIpAddress),
 //!   `stopping`/`stopped` → Stopped, `shutting-down` → Deleting, `terminated` or
 //!   `InvalidInstanceID.NotFound` → gone.
@@ -11,9 +12,9 @@
 //!   AWS refuses to delete a group while the instance is still shutting down
 //!   (`DependencyViolation`, typically for a minute or two). `delete` does not wait for that: it
 //!   returns a transient [`HostError::Unavailable`] so the Tunnel's finalizer retries with its
-//!   backoff, without holding a reconcile worker. Terminated instances stay visible to
-//!   DescribeInstances for about an hour, which is how a retry still finds the groups. A group
-//!   or instance already gone counts as deleted.
+//!   backoff, without holding a reconcile worker. A retry finds the groups by their
+//!   [`TAG_INSTANCE_ID`] tag (written right after launch) even once the instance itself has
+//!   vanished from DescribeInstances. A group or instance already gone counts as deleted.
 //! - list_by_tag: DescribeInstances filtered by `tag:<key>` and by every state but `terminated`,
 //!   every page.
 //!
@@ -51,6 +52,10 @@ const PROVIDER: &str = "ec2";
 pub const MAX_USER_DATA: usize = 16 * 1024;
 /// EC2 security group names are at most 255 characters.
 const MAX_GROUP_NAME: usize = 255;
+/// Tag on a security group naming the instance it was made for, so `delete` finds the group even
+/// when DescribeInstances no longer shows the instance or its groups (about an hour after
+/// termination), and never takes the group of a replacement host with the same name.
+pub const TAG_INSTANCE_ID: &str = "skyport.dev/instance-id";
 
 /// One call per 200 ms sustained (EC2's refill rate for mutating actions, see the module docs)
 /// with bursts of 10: a create costs three calls, a converged host one Describe per resync.
@@ -411,7 +416,21 @@ impl HostProvider for Ec2Provider {
             }
         };
         let instance = out.instances().first().ok_or_else(|| unavailable("RunInstances returned no instance"))?;
-        host(instance).ok_or_else(|| unavailable("RunInstances returned an instance without id or already terminated"))
+        let created = host(instance)
+            .ok_or_else(|| unavailable("RunInstances returned an instance without id or already terminated"))?;
+        // Best effort: without this tag `delete` still finds the group through the instance.
+        let _ = self
+            .call("CreateTags", async {
+                self.client
+                    .create_tags()
+                    .resources(&group_id)
+                    .tags(Tag::builder().key(TAG_INSTANCE_ID).value(&created.id).build())
+                    .send()
+                    .await
+                    .map_err(map_err)
+            })
+            .await;
+        Ok(created)
     }
 
     async fn get(&self, id: &str) -> Result<Option<Host>, HostError> {
@@ -419,9 +438,29 @@ impl HostProvider for Ec2Provider {
     }
 
     async fn delete(&self, id: &str) -> Result<(), HostError> {
-        let Some(instance) = self.describe(id).await? else { return Ok(()) };
-        let groups: Vec<String> =
-            instance.security_groups().iter().filter_map(|g| g.group_id().map(str::to_string)).collect();
+        let instance = self.describe(id).await?;
+        let attached = instance.iter().flat_map(|i| i.security_groups()).filter_map(|g| g.group_id());
+        let mut groups: Vec<String> = attached.map(str::to_string).collect();
+        let tagged = self
+            .call("DescribeSecurityGroups", async {
+                self.client
+                    .describe_security_groups()
+                    .filters(Filter::builder().name(format!("tag:{TAG_INSTANCE_ID}")).values(id).build())
+                    .send()
+                    .await
+                    .map_err(map_err)
+            })
+            .await?;
+        groups.extend(tagged.security_groups().iter().filter_map(|g| g.group_id().map(str::to_string)));
+        groups.sort();
+        groups.dedup();
+        let Some(instance) = instance else {
+            // The instance is long gone; only its groups may be left.
+            for group in groups {
+                self.delete_group(&group).await?;
+            }
+            return Ok(());
+        };
         if instance.state().and_then(|s| s.name()) != Some(&InstanceStateName::Terminated) {
             let result = self
                 .call("TerminateInstances", async {
