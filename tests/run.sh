@@ -24,3 +24,12 @@ export SKYPORT_RATHOLE
 
 # The integration tests wait on real servers, not on the CPU: run them wide.
 cargo test --workspace --all-targets "$@" -- --include-ignored --test-threads 16
+
+# The benchmarks' quick modes, so they cannot rot: benches/queues.rs (10 Queues, one run, ~2 min,
+# most of it SQS's 60 s recreate rule) and benches/tunnel.rs (2 runs, ~10 s). The dev profile reuses
+# the build above; the figures worth reading come from the full runs (BENCHMARKS.md). Skipped when
+# arguments select some of the tests.
+if [[ $# == 0 ]]; then
+  cargo bench --profile dev --bench queues -- --quick
+  cargo bench --profile dev --bench tunnel -- --quick
+fi

@@ -12,6 +12,7 @@ pub mod act;
 pub mod desired;
 pub mod observe;
 pub mod plan;
+mod recent;
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -62,6 +63,8 @@ pub struct Context {
     pub metrics: Arc<ReconcileMetrics>,
     /// When each queue's tags were last found converged, and at which generation.
     tags_checked: Mutex<HashMap<String, (Instant, Option<i64>)>>,
+    /// Converges that changed something, to answer the follow-ups they trigger ([`recent`]).
+    recent: recent::Recent,
     /// Wakes Queues that use a queue as their dead-letter queue when it changes.
     dependents: UnboundedSender<ObjectRef<Queue>>,
 }
@@ -113,6 +116,7 @@ pub fn controller(
         api_writes: ApiWrites::default(),
         metrics: Arc::default(),
         tags_checked: Mutex::default(),
+        recent: recent::Recent::default(),
         dependents: tx,
     });
     let config = ControllerConfig::default().concurrency(ctx.settings.concurrency);
@@ -165,12 +169,19 @@ async fn reconcile_inner(queue: Arc<Queue>, ctx: Arc<Context>) -> Result<Action>
     if queue.meta().deletion_timestamp.is_some() {
         return cleanup(&queue, &api, &ctx).await;
     }
-    let queue = if queue.finalizers().iter().any(|f| f == FINALIZER) {
-        queue
-    } else {
+    let added_finalizer = !queue.finalizers().iter().any(|f| f == FINALIZER);
+    let queue = if added_finalizer {
         ctx.api_writes.inc();
         Arc::new(crate::controllers::add_finalizer(&api, &queue, FINALIZER).await?)
+    } else {
+        queue
     };
+    let fingerprint = recent::fingerprint(&queue, &ctx.queues);
+    if let Some((ready, age)) = ctx.recent.get(&key(&queue), fingerprint, ctx.settings.resync / 2) {
+        // A follow-up of our own writes: SQS was just converged and the status written.
+        act::ensure_configmap(&queue, &ready, &ctx).await?;
+        return Ok(Action::requeue(jittered(ctx.settings.resync).saturating_sub(age)));
+    }
 
     match converge(&queue, &ctx).await {
         Ok(Outcome::Ready(ready)) => {
@@ -197,8 +208,12 @@ async fn reconcile_inner(queue: Arc<Queue>, ctx: Arc<Context>) -> Result<Action>
                 ],
             )
             .await?;
-            if was != Some((ConditionStatus::True, Some(arn))) {
+            let became_ready = was != Some((ConditionStatus::True, Some(arn)));
+            if became_ready {
                 wake_dependents(&queue, &ctx);
+            }
+            if became_ready || added_finalizer {
+                ctx.recent.record(key(&queue), fingerprint, &ready);
             }
             ctx.backoff.reset(&key(&queue));
             Ok(Action::requeue(jittered(ctx.settings.resync)))
@@ -372,6 +387,7 @@ async fn cleanup(queue: &Queue, api: &Api<Queue>, ctx: &Context) -> Result<Actio
     if let Some(uid) = queue.uid() {
         ctx.tags_checked.lock().unwrap_or_else(|p| p.into_inner()).remove(&uid);
     }
+    ctx.recent.forget(&key(queue));
     Ok(Action::await_change())
 }
 
