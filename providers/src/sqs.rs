@@ -40,6 +40,11 @@ pub trait QueueBackend: Send + Sync {
     async fn delete_queue(&self, url: &str) -> Result<(), QueueError>;
     /// The limiter every call of this backend goes through.
     fn limiter(&self) -> &Limiter;
+    /// The region calls go to, when known: with the account in a queue's URL it names the
+    /// queue's ARN without another call.
+    fn region(&self) -> Option<String> {
+        None
+    }
 }
 
 /// How to reach SQS. Endpoint and credentials come from the standard AWS chain
@@ -252,6 +257,10 @@ impl QueueBackend for SqsProvider {
             Ok(_) | Err(QueueError::NotFound) => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    fn region(&self) -> Option<String> {
+        SqsProvider::region(self)
     }
 
     fn limiter(&self) -> &Limiter {

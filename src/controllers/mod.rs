@@ -48,6 +48,15 @@ pub async fn instrumented<K: Resource>(
     result
 }
 
+/// Drops what the caches never read and what costs the most memory per object: `managedFields`
+/// (every field's owner, often larger than the object) and kubectl's last-applied annotation.
+pub fn slim<K: Resource>(obj: &mut K) {
+    obj.meta_mut().managed_fields = None;
+    if let Some(annotations) = obj.meta_mut().annotations.as_mut() {
+        annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+}
+
 /// Field manager for every server-side apply skyport makes.
 pub const FIELD_MANAGER: &str = "skyport";
 

@@ -65,8 +65,13 @@ pub async fn apply(
                     }
                     Err(e) => return Err(e.into()),
                 };
-                // The ARN is only in the attributes; one read per creation.
-                arn = ctx.sqs.attributes(&url).await?.and_then(|a| a.get("QueueArn").cloned()).unwrap_or_default();
+                // The ARN follows from the URL and the region; read it only when it does not.
+                arn = match ctx.sqs.region().and_then(|region| super::desired::queue_arn(&url, &region)) {
+                    Some(arn) => arn,
+                    None => {
+                        ctx.sqs.attributes(&url).await?.and_then(|a| a.get("QueueArn").cloned()).unwrap_or_default()
+                    }
+                };
                 let recreated = queue.status.as_ref().and_then(|s| s.queue_url.as_ref()).is_some();
                 info!(url, recreated, "created SQS queue");
                 events.push(if recreated {

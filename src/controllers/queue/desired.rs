@@ -142,6 +142,32 @@ pub fn desired(spec: &QueueSpec, owner: &Owner<'_>, dead_letter_arn: Option<&str
     Desired { name: queue_name(owner.namespace, owner.name, spec), attributes: a, tags }
 }
 
+/// The ARN of the queue at `url` in `region`, as SQS reports it in `QueueArn`
+/// (`arn:<partition>:sqs:<region>:<account>:<name>`), from the URL's `/<account>/<name>` path.
+/// `None` when the URL does not have that shape (then the ARN is read from SQS instead).
+pub fn queue_arn(url: &str, region: &str) -> Option<String> {
+    let mut segments = url.trim_end_matches('/').rsplit('/');
+    let name = segments.next()?;
+    let account = segments.next()?;
+    let valid_name =
+        !name.is_empty() && name.len() <= 80 && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    if account.len() != 12 || !account.bytes().all(|b| b.is_ascii_digit()) || !valid_name || region.is_empty() {
+        return None;
+    }
+    let partition = if region.starts_with("cn-") {
+        "aws-cn"
+    } else if region.starts_with("us-gov-") {
+        "aws-us-gov"
+    } else if region.starts_with("us-isob-") {
+        "aws-iso-b"
+    } else if region.starts_with("us-iso-") {
+        "aws-iso"
+    } else {
+        "aws"
+    };
+    Some(format!("arn:{partition}:sqs:{region}:{account}:{name}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -235,5 +261,28 @@ mod tests {
         assert_eq!(d.tags[TAG_OWNER_NAMESPACE], "shop");
         assert_eq!(d.tags[TAG_OWNER_NAME], "orders");
         assert_eq!(d.tags["team"], "shop");
+    }
+
+    #[test]
+    fn the_arn_follows_from_the_url_and_region() {
+        assert_eq!(
+            queue_arn("https://sqs.eu-west-1.amazonaws.com/123456789012/orders.fifo", "eu-west-1").as_deref(),
+            Some("arn:aws:sqs:eu-west-1:123456789012:orders.fifo")
+        );
+        assert_eq!(
+            queue_arn("http://127.0.0.1:4566/000000000000/default-orders", "us-east-1").as_deref(),
+            Some("arn:aws:sqs:us-east-1:000000000000:default-orders")
+        );
+        assert_eq!(
+            queue_arn("https://sqs.cn-north-1.amazonaws.com.cn/123456789012/q", "cn-north-1").as_deref(),
+            Some("arn:aws-cn:sqs:cn-north-1:123456789012:q")
+        );
+        assert!(
+            queue_arn("https://sqs.us-gov-west-1.amazonaws.com/123456789012/q", "us-gov-west-1")
+                .unwrap()
+                .starts_with("arn:aws-us-gov:")
+        );
+        assert_eq!(queue_arn("http://localhost:9324/queue/q", "us-east-1"), None, "not /<account>/<name>");
+        assert_eq!(queue_arn("https://sqs.eu-west-1.amazonaws.com/123456789012/q", ""), None);
     }
 }

@@ -94,6 +94,7 @@ pub fn controller(
     // deletion do. Periodic resync comes from the requeue each reconcile returns.
     let queue_stream = watcher(queues, watcher::Config::default())
         .default_backoff()
+        .modify(crate::controllers::slim)
         .reflect(queue_writer)
         .applied_objects()
         .predicate_filter(trigger_hash, Default::default());
@@ -101,6 +102,7 @@ pub fn controller(
     let selector = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
     let cm_stream = watcher(configmaps, watcher::Config::default().labels(&selector))
         .default_backoff()
+        .modify(crate::controllers::slim)
         .reflect(cm_writer)
         .touched_objects();
     let (tx, rx) = unbounded();

@@ -126,6 +126,7 @@ pub fn controller(
     let (tunnel_reader, tunnel_writer) = reflector::store();
     let tunnel_stream = watcher(tunnels, watcher::Config::default())
         .default_backoff()
+        .modify(crate::controllers::slim)
         .reflect(tunnel_writer)
         .applied_objects()
         .predicate_filter(spec_trigger, Default::default());
@@ -133,6 +134,7 @@ pub fn controller(
     // Our own status writes to Services must not wake Tunnels: only spec and existence matter.
     let service_stream = watcher(services, watcher::Config::default())
         .default_backoff()
+        .modify(crate::controllers::slim)
         .reflect(service_writer)
         .touched_objects()
         .predicate_filter(service_hash, Default::default());
