@@ -32,13 +32,11 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use aws_config::{BehaviorVersion, Region, timeout::TimeoutConfig};
 use aws_sdk_ec2::Client;
 use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_ec2::types::{
     Filter, Instance, InstanceStateName, InstanceType, IpPermission, IpRange, ResourceType, Tag, TagSpecification,
 };
-use aws_smithy_http_client::tls;
 use base64::Engine as _;
 
 use crate::error::HostError;
@@ -128,24 +126,12 @@ impl Ec2Provider {
                 message: "a subnet is configured without its VPC: set the VPC id of that subnet too".into(),
             });
         }
-        // One TLS stack for the binary, as for SQS.
-        let http = aws_smithy_http_client::Builder::new()
-            .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
-            .build_https();
-        let mut loader = aws_config::defaults(BehaviorVersion::latest()).http_client(http).timeout_config(
-            TimeoutConfig::builder()
-                .connect_timeout(Duration::from_secs(3))
-                .operation_attempt_timeout(settings.operation_timeout / 2)
-                .operation_timeout(settings.operation_timeout)
-                .build(),
-        );
-        if let Some(endpoint) = &settings.endpoint_url {
-            loader = loader.endpoint_url(endpoint);
-        }
-        if let Some(region) = &settings.region {
-            loader = loader.region(Region::new(region.clone()));
-        }
-        let config = loader.load().await;
+        let config = crate::aws::sdk_config(
+            settings.region.as_deref(),
+            settings.endpoint_url.as_deref(),
+            settings.operation_timeout,
+        )
+        .await;
         let limiter = Limiter::from_quota(settings.budget.quota());
         Ok(Ec2Provider { client: Client::new(&config), settings, limiter })
     }

@@ -4,6 +4,7 @@
 //! exercised against any backend that keeps the same contract, and every adapter shares one way
 //! of rate limiting and of classifying errors.
 
+pub mod aws;
 pub mod digitalocean;
 pub mod ec2;
 pub mod error;

@@ -7,11 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use aws_config::{BehaviorVersion, Region, timeout::TimeoutConfig};
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::QueueAttributeName;
-use aws_smithy_http_client::tls;
 
 use crate::error::QueueError;
 use crate::limiter::{Limiter, SUCCESS};
@@ -86,25 +84,12 @@ pub struct SqsProvider {
 impl SqsProvider {
     /// Builds the client from the standard AWS configuration chain plus `settings`.
     pub async fn from_env(settings: &SqsSettings) -> Self {
-        // One TLS stack (rustls + ring) for the whole binary: the SDK's default client would
-        // pull in aws-lc as a second crypto provider.
-        let http = aws_smithy_http_client::Builder::new()
-            .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
-            .build_https();
-        let mut loader = aws_config::defaults(BehaviorVersion::latest()).http_client(http).timeout_config(
-            TimeoutConfig::builder()
-                .connect_timeout(Duration::from_secs(3))
-                .operation_attempt_timeout(settings.operation_timeout / 2)
-                .operation_timeout(settings.operation_timeout)
-                .build(),
-        );
-        if let Some(endpoint) = &settings.endpoint_url {
-            loader = loader.endpoint_url(endpoint);
-        }
-        if let Some(region) = &settings.region {
-            loader = loader.region(Region::new(region.clone()));
-        }
-        let config = loader.load().await;
+        let config = crate::aws::sdk_config(
+            settings.region.as_deref(),
+            settings.endpoint_url.as_deref(),
+            settings.operation_timeout,
+        )
+        .await;
         SqsProvider {
             client: Client::new(&config),
             limiter: Arc::new(Limiter::new(settings.rate_per_second, settings.burst)),
