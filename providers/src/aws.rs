@@ -4,6 +4,8 @@
 use std::time::Duration;
 
 use aws_config::{BehaviorVersion, Region, SdkConfig, timeout::TimeoutConfig};
+// The SDK crates share these types (re-exported from the smithy runtime); SQS's path is used.
+use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_smithy_http_client::tls;
 
 /// Loads the SDK configuration from the standard chain (env keys, profiles, IRSA, Pod Identity,
@@ -28,4 +30,36 @@ pub async fn sdk_config(region: Option<&str>, endpoint_url: Option<&str>, operat
         loader = loader.region(Region::new(region.to_string()));
     }
     loader.load().await
+}
+
+/// What an AWS SDK call failure amounts to, before each adapter maps it to its own error type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// The service answered with an error code and message (from AWS; no credentials in it).
+    Service { code: String, message: String },
+    /// No usable answer: network, timeout, malformed response. The text says which.
+    Transport(String),
+}
+
+/// Sorts an SDK error into [`Failure`]; both adapters classify transport problems the same way.
+pub fn failure<E, R>(err: SdkError<E, R>) -> Failure
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+    R: std::fmt::Debug,
+{
+    match err {
+        SdkError::ServiceError(service) => {
+            let e = service.err();
+            Failure::Service {
+                code: e.code().unwrap_or("Unknown").to_string(),
+                message: e.message().unwrap_or_default().to_string(),
+            }
+        }
+        SdkError::TimeoutError(_) => Failure::Transport("request timed out".into()),
+        SdkError::DispatchFailure(d) if d.is_io() => Failure::Transport("connection failed".into()),
+        SdkError::DispatchFailure(d) if d.is_timeout() => Failure::Transport("request timed out".into()),
+        SdkError::DispatchFailure(_) => Failure::Transport("request could not be sent".into()),
+        SdkError::ResponseError(_) => Failure::Transport("malformed response".into()),
+        other => Failure::Transport(format!("{}", DisplayErrorContext(&other))),
+    }
 }

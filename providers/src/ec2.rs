@@ -341,19 +341,9 @@ where
     E: ProvideErrorMetadata + std::error::Error + 'static,
     R: std::fmt::Debug,
 {
-    match err {
-        SdkError::ServiceError(service) => {
-            let e = service.err();
-            error_from_code(e.code().unwrap_or("Unknown"), e.message().unwrap_or_default().to_string())
-        }
-        SdkError::TimeoutError(_) => unavailable("request timed out"),
-        SdkError::DispatchFailure(d) if d.is_io() => unavailable("connection failed"),
-        SdkError::DispatchFailure(_) => unavailable("request could not be sent"),
-        SdkError::ResponseError(_) => unavailable("malformed response"),
-        other => HostError::Unavailable {
-            provider: PROVIDER,
-            message: format!("{}", aws_sdk_ec2::error::DisplayErrorContext(&other)),
-        },
+    match crate::aws::failure(err) {
+        crate::aws::Failure::Service { code, message } => error_from_code(&code, message),
+        crate::aws::Failure::Transport(message) => HostError::Unavailable { provider: PROVIDER, message },
     }
 }
 

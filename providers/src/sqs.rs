@@ -107,26 +107,9 @@ where
     E: ProvideErrorMetadata + std::error::Error + 'static,
     R: std::fmt::Debug,
 {
-    match err {
-        SdkError::ServiceError(service) => {
-            let e = service.err();
-            let code = e.code().unwrap_or("Unknown").to_string();
-            let message = e.message().unwrap_or_default().to_string();
-            QueueError::from_code(&code, message)
-        }
-        SdkError::TimeoutError(_) => QueueError::Unavailable("request timed out".into()),
-        SdkError::DispatchFailure(d) => {
-            let what = if d.is_io() {
-                "connection failed"
-            } else if d.is_timeout() {
-                "request timed out"
-            } else {
-                "request could not be sent"
-            };
-            QueueError::Unavailable(what.into())
-        }
-        SdkError::ResponseError(_) => QueueError::Unavailable("malformed response".into()),
-        other => QueueError::Unavailable(format!("{}", aws_sdk_sqs::error::DisplayErrorContext(&other))),
+    match crate::aws::failure(err) {
+        crate::aws::Failure::Service { code, message } => QueueError::from_code(&code, message),
+        crate::aws::Failure::Transport(message) => QueueError::Unavailable(message),
     }
 }
 
