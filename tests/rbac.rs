@@ -40,6 +40,13 @@ fn install_deploy() {
     assert!(out.status.success(), "kubectl apply -k deploy/ failed:\n{}", String::from_utf8_lossy(&out.stderr));
 }
 
+/// [`install_deploy`] once per test process: the tests run in parallel, and two concurrent
+/// `kubectl apply` of a fresh install race on creating the same objects.
+async fn install_deploy_once() {
+    static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    INSTALLED.get_or_init(|| async { tokio::task::spawn_blocking(install_deploy).await.unwrap() }).await;
+}
+
 /// A client authenticated as the deploy ServiceAccount, with a short-lived bound token.
 async fn service_account_client(admin: &Client) -> Client {
     let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), INSTALL_NS);
@@ -96,7 +103,7 @@ async fn allowed(
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn queue_controller_works_with_the_deploy_service_account_and_nothing_else_is_allowed() {
     let admin = client().await;
-    tokio::task::spawn_blocking(install_deploy).await.unwrap();
+    install_deploy_once().await;
     let sa = service_account_client(&admin).await;
     let ns = TestNs::new("rbac").await;
 
@@ -201,7 +208,7 @@ async fn tunnel_controllers_work_with_the_deploy_service_account() {
     use skyport::crd::{Tunnel, TunnelPhase};
 
     let admin = client().await;
-    tokio::task::spawn_blocking(install_deploy).await.unwrap();
+    install_deploy_once().await;
     let sa = service_account_client(&admin).await;
     let ns = TestNs::new("rbac-tun").await;
     // The cluster id as the binary reads it: the kube-system namespace's UID.
