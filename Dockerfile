@@ -1,12 +1,20 @@
-# skyport operator image: a static musl binary on distroless, running as non-root.
+# skyport image: one static musl binary on distroless, running as non-root. The same binary is
+# the operator (`skyport run`), the in-cluster tunnel client (`skyport tunnel client`, the client
+# Deployment runs this image) and the exit server (`skyport tunnel server`, downloaded by the VM).
 #
 #   docker build -t skyport:dev .
 #   kind load docker-image skyport:dev        # or: k3d image import skyport:dev
 #
+# The release asset exit servers download (README, "Releasing"): the very file the image runs,
+# from the same build stage, so its SHA-256 is the one the operator derives from itself:
+#
+#   docker build --target release-binary --output type=local,dest=dist .   # dist/skyport
+#
 # Then point the Deployment at it (deploy/README.md, "Build the image yourself").
 
 FROM rust:1.94-alpine AS build
-RUN apk add --no-cache musl-dev
+# gcc: rathole's build script (vergen) compiles C code through the cc crate.
+RUN apk add --no-cache musl-dev gcc
 WORKDIR /src
 COPY . .
 # ring and rustls need no system libraries, so the musl build is fully static.
@@ -14,6 +22,9 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bin skyport \
     && cp target/release/skyport /skyport
+
+FROM scratch AS release-binary
+COPY --from=build /skyport /skyport
 
 # CA certificates for AWS endpoints, no shell, uid/gid 65532 (matches deploy/'s runAsUser).
 FROM gcr.io/distroless/static-debian12:nonroot

@@ -26,6 +26,8 @@
 //! environment would reconcile the benchmark's Queues too): use a dedicated environment
 //! (`SKYPORT_STATE=... tests/env.sh up`, see BENCHMARKS.md) for figures worth recording.
 
+mod entry;
+
 #[path = "../tests/common/mod.rs"]
 mod common;
 
@@ -82,7 +84,7 @@ static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Governor {
-    /// skyport's defaults (`--sqs-rate 20 --sqs-burst 40`): what a user gets.
+    /// skyport's defaults (`--sqs-rate 40 --sqs-burst 40`): what a user gets.
     Default,
     /// So high that it never waits: exposes the reconcile path itself.
     Open,
@@ -648,7 +650,7 @@ struct Operator {
 impl Operator {
     async fn start(client: Client, sqs: Arc<dyn QueueBackend>, settings: QueueArgs, ns: &str) -> Self {
         let (stop, rx) = oneshot::channel::<()>();
-        let (ctx, run) = controller(client, sqs, settings, Some(ns.to_string()), async {
+        let (ctx, run) = controller(client, sqs, Default::default(), settings, Some(ns.to_string()), async {
             let _ = rx.await;
         });
         let task = tokio::spawn(run);
@@ -727,9 +729,12 @@ impl Bench {
                     async move {
                         let url = match q.status.as_ref().and_then(|s| s.queue_url.clone()) {
                             Some(url) => Some(url),
-                            None => {
-                                self.janitor.queue_url(&queue_name(ns, &q.name_any(), &q.spec)).await.ok().flatten()
-                            }
+                            None => self
+                                .janitor
+                                .queue_url(&queue_name(ns, &q.name_any(), &q.spec, None))
+                                .await
+                                .ok()
+                                .flatten(),
                         };
                         if let Some(url) = url {
                             let _ = self.janitor.delete_queue(&url).await;
@@ -925,7 +930,7 @@ async fn baseline_one(api: &Api<Queue>, sqs: &dyn QueueBackend, q: &Queue, write
     let ns = q.namespace().unwrap_or_default();
     let uid = q.uid().unwrap_or_default();
     let name = q.name_any();
-    let d = desired(&q.spec, &Owner { namespace: &ns, name: &name, uid: &uid }, None);
+    let d = desired(&q.spec, &Owner { namespace: &ns, name: &name, uid: &uid, recorded_name: None }, None);
     let url = sqs.create_queue(&d.name, &d.create_attributes(q.spec.fifo), &d.tags).await?;
     let now = k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
     let conditions = [("Ready", "Available", "the SQS queue exists"), ("Synced", "ReconcileSuccess", "")]
@@ -940,8 +945,10 @@ async fn baseline_one(api: &Api<Queue>, sqs: &dyn QueueBackend, q: &Queue, write
         queue_url: Some(url),
         queue_arn: None,
         queue_name: Some(d.name),
+        adopted: false,
         observed_generation: q.metadata.generation,
         conditions,
+        ..Default::default()
     };
     writes.fetch_add(1, Ordering::Relaxed);
     api.patch_status(&name, &PatchParams::default(), &Patch::Merge(json!({ "status": status }))).await?;
@@ -1117,7 +1124,7 @@ impl Bench {
         futures::future::try_join_all(deleted.iter().map(|n| self.oob.delete_queue().queue_url(&urls[n]).send()))
             .await?;
         let del_polls = futures::future::join_all(deleted.iter().map(|n| {
-            let sqs_name = format!("{ns}-{n}");
+            let sqs_name = format!("{ns}_{n}");
             async move {
                 let deadline = t_del + Duration::from_secs(300) + o.resync * 2;
                 loop {
@@ -1388,28 +1395,7 @@ impl Bench {
 // ---- main -----------------------------------------------------------------------------------------
 
 fn main() -> std::process::ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if !args.iter().any(|a| a == "--bench" || a == "--quick") {
-        // `cargo test --all-targets` runs bench targets too: building is the check there.
-        println!("queues benchmark: not run under `cargo test`; run `cargo bench --bench queues [-- --quick]`");
-        return std::process::ExitCode::SUCCESS;
-    }
-    let opts = match parse_args(&args) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("{e:#}");
-            return std::process::ExitCode::from(2);
-        }
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
-    match rt.block_on(run(opts)) {
-        Ok(true) => std::process::ExitCode::SUCCESS,
-        Ok(false) => std::process::ExitCode::FAILURE,
-        Err(e) => {
-            eprintln!("benchmark failed: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    entry::main("queues", parse_args, run)
 }
 
 async fn run(o: Opts) -> anyhow::Result<bool> {

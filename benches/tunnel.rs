@@ -1,28 +1,40 @@
 //! Benchmarks of the Tunnel path against the real test environment (issue 5, item 5), with the
-//! local provider and the real rathole server and client:
+//! local provider and the real tunnel server and client (`skyport tunnel server|client`, rathole
+//! built in; in `--profile dev` runs that is the dev build of skyport):
 //!
 //! 1. **time to ingress**: from creating a LoadBalancer Service to its
 //!    `status.loadBalancer.ingress[0].ip`, against the provider's own part measured in the same
 //!    run (a direct `LocalProvider::create`, which returns once the exit server listens). The
 //!    difference is skyport's overhead (Service → Tunnel → finalizer → Secret → host → status →
 //!    Deployment → ingress). Target: ≤ 1 s.
-//! 2. **throughput**: a bulk TCP transfer through the tunnel (client → exit server → rathole
-//!    Noise channel → rathole client → backend) against the same transfer straight to the
-//!    backend on loopback. Target: ≥ 0.8 × direct.
+//! 2. **the data plane against peers measured in the same run**: the same backends reached
+//!    through the tunnel (client → exit server → rathole Noise channel → rathole client →
+//!    backend), through OpenSSH local port forwarding (`ssh -L`, sshd on a loopback port with
+//!    throwaway keys; aes128-gcm and chacha20-poly1305), through a plain userspace TCP relay
+//!    (tokio, in this process; and socat), and straight to the backend. For each: throughput of a
+//!    bulk transfer, p50/p99 of small request/response round trips on one connection, and new
+//!    connections per second (connect, 1-byte echo, close). Targets: throughput ≥ 1.0 × OpenSSH
+//!    and ≥ 0.5 × the plain relay; added latency (path p50/p99 − direct p50/p99) ≤ 1.2 × OpenSSH's.
+//!
+//! The tunnel runs the skyport binary of the profile the benchmark is built with (the exit server
+//! and the client alike), so `cargo bench` (release) measures a release tunnel. OpenSSH and socat come from tests/env/install-bench-peers.sh.
 //!
 //! Medians of several runs; ratios from the same run. Figures only, no timed assertions: the
 //! exit status is non-zero only when something is broken (no ingress, bytes corrupted).
 //!
 //! ```sh
-//! eval "$(tests/env.sh up)"; export SKYPORT_RATHOLE="$(tests/env/build-rathole.sh)"
-//! cargo bench --bench tunnel                # 7 runs, 256 MiB transfers
-//! cargo bench --bench tunnel -- --quick     # 2 runs, 16 MiB (CI, through tests/run.sh)
+//! eval "$(tests/env.sh up)"
+//! tests/env/install-bench-peers.sh
+//! cargo bench --bench tunnel                # 7 runs, 256 MiB transfers, 2000 round trips, 3 s of connects
+//! cargo bench --bench tunnel -- --quick     # 2 runs, 16 MiB, 200 round trips, 0.5 s (CI, tests/run.sh)
 //! ```
 //!
 //! Run without `--bench` (as `cargo test --all-targets` does) it only says how to run it.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "tunnel/peers.rs"]
+mod peers;
 #[path = "../tests/common/tunnels.rs"]
 mod tunnels;
 
@@ -40,6 +52,8 @@ use tokio::net::{TcpListener, TcpStream};
 struct Options {
     runs: usize,
     megabytes: usize,
+    round_trips: usize,
+    connect_for: Duration,
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -55,7 +69,8 @@ fn service(name: &str) -> Service {
     serde_json::from_value(serde_json::json!({
         "metadata": {"name": name},
         "spec": {"type": "LoadBalancer", "loadBalancerClass": "skyport.dev/tunnel",
-                 "ports": [{"name": "data", "port": 9000, "protocol": "TCP"}]},
+                 "ports": [{"name": "data", "port": 9000, "protocol": "TCP"},
+                           {"name": "echo", "port": 9001, "protocol": "TCP"}]},
     }))
     .expect("valid Service")
 }
@@ -142,10 +157,37 @@ async fn run(options: Options) -> anyhow::Result<()> {
     let services: Api<Service> = ns.api();
     let backends = Backends::default();
     let (mut total, mut provider_only, mut overhead) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut direct_mbps, mut tunnel_mbps, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut relay_mbps, mut relay_ratios) = (Vec::new(), Vec::new());
     let sink_addr = sink().await?;
-    let relay_addr = relay(sink_addr).await?;
+    let echo_addr = peers::echo().await?;
+    let mut paths = vec![peers::Path::new("direct", sink_addr.to_string(), echo_addr.to_string())];
+    paths.push(peers::Path::new("tunnel (rathole)", String::new(), String::new()));
+    let ssh = peers::Ssh::start(&[sink_addr, echo_addr]).await;
+    match &ssh {
+        Ok(ssh) => {
+            for (cipher, ports) in &ssh.forwards {
+                paths.push(peers::Path::new(
+                    &format!("OpenSSH -L {cipher}"),
+                    format!("127.0.0.1:{}", ports[0]),
+                    format!("127.0.0.1:{}", ports[1]),
+                ));
+            }
+        }
+        Err(e) => println!("OpenSSH peer not available ({e:#}): run tests/env/install-bench-peers.sh"),
+    }
+    paths.push(peers::Path::new(
+        "plain relay (tokio)",
+        relay(sink_addr).await?.to_string(),
+        relay(echo_addr).await?.to_string(),
+    ));
+    let socat = peers::Socat::start(&[sink_addr, echo_addr]).await;
+    match &socat {
+        Ok(s) => paths.push(peers::Path::new(
+            "plain relay (socat)",
+            format!("127.0.0.1:{}", s.ports[0]),
+            format!("127.0.0.1:{}", s.ports[1]),
+        )),
+        Err(e) => println!("socat peer not available ({e:#})"),
+    }
 
     for run in 0..options.runs {
         // The provider's own part: the same create the controller makes, straight to the adapter.
@@ -157,51 +199,54 @@ async fn run(options: Options) -> anyhow::Result<()> {
         op.local.delete(&host.id).await?;
 
         let name = format!("web-{run}");
+        // The tunnel's backends are the same sink and echo server as every other path's. The
+        // client runs from the start, as the kubelet would run its Deployment: the ingress is
+        // published only once the health check went through it, so time to ingress includes it.
+        backends.set(9000, "tcp", sink_addr).await;
+        backends.set(9001, "tcp", echo_addr).await;
+        let _client =
+            ClientRunner::start(ns.client.clone(), &ns.name, &format!("{name}-tunnel-client"), backends.clone());
         let (seconds, ip) = time_to_ingress(&services, &name).await?;
         total.push(seconds);
         provider_only.push(direct_create);
         overhead.push(seconds - direct_create);
-
-        // Throughput: the tunnel's backend is the same sink as the direct path.
-        backends.set(9000, "tcp", sink_addr).await;
-        let _client =
-            ClientRunner::start(ns.client.clone(), &ns.name, &format!("{name}-tunnel-client"), backends.clone());
-        let through = format!("{ip}:9000");
+        paths[1].bulk = format!("{ip}:9000");
+        paths[1].echo = format!("{ip}:9001");
         let deadline = Instant::now() + Duration::from_secs(30);
-        while throughput(&through, 1).await.is_err() {
+        while throughput(&paths[1].bulk, 1).await.is_err() || peers::round_trips(&paths[1].echo, 1, 64).await.is_err() {
             if Instant::now() > deadline {
                 bail!("the tunnel of {name} never carried bytes");
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let d = throughput(&sink_addr.to_string(), options.megabytes).await?;
-        let t = throughput(&through, options.megabytes).await?;
-        let r = throughput(&relay_addr.to_string(), options.megabytes).await?;
-        direct_mbps.push(d);
-        tunnel_mbps.push(t);
-        ratios.push(t / d);
-        relay_mbps.push(r);
-        relay_ratios.push(r / d);
-        eprintln!(
-            "run {}: ingress after {seconds:.3} s (provider {direct_create:.3} s); direct {d:.0} MB/s, tunnel {t:.0} MB/s, plain relay {r:.0} MB/s",
-            run + 1
-        );
+        let mut line = format!("run {}: ingress after {seconds:.3} s (provider {direct_create:.3} s)", run + 1);
+        for p in paths.iter_mut() {
+            let mbps = throughput(&p.bulk, options.megabytes).await.with_context(|| p.name.clone())?;
+            let rtt = peers::round_trips(&p.echo, options.round_trips, 64).await.with_context(|| p.name.clone())?;
+            let cps = peers::connections_per_second(&p.echo, options.connect_for, 4).await;
+            line += &format!("; {} {mbps:.0} MB/s p50 {:.0} us {cps:.0} conn/s", p.name, peers::percentile(&rtt, 0.5));
+            p.record(mbps, &rtt, cps);
+        }
+        eprintln!("{line}");
     }
 
     let (t, p, o) = (median(&mut total), median(&mut provider_only), median(&mut overhead));
-    let (d, tu, r) = (median(&mut direct_mbps), median(&mut tunnel_mbps), median(&mut ratios));
-    let (rm, rr) = (median(&mut relay_mbps), median(&mut relay_ratios));
     let mark = |ok: bool| if ok { "PASS" } else { "MISS" };
-    println!("## Tunnel (local provider, real rathole {} server and client)", providers::userdata::RATHOLE_VERSION);
-    println!("runs: {}, transfer: {} MiB per measurement", options.runs, options.megabytes);
+    println!(
+        "## Tunnel (local provider, real skyport tunnel server and client, rathole {})",
+        providers::userdata::RATHOLE_VERSION
+    );
+    println!(
+        "runs: {}, per run: {} MiB bulk transfer, {} round trips of 64 bytes, {:?} of new connections (4 at a time)",
+        options.runs, options.megabytes, options.round_trips, options.connect_for
+    );
+    println!("tunnel binary: {}", common::kubelet::skyport_exe().display());
     println!("time to ingress IP (median):      {t:.3} s");
     println!("  provider's own create (median): {p:.3} s");
     println!("  skyport overhead (median):      {o:.3} s   target <= 1 s: {}", mark(o <= 1.0));
-    println!("throughput direct loopback (median): {d:.0} MB/s");
-    println!("throughput through the tunnel:       {tu:.0} MB/s");
-    println!("ratio tunnel / direct (median of per-run ratios): {r:.2}   target >= 0.8: {}", mark(r >= 0.8));
-    println!("reference: a plain userspace TCP relay, no encryption: {rm:.0} MB/s, {rr:.2} x direct");
+    peers::report(&paths);
     tunnels::finish_tunnels(op, ns).await;
+    drop((ssh, socat));
     Ok(())
 }
 
@@ -236,6 +281,10 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let quick = args.iter().any(|a| a == "--quick");
-    let options = if quick { Options { runs: 2, megabytes: 16 } } else { Options { runs: 7, megabytes: 256 } };
+    let options = if quick {
+        Options { runs: 2, megabytes: 16, round_trips: 200, connect_for: Duration::from_millis(500) }
+    } else {
+        Options { runs: 7, megabytes: 256, round_trips: 2000, connect_for: Duration::from_secs(3) }
+    };
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(options))
 }

@@ -129,7 +129,8 @@ export OVERRIDE_IN_DOCKER="${OVERRIDE_IN_DOCKER:-0}"
 export FILESYSTEM_ROOT="$FSROOT"
 export LOCALSTACK_VOLUME_DIR="${LOCALSTACK_VOLUME_DIR:-$LS_STATE/volume}"
 export DNS_ADDRESS="${DNS_ADDRESS:-0}"
-export SERVICES="${SERVICES:-sqs,ec2}"
+# sts: GetCallerIdentity, which the ACK SQS controller calls at start (benches/ack.rs).
+export SERVICES="${SERVICES:-sqs,ec2,sts}"
 export GATEWAY_LISTEN="${GATEWAY_LISTEN:-127.0.0.1:$LS_PORT}"
 # twisted (the default gateway) is ~2x faster than hypercorn but ignores the host part of
 # GATEWAY_LISTEN and binds 0.0.0.0; the launcher below makes it bind 127.0.0.1.

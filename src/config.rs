@@ -22,6 +22,12 @@ pub enum Command {
     // A flag given twice takes the last value, so manifests can append overrides.
     #[command(args_override_self = true)]
     Run(Box<RunArgs>),
+    /// Run one end of a tunnel (rathole 0.5.0 built in): `server` on an exit server, `client` in
+    /// the cluster's tunnel client Deployment.
+    Tunnel {
+        #[command(subcommand)]
+        role: TunnelRole,
+    },
     /// Print the CustomResourceDefinitions as YAML (what `crds/` holds).
     Crds {
         /// Write one file per CRD (`<singular>.yaml`) into this directory instead of printing.
@@ -29,6 +35,31 @@ pub enum Command {
         dir: Option<std::path::PathBuf>,
     },
 }
+
+/// The two ends of a tunnel.
+#[derive(Debug, Subcommand)]
+pub enum TunnelRole {
+    /// The exit server: publishes the ports its configuration lists and forwards them to the
+    /// connected client (the configuration is reloaded when the file changes).
+    Server {
+        /// rathole server configuration (`[server]`), as the operator renders it.
+        #[arg(long)]
+        config: std::path::PathBuf,
+    },
+    /// The in-cluster client: dials the exit server and forwards each service to its
+    /// `local_addr`; also answers the operator's health check on the `skyport-health` service.
+    Client {
+        /// rathole client configuration (`[client]`), as the operator renders it.
+        #[arg(long)]
+        config: std::path::PathBuf,
+    },
+}
+
+/// The operator's own image: the default for the tunnel client, which runs `skyport tunnel client`.
+pub const OWN_IMAGE: &str = concat!("ghcr.io/skyport-dev/skyport:", env!("CARGO_PKG_VERSION"));
+/// Where exit servers download the skyport binary by default: the project's release artifacts.
+pub const DEFAULT_EXIT_SERVER_URL: &str =
+    "https://github.com/skyport-dev/skyport/releases/download/v{version}/skyport-{arch}";
 
 /// Settings of `skyport run`. Every flag can also be set through the environment variable shown.
 #[derive(Debug, Clone, Args)]
@@ -144,11 +175,16 @@ pub struct AwsArgs {
     #[arg(long = "aws-region", env = "SKYPORT_AWS_REGION")]
     pub region: Option<String>,
 
-    /// Sustained SQS control-plane calls per second, for all Queues together.
-    #[arg(long = "sqs-rate", env = "SKYPORT_SQS_RATE", default_value = "20")]
+    /// Sustained SQS control-plane calls per second, for all Queues together. SQS publishes one
+    /// per-account rate quota for the calls skyport makes: tagging actions (ListQueueTags,
+    /// TagQueue, UntagQueue), 5 per second (Amazon SQS Developer Guide, "Quotas related to
+    /// queues"); queue-management actions have none. At the default resyncs (attributes every
+    /// 60 s, tags every 10 min) one call in 11 is ListQueueTags, so 40/s keeps tagging at
+    /// 3.6/s, under 80 % of that quota (as the DigitalOcean and Hetzner budgets are sized).
+    #[arg(long = "sqs-rate", env = "SKYPORT_SQS_RATE", default_value = "40", verbatim_doc_comment)]
     pub sqs_rate: NonZeroU32,
 
-    /// SQS calls allowed in a burst above the sustained rate.
+    /// SQS calls allowed in a burst above the sustained rate (one second of the default rate).
     #[arg(long = "sqs-burst", env = "SKYPORT_SQS_BURST", default_value = "40")]
     pub sqs_burst: NonZeroU32,
 }
@@ -160,7 +196,7 @@ pub struct TunnelArgs {
     /// spec.provider overrides it. Without it the Tunnel controllers do not run. Credentials come
     /// from the provider's standard environment: the AWS chain for ec2, DIGITALOCEAN_TOKEN,
     /// HCLOUD_TOKEN; providers whose credentials are present are configured too.
-    #[arg(long, env = "SKYPORT_PROVIDER", value_parser = ["local", "ec2", "digitalocean", "hetzner"])]
+    #[arg(long, env = "SKYPORT_PROVIDER", value_parser = clap::builder::PossibleValuesParser::new(crate::clouds::NAMES))]
     pub provider: Option<String>,
 
     /// Also serve LoadBalancer Services without a loadBalancerClass, as a cluster's default load
@@ -188,30 +224,93 @@ pub struct TunnelArgs {
     )]
     pub concurrency: u16,
 
+    /// First retry delay of a Tunnel after a transient error; doubles per consecutive failure
+    /// (default: --error-backoff-min, as for Queues).
+    #[arg(id = "tunnel_backoff_min", long = "tunnel-error-backoff-min", env = "SKYPORT_TUNNEL_ERROR_BACKOFF_MIN", value_parser = humantime::parse_duration)]
+    pub backoff_min: Option<Duration>,
+
+    /// Longest retry delay of a Tunnel after repeated transient errors (default:
+    /// --error-backoff-max, as for Queues).
+    #[arg(id = "tunnel_backoff_max", long = "tunnel-error-backoff-max", env = "SKYPORT_TUNNEL_ERROR_BACKOFF_MAX", value_parser = humantime::parse_duration)]
+    pub backoff_max: Option<Duration>,
+
+    /// Exit-server sizes a Tunnel may ask for (spec.size, from a Service's `skyport.dev/size`),
+    /// comma separated; `*` allows any. Empty (the default): a Tunnel may name no size and gets
+    /// the provider's default, so whoever can create a LoadBalancer Service cannot order a
+    /// larger, costlier server. Checked before an exit server is created.
+    #[arg(long = "tunnel-allowed-sizes", env = "SKYPORT_TUNNEL_ALLOWED_SIZES", value_delimiter = ',')]
+    pub allowed_sizes: Vec<String>,
+
+    /// Regions a Tunnel may ask for (spec.region, from a Service's `skyport.dev/region`), comma
+    /// separated; `*` allows any. Empty (the default): only the provider's default region.
+    #[arg(long = "tunnel-allowed-regions", env = "SKYPORT_TUNNEL_ALLOWED_REGIONS", value_delimiter = ',')]
+    pub allowed_regions: Vec<String>,
+
+    /// LoadBalancer Services reconciled in parallel.
+    #[arg(long = "service-concurrency", env = "SKYPORT_SERVICE_CONCURRENCY", default_value_t = 4)]
+    pub service_concurrency: u16,
+
+    /// First retry delay of a Service after a transient error; doubles per consecutive failure
+    /// up to --service-error-backoff-max (equal bounds: a fixed delay).
+    #[arg(long = "service-error-backoff-min", env = "SKYPORT_SERVICE_ERROR_BACKOFF_MIN", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub service_backoff_min: Duration,
+
+    /// Longest retry delay of a Service after repeated transient errors.
+    #[arg(long = "service-error-backoff-max", env = "SKYPORT_SERVICE_ERROR_BACKOFF_MAX", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub service_backoff_max: Duration,
+
     /// How often to look for exit servers tagged by skyport whose Tunnel no longer exists and
     /// delete them; 0 turns the sweep off.
     #[arg(long = "orphan-sweep-interval", env = "SKYPORT_ORPHAN_SWEEP_INTERVAL", default_value = "10m", value_parser = humantime::parse_duration)]
     pub orphan_sweep_interval: Duration,
 
-    /// Image of the in-cluster tunnel client (rathole; must match the exit server's version).
-    #[arg(
-        long = "tunnel-client-image",
-        env = "SKYPORT_TUNNEL_CLIENT_IMAGE",
-        default_value = "docker.io/rapiz1/rathole:v0.5.0"
-    )]
+    /// Image of the in-cluster tunnel client, which runs `/skyport tunnel client`: this operator's
+    /// own image (the Helm chart and manifests pass the operator's image), so client and exit
+    /// server are the same version.
+    #[arg(long = "tunnel-client-image", env = "SKYPORT_TUNNEL_CLIENT_IMAGE", default_value = OWN_IMAGE)]
     pub client_image: String,
+
+    /// Where exit servers download the skyport binary they run (`skyport tunnel server`).
+    /// `{version}` and `{arch}` (`uname -m` of the VM: x86_64, aarch64) are replaced; point it at
+    /// a mirror for air-gapped installs. The VM checks the file against the SHA-256 of this
+    /// operator's own executable, so the file must be the very binary the operator runs (same
+    /// version, same architecture).
+    #[arg(long = "exit-server-url", env = "SKYPORT_EXIT_SERVER_URL", default_value = DEFAULT_EXIT_SERVER_URL)]
+    pub exit_server_url: String,
+
+    /// Digest for exit servers of another architecture than the operator's, as ARCH=SHA256
+    /// (repeatable, e.g. aarch64=<64 hex digits> for an arm64 VM size under an x86_64 operator).
+    /// The operator's own architecture always uses the digest of its own executable.
+    #[arg(long = "exit-server-sha256", env = "SKYPORT_EXIT_SERVER_SHA256", value_delimiter = ',')]
+    pub exit_server_sha256: Vec<String>,
+
+    /// The executable exit servers of this architecture must match, and the local provider runs:
+    /// always the running binary; tests point it at the skyport binary they built.
+    #[arg(skip = std::path::PathBuf::from("/proc/self/exe"))]
+    pub self_exe: std::path::PathBuf,
 
     /// TCP port of the tunnel's control channel on the exit server; a Service may not use it.
     #[arg(long = "tunnel-control-port", env = "SKYPORT_TUNNEL_CONTROL_PORT", default_value_t = 2333, value_parser = clap::value_parser!(u16).range(1..))]
     pub control_port: u16,
 
+    /// TCP port of the tunnel's health check on the exit server: the operator sends a nonce there
+    /// and only this tunnel's connected client can answer it. A Service may not use it.
+    #[arg(long = "tunnel-health-port", env = "SKYPORT_TUNNEL_HEALTH_PORT", default_value_t = 2334, value_parser = clap::value_parser!(u16).range(1..))]
+    pub health_port: u16,
+
+    /// How long a new exit server may take until its tunnel passes the health check; after it the
+    /// Tunnel reports `TunnelNotEstablished` with a Warning Event.
+    #[arg(long = "tunnel-boot-timeout", env = "SKYPORT_TUNNEL_BOOT_TIMEOUT", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub boot_timeout: Duration,
+
+    /// How long an exit server may fail the health check (since it was first seen running, or
+    /// last passed) before it is replaced by a new one; the clock restarts with the new host.
+    #[arg(long = "tunnel-replace-after", env = "SKYPORT_TUNNEL_REPLACE_AFTER", default_value = "15m", value_parser = humantime::parse_duration)]
+    pub replace_after: Duration,
+
     /// local provider: directory holding one folder per exit server process.
     #[arg(long = "local-state-dir", env = "SKYPORT_LOCAL_STATE_DIR", default_value = "/tmp/skyport-local-hosts")]
     pub local_state_dir: std::path::PathBuf,
-
-    /// local provider: the rathole binary the exit servers run.
-    #[arg(long = "local-rathole", env = "SKYPORT_RATHOLE", default_value = "rathole")]
-    pub local_rathole: std::path::PathBuf,
 
     /// ec2 provider: AMI of the exit servers (a Debian or Ubuntu image with cloud-init).
     #[arg(long = "ec2-image-id", env = "SKYPORT_EC2_IMAGE_ID")]
@@ -232,14 +331,50 @@ impl Default for TunnelArgs {
             annotated_only: false,
             resync: Duration::from_secs(60),
             concurrency: 4,
+            backoff_min: None,
+            backoff_max: None,
+            allowed_sizes: Vec::new(),
+            allowed_regions: Vec::new(),
+            service_concurrency: 4,
+            service_backoff_min: Duration::from_secs(5),
+            service_backoff_max: Duration::from_secs(5),
             orphan_sweep_interval: Duration::from_secs(600),
-            client_image: "docker.io/rapiz1/rathole:v0.5.0".into(),
+            client_image: OWN_IMAGE.into(),
+            exit_server_url: DEFAULT_EXIT_SERVER_URL.into(),
+            exit_server_sha256: Vec::new(),
+            self_exe: "/proc/self/exe".into(),
             control_port: 2333,
+            health_port: 2334,
+            boot_timeout: Duration::from_secs(600),
+            replace_after: Duration::from_secs(900),
             local_state_dir: "/tmp/skyport-local-hosts".into(),
-            local_rathole: "rathole".into(),
             ec2_image_id: None,
             cluster_id: None,
         }
+    }
+}
+
+impl TunnelArgs {
+    /// The Tunnel controller's error backoff: its own flags, else the Queue controller's.
+    pub fn backoff(&self, queue: &QueueArgs) -> crate::controllers::Backoff {
+        crate::controllers::Backoff::new(
+            self.backoff_min.unwrap_or(queue.backoff_min),
+            self.backoff_max.unwrap_or(queue.backoff_max),
+        )
+    }
+
+    /// Where exit servers get their binary and the digests they check, derived from
+    /// [`TunnelArgs::self_exe`] (the digest is cached after the first read).
+    pub fn exit_server_artifacts(&self) -> Result<Vec<providers::Artifact>, crate::tunnel::ArtifactError> {
+        crate::tunnel::exit_server_artifacts(&self.artifact_settings()?)
+    }
+
+    pub fn artifact_settings(&self) -> Result<crate::tunnel::ArtifactSettings, crate::tunnel::ArtifactError> {
+        Ok(crate::tunnel::ArtifactSettings {
+            url_template: self.exit_server_url.clone(),
+            self_exe: self.self_exe.clone(),
+            other_arches: crate::tunnel::parse_digests(&self.exit_server_sha256)?,
+        })
     }
 }
 
@@ -296,6 +431,64 @@ mod tests {
         let twice = Cli::try_parse_from(["skyport", "run", "--queue-resync=60s", "--queue-resync=30s"]).unwrap();
         let Command::Run(run) = twice.command else { panic!("expected run") };
         assert_eq!(run.queue.resync, Duration::from_secs(30), "the last occurrence wins");
+    }
+
+    #[test]
+    fn tunnel_backoff_defaults_to_the_shared_flags_and_service_keeps_its_fixed_retry() {
+        let cli = Cli::try_parse_from(["skyport", "run", "--error-backoff-min", "2s"]).unwrap();
+        let Command::Run(run) = cli.command else { panic!("expected run") };
+        let backoff = run.tunnel.backoff(&run.queue);
+        assert!(backoff.delay_for(0) <= Duration::from_secs(2) && backoff.delay_for(0) >= Duration::from_millis(1500));
+        assert_eq!(run.tunnel.service_concurrency, 4);
+        assert_eq!(
+            (run.tunnel.service_backoff_min, run.tunnel.service_backoff_max),
+            (Duration::from_secs(5), Duration::from_secs(5))
+        );
+        let cli = Cli::try_parse_from([
+            "skyport",
+            "run",
+            "--error-backoff-min",
+            "2s",
+            "--tunnel-error-backoff-min",
+            "10s",
+            "--tunnel-error-backoff-max",
+            "10s",
+        ])
+        .unwrap();
+        let Command::Run(run) = cli.command else { panic!("expected run") };
+        assert_eq!(run.tunnel.backoff(&run.queue).delay_for(3), Duration::from_secs(10));
+        assert!(Cli::try_parse_from(["skyport", "run", "--provider", "nowhere"]).is_err());
+    }
+
+    #[test]
+    fn the_tunnel_subcommands_take_a_config_file() {
+        let cli = Cli::try_parse_from(["skyport", "tunnel", "client", "--config", "/etc/skyport/client.toml"]).unwrap();
+        let Command::Tunnel { role: TunnelRole::Client { config } } = cli.command else { panic!("expected client") };
+        assert_eq!(config, std::path::Path::new("/etc/skyport/client.toml"));
+        assert!(Cli::try_parse_from(["skyport", "tunnel", "server"]).is_err(), "--config is required");
+        let cli = Cli::try_parse_from(["skyport", "run", "--exit-server-sha256", "aarch64=ab,riscv64=cd"]).unwrap();
+        let Command::Run(run) = cli.command else { panic!("expected run") };
+        assert_eq!(run.tunnel.exit_server_sha256, ["aarch64=ab", "riscv64=cd"]);
+        assert_eq!(run.tunnel.self_exe, std::path::Path::new("/proc/self/exe"));
+        assert_eq!(run.tunnel.client_image, OWN_IMAGE);
+    }
+
+    #[test]
+    fn allowed_sizes_and_regions_are_comma_lists_empty_by_default() {
+        let cli = Cli::try_parse_from(["skyport", "run"]).unwrap();
+        let Command::Run(run) = cli.command else { panic!("expected run") };
+        assert!(run.tunnel.allowed_sizes.is_empty() && run.tunnel.allowed_regions.is_empty());
+        let cli = Cli::try_parse_from([
+            "skyport",
+            "run",
+            "--tunnel-allowed-sizes",
+            "t3.nano,t3.micro",
+            "--tunnel-allowed-regions=fra1",
+        ])
+        .unwrap();
+        let Command::Run(run) = cli.command else { panic!("expected run") };
+        assert_eq!(run.tunnel.allowed_sizes, ["t3.nano", "t3.micro"]);
+        assert_eq!(run.tunnel.allowed_regions, ["fra1"]);
     }
 
     #[test]

@@ -43,6 +43,7 @@ impl Error {
                 QueueError::AlreadyExists(_) => "AlreadyExists",
                 QueueError::Invalid { .. } => "InvalidAttribute",
                 QueueError::AccessDenied { .. } => "AccessDenied",
+                QueueError::CredentialsRejected { .. } => "CredentialsRejected",
                 QueueError::Throttled { .. } => "Throttled",
                 QueueError::Unavailable(_) => "SqsUnavailable",
                 QueueError::Other { .. } => "SqsError",
@@ -57,6 +58,12 @@ impl Error {
                 HostError::Unavailable { .. } => "ProviderUnavailable",
             },
         }
+    }
+
+    /// Failures that heal on the scale of token refreshes and key rotations, not seconds (refused
+    /// credentials): retried no faster than the controller's slow floor (one resync).
+    pub fn heals_slowly(&self) -> bool {
+        matches!(self, Error::Queue(QueueError::CredentialsRejected { .. }))
     }
 
     /// How long the cloud asked us to wait before the next call, when it said so.

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use clap::Parser;
 use futures::FutureExt;
-use skyport::config::{Cli, Command, RunArgs};
+use kube::runtime::reflector::Store;
+use skyport::config::{Cli, Command, RunArgs, TunnelRole};
 use skyport::http::{self, Phase};
 use skyport::leader::{self, Lease};
 use skyport::metrics::{CloudSnapshot, Metrics, ReadyCounts};
@@ -31,6 +32,13 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Run(args) => run(*args).await,
+        Command::Tunnel { role } => {
+            telemetry::init(telemetry::LogFormat::Text);
+            match role {
+                TunnelRole::Server { config } => skyport::tunnel::run(skyport::tunnel::Role::Server, config).await,
+                TunnelRole::Client { config } => skyport::tunnel::run(skyport::tunnel::Role::Client, config).await,
+            }
+        }
     }
 }
 
@@ -106,21 +114,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let (ctx, queues) = controllers::queue::controller(
         client,
         sqs.clone(),
+        args.aws.sqs_settings(),
         args.queue.clone(),
         args.namespace.clone(),
         shutdown.clone(),
     );
-    let (objects, writes) = (ctx.clone(), ctx.clone());
-    state.metrics.add_controller(
-        "queue",
-        ctx.metrics.clone(),
-        move || {
-            ReadyCounts::count(objects.queues.state().iter().map(|q| {
-                q.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready")).map(|c| c.status)
-            }))
-        },
-        move || writes.api_writes.get(),
-    );
+    add_controller(&state, "queue", &ctx, Some(ctx.queues.clone()));
     state.metrics.add_cloud("sqs", move || CloudSnapshot::of(&providers::QueueBackend::limiter(&*sqs).counters));
     tokio::spawn({
         let (ctx, state) = (ctx.clone(), state.clone());
@@ -165,13 +164,23 @@ async fn start_tunnels(
     state: &http::State,
     shutdown: futures::future::Shared<futures::future::BoxFuture<'static, ()>>,
 ) -> anyhow::Result<futures::future::BoxFuture<'static, ()>> {
-    let registry = skyport::hosts::configure(&args.tunnel, args.aws.region.as_deref()).await?;
+    let registry = skyport::clouds::configure(&args.tunnel, args.aws.region.as_deref()).await?;
     if registry.names().is_empty() {
         info!("no exit-server provider configured (--provider); Tunnel controllers not started");
         return Ok(futures::future::ready(()).boxed());
     }
-    let cluster_id = skyport::hosts::cluster_id(&client, &args.tunnel).await?;
-    let backoff = controllers::Backoff::new(args.queue.backoff_min, args.queue.backoff_max);
+    let t = &args.tunnel;
+    controllers::tunnel::plan::check_health_settings(t.control_port, t.health_port, t.boot_timeout, t.replace_after)
+        .map_err(anyhow::Error::msg)?;
+    let cluster_id = skyport::clouds::cluster_id(&client, &args.tunnel).await?;
+    // Fail at start, not at the first Tunnel, when exit servers could not be checked.
+    if registry.names().iter().any(|name| *name != "local") {
+        let artifacts = args.tunnel.exit_server_artifacts().context("exit-server binary (--exit-server-url)")?;
+        for a in artifacts {
+            info!(arch = %a.arch, url = %a.url, sha256 = %a.sha256, "exit servers download and check this binary");
+        }
+    }
+    let backoff = args.tunnel.backoff(&args.queue);
     for provider in registry.all() {
         let provider = provider.clone();
         state.metrics.add_cloud(provider.name(), move || CloudSnapshot::of(&provider.limiter().counters));
@@ -192,27 +201,36 @@ async fn start_tunnels(
         args.namespace.clone(),
         shutdown,
     );
-    let (objects, writes) = (ctx.clone(), ctx.clone());
-    state.metrics.add_controller(
-        "tunnel",
-        ctx.metrics.clone(),
-        move || {
-            ReadyCounts::count(objects.tunnels.state().iter().map(|t| {
-                t.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready")).map(|c| c.status)
-            }))
-        },
-        move || writes.api_writes.get(),
-    );
-    let svc_writes = svc_ctx.clone();
-    state
-        .metrics
-        .add_controller("service", svc_ctx.metrics.clone(), ReadyCounts::default, move || svc_writes.api_writes.get());
+    add_controller(state, "tunnel", &ctx, Some(ctx.tunnels.clone()));
+    add_controller::<skyport::crd::Tunnel, _, _>(state, "service", &svc_ctx, None);
     let orphans = ctx.clone();
     state.metrics.add_orphans(move || orphans.orphans_deleted.load(std::sync::atomic::Ordering::Relaxed));
     Ok(async move {
         tokio::join!(tunnels, services);
     }
     .boxed())
+}
+
+/// Registers a controller's reconcile metrics, its write counter and, for controllers with a
+/// status, the Ready counts of the objects in its cache.
+fn add_controller<K, S, M>(
+    state: &http::State,
+    name: &'static str,
+    ctx: &Arc<controllers::Context<S, M>>,
+    objects: Option<Store<K>>,
+) where
+    K: controllers::status::WithStatus + kube::runtime::reflector::Lookup<DynamicType = ()> + Send + Sync + 'static,
+    S: Send + Sync + 'static,
+    M: Send + Sync + 'static,
+{
+    let writes = ctx.clone();
+    let count = move || match &objects {
+        Some(store) => ReadyCounts::count(
+            store.state().iter().map(|o| controllers::status::ready_condition(&**o).map(|c| c.status)),
+        ),
+        None => ReadyCounts::default(),
+    };
+    state.metrics.add_controller(name, ctx.metrics.clone(), count, move || writes.api_writes.get());
 }
 
 async fn shutdown_signal() {

@@ -17,9 +17,16 @@ pub enum LogFormat {
     Json,
 }
 
+/// Targets whose debug output carries credentials, capped at `info`.
+const NEVER_VERBOSE: &[&str] = &["aws_smithy_runtime::client::orchestrator=info", "aws_sigv4=info"];
+
 /// Installs the global subscriber. `RUST_LOG` overrides the default `info` filter.
 pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,kube_runtime=warn"));
+    // Credentials never reach the log, whatever RUST_LOG says: at debug and trace the AWS SDK
+    // prints the resolved identity, access key ID included, with each request's endpoint
+    // parameters, auth choice and signing parameters (tests/secrets.rs found them).
+    let filter = NEVER_VERBOSE.iter().fold(filter, |f, d| f.add_directive(d.parse().expect("valid directive")));
     let registry = tracing_subscriber::registry().with(filter);
     // try_init: tests may call this more than once in one process.
     let _ = match format {

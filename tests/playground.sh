@@ -51,7 +51,6 @@ case "${1:-up}" in
 esac
 
 eval "$(tests/env.sh up)"
-RATHOLE="$(tests/env/build-rathole.sh)"
 echo "building skyport ..." >&2
 cargo build --quiet --bin skyport
 kubectl apply --server-side --force-conflicts --field-manager=skyport-playground -f crds/ >&2
@@ -61,8 +60,8 @@ stop_demo
 stop_operator
 mkdir -p "$(dirname "$PIDFILE")" "$(dirname "$LOG")" "$DEMO"
 # Only the default namespace: tests run their own controllers in their own namespaces.
-setsid nohup target/debug/skyport run --namespace default --queue-resync 20s \
-  --provider local --local-rathole "$RATHOLE" --local-state-dir "$HOSTS" --tunnel-resync 20s \
+setsid nohup "${CARGO_TARGET_DIR:-target}"/debug/skyport run --namespace default --queue-resync 20s \
+  --provider local --local-state-dir "$HOSTS" --tunnel-resync 20s \
   >"$LOG" 2>&1 </dev/null &
 echo $! >"$PIDFILE"
 echo "operator running (pid $(cat "$PIDFILE")), log: $LOG" >&2
@@ -80,17 +79,26 @@ echo "hello from the web backend behind the tunnel" >"$DEMO/www/index.html"
 (cd "$DEMO/www" && exec setsid python3 -m http.server 18080 --bind 127.0.0.1 >"$DEMO/web.log" 2>&1 </dev/null) &
 echo $! >"$DEMO/web.pid"
 kubectl apply -f examples/tunnel.yaml >&2
+# The tunnel client, as the Deployment web-tunnel-client would run it, with the Service's
+# cluster IP pointed at the backend (no kube-proxy here either). It starts once the exit server
+# exists (its address is in the client config); the Tunnel is Active only after the health check
+# went through it, so the client runs before the wait.
+for _ in $(seq 120); do
+  kubectl get secret web-tunnel-credentials -o jsonpath='{.data.client\.toml}' 2>/dev/null | base64 -d >"$DEMO/client.toml.new" 2>/dev/null
+  grep -q '^remote_addr' "$DEMO/client.toml.new" && break
+  sleep 1
+done
+# Only the Service's port goes to the backend; the health check's section keeps its own address.
+awk '/^\[/{section=$0} /^local_addr = / && section !~ /skyport-health/ {$0="local_addr = \"127.0.0.1:18080\""} {print}' \
+  "$DEMO/client.toml.new" >"$DEMO/client.toml"
+rm -f "$DEMO/client.toml.new"
+chmod 600 "$DEMO/client.toml"
+setsid nohup "${CARGO_TARGET_DIR:-target}"/debug/skyport tunnel client --config "$DEMO/client.toml" >"$DEMO/client.log" 2>&1 </dev/null &
+echo $! >"$DEMO/client.pid"
 if ! kubectl wait --for=jsonpath='{.status.phase}'=Active tunnel/web-tunnel --timeout=120s >&2; then
-  tail -n 30 "$LOG" >&2
+  tail -n 30 "$LOG" "$DEMO/client.log" >&2
   exit 1
 fi
-# The tunnel client, as the Deployment web-tunnel-client would run it, with the Service's
-# cluster IP pointed at the backend (no kube-proxy here either).
-kubectl get secret web-tunnel-credentials -o jsonpath='{.data.client\.toml}' | base64 -d \
-  | sed -E 's#^local_addr = ".*"#local_addr = "127.0.0.1:18080"#' >"$DEMO/client.toml"
-chmod 600 "$DEMO/client.toml"
-setsid nohup "$RATHOLE" --client "$DEMO/client.toml" >"$DEMO/client.log" 2>&1 </dev/null &
-echo $! >"$DEMO/client.pid"
 IP="$(kubectl get service web -o jsonpath='{.status.loadBalancer.ingress[0].ip}')"
 for _ in $(seq 50); do curl -fsS --max-time 2 "http://$IP:8080/" >/dev/null 2>&1 && break; sleep 0.2; done
 kubectl get service/web tunnel/web-tunnel >&2

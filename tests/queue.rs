@@ -39,7 +39,7 @@ async fn created_queue_becomes_ready_with_url_arn_attributes_tags_and_configmap(
 
     let q = wait_ready(&queues, "orders", ConditionStatus::True, "Available", READY_TIMEOUT).await;
     let status = q.status.clone().unwrap();
-    let name = format!("{}-orders", ns.name);
+    let name = format!("{}_orders", ns.name);
     assert_eq!(status.queue_name.as_deref(), Some(name.as_str()));
     assert!(status.queue_arn.as_deref().unwrap().ends_with(&format!(":{name}")), "{status:?}");
     assert_eq!(status.observed_generation, q.metadata.generation);
@@ -173,8 +173,8 @@ async fn deleting_the_queue_removes_the_sqs_queue_and_the_finalizer_unless_retai
         wait_gone(&queues, name, READY_TIMEOUT).await;
     }
     let sqs = sqs().await;
-    assert!(!queue_exists(&sqs, &format!("{}-doomed", ns.name)).await, "Delete policy removes the SQS queue");
-    let kept = format!("{}-kept", ns.name);
+    assert!(!queue_exists(&sqs, &format!("{}_doomed", ns.name)).await, "Delete policy removes the SQS queue");
+    let kept = format!("{}_kept", ns.name);
     assert!(queue_exists(&sqs, &kept).await, "Retain keeps the SQS queue");
     let url = sqs.get_queue_url().queue_name(&kept).send().await.unwrap().queue_url.unwrap();
     sqs.delete_queue().queue_url(url).send().await.unwrap();
@@ -190,7 +190,7 @@ async fn fifo_queue_gets_the_suffix_and_fifo_attributes() {
     let spec = json!({"fifo": true, "contentBasedDeduplication": true, "deduplicationScope": "messageGroup", "fifoThroughputLimit": "perMessageGroupId"});
     queues.create(&PostParams::default(), &queue("events", spec)).await.unwrap();
     let q = wait_ready(&queues, "events", ConditionStatus::True, "Available", READY_TIMEOUT).await;
-    assert_eq!(q.status.as_ref().unwrap().queue_name.as_deref(), Some(format!("{}-events.fifo", ns.name).as_str()));
+    assert_eq!(q.status.as_ref().unwrap().queue_name.as_deref(), Some(format!("{}_events.fifo", ns.name).as_str()));
     let a = attributes(&sqs().await, &url_of(&q)).await;
     assert_eq!(a["FifoQueue"], "true");
     assert_eq!(a["ContentBasedDeduplication"], "true");
@@ -215,7 +215,7 @@ async fn dead_letter_queue_by_reference_is_awaited_then_followed() {
         .await
         .unwrap();
     wait_ready(&queues, "work", ConditionStatus::False, "DeadLetterQueueNotReady", READY_TIMEOUT).await;
-    assert!(!queue_exists(&sqs().await, &format!("{}-work", ns.name)).await, "nothing is created before its DLQ");
+    assert!(!queue_exists(&sqs().await, &format!("{}_work", ns.name)).await, "nothing is created before its DLQ");
 
     queues.create(&PostParams::default(), &queue("work-dlq", json!({}))).await.unwrap();
     let dlq = wait_ready(&queues, "work-dlq", ConditionStatus::True, "Available", READY_TIMEOUT).await;
@@ -278,7 +278,10 @@ async fn foreign_queue_is_untouched_without_adopt_and_managed_with_it() {
         .unwrap();
 
     queues
-        .create(&PostParams::default(), &queue("legacy", json!({"queueName": name, "visibilityTimeoutSeconds": 50})))
+        .create(
+            &PostParams::default(),
+            &queue("legacy", json!({"queueName": name, "visibilityTimeoutSeconds": 50, "deletionPolicy": "Delete"})),
+        )
         .await
         .unwrap();
     let q = wait_ready(&queues, "legacy", ConditionStatus::False, "AlreadyExists", READY_TIMEOUT).await;
@@ -449,7 +452,7 @@ async fn fifo_dead_letter_queue_for_a_standard_queue_is_reported_with_a_warning_
     })
     .await;
     assert_eq!(warning.reason.as_deref(), Some("InvalidDeadLetterQueue"));
-    assert!(!queue_exists(&sqs().await, &format!("{}-std", ns.name)).await, "nothing created for an unusable spec");
+    assert!(!queue_exists(&sqs().await, &format!("{}_std", ns.name)).await, "nothing created for an unusable spec");
     // A Queue that never became usable can still be deleted.
     for name in ["std", "dlq"] {
         queues.delete(name, &DeleteParams::default()).await.unwrap();

@@ -18,18 +18,36 @@ trap cleanup EXIT
 # does not compete with them for the CPU).
 SKYPORT_HELM="$(tests/env/build-helm.sh)"
 export SKYPORT_HELM
-# rathole, the tunnel server and client the Tunnel tests run for real, built from its crate once.
-SKYPORT_RATHOLE="$(tests/env/build-rathole.sh)"
-export SKYPORT_RATHOLE
+# The skyport binary is also the tunnel server and client (`skyport tunnel server|client`); the
+# providers crate's tests run it as a process, and Cargo hands other packages' tests no path.
+cargo build --bin skyport
+SKYPORT_EXE="${CARGO_TARGET_DIR:-$PWD/target}/debug/skyport"
+export SKYPORT_EXE
+# The Debian guest tests/guest.rs boots with systemd-nspawn (root only; built once, ~6 min).
+if [[ $(id -u) == 0 ]]; then
+  SKYPORT_GUEST_ROOTFS="$(tests/env/build-guest.sh)"
+  export SKYPORT_GUEST_ROOTFS
+fi
+
+# The tunnel benchmark's peers (OpenSSH, socat) from Debian's packages; the ACK SQS controller the
+# Queue benchmark compares with, built only when a checkout is given (SKYPORT_ACK_SRC).
+tests/env/install-bench-peers.sh
+if [[ -n "${SKYPORT_ACK_SRC:-}" ]]; then
+  SKYPORT_ACK="$(tests/env/build-ack.sh)"
+  export SKYPORT_ACK
+fi
 
 # The integration tests wait on real servers, not on the CPU: run them wide.
-cargo test --workspace --all-targets "$@" -- --include-ignored --test-threads 16
+cargo test --workspace --all-targets --no-fail-fast "$@" -- --include-ignored --test-threads 16
 
 # The benchmarks' quick modes, so they cannot rot: benches/queues.rs (10 Queues, one run, ~2 min,
-# most of it SQS's 60 s recreate rule) and benches/tunnel.rs (2 runs, ~10 s). The dev profile reuses
-# the build above; the figures worth reading come from the full runs (BENCHMARKS.md). Skipped when
-# arguments select some of the tests.
+# most of it SQS's 60 s recreate rule), benches/tunnel.rs (2 runs, ~20 s) and benches/ack.rs
+# (~1 min). The dev profile reuses the build above; the figures worth reading come from the full
+# runs (BENCHMARKS.md). Skipped when arguments select some of the tests.
 if [[ $# == 0 ]]; then
   cargo bench --profile dev --bench queues -- --quick
   cargo bench --profile dev --bench tunnel -- --quick
+  # skyport side by side with ACK (10 Queues); skyport's arm only, and it says so, without
+  # SKYPORT_ACK_SRC.
+  cargo bench --profile dev --bench ack -- --quick
 fi

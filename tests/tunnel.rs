@@ -108,6 +108,8 @@ async fn a_load_balancer_service_gets_an_exit_server_and_real_bytes_flow_through
     let services: Api<Service> = ns.api();
     let tunnels: Api<Tunnel> = ns.api();
     services.create(&PostParams::default(), &web("web")).await.unwrap();
+    // The tunnel client runs (as a kubelet would run its Deployment): Active needs it.
+    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
 
     let tunnel = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
     let ip = host_ip(&tunnel);
@@ -147,7 +149,6 @@ async fn a_load_balancer_service_gets_an_exit_server_and_real_bytes_flow_through
     assert!(!visible.contains(&token), "the tunnel token leaked into status, the Deployment or Events");
 
     // Real bytes: the real rathole client (run from the Deployment) and server carry TCP and UDP.
-    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
     carries(&ip, 8080, Some(5353)).await;
     // Steady state: another resync changes nothing.
     let writes = op.ctx.api_writes.get();
@@ -164,8 +165,9 @@ async fn service_port_changes_follow_on_the_same_exit_server() {
     let services: Api<Service> = ns.api();
     let tunnels: Api<Tunnel> = ns.api();
     services.create(&PostParams::default(), &web("web")).await.unwrap();
-    let before = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+    // The tunnel client runs (as a kubelet would run its Deployment): Active needs it.
     let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
+    let before = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
     carries(&host_ip(&before), 8080, None).await;
 
     // Add a TCP port and drop the UDP one.
@@ -220,6 +222,10 @@ async fn class_default_and_annotation_rules_decide_which_services_get_a_tunnel()
     ] {
         services.create(&PostParams::default(), &s).await.unwrap();
     }
+    let _clients: Vec<ClientRunner> = ["classed", "classless"]
+        .iter()
+        .map(|n| ClientRunner::start(ns.client.clone(), &ns.name, &format!("{n}-tunnel-client"), Backends::default()))
+        .collect();
     active(&tunnels, "classed-tunnel", Duration::from_secs(60)).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let names: Vec<String> =
@@ -268,6 +274,8 @@ async fn deleting_the_tunnel_gives_a_fresh_exit_server_with_a_new_address() {
     let services: Api<Service> = ns.api();
     let tunnels: Api<Tunnel> = ns.api();
     services.create(&PostParams::default(), &web("web")).await.unwrap();
+    // The tunnel client runs (as a kubelet would run its Deployment): Active needs it.
+    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
     let old = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
     tunnels.delete("web-tunnel", &DeleteParams::default()).await.unwrap();
 
@@ -283,7 +291,6 @@ async fn deleting_the_tunnel_gives_a_fresh_exit_server_with_a_new_address() {
         (ingress_ip(&services.get("web").await.ok()?)? == host_ip(&new)).then_some(())
     })
     .await;
-    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
     carries(&host_ip(&new), 8080, None).await;
     finish_tunnels(op, ns).await;
 }
@@ -296,6 +303,8 @@ async fn an_exit_server_killed_out_of_band_is_replaced_at_the_next_resync() {
     let services: Api<Service> = ns.api();
     let tunnels: Api<Tunnel> = ns.api();
     services.create(&PostParams::default(), &web("web")).await.unwrap();
+    // The tunnel client runs (as a kubelet would run its Deployment): Active needs it.
+    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
     let old = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
 
     // Kill the exit server's process behind skyport's back, as a cloud VM would die.
@@ -318,7 +327,6 @@ async fn an_exit_server_killed_out_of_band_is_replaced_at_the_next_resync() {
     .await;
     let reasons: Vec<String> = events(&ns.client, &ns.name, "web-tunnel").await.into_iter().map(|e| e.0).collect();
     assert!(reasons.contains(&"ExitServerLost".to_string()), "{reasons:?}");
-    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
     carries(&host_ip(&new), 8080, None).await;
     finish_tunnels(op, ns).await;
 }
@@ -331,6 +339,8 @@ async fn deleting_the_service_deletes_the_tunnel_and_its_exit_server() {
     let services: Api<Service> = ns.api();
     let tunnels: Api<Tunnel> = ns.api();
     services.create(&PostParams::default(), &web("web")).await.unwrap();
+    // The tunnel client runs (as a kubelet would run its Deployment): Active needs it.
+    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
     let tunnel = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
     services.delete("web", &DeleteParams::default()).await.unwrap();
 
@@ -355,6 +365,8 @@ async fn the_orphan_sweep_deletes_tagged_hosts_without_a_tunnel_and_keeps_the_re
     let services: Api<Service> = ns.api();
     let tunnels: Api<Tunnel> = ns.api();
     services.create(&PostParams::default(), &web("web")).await.unwrap();
+    // The tunnel client runs (as a kubelet would run its Deployment): Active needs it.
+    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
     let live = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
 
     // Hosts as a crashed or finalizer-less skyport could leave them: one of this cluster and
@@ -406,29 +418,54 @@ fn uuid() -> String {
 
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]
-async fn a_hand_made_tunnel_exposes_a_service_but_leaves_its_status_alone() {
+async fn a_hand_made_tunnel_obeys_the_rules_services_obey() {
     let ns = TestNs::new("tun-hand").await;
     let op = TunnelOperator::start(&ns, fast_tunnel_settings()).await;
     let services: Api<Service> = ns.api();
     let tunnels: Api<Tunnel> = ns.api();
-    // A ClusterIP Service: skyport itself would not serve it.
-    let svc: Service = serde_json::from_value(serde_json::json!({
+    let hand_made = |name: &str, service: &str| -> Tunnel {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "skyport.dev/v1alpha1", "kind": "Tunnel",
+            "metadata": {"name": name},
+            "spec": {"serviceRef": {"name": service}, "provider": "local"},
+        }))
+        .unwrap()
+    };
+    let refused = |name: &'static str| {
+        let tunnels = tunnels.clone();
+        async move {
+            eventually(&format!("{name} Failed ServiceNotServed"), Duration::from_secs(30), || async {
+                let t = tunnels.get(name).await.ok()?;
+                let s = t.status.clone()?;
+                let c = s.conditions.iter().find(|c| c.type_ == "Ready")?;
+                (s.phase == Some(TunnelPhase::Failed) && c.reason == "ServiceNotServed").then_some(c.message.clone())
+            })
+            .await
+        }
+    };
+    // A ClusterIP Service: skyport does not serve it, so a Tunnel cannot publish it either.
+    let internal: Service = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "internal"},
         "spec": {"ports": [{"port": 8080}], "selector": {"app": "internal"}},
     }))
     .unwrap();
-    services.create(&PostParams::default(), &svc).await.unwrap();
-    let tunnel: Tunnel = serde_json::from_value(serde_json::json!({
-        "apiVersion": "skyport.dev/v1alpha1", "kind": "Tunnel",
-        "metadata": {"name": "by-hand"},
-        "spec": {"serviceRef": {"name": "internal"}, "provider": "local"},
-    }))
-    .unwrap();
-    tunnels.create(&PostParams::default(), &tunnel).await.unwrap();
-    let t = active(&tunnels, "by-hand", Duration::from_secs(60)).await;
-    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "by-hand-client", Backends::default());
-    carries(&host_ip(&t), 8080, None).await;
-    assert_eq!(ingress_ip(&services.get("internal").await.unwrap()), None, "status of a Service it does not own");
+    services.create(&PostParams::default(), &internal).await.unwrap();
+    tunnels.create(&PostParams::default(), &hand_made("by-hand", "internal")).await.unwrap();
+    let message = refused("by-hand").await;
+    assert!(message.contains("not of type LoadBalancer"), "{message}");
+    assert!(events(&ns.client, &ns.name, "by-hand").await.iter().any(|e| e.0 == "ServiceNotServed"));
+    // A LoadBalancer Service that opted out.
+    let private = service(
+        "private",
+        Some("skyport.dev/tunnel"),
+        serde_json::json!({"skyport.dev/tunnel": "false"}),
+        serde_json::json!([{"port": 8080}]),
+    );
+    services.create(&PostParams::default(), &private).await.unwrap();
+    tunnels.create(&PostParams::default(), &hand_made("sneaky", "private")).await.unwrap();
+    let message = refused("sneaky").await;
+    assert!(message.contains("\"false\""), "{message}");
+    assert!(tunnels.get("by-hand").await.unwrap().status.unwrap().host_id.is_none(), "no exit server was made");
     finish_tunnels(op, ns).await;
 }
 
@@ -476,6 +513,7 @@ async fn bad_input_is_refused_or_reported_never_retried_hot() {
     // Fixing the Service heals it.
     let fix = serde_json::json!({"spec": {"ports": [{"port": 8080}]}});
     services.patch("clash", &PatchParams::default(), &Patch::Merge(&fix)).await.unwrap();
+    let _client = ClientRunner::start(ns.client.clone(), &ns.name, "clash-tunnel-client", Backends::default());
     active(&tunnels, "clash-tunnel", Duration::from_secs(60)).await;
 
     // A provider skyport is not configured for.
@@ -503,19 +541,21 @@ async fn provider_failures_are_reported_on_the_tunnel_and_the_service_and_backed
     let ns = TestNs::new("tun-fail").await;
     let mut settings = fast_tunnel_settings();
     // The local provider cannot start its exit server: every create fails (Unavailable).
-    settings.local_rathole = "/nonexistent/rathole".into();
+    settings.self_exe = "/nonexistent/skyport".into();
     let op = TunnelOperator::start(&ns, settings).await;
     let services: Api<Service> = ns.api();
     let tunnels: Api<Tunnel> = ns.api();
     services.create(&PostParams::default(), &web("web")).await.unwrap();
+    // The tunnel client runs (as a kubelet would run its Deployment): Active needs it.
+    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
 
-    let message = eventually("Ready=False ProviderUnavailable", Duration::from_secs(30), || async {
+    let message = eventually("Ready=False ProviderUnavailable", Duration::from_secs(60), || async {
         let t = tunnels.get("web-tunnel").await.ok()?;
         let c = t.status?.conditions.into_iter().find(|c| c.type_ == "Ready")?;
         (c.status == ConditionStatus::False && c.reason == "ProviderUnavailable").then_some(c.message)
     })
     .await;
-    assert!(message.contains("/nonexistent/rathole") && message.contains("retrying"), "{message}");
+    assert!(message.contains("/nonexistent/skyport") && message.contains("retrying"), "{message}");
     eventually("Warning Events on the Tunnel and on the Service", Duration::from_secs(10), || async {
         let on_tunnel = events(&ns.client, &ns.name, "web-tunnel").await;
         let on_service = events(&ns.client, &ns.name, "web").await;
@@ -544,7 +584,8 @@ async fn a_tunnel_on_ec2_gets_an_instance_with_its_own_security_group_and_the_se
     let ec2 = std::sync::Arc::new(
         providers::Ec2Provider::from_env(providers::Ec2Settings::new("ami-0123456789abcdef0")).await.unwrap(),
     );
-    let op = TunnelOperator::start_with(&ns, fast_tunnel_settings(), vec![ec2.clone()]).await;
+    let settings = skyport::config::TunnelArgs { allowed_sizes: vec!["t3.micro".into()], ..fast_tunnel_settings() };
+    let op = TunnelOperator::start_with(&ns, settings, vec![ec2.clone()]).await;
     let services: Api<Service> = ns.api();
     let tunnels: Api<Tunnel> = ns.api();
     let svc = service(
@@ -555,16 +596,19 @@ async fn a_tunnel_on_ec2_gets_an_instance_with_its_own_security_group_and_the_se
     );
     services.create(&PostParams::default(), &svc).await.unwrap();
 
-    // LocalStack's instances are running at once, with a public-looking address.
-    let tunnel = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
-    let status = tunnel.status.clone().unwrap();
-    assert_eq!(status.provider.as_deref(), Some("ec2"));
-    let id = host_id(&tunnel);
-    assert!(id.starts_with("i-"), "{id}");
-    eventually("Service shows the instance's address", Duration::from_secs(20), || async {
-        (ingress_ip(&services.get("web").await.ok()?)? == host_ip(&tunnel)).then_some(())
+    // LocalStack's instances are running at once, with a public-looking address, but run no
+    // exit server: the tunnel never passes its health check, so the address is never published.
+    let tunnel = eventually("Tunnel waiting for its tunnel on a running instance", Duration::from_secs(60), || async {
+        let t = tunnels.get("web-tunnel").await.ok()?;
+        (t.status.as_ref()?.host_ip.is_some() && ready(&t)?.1 == "WaitingForTunnel").then_some(t)
     })
     .await;
+    let status = tunnel.status.clone().unwrap();
+    assert_eq!(status.provider.as_deref(), Some("ec2"));
+    assert_eq!(status.phase, Some(TunnelPhase::Provisioning));
+    let id = host_id(&tunnel);
+    assert!(id.starts_with("i-"), "{id}");
+    assert_eq!(ingress_ip(&services.get("web").await.unwrap()), None, "no address before the tunnel is through");
 
     // The instance: owner and cluster tags, the requested size, a security group with exactly
     // the control port and the Service's ports.
@@ -583,7 +627,10 @@ async fn a_tunnel_on_ec2_gets_an_instance_with_its_own_security_group_and_the_se
         .map(|p| (p.ip_protocol().unwrap_or_default().to_string(), p.from_port().unwrap_or_default()))
         .collect();
     rules.sort();
-    assert_eq!(rules, [("tcp".to_string(), 2333), ("tcp".to_string(), 8080), ("udp".to_string(), 5353)]);
+    assert_eq!(
+        rules,
+        [("tcp".to_string(), 2333), ("tcp".to_string(), 2334), ("tcp".to_string(), 8080), ("udp".to_string(), 5353)]
+    );
 
     // Deleting the Service: instance terminated, group deleted, nothing of this UID left.
     services.delete("web", &DeleteParams::default()).await.unwrap();
@@ -601,5 +648,120 @@ async fn a_tunnel_on_ec2_gets_an_instance_with_its_own_security_group_and_the_se
         .map(|o| o.security_groups().len())
         .unwrap_or(0);
     assert_eq!(left, 0, "the tunnel's security group is deleted");
+    finish_tunnels(op, ns).await;
+}
+
+fn ready(t: &Tunnel) -> Option<(ConditionStatus, String, String)> {
+    let c = t.status.as_ref()?.conditions.iter().find(|c| c.type_ == "Ready")?;
+    Some((c.status, c.reason.clone(), c.message.clone()))
+}
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn without_a_connected_client_a_tunnel_is_never_ready_and_its_host_is_replaced_in_time() {
+    let ns = TestNs::new("tun-noclient").await;
+    let mut settings = fast_tunnel_settings();
+    settings.boot_timeout = Duration::from_secs(4);
+    settings.replace_after = Duration::from_secs(12);
+    let op = TunnelOperator::start(&ns, settings).await;
+    let services: Api<Service> = ns.api();
+    let tunnels: Api<Tunnel> = ns.api();
+    services.create(&PostParams::default(), &web("web")).await.unwrap();
+    let no_ingress =
+        || async { assert_eq!(ingress_ip(&services.get("web").await.unwrap()), None, "address published") };
+
+    // The exit server runs, but no client is connected: Provisioning, WaitingForTunnel, with the
+    // probe's reason; nothing on the Service.
+    let waiting = eventually("Ready=False WaitingForTunnel", Duration::from_secs(60), || async {
+        let t = tunnels.get("web-tunnel").await.ok()?;
+        (ready(&t)?.1 == "WaitingForTunnel" && t.status.as_ref()?.host_id.is_some()).then_some(t)
+    })
+    .await;
+    let (status, _, message) = ready(&waiting).unwrap();
+    assert_eq!(status, ConditionStatus::False);
+    assert_eq!(waiting.status.as_ref().unwrap().phase, Some(TunnelPhase::Provisioning));
+    assert!(message.contains(&format!("{}:2334", host_ip(&waiting))), "{message}");
+    no_ingress().await;
+    let secret: Secret = ns.api().get("web-tunnel-credentials").await.unwrap();
+    let token = String::from_utf8(secret.data.unwrap()["token"].0.clone()).unwrap();
+    assert!(!message.contains(&token));
+
+    // Past the boot timeout: TunnelNotEstablished, one Warning Event on the Tunnel and the Service.
+    eventually("Ready=False TunnelNotEstablished", Duration::from_secs(30), || async {
+        (ready(&tunnels.get("web-tunnel").await.ok()?)?.1 == "TunnelNotEstablished").then_some(())
+    })
+    .await;
+    no_ingress().await;
+    for involved in ["web-tunnel", "web"] {
+        let warned =
+            eventually(&format!("TunnelNotEstablished Event on {involved}"), Duration::from_secs(10), || async {
+                let events = events(&ns.client, &ns.name, involved).await;
+                let n = events.iter().filter(|(r, _)| r == "TunnelNotEstablished").count();
+                (n > 0).then_some(n)
+            })
+            .await;
+        assert!(warned <= 2, "one Event per state change, not one per probe: {warned}");
+    }
+
+    // Past the replace time: the host is replaced, the clock restarts with the new one.
+    let old = host_id(&waiting);
+    let replaced = eventually("a new exit server", Duration::from_secs(60), || async {
+        let t = tunnels.get("web-tunnel").await.ok()?;
+        (t.status.as_ref()?.host_id.as_deref().is_some_and(|id| id != old)).then_some(t)
+    })
+    .await;
+    assert_eq!(op.local.get(&old).await.unwrap(), None, "the old exit server is deleted");
+    no_ingress().await;
+    assert_ne!(ready(&replaced).map(|r| r.0), Some(ConditionStatus::True));
+
+    // Once the client runs, the probe passes: Active, and only now the address on the Service.
+    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
+    let live = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+    assert_eq!(ready(&live).unwrap().0, ConditionStatus::True);
+    eventually("Service shows the address", Duration::from_secs(20), || async {
+        (ingress_ip(&services.get("web").await.ok()?)? == host_ip(&live)).then_some(())
+    })
+    .await;
+    carries(&host_ip(&live), 8080, None).await;
+    finish_tunnels(op, ns).await;
+}
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn a_tunnel_whose_client_stops_is_no_longer_ready_and_its_address_is_withdrawn() {
+    let ns = TestNs::new("tun-clientdown").await;
+    let op = TunnelOperator::start(&ns, fast_tunnel_settings()).await;
+    let services: Api<Service> = ns.api();
+    let tunnels: Api<Tunnel> = ns.api();
+    services.create(&PostParams::default(), &web("web")).await.unwrap();
+    let kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
+    let live = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+    eventually("Service shows the address", Duration::from_secs(20), || async {
+        (ingress_ip(&services.get("web").await.ok()?)? == host_ip(&live)).then_some(())
+    })
+    .await;
+
+    // The client process is killed (the pod is gone): at the next probe Ready goes False and
+    // the address leaves the Service.
+    drop(kubelet);
+    eventually("Ready=False WaitingForTunnel", Duration::from_secs(30), || async {
+        let t = tunnels.get("web-tunnel").await.ok()?;
+        let (status, reason, _) = ready(&t)?;
+        (status == ConditionStatus::False && reason == "WaitingForTunnel").then_some(())
+    })
+    .await;
+    eventually("ingress withdrawn", Duration::from_secs(20), || async {
+        ingress_ip(&services.get("web").await.ok()?).is_none().then_some(())
+    })
+    .await;
+
+    // The client back: Ready again, on the same exit server.
+    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
+    let again = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+    assert_eq!(host_id(&again), host_id(&live));
+    eventually("Service shows the address again", Duration::from_secs(20), || async {
+        (ingress_ip(&services.get("web").await.ok()?)? == host_ip(&live)).then_some(())
+    })
+    .await;
     finish_tunnels(op, ns).await;
 }

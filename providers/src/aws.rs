@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use aws_config::{BehaviorVersion, Region, SdkConfig, timeout::TimeoutConfig};
+use aws_config::{BehaviorVersion, Region, SdkConfig, retry::RetryConfig, timeout::TimeoutConfig};
 // The SDK crates share these types (re-exported from the smithy runtime); SQS's path is used.
 use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_smithy_http_client::tls;
@@ -16,13 +16,20 @@ pub async fn sdk_config(region: Option<&str>, endpoint_url: Option<&str>, operat
     let http = aws_smithy_http_client::Builder::new()
         .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
         .build_https();
-    let mut loader = aws_config::defaults(BehaviorVersion::latest()).http_client(http).timeout_config(
-        TimeoutConfig::builder()
-            .connect_timeout(Duration::from_secs(3))
-            .operation_attempt_timeout(operation_timeout / 2)
-            .operation_timeout(operation_timeout)
-            .build(),
-    );
+    // One attempt per call: the SDK's own retries (3 attempts by default) would send requests
+    // the rate limiter never admitted, exceeding the budget exactly when the cloud throttles,
+    // and retry sooner than the controller's per-object backoff. Failed calls are retried by
+    // the controllers' error policy instead (tests/cloud_faults.rs).
+    let mut loader = aws_config::defaults(BehaviorVersion::latest())
+        .http_client(http)
+        .retry_config(RetryConfig::disabled())
+        .timeout_config(
+            TimeoutConfig::builder()
+                .connect_timeout(Duration::from_secs(3))
+                .operation_attempt_timeout(operation_timeout / 2)
+                .operation_timeout(operation_timeout)
+                .build(),
+        );
     if let Some(endpoint) = endpoint_url {
         loader = loader.endpoint_url(endpoint);
     }
@@ -61,5 +68,16 @@ where
         SdkError::DispatchFailure(_) => Failure::Transport("request could not be sent".into()),
         SdkError::ResponseError(_) => Failure::Transport("malformed response".into()),
         other => Failure::Transport(format!("{}", DisplayErrorContext(&other))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn every_sdk_call_is_one_attempt_so_the_rate_limiter_sees_every_request() {
+        let config = sdk_config(Some("us-east-1"), Some("http://127.0.0.1:1"), Duration::from_secs(4)).await;
+        assert_eq!(config.retry_config().map(|r| r.max_attempts()), Some(1));
     }
 }

@@ -22,6 +22,11 @@ pub enum QueueError {
     Invalid { code: String, message: String },
     #[error("access denied by AWS ({code}): {message}")]
     AccessDenied { code: String, message: String },
+    /// The credentials themselves were refused: expired, not (yet) known to AWS, or signed with a
+    /// key being rotated. Unlike a missing permission this often heals by itself (a refreshed
+    /// web-identity token, a rotated Secret reaching the pod), so it is retried, slowly.
+    #[error("AWS refused the credentials ({code}): {message}")]
+    CredentialsRejected { code: String, message: String },
     #[error("SQS throttled the request ({code}): {message}")]
     Throttled { code: String, message: String },
     #[error("SQS endpoint unreachable or failing: {0}")]
@@ -38,6 +43,7 @@ impl QueueError {
             | QueueError::DeletedRecently(_)
             | QueueError::AlreadyExists(_)
             | QueueError::Throttled { .. }
+            | QueueError::CredentialsRejected { .. }
             | QueueError::Unavailable(_)
             | QueueError::Other { .. } => ErrorClass::Transient,
         }
@@ -51,6 +57,7 @@ impl QueueError {
             QueueError::AlreadyExists(_) => "already_exists",
             QueueError::Invalid { .. } => "invalid",
             QueueError::AccessDenied { .. } => "access_denied",
+            QueueError::CredentialsRejected { .. } => "credentials_rejected",
             QueueError::Throttled { .. } => "throttled",
             QueueError::Unavailable(_) => "unavailable",
             QueueError::Other { .. } => "other",
@@ -59,7 +66,7 @@ impl QueueError {
 
     /// Maps an AWS error code (query- or JSON-protocol spelling) and message to a variant.
     pub fn from_code(code: &str, message: String) -> Self {
-        let short = code.rsplit('.').next().unwrap_or(code);
+        let short = code.rsplit(['.', '#']).next().unwrap_or(code);
         match short {
             "NonExistentQueue" | "QueueDoesNotExist" => QueueError::NotFound,
             "QueueDeletedRecently" => QueueError::DeletedRecently(message),
@@ -75,16 +82,16 @@ impl QueueError {
             | "KmsInvalidKeyUsage"
             | "KmsNotFound"
             | "KmsInvalidState" => QueueError::Invalid { code: code.to_string(), message },
-            "AccessDenied"
-            | "AccessDeniedException"
+            "AccessDenied" | "AccessDeniedException" | "InvalidSecurity" | "KmsAccessDenied" | "KmsDisabled" => {
+                QueueError::AccessDenied { code: code.to_string(), message }
+            }
+            "ExpiredToken"
+            | "ExpiredTokenException"
+            | "RequestExpired"
             | "InvalidClientTokenId"
             | "UnrecognizedClientException"
-            | "InvalidSecurity"
             | "SignatureDoesNotMatch"
-            | "MissingAuthenticationToken"
-            | "ExpiredToken"
-            | "KmsAccessDenied"
-            | "KmsDisabled" => QueueError::AccessDenied { code: code.to_string(), message },
+            | "MissingAuthenticationToken" => QueueError::CredentialsRejected { code: code.to_string(), message },
             "RequestThrottled" | "ThrottlingException" | "Throttling" | "OverLimit" | "KmsThrottled" => {
                 QueueError::Throttled { code: code.to_string(), message }
             }
@@ -210,12 +217,32 @@ mod tests {
     }
 
     #[test]
+    fn credentials_that_may_heal_are_retried_not_parked() {
+        // A web-identity token refreshed late or a key being rotated: AWS answers with these
+        // codes for a while, then the same request succeeds.
+        for code in ["ExpiredToken", "InvalidClientTokenId", "com.amazon.coral.service#UnrecognizedClientException"] {
+            let e = QueueError::from_code(code, "m".into());
+            assert!(matches!(e, QueueError::CredentialsRejected { .. }), "{code}: {e:?}");
+            assert_eq!(e.class(), ErrorClass::Transient, "{code}");
+        }
+    }
+
+    #[test]
     fn invalid_input_and_access_problems_are_permanent_the_rest_transient() {
-        let permanent = ["InvalidAttributeValue", "AccessDenied", "InvalidClientTokenId"];
+        let permanent = ["InvalidAttributeValue", "AccessDenied", "AccessDeniedException"];
         for code in permanent {
             assert_eq!(QueueError::from_code(code, String::new()).class(), ErrorClass::Permanent, "{code}");
         }
-        let transient = ["RequestThrottled", "InternalError", "SomethingNew", "QueueDeletedRecently"];
+        let transient = [
+            "RequestThrottled",
+            "InternalError",
+            "SomethingNew",
+            "QueueDeletedRecently",
+            "ExpiredToken",
+            "InvalidClientTokenId",
+            "UnrecognizedClientException",
+            "SignatureDoesNotMatch",
+        ];
         for code in transient {
             assert_eq!(QueueError::from_code(code, String::new()).class(), ErrorClass::Transient, "{code}");
         }

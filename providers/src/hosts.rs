@@ -115,6 +115,51 @@ pub struct Host {
     pub tags: BTreeMap<String, String>,
 }
 
+/// A reserved public IPv4 address: a Tunnel keeps it across host replacements, so the Service's
+/// address survives a lost VM or a port change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Address {
+    /// The provider's id: the EC2 allocation id (region-qualified like host ids), the address
+    /// itself on DigitalOcean and local, the primary IP's number on Hetzner.
+    pub id: String,
+    /// The IPv4 address.
+    pub ip: String,
+    /// The host it is assigned to, if any (a host id as [`HostProvider::get`] takes it).
+    pub host_id: Option<String>,
+    /// Canonical tags, as on hosts: the owner's UID, namespace, name, and the cluster.
+    pub tags: BTreeMap<String, String>,
+}
+
+/// What to reserve.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddressRequest {
+    /// A name for people reading the cloud console (where the cloud has names).
+    pub name: String,
+    /// Region / location; `None` uses the adapter's default.
+    pub region: Option<String>,
+    /// Canonical tags, normally [`owner_tags`] plus the cluster tag.
+    pub tags: BTreeMap<String, String>,
+    /// A running host to assign the address to right away (required for
+    /// [`AddressBinding::WithHost`], optional otherwise).
+    pub host_id: Option<String>,
+}
+
+/// How a provider's reserved address gets onto a host, which decides when the controller
+/// reserves it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddressBinding {
+    /// Reserved before the host, assigned to each running host (EC2 Elastic IPs, local).
+    Assign,
+    /// Reserved before the host; `create` gives a new host the Tunnel's unassigned address,
+    /// found by the owner's UID tag. A running host without it is replaced (Hetzner: a primary
+    /// IP can only be assigned to a powered-off server).
+    AtCreate,
+    /// Reserved together with the first running host ([`AddressRequest::host_id`]), assigned to
+    /// later ones (DigitalOcean: a reserved IP carries no tags, so one is only ever made already
+    /// assigned to a tagged droplet, through which it is found again).
+    WithHost,
+}
+
 /// Exit-server VMs. Implementations are idempotent where it matters for reconciling:
 /// deleting a host that is already gone is success, `get` of a missing host is `Ok(None)`.
 #[async_trait]
@@ -137,10 +182,40 @@ pub trait HostProvider: Send + Sync {
     async fn reconfigure(&self, _id: &str, _server: &ExitServer) -> Result<bool, HostError> {
         Ok(false)
     }
+    /// How reserved addresses get onto hosts here.
+    fn address_binding(&self) -> AddressBinding {
+        AddressBinding::Assign
+    }
+    /// Reserves a public address tagged with `request.tags` (and assigns it to
+    /// `request.host_id` if set). Not idempotent: callers look up by tag first.
+    async fn reserve_address(&self, _request: &AddressRequest) -> Result<Address, HostError> {
+        Err(no_addresses(self.name()))
+    }
+    /// The address with this id, or `None` when it was released.
+    async fn get_address(&self, _id: &str) -> Result<Option<Address>, HostError> {
+        Err(no_addresses(self.name()))
+    }
+    /// Points the address at host `host_id` (moving it from any earlier host); already there is
+    /// success.
+    async fn assign_address(&self, _id: &str, _host_id: &str) -> Result<(), HostError> {
+        Err(no_addresses(self.name()))
+    }
+    /// Unassigns and releases the address; one already released counts as released.
+    async fn release_address(&self, _id: &str) -> Result<(), HostError> {
+        Err(no_addresses(self.name()))
+    }
+    /// All reserved addresses carrying the canonical tag `key=value`, across every page.
+    async fn list_addresses_by_tag(&self, _key: &str, _value: &str) -> Result<Vec<Address>, HostError> {
+        Err(no_addresses(self.name()))
+    }
     /// Short provider name for messages, metrics and config (`digitalocean`, `hetzner`).
     fn name(&self) -> &'static str;
     /// The limiter every call of this provider goes through.
     fn limiter(&self) -> &Limiter;
+}
+
+fn no_addresses(provider: &'static str) -> HostError {
+    HostError::Invalid { provider, message: format!("{provider} does not support reserved addresses") }
 }
 
 /// A cloud's tag syntax, for mapping canonical `key=value` tags both ways.
@@ -212,7 +287,7 @@ pub fn fit_value(value: &str, max: usize) -> String {
 }
 
 /// 32-bit FNV-1a: a stable, dependency-free hash for shortening names (not for security).
-fn fnv1a32(bytes: &[u8]) -> u32 {
+pub(crate) fn fnv1a32(bytes: &[u8]) -> u32 {
     bytes.iter().fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(*b)).wrapping_mul(0x0100_0193))
 }
 

@@ -20,11 +20,13 @@ pub use digitalocean::{DigitalOceanProvider, DigitalOceanSettings};
 pub use ec2::{Ec2Provider, Ec2Settings};
 pub use error::{ErrorClass, HostError, QueueError};
 pub use hetzner::{HetznerProvider, HetznerSettings};
-pub use hosts::{Host, HostProvider, HostRequest, HostState, TagSyntax, owner_tags};
+pub use hosts::{
+    Address, AddressBinding, AddressRequest, Host, HostProvider, HostRequest, HostState, TagSyntax, owner_tags,
+};
 pub use limiter::{CallCounters, Limiter};
 pub use rest::{ApiToken, Budget, RestSettings};
-pub use sqs::{QueueBackend, SqsProvider, SqsSettings};
+pub use sqs::{AssumeRole, QueueBackend, SqsProvider, SqsSettings};
 pub use userdata::{
-    ClientService, ExitServer, NoiseKeypair, Protocol, TunnelClient, TunnelService, render_client_toml,
+    Artifact, ClientService, ExitServer, NoiseKeypair, Protocol, TunnelClient, TunnelService, render_client_toml,
     render_cloud_config,
 };

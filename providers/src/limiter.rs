@@ -89,9 +89,16 @@ impl Limiter {
 
     /// Waits for a token, then counts `operation` as one call.
     pub async fn acquire(&self, operation: &'static str) {
-        if self.bucket.check().is_err() {
+        self.acquire_from(self, operation).await;
+    }
+
+    /// Waits for a token of `bucket`'s budget, but counts the call (and any wait) here: one
+    /// provider with a budget per region (EC2 throttles per account and region) still reports
+    /// all its calls in one place.
+    pub async fn acquire_from(&self, bucket: &Limiter, operation: &'static str) {
+        if bucket.bucket.check().is_err() {
             let start = Instant::now();
-            self.bucket.until_ready().await;
+            bucket.bucket.until_ready().await;
             self.counters.waits.fetch_add(1, Ordering::Relaxed);
             self.counters.waited_micros.fetch_add(start.elapsed().as_micros() as u64, Ordering::Relaxed);
         }

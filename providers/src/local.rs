@@ -1,6 +1,9 @@
 //! The `local` host provider, for development, the playground and the data-path tests: an "exit
-//! server" is a real `rathole --server` process on this machine, bound to its own loopback
-//! address (127.77.x.y), so several hosts can expose the same port side by side.
+//! server" is a real `skyport tunnel server` process (the operator's own binary, running rathole)
+//! on this machine, bound to its own loopback address (127.77.x.y), so several hosts can expose
+//! the same port side by side. It starts the server directly instead of through cloud-init; the
+//! cloud-init path is proven by tests/guest.rs, which boots a real guest with the same user data
+//! a cloud VM gets.
 //!
 //! Why loopback addresses and not network namespaces: creating a namespace needs
 //! `CAP_SYS_ADMIN`, which an operator process (and CI) should not have, while Linux routes all
@@ -8,28 +11,32 @@
 //! between distinct addresses, through the real tunnel binaries.
 //!
 //! State lives on disk, one directory per host under the state directory — `host.json` (id,
-//! name, address, tags, creation time), `server.toml` (0600), `rathole.log`, `pid` — so hosts
+//! name, address, tags, creation time), `server.toml` (0600), `server.log`, `pid` — so hosts
 //! outlive an operator restart as VMs do, and are found again by tag. The server process runs in
 //! its own process group; a process that died (or was killed) reads as [`HostState::Stopped`],
 //! which the Tunnel controller replaces. rathole reloads `server.toml` when it changes, so
 //! [`HostProvider::reconfigure`] rewrites the file and the host keeps its address.
 
+mod addresses;
+mod process;
+
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::num::NonZeroU32;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
+use process::{render, signal_group};
+
 use crate::error::HostError;
-use crate::hosts::{Host, HostProvider, HostRequest, HostState};
+use crate::hosts::{Address, AddressBinding, AddressRequest, Host, HostProvider, HostRequest, HostState};
 use crate::limiter::Limiter;
-use crate::userdata::{ExitServer, render_server_toml_on};
+use crate::userdata::ExitServer;
 
 const PROVIDER: &str = "local";
 /// What rathole (built with `hot-reload`) logs once its config watcher is in place. Until then a
@@ -43,8 +50,9 @@ const TERM_GRACE: Duration = Duration::from_secs(2);
 pub struct LocalSettings {
     /// One folder per exit server is kept here.
     pub state_dir: PathBuf,
-    /// The rathole binary (built with the `server`, `noise` and `hot-reload` features).
-    pub rathole: PathBuf,
+    /// The skyport binary whose `tunnel server` subcommand the exit servers run (the operator
+    /// passes its own executable).
+    pub exe: PathBuf,
     /// The first address handed out; with `last_address`, a range inside 127.0.0.0/8.
     pub first_address: Ipv4Addr,
     /// The last address handed out.
@@ -55,10 +63,10 @@ pub struct LocalSettings {
 
 impl LocalSettings {
     /// Addresses 127.77.0.1 to 127.77.255.254, a 10 s start timeout.
-    pub fn new(state_dir: impl Into<PathBuf>, rathole: impl Into<PathBuf>) -> Self {
+    pub fn new(state_dir: impl Into<PathBuf>, exe: impl Into<PathBuf>) -> Self {
         LocalSettings {
             state_dir: state_dir.into(),
-            rathole: rathole.into(),
+            exe: exe.into(),
             first_address: Ipv4Addr::new(127, 77, 0, 1),
             last_address: Ipv4Addr::new(127, 77, 255, 254),
             start_timeout: Duration::from_secs(10),
@@ -78,7 +86,7 @@ struct Record {
     created_unix: u64,
 }
 
-/// Exit servers as local rathole processes.
+/// Exit servers as local `skyport tunnel server` processes.
 pub struct LocalProvider {
     settings: LocalSettings,
     limiter: Limiter,
@@ -140,17 +148,6 @@ impl LocalProvider {
         }
     }
 
-    /// The server's pid if it runs: alive, and its command line names this host's config (a
-    /// recycled pid belongs to some other program).
-    fn alive(&self, id: &str) -> Option<i32> {
-        let dir = self.host_dir(id);
-        let pid: i32 = std::fs::read_to_string(dir.join("pid")).ok()?.trim().parse().ok()?;
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-        let config = dir.join("server.toml");
-        let ours = String::from_utf8_lossy(&cmdline).contains(&*config.to_string_lossy());
-        (ours && running(pid)).then_some(pid)
-    }
-
     fn records(&self) -> Result<Vec<Record>, HostError> {
         let entries = std::fs::read_dir(&self.settings.state_dir)
             .map_err(|e| unavailable(format!("cannot list {}: {e}", self.settings.state_dir.display())))?;
@@ -173,7 +170,7 @@ impl LocalProvider {
     /// independent directories (parallel tests, the playground) start far apart; an address
     /// whose control port someone already listens on (another directory's host, a leftover
     /// process) is skipped.
-    fn allocate(&self, taken: &[Record], control_port: u16) -> Result<Ipv4Addr, HostError> {
+    fn allocate(&self, taken: &[Ipv4Addr], control_port: u16) -> Result<Ipv4Addr, HostError> {
         let first = u32::from(self.settings.first_address);
         let size = u32::from(self.settings.last_address) - first + 1;
         let marker = self.settings.state_dir.join("last-address");
@@ -186,7 +183,7 @@ impl LocalProvider {
             .unwrap_or_else(|| fnv1a32(self.settings.state_dir.to_string_lossy().as_bytes()) % size);
         for step in 1..=size {
             let address = Ipv4Addr::from(first + (last + step) % size);
-            if taken.iter().any(|r| r.address == address) {
+            if taken.contains(&address) {
                 continue;
             }
             match std::net::TcpListener::bind((address, control_port)) {
@@ -206,68 +203,11 @@ impl LocalProvider {
         Err(HostError::Quota { provider: PROVIDER, message: format!("all {size} local addresses are in use") })
     }
 
-    fn write_config(&self, dir: &Path, server: &ExitServer, address: Ipv4Addr) -> Result<(), HostError> {
-        let text = render(server, address)?;
-        let tmp = dir.join("server.toml.tmp");
-        write_private(&tmp, &text).map_err(|e| unavailable(format!("cannot write {}: {e}", tmp.display())))?;
-        // A rename is one event for rathole's watcher: it never reads a half-written file.
-        std::fs::rename(&tmp, dir.join("server.toml"))
-            .map_err(|e| unavailable(format!("cannot replace server.toml: {e}")))
-    }
-
-    fn spawn(&self, dir: &Path) -> Result<tokio::process::Child, HostError> {
-        let log = std::fs::File::create(dir.join("rathole.log")).map_err(|e| unavailable(format!("log file: {e}")))?;
-        let err_log = log.try_clone().map_err(|e| unavailable(format!("log file: {e}")))?;
-        tokio::process::Command::new(&self.settings.rathole)
-            .arg("--server")
-            .arg(dir.join("server.toml"))
-            .stdin(std::process::Stdio::null())
-            .stdout(log)
-            .stderr(err_log)
-            // Its own process group: it outlives an operator restart, as a VM would.
-            .process_group(0)
-            .spawn()
-            .map_err(|e| unavailable(format!("cannot start {}: {e}", self.settings.rathole.display())))
-    }
-
-    /// Writes the host's folder and starts its server; on failure the caller removes both.
-    async fn start(
-        &self,
-        dir: &Path,
-        record: &Record,
-        server: &ExitServer,
-        child: &mut Option<tokio::process::Child>,
-    ) -> Result<(), HostError> {
-        std::fs::create_dir_all(dir).map_err(|e| unavailable(format!("cannot create {}: {e}", dir.display())))?;
-        self.write_config(dir, server, record.address)?;
-        let json = serde_json::to_vec_pretty(record).map_err(|e| unavailable(e.to_string()))?;
-        std::fs::write(dir.join("host.json"), json).map_err(|e| unavailable(format!("host.json: {e}")))?;
-        let process = child.insert(self.spawn(dir)?);
-        let pid = process.id().ok_or_else(|| unavailable("the exit server exited at once".into()))?;
-        std::fs::write(dir.join("pid"), pid.to_string()).map_err(|e| unavailable(format!("pid file: {e}")))?;
-
-        // Ready means: the control port answers (a client dialing at once must not fail) and the
-        // config watcher runs (a reconfigure right after create must not be missed).
-        let deadline = tokio::time::Instant::now() + self.settings.start_timeout;
-        let control = (record.address, server.control_port);
-        let mut listening = false;
-        loop {
-            listening = listening || tokio::net::TcpStream::connect(control).await.is_ok();
-            let log = std::fs::read_to_string(dir.join("rathole.log")).unwrap_or_default();
-            if listening && log.contains(WATCHING) {
-                return Ok(());
-            }
-            let exited = process.try_wait().ok().flatten();
-            if exited.is_some() || tokio::time::Instant::now() > deadline {
-                let why = match exited {
-                    Some(status) => format!("exited ({status})"),
-                    None if listening => "did not start watching its config (built without hot-reload?)".to_string(),
-                    None => format!("did not listen on {}:{}", control.0, control.1),
-                };
-                return Err(unavailable(format!("exit server {why}: {}", last_line(&log, server))));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    /// Addresses of every host and every reservation: never handed out again.
+    fn taken(&self) -> Result<Vec<Ipv4Addr>, HostError> {
+        let mut taken: Vec<Ipv4Addr> = self.records()?.iter().map(|r| r.address).collect();
+        taken.extend(self.reserved()?.iter().map(|r| r.ip));
+        Ok(taken)
     }
 
     fn finish<T>(&self, operation: &'static str, result: &Result<T, HostError>) {
@@ -279,50 +219,12 @@ impl LocalProvider {
     }
 }
 
-fn render(server: &ExitServer, address: Ipv4Addr) -> Result<String, HostError> {
-    render_server_toml_on(server, &address.to_string())
-        .map_err(|e| HostError::Invalid { provider: PROVIDER, message: e.to_string() })
-}
-
-/// The log's last line for an error message, unless it quotes one of the server's secrets
-/// (rathole's config errors may quote the offending TOML line).
-fn last_line(log: &str, server: &ExitServer) -> String {
-    let line = log.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no output");
-    let secrets = server.services.iter().map(|s| s.token.as_str()).chain([server.noise_private_key.as_str()]);
-    if secrets.filter(|s| !s.is_empty()).any(|s| line.contains(s)) {
-        return "<log line withheld: it contains a secret>".into();
-    }
-    line.to_string()
-}
-
-/// Whether process `pid` exists and has not exited (a zombie awaiting its reaper has).
-fn running(pid: i32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
-    // The state is the field after the parenthesised command name; Z = exited, not yet reaped.
-    !stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z'))
-}
-
-/// Signals the process group led by `pid`; a group that is already gone is not an error.
-fn signal_group(pid: i32, signal: Signal) -> Result<(), HostError> {
-    match killpg(Pid::from_raw(pid), signal) {
-        Ok(()) | Err(nix::errno::Errno::ESRCH) => Ok(()),
-        Err(e) => Err(unavailable(format!("cannot send {signal} to exit server process group {pid}: {e}"))),
-    }
-}
-
 fn unavailable(message: String) -> HostError {
     HostError::Unavailable { provider: PROVIDER, message }
 }
 
 fn valid_id(id: &str) -> bool {
     id.starts_with("local-") && id.len() <= 40 && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
-}
-
-fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
-    f.write_all(text.as_bytes())
 }
 
 /// 32-bit FNV-1a, to spread state directories over the address range (not for security).
@@ -338,7 +240,11 @@ impl HostProvider for LocalProvider {
             // Refuse a config rathole would reject before anything is allocated or created.
             render(&request.server, self.settings.first_address)?;
             let _guard = self.lock.lock().await;
-            let address = self.allocate(&self.records()?, request.server.control_port)?;
+            // The Tunnel's reserved address if it has a free one, so a replacement keeps it.
+            let address = match self.free_address_of(&request.tags)? {
+                Some(reserved) => reserved,
+                None => self.allocate(&self.taken()?, request.server.control_port)?,
+            };
             let id = format!("local-{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff);
             let created_unix = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
             let record = Record {
@@ -439,6 +345,45 @@ impl HostProvider for LocalProvider {
         }
         .await;
         self.finish("ReconfigureHost", &result);
+        result
+    }
+
+    fn address_binding(&self) -> AddressBinding {
+        AddressBinding::AtCreate
+    }
+
+    async fn reserve_address(&self, request: &AddressRequest) -> Result<Address, HostError> {
+        self.limiter.acquire("ReserveAddress").await;
+        let result = self.reserve(request).await;
+        self.finish("ReserveAddress", &result);
+        result
+    }
+
+    async fn get_address(&self, id: &str) -> Result<Option<Address>, HostError> {
+        self.limiter.acquire("GetAddress").await;
+        let result = self.find_address(id);
+        self.finish("GetAddress", &result);
+        result
+    }
+
+    async fn assign_address(&self, id: &str, host_id: &str) -> Result<(), HostError> {
+        self.limiter.acquire("AssignAddress").await;
+        let result = self.check_assigned(id, host_id);
+        self.finish("AssignAddress", &result);
+        result
+    }
+
+    async fn release_address(&self, id: &str) -> Result<(), HostError> {
+        self.limiter.acquire("ReleaseAddress").await;
+        let result = self.unreserve(id);
+        self.finish("ReleaseAddress", &result);
+        result
+    }
+
+    async fn list_addresses_by_tag(&self, key: &str, value: &str) -> Result<Vec<Address>, HostError> {
+        self.limiter.acquire("ListAddresses").await;
+        let result = self.addresses_by_tag(key, value);
+        self.finish("ListAddresses", &result);
         result
     }
 

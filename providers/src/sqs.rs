@@ -66,12 +66,24 @@ impl Default for SqsSettings {
     fn default() -> Self {
         SqsSettings {
             region: None,
-            rate_per_second: NonZeroU32::new(20).expect("non-zero"),
+            // Derived from SQS's tagging quota (5/s per account): see `--sqs-rate` in src/config.rs.
+            rate_per_second: NonZeroU32::new(40).expect("non-zero"),
             burst: NonZeroU32::new(40).expect("non-zero"),
             operation_timeout: Duration::from_secs(20),
             endpoint_url: None,
         }
     }
+}
+
+/// An IAM role to reach SQS with, see [`SqsProvider::assuming`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AssumeRole {
+    pub role_arn: String,
+    pub external_id: Option<String>,
+    /// Shows in the role's CloudTrail entries (2-64 characters of `[\w+=,.@-]`).
+    pub session_name: String,
+    pub region: String,
+    pub endpoint_url: Option<String>,
 }
 
 /// SQS through the AWS SDK.
@@ -94,6 +106,29 @@ impl SqsProvider {
             client: Client::new(&config),
             limiter: Arc::new(Limiter::new(settings.rate_per_second, settings.burst)),
         }
+    }
+
+    /// SQS as the IAM role `role` (STS AssumeRole with the identity of the standard chain), in
+    /// the role's region, calls counted and budgeted by `limiter` (one per account and region,
+    /// shared by every role there: SQS quotas are per account).
+    pub async fn assuming(settings: &SqsSettings, role: &AssumeRole, limiter: Arc<Limiter>) -> Self {
+        let region = aws_config::Region::new(role.region.clone());
+        let base =
+            crate::aws::sdk_config(Some(&role.region), settings.endpoint_url.as_deref(), settings.operation_timeout)
+                .await;
+        let mut assume = aws_config::sts::AssumeRoleProvider::builder(role.role_arn.clone())
+            .session_name(role.session_name.clone())
+            .region(region.clone())
+            .configure(&base);
+        if let Some(id) = &role.external_id {
+            assume = assume.external_id(id.clone());
+        }
+        let mut config =
+            aws_sdk_sqs::config::Builder::from(&base).credentials_provider(assume.build().await).region(region);
+        if let Some(endpoint) = &role.endpoint_url {
+            config = config.endpoint_url(endpoint.clone());
+        }
+        SqsProvider { client: Client::from_conf(config.build()), limiter }
     }
 
     /// The region the client resolved (flag or standard chain), for building ARNs in messages.

@@ -1,6 +1,7 @@
-//! The local provider with real rathole processes (`SKYPORT_RATHOLE`, built by
-//! tests/env/build-rathole.sh; tests/run.sh exports it): the shared contract, real bytes through
-//! a real server and client, reconfiguration in place, and a server killed out of band.
+//! The local provider with real tunnel processes (`skyport tunnel server|client`, the workspace's
+//! skyport binary: `SKYPORT_EXE`, which tests/run.sh exports after building it, else
+//! target/debug/skyport): the shared contract, real bytes through a real server and client,
+//! reconfiguration in place, and a server killed out of band.
 
 mod contract;
 
@@ -15,21 +16,24 @@ use providers::userdata::{
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 
-fn rathole() -> PathBuf {
-    std::env::var_os("SKYPORT_RATHOLE").map(PathBuf::from).expect(
-        "SKYPORT_RATHOLE is not set: export SKYPORT_RATHOLE=\"$(tests/env/build-rathole.sh)\" or run tests/run.sh",
-    )
+/// The skyport binary (another package's binary, so Cargo does not hand its path to this test).
+fn skyport() -> PathBuf {
+    let path = std::env::var_os("SKYPORT_EXE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/debug/skyport"));
+    assert!(path.exists(), "{} is missing: run `cargo build --bin skyport` (tests/run.sh does)", path.display());
+    path
 }
 
 /// A provider over a fresh state directory; dropping the guard (also when the test panics) kills
 /// the servers left in it and removes it, so a failed run leaves no process holding an address.
 fn provider(test: &str) -> (LocalProvider, StateDir) {
-    provider_with(test, rathole(), |_| {})
+    provider_with(test, skyport(), |_| {})
 }
 
-fn provider_with(test: &str, rathole: PathBuf, tune: impl FnOnce(&mut LocalSettings)) -> (LocalProvider, StateDir) {
+fn provider_with(test: &str, exe: PathBuf, tune: impl FnOnce(&mut LocalSettings)) -> (LocalProvider, StateDir) {
     let dir = std::env::temp_dir().join(format!("skyport-local-provider-{test}-{:08x}", rand::random::<u32>()));
-    let mut settings = LocalSettings::new(&dir, rathole);
+    let mut settings = LocalSettings::new(&dir, exe);
     tune(&mut settings);
     (LocalProvider::new(settings).unwrap(), StateDir(dir))
 }
@@ -120,12 +124,12 @@ async fn tcp_roundtrip(addr: String) -> Option<(String, bool)> {
     tokio::time::timeout(Duration::from_secs(10), work).await.ok()?
 }
 
-/// `rathole --client` with `client`'s config, killed when the handle drops.
+/// `skyport tunnel client` with `client`'s config, killed when the handle drops.
 fn start_client(name: &str, client: &TunnelClient) -> (tokio::process::Child, PathBuf) {
     let config = std::env::temp_dir().join(format!("skyport-local-client-{name}-{:08x}.toml", rand::random::<u32>()));
     std::fs::write(&config, render_client_toml(client).unwrap()).unwrap();
-    let child = tokio::process::Command::new(rathole())
-        .arg("--client")
+    let child = tokio::process::Command::new(skyport())
+        .args(["tunnel", "client", "--config"])
         .arg(&config)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
@@ -282,7 +286,7 @@ async fn two_hosts_created_at_once_get_distinct_addresses_and_carry_the_same_por
 async fn an_address_someone_else_listens_on_is_skipped() {
     // A leftover process (or another state directory's host) on the first address of the range.
     let busy = std::net::TcpListener::bind("127.77.250.1:2333").unwrap();
-    let (p, _dir) = provider_with("busy", rathole(), |s| {
+    let (p, _dir) = provider_with("busy", skyport(), |s| {
         s.first_address = "127.77.250.1".parse().unwrap();
         s.last_address = "127.77.250.2".parse().unwrap();
     });
@@ -298,12 +302,12 @@ async fn an_address_someone_else_listens_on_is_skipped() {
     drop(busy);
 }
 
-/// Needs no rathole: the provider is checked with binaries that cannot be a tunnel server.
+/// Needs no tunnel binary: the provider is checked with binaries that cannot be a tunnel server.
 #[tokio::test]
 async fn a_server_that_fails_to_start_is_reported_and_leaves_nothing_behind() {
     let mut request = contract::request("skyport-bad", &contract::fresh_uid());
     request.server.services[0].token = "tok-never-printed".into();
-    for binary in ["false", "/nonexistent/rathole"] {
+    for binary in ["false", "/nonexistent/skyport"] {
         let (p, dir) = provider_with("fails", binary.into(), |s| s.start_timeout = Duration::from_secs(2));
         let err = p.create(&request).await.unwrap_err();
         assert!(matches!(err, providers::HostError::Unavailable { provider: "local", .. }), "{binary}: {err}");
@@ -337,4 +341,20 @@ async fn a_corrupt_host_folder_is_reported_by_get_and_skipped_by_list() {
     assert!(!p.host_dir(id).exists());
     let ops = p.limiter().counters.snapshot();
     assert_eq!((ops["GetHost"], ops["ListHosts"], ops["DeleteHost"], ops["ReconfigureHost"]), (3, 1, 1, 1));
+}
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn local_keeps_the_reserved_address_contract() {
+    let (p, _dir) = provider("addresses");
+    let mut request = contract::request("skyport-addr", contract::UID);
+    request.server.noise_private_key = NoiseKeypair::generate().private_key;
+    request.server.services[0].port = 18081;
+    let expect = contract::Expect {
+        created_provisioning: false,
+        polls_until_running: 3,
+        interval: Duration::from_millis(100),
+        public_address: false,
+    };
+    contract::run_addresses(&p, &request, None, &expect).await;
 }

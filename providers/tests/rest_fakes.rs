@@ -55,6 +55,21 @@ struct FakeHost {
     /// DigitalOcean tags, or Hetzner labels as `key=value` pairs.
     tags: Vec<String>,
     labels: BTreeMap<String, String>,
+    /// Hetzner: the primary IP (id, address) the server was created with, if it was given one.
+    primary_ip: Option<(u64, String)>,
+    /// Hetzner: the server's location.
+    location: String,
+}
+
+/// A DigitalOcean reserved IP or a Hetzner primary IP.
+#[derive(Debug)]
+struct FakeAddress {
+    id: u64,
+    ip: String,
+    host: Option<u64>,
+    labels: BTreeMap<String, String>,
+    location: String,
+    auto_delete: bool,
 }
 
 /// A scripted response, served instead of the normal one.
@@ -68,6 +83,7 @@ struct Scripted {
 struct State {
     next_id: u64,
     hosts: BTreeMap<u64, FakeHost>,
+    addresses: BTreeMap<u64, FakeAddress>,
     /// `(method, path, query)` of every request.
     requests: Vec<(String, String, String)>,
     create_bodies: Vec<Value>,
@@ -231,6 +247,8 @@ impl Fake {
                     reads: 0,
                     tags: tags.collect(),
                     labels: BTreeMap::new(),
+                    primary_ip: None,
+                    location: "fra1".into(),
                 };
                 let out = json!({
                     "droplet": droplet(id, &host, false),
@@ -248,10 +266,23 @@ impl Fake {
                     None => self.error(404, "not_found", "The resource you requested could not be found."),
                 }
             }
-            (&Method::DELETE, ["v2", "droplets", id]) => match id.parse().ok().and_then(|id| state.hosts.remove(&id)) {
-                Some(_) => (204, Value::Null),
-                None => self.error(404, "not_found", "The resource you requested could not be found."),
-            },
+            (&Method::DELETE, ["v2", "droplets", id]) => {
+                match id.parse().ok().and_then(|id| state.hosts.remove(&id).map(|_| id)) {
+                    Some(id) => {
+                        // A reserved IP stays in the account, unassigned, when its droplet goes.
+                        for a in state.addresses.values_mut().filter(|a| a.host == Some(id)) {
+                            a.host = None;
+                        }
+                        (204, Value::Null)
+                    }
+                    None => self.error(404, "not_found", "The resource you requested could not be found."),
+                }
+            }
+            (_, ["v2", "reserved_ips", ..]) => {
+                let droplets: BTreeMap<u64, Value> =
+                    state.hosts.iter().map(|(id, h)| (*id, droplet(*id, h, h.reads > POLLS_UNTIL_RUNNING))).collect();
+                self.reserved_ips(state, method, &segments, query, body, &droplets)
+            }
             (&Method::GET, ["v2", "droplets"]) => {
                 let tag = query.get("tag_name").cloned().unwrap_or_default();
                 let per_page: usize = query.get("per_page").and_then(|p| p.parse().ok()).unwrap_or(20);
@@ -302,13 +333,16 @@ impl Fake {
                 "created": "2026-11-22T06:00:00+00:00",
                 // Hetzner assigns the primary IPv4 at creation; the status says when it boots.
                 "public_net": {
-                    "ipv4": {"id": id, "ip": format!("198.51.100.{}", id % 250), "blocked": false, "dns_ptr": "static.example.com"},
+                    "ipv4": match &h.primary_ip {
+                        Some((pid, ip)) => json!({"id": pid, "ip": ip, "blocked": false, "dns_ptr": "static.example.com"}),
+                        None => json!({"id": id, "ip": format!("198.51.100.{}", id % 250), "blocked": false, "dns_ptr": "static.example.com"}),
+                    },
                     "ipv6": {"id": id, "ip": "2001:db8::/64", "blocked": false, "dns_ptr": []},
                     "floating_ips": [], "firewalls": []
                 },
                 "private_net": [],
                 "server_type": {"id": 1, "name": "cx23", "cores": 2, "memory": 4.0, "disk": 40},
-                "datacenter": {"id": 1, "name": "fsn1-dc14", "location": {"id": 1, "name": "fsn1", "network_zone": "eu-central"}},
+                "datacenter": {"id": 1, "name": format!("{}-dc14", h.location), "location": {"id": 1, "name": h.location, "network_zone": "eu-central"}},
                 "image": {"id": 4711, "type": "system", "status": "available", "name": "ubuntu-24.04"},
                 "iso": null, "rescue_enabled": false, "locked": false, "backup_window": null,
                 "outgoing_traffic": 0, "ingoing_traffic": 0, "included_traffic": 21_990_232_555_520_u64,
@@ -339,16 +373,34 @@ impl Fake {
                 if state.hosts.values().any(|h| h.name == name) {
                     return self.error(409, "uniqueness_error", "server name is already used");
                 }
+                let mut location = body["location"].as_str().unwrap_or("fsn1").to_string();
+                let mut primary_ip = None;
+                if let Some(pid) = body["public_net"]["ipv4"].as_u64() {
+                    let Some(a) = state.addresses.get(&pid) else {
+                        return self.error(404, "not_found", &format!("primary_ip with ID '{pid}' not found"));
+                    };
+                    if a.host.is_some() {
+                        return self.error(409, "primary_ip_assigned", "primary IP is already assigned");
+                    }
+                    if body["location"].as_str().is_some_and(|l| l != a.location) {
+                        return self.error(422, "primary_ip_datacenter_mismatch", "primary IP is in another location");
+                    }
+                    location = a.location.clone();
+                    primary_ip = Some((pid, a.ip.clone()));
+                }
                 state.create_bodies.push(body.clone());
                 state.next_id += 1;
                 let id = state.next_id;
+                if let Some((pid, _)) = &primary_ip {
+                    state.addresses.get_mut(pid).unwrap().host = Some(id);
+                }
                 let labels: BTreeMap<String, String> = body["labels"]
                     .as_object()
                     .into_iter()
                     .flatten()
                     .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
                     .collect();
-                let host = FakeHost { name: name.into(), reads: 0, tags: vec![], labels };
+                let host = FakeHost { name: name.into(), reads: 0, tags: vec![], labels, primary_ip, location };
                 let out = json!({
                     "server": server(id, &host, false),
                     "action": action(id, "create_server"),
@@ -369,7 +421,15 @@ impl Fake {
             }
             (&Method::DELETE, ["v1", "servers", id]) => {
                 match id.parse().ok().and_then(|n| state.hosts.remove(&n).map(|_| n)) {
-                    Some(n) => (200, json!({"action": action(n, "delete_server")})),
+                    Some(n) => {
+                        // Its primary IPs are deleted with it when auto_delete says so, else
+                        // kept unassigned.
+                        state.addresses.retain(|_, a| !(a.host == Some(n) && a.auto_delete));
+                        for a in state.addresses.values_mut().filter(|a| a.host == Some(n)) {
+                            a.host = None;
+                        }
+                        (200, json!({"action": action(n, "delete_server")}))
+                    }
                     None => self.error(404, "not_found", &not_found(id)),
                 }
             }
@@ -400,7 +460,213 @@ impl Fake {
                     }),
                 )
             }
+            (_, ["v1", "primary_ips", ..]) => self.primary_ips(state, method, &segments, query, body),
             _ => self.error(404, "not_found", "not found"),
+        }
+    }
+}
+
+/// Reserved IPs (DigitalOcean) and primary IPs (Hetzner), as their API references describe them.
+impl Fake {
+    fn reserved_ips(
+        &self,
+        state: &mut State,
+        method: &Method,
+        segments: &[&str],
+        query: &BTreeMap<String, String>,
+        body: Value,
+        droplets: &BTreeMap<u64, Value>,
+    ) -> (u16, Value) {
+        let not_found = || self.error(404, "not_found", "The resource you requested could not be found.");
+        let view = |a: &FakeAddress| {
+            json!({
+                "ip": a.ip,
+                "region": {"slug": a.location, "name": "Frankfurt 1", "available": true, "features": [], "sizes": []},
+                "droplet": a.host.and_then(|h| droplets.get(&h).cloned()).unwrap_or(Value::Null),
+                "locked": false,
+                "project_id": "746c6152-2fa2-11ed-92d3-27aaa54e4988"
+            })
+        };
+        let find = |state: &State, ip: &str| state.addresses.iter().find(|(_, a)| a.ip == ip).map(|(k, _)| *k);
+        match (method, segments) {
+            (&Method::POST, ["v2", "reserved_ips"]) => {
+                // Exactly one of droplet_id and region.
+                let droplet = body["droplet_id"].as_u64();
+                let region = body["region"].as_str();
+                if droplet.is_some() == region.is_some() {
+                    return self.error(422, "unprocessable_entity", "either droplet_id or region is required");
+                }
+                if droplet.is_some_and(|d| !state.hosts.contains_key(&d)) {
+                    return not_found();
+                }
+                state.next_id += 1;
+                let id = state.next_id;
+                let location = droplet.map(|d| state.hosts[&d].location.clone()).or(region.map(str::to_string));
+                let address = FakeAddress {
+                    id,
+                    ip: format!("192.0.2.{}", id % 250),
+                    host: droplet,
+                    labels: BTreeMap::new(),
+                    location: location.unwrap_or_default(),
+                    auto_delete: false,
+                };
+                let out = json!({"reserved_ip": view(&address), "links": {"droplets": [], "actions": []}});
+                state.addresses.insert(id, address);
+                (202, out)
+            }
+            (&Method::GET, ["v2", "reserved_ips"]) => {
+                let per_page: usize = query.get("per_page").and_then(|p| p.parse().ok()).unwrap_or(20);
+                let page: usize = query.get("page").and_then(|p| p.parse().ok()).unwrap_or(1);
+                let all: Vec<Value> = state.addresses.values().map(view).collect();
+                let last = all.len().div_ceil(per_page).max(1);
+                let items: Vec<Value> = all.iter().skip((page - 1) * per_page).take(per_page).cloned().collect();
+                let mut out = json!({"reserved_ips": items, "meta": {"total": all.len()}});
+                if page < last {
+                    let next =
+                        format!("https://api.digitalocean.com/v2/reserved_ips?page={}&per_page={per_page}", page + 1);
+                    out["links"] = json!({"pages": {"next": next}});
+                }
+                (200, out)
+            }
+            (&Method::GET, ["v2", "reserved_ips", ip]) => match find(state, ip) {
+                Some(k) => (200, json!({"reserved_ip": view(&state.addresses[&k])})),
+                None => not_found(),
+            },
+            (&Method::DELETE, ["v2", "reserved_ips", ip]) => match find(state, ip) {
+                Some(k) => {
+                    state.addresses.remove(&k);
+                    (204, Value::Null)
+                }
+                None => not_found(),
+            },
+            (&Method::POST, ["v2", "reserved_ips", ip, "actions"]) => {
+                let Some(k) = find(state, ip) else { return not_found() };
+                let kind = body["type"].as_str().unwrap_or_default();
+                match kind {
+                    "assign" => {
+                        let Some(d) = body["droplet_id"].as_u64().filter(|d| state.hosts.contains_key(d)) else {
+                            return self.error(422, "unprocessable_entity", "droplet_id is invalid");
+                        };
+                        state.addresses.get_mut(&k).unwrap().host = Some(d);
+                    }
+                    "unassign" => state.addresses.get_mut(&k).unwrap().host = None,
+                    _ => return self.error(422, "unprocessable_entity", "type must be assign or unassign"),
+                }
+                let action = json!({"id": 72531856, "status": "in-progress", "type": format!("{kind}_ip"),
+                    "started_at": "2026-11-23T06:00:00Z", "completed_at": null, "resource_id": 758604197,
+                    "resource_type": "reserved_ip", "region_slug": "fra1"});
+                (201, json!({"action": action}))
+            }
+            _ => not_found(),
+        }
+    }
+
+    fn primary_ips(
+        &self,
+        state: &mut State,
+        method: &Method,
+        segments: &[&str],
+        query: &BTreeMap<String, String>,
+        body: Value,
+    ) -> (u16, Value) {
+        let view = |a: &FakeAddress| {
+            json!({
+                "id": a.id, "name": format!("ip-{}", a.id), "ip": a.ip, "type": "ipv4",
+                "assignee_id": a.host, "assignee_type": "server", "auto_delete": a.auto_delete,
+                "blocked": false, "created": "2026-11-23T06:00:00+00:00",
+                "location": {"id": 1, "name": a.location, "network_zone": "eu-central"},
+                "dns_ptr": [{"ip": a.ip, "dns_ptr": "static.example.com"}],
+                "labels": a.labels, "protection": {"delete": false}
+            })
+        };
+        let not_found = |id: &str| self.error(404, "not_found", &format!("primary_ip with ID '{id}' not found"));
+        // Hetzner: assigning and unassigning need the server powered off; the fake's servers
+        // always run once booted.
+        let not_stopped = || self.error(422, "server_not_stopped", "server must be powered off");
+        let action = |command: &str| {
+            json!({"action": {"id": 13, "command": command, "status": "running", "progress": 0,
+                "started": "2026-11-23T06:00:00+00:00", "finished": null, "resources": [], "error": null}})
+        };
+        match (method, segments) {
+            (&Method::POST, ["v1", "primary_ips"]) => {
+                if body["name"].as_str().is_none() || body["type"].as_str() != Some("ipv4") {
+                    return self.error(400, "invalid_input", "invalid input in fields 'name', 'type'");
+                }
+                if body["assignee_type"].as_str() != Some("server") {
+                    return self.error(400, "invalid_input", "invalid input in field 'assignee_type'");
+                }
+                let location = body["location"].as_str().or(body["datacenter"].as_str());
+                let assignee = body["assignee_id"].as_u64();
+                if assignee.is_some() == location.is_some() {
+                    return self.error(400, "invalid_input", "either assignee_id or location is required");
+                }
+                if assignee.is_some() {
+                    return not_stopped();
+                }
+                state.next_id += 1;
+                let id = state.next_id;
+                let labels = body["labels"]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                    .collect();
+                let address = FakeAddress {
+                    id,
+                    ip: format!("192.0.2.{}", id % 250),
+                    host: None,
+                    labels,
+                    location: location.unwrap_or_default().to_string(),
+                    auto_delete: body["auto_delete"].as_bool().unwrap_or(false),
+                };
+                let out = json!({"primary_ip": view(&address), "action": null});
+                state.addresses.insert(id, address);
+                (201, out)
+            }
+            (&Method::GET, ["v1", "primary_ips"]) => {
+                let selector = query.get("label_selector").cloned().unwrap_or_default();
+                let wanted = selector.split_once("==");
+                let matching: Vec<Value> = state
+                    .addresses
+                    .values()
+                    .filter(|a| wanted.is_none_or(|(k, v)| a.labels.get(k).map(String::as_str) == Some(v)))
+                    .map(view)
+                    .collect();
+                let n = matching.len();
+                (
+                    200,
+                    json!({"primary_ips": matching, "meta": {"pagination": {"page": 1, "per_page": 50,
+                    "previous_page": null, "next_page": null, "last_page": 1, "total_entries": n}}}),
+                )
+            }
+            (&Method::GET, ["v1", "primary_ips", id]) => {
+                match id.parse().ok().and_then(|n: u64| state.addresses.get(&n)) {
+                    Some(a) => (200, json!({"primary_ip": view(a)})),
+                    None => not_found(id),
+                }
+            }
+            (&Method::DELETE, ["v1", "primary_ips", id]) => {
+                match id.parse().ok().and_then(|n: u64| state.addresses.get(&n).map(|a| (n, a.host))) {
+                    Some((_, Some(_))) => not_stopped(),
+                    Some((n, None)) => {
+                        state.addresses.remove(&n);
+                        (204, Value::Null)
+                    }
+                    None => not_found(id),
+                }
+            }
+            (&Method::POST, ["v1", "primary_ips", id, "actions", verb]) => {
+                let Some(a) = id.parse().ok().and_then(|n: u64| state.addresses.get(&n)) else { return not_found(id) };
+                match *verb {
+                    "assign" if a.host.is_some() => self.error(409, "primary_ip_assigned", "primary IP is assigned"),
+                    "assign" | "unassign" if a.host.is_some() || body["assignee_id"].as_u64().is_some() => {
+                        not_stopped()
+                    }
+                    "unassign" => (201, action("unassign_primary_ip")),
+                    _ => self.error(400, "invalid_input", "invalid input"),
+                }
+            }
+            _ => not_found("?"),
         }
     }
 }
@@ -781,4 +1047,90 @@ async fn unreachable_endpoints_are_unavailable_not_panics() {
     assert!(matches!(HetznerProvider::new(settings), Err(HostError::Invalid { .. })));
     let settings = HetznerSettings::new(ApiToken::new("  "));
     assert!(matches!(HetznerProvider::new(settings), Err(HostError::Unauthorized { .. })));
+}
+
+#[tokio::test]
+async fn digitalocean_keeps_the_reserved_address_contract() {
+    let (fake, base) = Fake::start(Kind::DigitalOcean).await;
+    let provider = do_provider(&base, TOKEN, 200);
+    let expect = contract::Expect::booting_cloud(POLLS_UNTIL_RUNNING + 2);
+    contract::run_addresses(&provider, &request("skyport-addr", UID), None, &expect).await;
+    let requests = fake.state().requests.clone();
+    let creates: Vec<_> = requests.iter().filter(|(m, p, _)| m == "POST" && p == "/v2/reserved_ips").collect();
+    assert_eq!(creates.len(), 1, "{requests:?}");
+    assert!(requests.iter().any(|(m, p, _)| m == "POST" && p.ends_with("/actions")), "assigned to the replacement");
+}
+
+#[tokio::test]
+async fn hetzner_keeps_the_reserved_address_contract() {
+    let (fake, base) = Fake::start(Kind::Hetzner).await;
+    let provider = hz_provider(&base, TOKEN, 50);
+    let expect = contract::Expect::booting_cloud(POLLS_UNTIL_RUNNING + 2);
+    contract::run_addresses(&provider, &request("skyport-addr", UID), Some("nbg1"), &expect).await;
+    // Both servers were created with the primary IP, in its location.
+    let bodies = fake.state().create_bodies.clone();
+    let servers: Vec<&Value> = bodies.iter().filter(|b| b.get("server_type").is_some()).collect();
+    assert_eq!(servers.len(), 2);
+    for body in servers {
+        assert!(body["public_net"]["ipv4"].is_u64(), "{body}");
+        assert_eq!(body["location"], "nbg1");
+    }
+}
+
+#[tokio::test]
+async fn hetzner_refuses_to_move_a_primary_ip_onto_a_running_server() {
+    let (_fake, base) = Fake::start(Kind::Hetzner).await;
+    let provider = hz_provider(&base, TOKEN, 50);
+    let host = provider.create(&request("skyport-running", UID)).await.unwrap();
+    let address = provider
+        .reserve_address(&providers::AddressRequest {
+            name: "ip".into(),
+            region: Some("fsn1".into()),
+            tags: contract::request("x", UID).tags,
+            host_id: None,
+        })
+        .await
+        .unwrap();
+    let e = provider.assign_address(&address.id, &host.id).await.unwrap_err();
+    assert_eq!(e.class(), ErrorClass::Permanent, "{e}");
+    assert!(e.to_string().contains("powered off"), "{e}");
+}
+
+#[tokio::test]
+async fn hetzner_server_names_are_unique_per_tunnel() {
+    // Two clusters sharing a project, each with a Tunnel team-a/web-tunnel: same base name.
+    let (fake, base) = Fake::start(Kind::Hetzner).await;
+    let provider = hz_provider(&base, TOKEN, 50);
+    let a = provider.create(&request("skyport-team-a-web-tunnel", UID)).await.expect("first cluster");
+    let b = provider
+        .create(&request("skyport-team-a-web-tunnel", "99999999-0000-0000-0000-000000000000"))
+        .await
+        .expect("a second cluster's Tunnel of the same name is not a clash");
+    assert_ne!(a.name, b.name);
+    for name in [&a.name, &b.name] {
+        assert!(name.starts_with("skyport-team-a-web-tunnel-") && name.len() <= 63, "{name}");
+    }
+    let long = format!("skyport-{}", "n".repeat(70));
+    let c = provider.create(&request(&long, UID)).await.unwrap();
+    assert!(c.name.len() <= 63 && c.name.ends_with(|ch: char| ch.is_ascii_alphanumeric()), "{}", c.name);
+    assert_eq!(fake.state().create_bodies.len(), 3);
+}
+
+#[tokio::test]
+async fn digitalocean_the_droplet_limit_is_a_quota_not_a_permanent_error() {
+    let (fake, base) = Fake::start(Kind::DigitalOcean).await;
+    let provider = do_provider(&base, TOKEN, 200);
+    // What DigitalOcean answers when the account's droplet limit is reached.
+    fake.script(
+        422,
+        &[],
+        json!({"id": "unprocessable_entity", "message": "creating this/these droplet(s) will exceed your droplet limit", "request_id": "r"}),
+    );
+    let e = provider.create(&request("skyport-limit", UID)).await.unwrap_err();
+    assert!(matches!(&e, HostError::Quota { message, .. } if message.contains("droplet limit")), "{e:?}");
+    assert_eq!(e.class(), ErrorClass::Transient, "retried once the limit is raised");
+    // Other 422s stay permanent.
+    let mut bad = request("skyport-bad", UID);
+    bad.size = Some("s-64vcpu-huge".into());
+    assert_eq!(provider.create(&bad).await.unwrap_err().class(), ErrorClass::Permanent);
 }

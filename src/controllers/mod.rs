@@ -1,19 +1,66 @@
-//! Controllers, and what they share: per-object error backoff, resync jitter, finalizer patches.
+//! The controllers, and the skeleton they share.
+//!
+//! Every controller folder has the same stages, with the same meaning:
+//! `desired` (pure builders and names), `observe` (reads only), `plan` (pure decisions and the
+//! types they produce), `act` (all writes), `status` (what the object reports) and `cleanup`
+//! (what deleting it takes). `mod.rs` wires the watches and runs the reconcile spine.
+//! What they share lives here: [`Context`] (client, Events, backoff, metrics, the memory of
+//! their own writes), [`status::StatusWriter`], finalizers and watch helpers.
 
+pub mod backoff;
+pub mod context;
+pub mod memory;
 pub mod queue;
 pub mod service;
+pub mod status;
+#[cfg(test)]
+pub mod testing;
 pub mod tunnel;
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
-use rand::Rng;
 use serde::de::DeserializeOwned;
 use serde_json::json;
+
+pub use backoff::{Backoff, jittered};
+pub use context::{Context, api_beside, error_policy, reconcile_with, scoped_api};
+
+/// Logs what a controller's stream yields, as `.for_each(log_result!(queue))`: a macro so that the
+/// lines carry the controller's module as target and the object under the controller's own field
+/// (`queue = ns/name`), which log filters and the benchmarks select on. Failed reconciles were
+/// logged by [`error_policy`] already, so they are only traced here.
+#[macro_export]
+macro_rules! log_result {
+    ($field:ident) => {
+        |result| {
+            match result {
+                Ok((obj, action)) => tracing::debug!($field = %obj, ?action, "reconciled"),
+                Err(kube::runtime::controller::Error::ReconcilerFailed(e, obj)) => {
+                    tracing::debug!($field = %obj, error = %e, "reconcile failed")
+                }
+                Err(kube::runtime::controller::Error::ObjectNotFound(obj)) => {
+                    tracing::debug!($field = %obj, "object gone before its reconcile")
+                }
+                Err(e) => tracing::warn!(error = %e, "controller event"),
+            }
+            futures::future::ready(())
+        }
+    };
+}
+
+/// Field manager for every server-side apply skyport makes.
+pub const FIELD_MANAGER: &str = "skyport";
+/// The controller name on every Event skyport publishes.
+pub const CONTROLLER_NAME: &str = "skyport";
+/// Label on every object skyport creates in the cluster (and the selector of its watches).
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "skyport");
+
+/// `MANAGED_BY` as a label selector.
+pub fn managed_selector() -> String {
+    format!("{}={}", MANAGED_BY.0, MANAGED_BY.1)
+}
 
 /// Stable per-object key for backoff and memory: the UID, else namespace/name.
 pub fn object_key<K: Resource>(obj: &K) -> String {
@@ -35,7 +82,7 @@ pub fn spec_trigger<K: Resource>(obj: &K) -> Option<u64> {
 /// Runs one reconcile inside a span naming the object (kind, namespace, name) and records its
 /// duration and failure reason.
 pub async fn instrumented<K: Resource>(
-    kind: &'static str,
+    kind: &str,
     obj: &K,
     metrics: &crate::metrics::ReconcileMetrics,
     reconcile: impl std::future::Future<Output = crate::Result<kube::runtime::controller::Action>>,
@@ -57,56 +104,24 @@ pub fn slim<K: Resource>(obj: &mut K) {
     }
 }
 
-/// Field manager for every server-side apply skyport makes.
-pub const FIELD_MANAGER: &str = "skyport";
-
-/// Per-object exponential backoff for transient errors (kube-runtime has none built in).
-///
-/// The delay doubles with each consecutive failure of the same object, up to `max`, with
-/// random jitter so that many objects failing together (an unreachable endpoint) do not retry
-/// in lockstep. A success forgets the object's history.
-#[derive(Debug)]
-pub struct Backoff {
-    min: Duration,
-    max: Duration,
-    failures: Mutex<HashMap<String, u32>>,
-}
-
-impl Backoff {
-    pub fn new(min: Duration, max: Duration) -> Self {
-        Backoff { min, max: max.max(min), failures: Mutex::default() }
-    }
-
-    /// Records a failure of `key` and returns how long to wait before retrying.
-    pub fn next_delay(&self, key: &str) -> Duration {
-        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
-        let n = failures.entry(key.to_string()).or_default();
-        let delay = self.delay_for(*n);
-        *n = n.saturating_add(1);
-        delay
-    }
-
-    /// The delay after `n` earlier consecutive failures, before jitter.
-    pub fn delay_for(&self, n: u32) -> Duration {
-        let factor = 2u32.saturating_pow(n.min(20));
-        let base = self.min.saturating_mul(factor).min(self.max);
-        // Up to 25% less, never more, so `max` stays a true bound.
-        base.mul_f64(1.0 - rand::rng().random_range(0.0..0.25))
-    }
-
-    pub fn reset(&self, key: &str) {
-        self.failures.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
-    }
-
-    pub fn failures(&self, key: &str) -> u32 {
-        self.failures.lock().unwrap_or_else(|p| p.into_inner()).get(key).copied().unwrap_or(0)
-    }
-}
-
-/// `period` shortened by up to 10% at random: spreads periodic resyncs of objects created
-/// together without ever exceeding the configured period.
-pub fn jittered(period: Duration) -> Duration {
-    period.mul_f64(1.0 - rand::rng().random_range(0.0..0.1))
+/// The watch of a controller's primary objects: a slimmed cache fed through `writer`, and a stream
+/// that wakes a reconcile only when `trigger` changes (skyport's own status writes do not).
+pub fn primary_stream<K>(
+    api: Api<K>,
+    writer: kube::runtime::reflector::store::Writer<K>,
+    trigger: fn(&K) -> Option<u64>,
+) -> impl futures::Stream<Item = Result<K, kube::runtime::watcher::Error>> + Send + 'static
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Default + Send + Sync,
+{
+    use kube::runtime::WatchStreamExt;
+    kube::runtime::watcher(api, kube::runtime::watcher::Config::default())
+        .default_backoff()
+        .modify(slim)
+        .reflect(writer)
+        .applied_objects()
+        .predicate_filter(trigger, Default::default())
 }
 
 /// Counts writes skyport makes to the API server, so tests and benchmarks can prove that a
@@ -121,6 +136,11 @@ impl ApiWrites {
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
+}
+
+/// Whether `obj` carries `finalizer`.
+pub fn has_finalizer<K: Resource>(obj: &K, finalizer: &str) -> bool {
+    obj.finalizers().iter().any(|f| f == finalizer)
 }
 
 /// Adds `finalizer` to `obj`. The resourceVersion makes the merge patch conditional, so a
@@ -163,36 +183,6 @@ where
         if let Ok(result) = tokio::time::timeout(std::time::Duration::from_millis(200), store.wait_until_ready()).await
         {
             return result.is_ok();
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_is_capped_and_resets() {
-        let b = Backoff::new(Duration::from_secs(1), Duration::from_secs(10));
-        let d0 = b.next_delay("a");
-        let d1 = b.next_delay("a");
-        let d2 = b.next_delay("a");
-        assert!(d0 <= Duration::from_secs(1) && d0 >= Duration::from_millis(750), "{d0:?}");
-        assert!(d1 <= Duration::from_secs(2) && d1 >= Duration::from_millis(1500), "{d1:?}");
-        assert!(d2 <= Duration::from_secs(4) && d2 >= Duration::from_secs(3), "{d2:?}");
-        for _ in 0..50 {
-            assert!(b.next_delay("a") <= Duration::from_secs(10));
-        }
-        assert_eq!(b.failures("b"), 0, "objects back off independently");
-        b.reset("a");
-        assert!(b.next_delay("a") <= Duration::from_secs(1));
-    }
-
-    #[test]
-    fn jitter_never_exceeds_the_period() {
-        for _ in 0..100 {
-            let d = jittered(Duration::from_secs(60));
-            assert!(d <= Duration::from_secs(60) && d >= Duration::from_secs(54));
         }
     }
 }

@@ -1,12 +1,15 @@
 //! Custom resource types served under `skyport.dev/v1alpha1`, and the shared status condition.
 
+pub mod account;
 pub mod condition;
+pub mod export;
 pub mod queue;
 pub mod tunnel;
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{CustomResourceDefinition, ValidationRule};
 use kube::CustomResourceExt;
 
+pub use account::{AwsAccount, AwsAccountSpec};
 pub use condition::{Condition, ConditionStatus};
 pub use queue::{Queue, QueueSpec, QueueStatus};
 pub use tunnel::{Tunnel, TunnelPhase, TunnelSpec, TunnelStatus};
@@ -16,7 +19,26 @@ pub const GROUP: &str = "skyport.dev";
 
 /// Every CRD skyport serves, in the order `skyport crds` prints them.
 pub fn all() -> Vec<CustomResourceDefinition> {
-    vec![unwrap_descriptions(Queue::crd()), unwrap_descriptions(Tunnel::crd())]
+    vec![
+        unwrap_descriptions(with_root_rules(Queue::crd(), queue::ROOT_RULES)),
+        unwrap_descriptions(with_root_rules(Tunnel::crd(), tunnel::ROOT_RULES)),
+        unwrap_descriptions(AwsAccount::crd()),
+    ]
+}
+
+/// CEL rules on the whole object: kube-derive 5 drops `#[kube(validation)]` from the root schema.
+fn with_root_rules(mut crd: CustomResourceDefinition, rules: &[(&str, &str)]) -> CustomResourceDefinition {
+    for version in &mut crd.spec.versions {
+        if let Some(schema) = version.schema.as_mut().and_then(|s| s.open_api_v3_schema.as_mut()) {
+            let list = schema.x_kubernetes_validations.get_or_insert_with(Vec::new);
+            list.extend(rules.iter().map(|(rule, message)| ValidationRule {
+                rule: rule.to_string(),
+                message: Some(message.to_string()),
+                ..Default::default()
+            }));
+        }
+    }
+    crd
 }
 
 /// The file a CRD is checked in as under `crds/`: its singular name, e.g. `queue.yaml`.

@@ -11,6 +11,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::Condition;
+use super::account::AccountRef;
+use super::export::{Export, ExportRef};
 
 /// Desired state of an SQS queue.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -26,23 +28,31 @@ use super::Condition;
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason","priority":1}"#,
     printcolumn = r#"{"name":"Queue","type":"string","jsonPath":".status.queueName"}"#,
-    printcolumn = r#"{"name":"URL","type":"string","jsonPath":".status.queueUrl"}"#,
+    printcolumn = r#"{"name":"Account","type":"string","jsonPath":".status.account"}"#,
+    printcolumn = r#"{"name":"Region","type":"string","jsonPath":".status.region"}"#,
+    printcolumn = r#"{"name":"URL","type":"string","jsonPath":".status.queueUrl","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
     validation = Rule::new("!has(self.queueName) || self.queueName.endsWith('.fifo') == self.fifo").message("queueName must end in '.fifo' exactly when fifo is true"),
     validation = Rule::new("has(self.queueName) == has(oldSelf.queueName) && (!has(self.queueName) || self.queueName == oldSelf.queueName)").message("queueName is immutable: create a new Queue to rename"),
+    validation = Rule::new("has(self.accountRef) == has(oldSelf.accountRef) && (!has(self.accountRef) || self.accountRef == oldSelf.accountRef)").message("accountRef is immutable: the SQS queue lives in that account; create a new Queue to use another"),
     validation = Rule::new("self.fifo == oldSelf.fifo").message("fifo is immutable: SQS cannot convert between standard and FIFO queues"),
     validation = Rule::new("self.fifo || (!has(self.contentBasedDeduplication) && !has(self.deduplicationScope) && !has(self.fifoThroughputLimit))").message("contentBasedDeduplication, deduplicationScope and fifoThroughputLimit apply only to FIFO queues (set fifo: true)"),
     validation = Rule::new("!has(self.fifoThroughputLimit) || self.fifoThroughputLimit != 'perMessageGroupId' || (has(self.deduplicationScope) && self.deduplicationScope == 'messageGroup')").message("fifoThroughputLimit perMessageGroupId requires deduplicationScope messageGroup (high-throughput FIFO)"),
     validation = Rule::new("!(has(self.sqsManagedEncryption) && self.sqsManagedEncryption && has(self.kmsKeyId))").message("choose one kind of encryption: sqsManagedEncryption or kmsKeyId, not both"),
-    validation = Rule::new("!has(self.kmsDataKeyReusePeriodSeconds) || has(self.kmsKeyId)").message("kmsDataKeyReusePeriodSeconds only applies with kmsKeyId")
+    validation = Rule::new("!has(self.kmsDataKeyReusePeriodSeconds) || has(self.kmsKeyId)").message("kmsDataKeyReusePeriodSeconds only applies with kmsKeyId"),
+    validation = Rule::new("!has(self.managementPolicy) || self.managementPolicy != 'Observe' || !has(self.deletionPolicy) || self.deletionPolicy != 'Delete'").message("managementPolicy Observe never deletes the queue: remove deletionPolicy Delete")
 )]
 pub struct QueueSpec {
-    /// Name of the SQS queue. Optional and immutable; defaults to `<namespace>-<name>` made
-    /// valid for SQS (at most 80 characters of letters, digits, `-` and `_`, shortened with a hash
-    /// when too long), plus `.fifo` for FIFO queues. A FIFO queue's name must end in `.fifo`.
+    /// Name of the SQS queue. Optional and immutable; defaults to `<namespace>_<name>` made
+    /// valid for SQS (dots become `_`; at most 80 characters of letters, digits, `-` and `_`,
+    /// shortened with a hash when too long), plus `.fifo` for FIFO queues. The `_` cannot occur
+    /// in a namespace, so two Queues never get the same default (`team`/`a-orders` and
+    /// `team-a`/`orders` give `team_a-orders` and `team-a_orders`). Queues created before this
+    /// default keep the name recorded in `status.queueName`. A FIFO queue's name must end in
+    /// `.fifo`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 80), regex(pattern = r"^[A-Za-z0-9_-]+(\.fifo)?$"))]
     pub queue_name: Option<String>,
@@ -133,14 +143,88 @@ pub struct QueueSpec {
     #[x_kube(validation = Rule::new("self.all(k, size(k) <= 128 && size(self[k]) <= 256)").message("tag keys are at most 128 characters and values at most 256"))]
     pub tags: BTreeMap<String, String>,
 
-    /// What happens to the SQS queue when this Queue is deleted: `Delete` (default) or `Retain`.
-    #[serde(default)]
-    pub deletion_policy: DeletionPolicy,
+    /// What happens to the SQS queue when this Queue is deleted: `Delete` or `Retain`. Unset:
+    /// `Delete` for a queue skyport created, `Retain` for an adopted one (`status.adopted`), so
+    /// adopting never puts an existing queue at risk unless `Delete` is written here. Either way
+    /// only a queue whose owner tag names this Queue is ever deleted, and a Queue with
+    /// managementPolicy `Observe` never deletes anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion_policy: Option<DeletionPolicy>,
 
     /// Take over an existing SQS queue of the same name that skyport did not create. Without
     /// it such a queue is never touched and the Queue reports Ready=False, reason AlreadyExists.
+    /// A queue whose owner tag names another Queue that still exists is never taken
+    /// (reason OwnedByAnotherQueue). Adopting writes only the fields this spec sets: an access
+    /// policy, redrive settings and tags of the existing queue that the spec does not mention
+    /// are kept.
     #[serde(default)]
     pub adopt: bool,
+
+    /// `Manage` (default): skyport creates, updates and deletes the queue. `Observe`: skyport
+    /// only reads an existing queue of that name and publishes its URL and ARN in `status` and
+    /// the ConfigMap; it never writes to SQS and never deletes the queue.
+    #[serde(default)]
+    pub management_policy: ManagementPolicy,
+
+    /// More places for the queue's URL, ARN and name, with the object names and keys the user
+    /// chooses (e.g. a Secret `orders` with key `ORDERS_QUEUE_URL`), besides the ConfigMap
+    /// `<name>-sqs`. Each object is created and owned by this Queue and deleted when its entry
+    /// is removed; an existing object of that name that this Queue does not own is never
+    /// written (Ready=False, reason ExportConflict). At most 8, each (kind, name) once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    #[x_kube(validation = Rule::new(super::export::UNIQUE_RULE).message("each exports entry needs its own kind and name"))]
+    pub exports: Vec<Export>,
+
+    /// The AwsAccount (an IAM role to assume, and a region) the SQS queue lives in. Unset: the
+    /// operator's own identity and region. An AwsAccount of another namespace (`namespace`
+    /// set) must list this namespace in its `allowedNamespaces`. Immutable: a queue is never
+    /// moved between accounts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account_ref: Option<AccountRef>,
+}
+
+/// How much of the SQS queue skyport may change.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ManagementPolicy {
+    /// Create, update and delete the queue.
+    #[default]
+    Manage,
+    /// Read only: publish an existing queue's URL and ARN, never write to or delete it.
+    Observe,
+}
+
+/// Rules on the whole object (they need `metadata.name`), as (CEL rule, message); added to the
+/// CRD's root schema by [`super::all`].
+pub const ROOT_RULES: &[(&str, &str)] = &[
+    (
+        "size(self.metadata.name) <= 249",
+        "a Queue's name is at most 249 characters: its ConfigMap is named <name>-sqs and Kubernetes names are at most 253",
+    ),
+    (
+        "!has(self.spec.deadLetter) || !has(self.spec.deadLetter.queueRef) || self.spec.deadLetter.queueRef.name != self.metadata.name",
+        "deadLetter.queueRef names this Queue itself: point it at another Queue (SQS moves failed messages to a different queue)",
+    ),
+    (
+        super::export::NOT_DEFAULT_RULE,
+        "an export cannot be the ConfigMap <name>-sqs, which skyport always writes: choose another name",
+    ),
+];
+
+/// The largest access policy SQS accepts, in bytes (Amazon SQS policy quotas).
+pub const MAX_POLICY_BYTES: usize = 8192;
+
+impl QueueSpec {
+    /// What the API server cannot check before SQS does (CEL cannot measure a free-form object):
+    /// the message says what to do.
+    pub fn problem(&self) -> Option<String> {
+        let bytes = self.policy.as_ref().map(|p| p.to_string().len()).unwrap_or_default();
+        (bytes > MAX_POLICY_BYTES).then(|| {
+            format!(
+                "spec.policy is {bytes} bytes as JSON and SQS accepts at most {MAX_POLICY_BYTES}: shorten it (fewer statements, wildcards in Resource) or split the access between queues"
+            )
+        })
+    }
 }
 
 fn policy_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
@@ -170,10 +254,9 @@ pub enum FifoThroughputLimit {
 }
 
 /// What deleting the Queue does to the SQS queue.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum DeletionPolicy {
-    /// Delete the SQS queue, then let the Queue go.
-    #[default]
+    /// Delete the SQS queue (only if its owner tag names this Queue), then let the Queue go.
     Delete,
     /// Keep the SQS queue (and its messages); only the Kubernetes object goes.
     Retain,
@@ -241,10 +324,45 @@ pub struct QueueStatus {
     /// The SQS queue name in use (spec.queueName or the derived default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_name: Option<String>,
+    /// True when the queue existed before and was taken over with `adopt: true` (then it is
+    /// kept when the Queue is deleted unless deletionPolicy says `Delete`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub adopted: bool,
+    /// The AwsAccount the queue lives in (its name; `namespace/name` from another namespace),
+    /// or `default` for the operator's own identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
+    /// The AWS region the queue lives in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// The IAM role the queue was created and is managed as (unset for the operator's own
+    /// identity). Deletion uses this role even if the AwsAccount changed since.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role_arn: Option<String>,
+    /// The ConfigMaps and Secrets of `spec.exports` this Queue has written and owns.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exports: Vec<ExportRef>,
     /// The `metadata.generation` of the spec last applied to SQS.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// `Ready`: the queue exists and matches the spec. `Synced`: the last reconcile succeeded.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_policy_above_the_sqs_quota_is_a_problem_with_its_size() {
+        let statement =
+            serde_json::json!({"Effect": "Allow", "Principal": "*", "Action": "sqs:SendMessage", "Resource": "*"});
+        let mut spec = QueueSpec { policy: Some(serde_json::json!({"Statement": [statement]})), ..Default::default() };
+        assert_eq!(spec.problem(), None);
+        spec.policy = Some(serde_json::json!({"Statement": vec![statement; 200]}));
+        let message = spec.problem().expect("too large");
+        assert!(message.contains("8192") && message.contains("spec.policy is"), "{message}");
+        assert_eq!(QueueSpec::default().problem(), None);
+    }
 }

@@ -59,6 +59,13 @@ pub struct TunnelSpec {
     pub size: Option<String>,
 }
 
+/// Rules on the whole object (they need `metadata.name`), as (CEL rule, message); added to the
+/// CRD's root schema by [`super::all`].
+pub const ROOT_RULES: &[(&str, &str)] = &[(
+    "size(self.metadata.name) <= 235",
+    "a Tunnel's name is at most 235 characters: its client Deployment is named <name>-client and that Deployment's ReplicaSets add up to 11 more, within Kubernetes' 253",
+)];
+
 /// A Service in the Tunnel's namespace.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub struct ServiceRef {
@@ -111,6 +118,11 @@ pub struct TunnelStatus {
     /// The ports the exit server currently exposes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<TunnelPort>,
+    /// A digest (a SHA-256 prefix, never the credentials themselves) of the tunnel credentials the
+    /// exit server was configured with. When the credentials Secret is re-created with new keys,
+    /// a different digest makes skyport reconfigure or replace the exit server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_digest: Option<String>,
     /// The `metadata.generation` last acted on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

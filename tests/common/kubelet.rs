@@ -1,8 +1,9 @@
 //! A very small stand-in for the kubelet and kube-proxy, for the one Deployment kind skyport
 //! makes: the tunnel client. The test control plane runs no nodes, so this runs the client
-//! Deployment's container as a local process — the real rathole binary (`SKYPORT_RATHOLE`) with
-//! the Deployment's args and the client.toml from the Secret the Deployment mounts — and, in
-//! place of kube-proxy, points the Service's cluster IP at local test backends.
+//! Deployment's container as a local process — the Deployment's own command and args, with the
+//! image's `/skyport` being the skyport binary this test build made, and the client.toml from the
+//! Secret the Deployment mounts — and, in place of kube-proxy, points the Service's cluster IP at
+//! local test backends.
 //!
 //! Like a kubelet it restarts the process when the pod template changes (the config checksum
 //! annotation) and stops it when the Deployment is gone.
@@ -20,12 +21,14 @@ use kube::api::Api;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 
-/// Path of the rathole binary (tests/run.sh exports it from tests/env/build-rathole.sh).
-pub fn rathole() -> PathBuf {
-    std::env::var_os("SKYPORT_RATHOLE").map(PathBuf::from).expect(
-        "SKYPORT_RATHOLE is not set: run tests/run.sh, or export SKYPORT_RATHOLE=\"$(tests/env/build-rathole.sh)\"",
-    )
+/// The skyport binary of this build: the operator image's `/skyport`, the exit server's
+/// `/usr/local/bin/skyport`.
+pub fn skyport_exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_skyport"))
 }
+
+/// Where the operator image keeps its binary (the Dockerfile's `COPY ... /skyport`).
+const IMAGE_BINARY: &str = "/skyport";
 
 /// Echo backends standing in for a Service's endpoints, one per (port, protocol), started on
 /// demand. Each answers with its own port first, so a test can tell which port it reached:
@@ -79,7 +82,8 @@ impl Backends {
 }
 
 /// Rewrites every `local_addr = "<ip>:<port>"` of a rathole client.toml (the Service's cluster
-/// IP) to the local backend for that port, as kube-proxy would route it.
+/// IP) to the local backend for that port, as kube-proxy would route it. The health responder's
+/// address is the pod's own loopback; pods here share one, so it gets a free port of its own.
 async fn route(client_toml: &str, backends: &Backends) -> String {
     let mut lines: Vec<String> = client_toml.lines().map(String::from).collect();
     // Each section's `type` (rathole's default is tcp), keyed by the section's first line.
@@ -99,11 +103,20 @@ async fn route(client_toml: &str, backends: &Backends) -> String {
             section = i;
         }
         let Some(value) = line.trim().strip_prefix("local_addr = ") else { continue };
+        if lines_header(client_toml, section).contains(skyport::tunnel::HEALTH_SERVICE) {
+            let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+            *line = format!("local_addr = \"{free}\"");
+            continue;
+        }
         let port: u16 = value.trim_matches('"').rsplit(':').next().and_then(|p| p.parse().ok()).expect("a port");
         let protocol = section_type.get(&section).map(String::as_str).unwrap_or("tcp");
         *line = format!("local_addr = \"{}\"", backends.addr(port, protocol).await);
     }
     lines.into_iter().map(|l| l + "\n").collect()
+}
+
+fn lines_header(toml: &str, index: usize) -> String {
+    toml.lines().nth(index).unwrap_or_default().to_string()
 }
 
 /// Runs the client Deployment `name` of `namespace` until dropped.
@@ -124,7 +137,17 @@ impl ClientRunner {
         let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
         let secrets: Api<Secret> = Api::namespaced(client, namespace);
         let name = name.to_string();
-        let dir = std::env::temp_dir().join(format!("skyport-kubelet-{namespace}-{name}"));
+        // Object names reach 253 characters, file names only 255 bytes: long ones are hashed.
+        let key = format!("{namespace}-{name}");
+        let key = if key.len() > 100 {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            key.hash(&mut h);
+            format!("{}-{:016x}", &key[..80], h.finish())
+        } else {
+            key
+        };
+        let dir = std::env::temp_dir().join(format!("skyport-kubelet-{key}"));
         std::fs::create_dir_all(&dir).unwrap();
         let starts = Arc::new(std::sync::atomic::AtomicU32::new(0));
         let counter = starts.clone();
@@ -161,7 +184,12 @@ async fn launch(
 ) -> Option<tokio::process::Child> {
     let spec = template.spec.as_ref()?;
     let container = spec.containers.first()?;
-    let mut args = container.args.clone().unwrap_or_default();
+    // The container runs its command (the image's entrypoint when unset) with its args.
+    let command = container.command.clone().unwrap_or_else(|| vec![IMAGE_BINARY.to_string()]);
+    let mut args: Vec<String> = command.into_iter().chain(container.args.clone().unwrap_or_default()).collect();
+    if args.first().map(String::as_str) != Some(IMAGE_BINARY) {
+        return None;
+    }
     for mount in container.volume_mounts.iter().flatten() {
         let volume = spec.volumes.iter().flatten().find(|v| v.name == mount.name)?;
         let source = volume.secret.as_ref()?;
@@ -180,9 +208,9 @@ async fn launch(
             }
         }
     }
-    let log = std::fs::File::create(dir.join("rathole.log")).ok()?;
-    tokio::process::Command::new(rathole())
-        .args(&args)
+    let log = std::fs::File::create(dir.join("client.log")).ok()?;
+    tokio::process::Command::new(skyport_exe())
+        .args(&args[1..])
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone().ok()?)
         .stderr(log)
@@ -218,9 +246,46 @@ pub async fn tcp_echo(ip: &str, port: u16, payload: &[u8]) -> Option<(u16, Vec<u
 
 /// Sends one datagram to `ip:port` and returns the reply, or `None` without one within 1 s.
 pub async fn udp_echo(ip: &str, port: u16, payload: &[u8]) -> Option<Vec<u8>> {
-    let socket = UdpSocket::bind("127.0.0.1:0").await.ok()?;
+    let socket = UdpSocket::bind("0.0.0.0:0").await.ok()?;
     socket.send_to(payload, (ip, port)).await.ok()?;
     let mut buf = vec![0u8; 65536];
     let (n, _) = tokio::time::timeout(Duration::from_secs(1), socket.recv_from(&mut buf)).await.ok()?.ok()?;
     Some(buf[..n].to_vec())
+}
+
+/// Runs every tunnel client Deployment of `namespace` (the Deployments skyport manages),
+/// each with its own backends, as a kubelet would, until dropped: for tests with Tunnels made on
+/// the fly, hand-written ones (`<tunnel>-client`) included.
+pub struct AllClients {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for AllClients {
+    fn drop(&mut self) {
+        // Dropping the task drops its runners, which kill their clients.
+        self.task.abort();
+    }
+}
+
+impl AllClients {
+    pub fn start(client: Client, namespace: &str) -> Self {
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
+        let namespace = namespace.to_string();
+        let task = tokio::spawn(async move {
+            let mut runners: BTreeMap<String, ClientRunner> = BTreeMap::new();
+            loop {
+                let clients = kube::api::ListParams::default().labels(&skyport::controllers::managed_selector());
+                if let Ok(list) = deployments.list(&clients).await {
+                    for d in list.items {
+                        let name = d.metadata.name.unwrap_or_default();
+                        runners.entry(name.clone()).or_insert_with(|| {
+                            ClientRunner::start(client.clone(), &namespace, &name, Backends::default())
+                        });
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        });
+        AllClients { task }
+    }
 }

@@ -22,6 +22,8 @@ use skyport::crd::{ConditionStatus, Queue};
 use tokio::sync::{OnceCell, oneshot};
 
 pub mod kubelet;
+pub mod private_env;
+pub mod process;
 pub mod proxy;
 
 static SETUP: OnceCell<()> = OnceCell::const_new();
@@ -46,7 +48,7 @@ pub async fn client() -> Client {
     client
 }
 
-async fn install_crds(client: Client) {
+pub async fn install_crds(client: Client) {
     let api: Api<CustomResourceDefinition> = Api::all(client);
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/crds");
     for entry in std::fs::read_dir(dir).expect("crds/ exists") {
@@ -92,8 +94,16 @@ pub struct TestNs {
 
 impl TestNs {
     pub async fn new(prefix: &str) -> Self {
-        let client = client().await;
-        let name = format!("{prefix}-{:08x}", rand::random::<u32>());
+        Self::named(format!("{prefix}-{:08x}", rand::random::<u32>())).await
+    }
+
+    /// A namespace with exactly this name (tests of names derived from namespaces need it).
+    pub async fn named(name: String) -> Self {
+        Self::in_cluster(client().await, name).await
+    }
+
+    /// A namespace in the cluster `client` talks to (a private environment's).
+    pub async fn in_cluster(client: Client, name: String) -> Self {
         let ns: Namespace = serde_json::from_value(serde_json::json!({
             "metadata": {"name": name, "labels": {"skyport.dev/test": "true"}}
         }))
@@ -147,7 +157,8 @@ impl Operator {
         })
         .await;
         let (tx, rx) = oneshot::channel::<()>();
-        let (ctx, run) = controller(ns.client.clone(), Arc::new(sqs), settings, Some(ns.name.clone()), async {
+        let aws = providers::SqsSettings { operation_timeout: Duration::from_secs(5), ..Default::default() };
+        let (ctx, run) = controller(ns.client.clone(), Arc::new(sqs), aws, settings, Some(ns.name.clone()), async {
             let _ = rx.await;
         });
         let task = tokio::spawn(run);

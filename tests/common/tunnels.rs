@@ -72,14 +72,18 @@ impl TunnelOperator {
             skyport::telemetry::init(skyport::telemetry::LogFormat::Text);
         }
         let state = std::env::temp_dir().join(format!("skyport-test-hosts-{}", ns.name));
-        // `settings.local_rathole` other than the default names a (broken) binary on purpose.
-        let rathole = if settings.local_rathole.as_os_str() == "rathole" {
-            kubelet::rathole()
+        // The operator's "own executable" is the skyport binary of this build (a test binary
+        // is not one). A test that names another one gives the local provider a broken binary
+        // on purpose; the digest still comes from the real one.
+        let mut settings = settings;
+        let local_exe = if settings.self_exe.as_os_str() == "/proc/self/exe" {
+            kubelet::skyport_exe()
         } else {
-            settings.local_rathole.clone()
+            settings.self_exe.clone()
         };
+        settings.self_exe = kubelet::skyport_exe();
         let local = Arc::new(
-            providers::local::LocalProvider::new(providers::local::LocalSettings::new(&state, rathole))
+            providers::local::LocalProvider::new(providers::local::LocalSettings::new(&state, local_exe))
                 .expect("local provider"),
         );
         let mut all: Vec<Arc<dyn providers::HostProvider>> = vec![local.clone()];

@@ -6,9 +6,10 @@
 use std::time::Duration;
 
 use providers::hosts::{
-    HostProvider, HostRequest, HostState, MANAGED_BY_VALUE, TAG_MANAGED_BY, TAG_TUNNEL_UID, owner_tags,
+    AddressBinding, AddressRequest, HostProvider, HostRequest, HostState, MANAGED_BY_VALUE, TAG_CLUSTER,
+    TAG_MANAGED_BY, TAG_TUNNEL_UID, owner_tags,
 };
-use providers::userdata::{ExitServer, Protocol, TunnelService, render_cloud_config};
+use providers::userdata::{Artifact, ExitServer, Protocol, TunnelService, render_cloud_config};
 
 pub const UID: &str = "0b6e3c57-4d0e-4b52-9a43-3f4f7e7d2a10";
 
@@ -44,7 +45,9 @@ pub fn exit_server() -> ExitServer {
 }
 
 pub fn user_data() -> String {
-    render_cloud_config(&exit_server()).unwrap()
+    let artifact =
+        Artifact { arch: "x86_64".into(), url: "https://example.test/skyport-x86_64".into(), sha256: "ab".repeat(32) };
+    render_cloud_config(&exit_server(), &[artifact]).unwrap()
 }
 
 pub fn request(name: &str, uid: &str) -> HostRequest {
@@ -73,7 +76,8 @@ pub fn fresh_uid() -> String {
 pub async fn run_with(provider: &dyn HostProvider, request: &HostRequest, expect: Expect) {
     let created = provider.create(request).await.expect("create");
     assert!(!created.id.is_empty());
-    assert_eq!(created.name, request.name);
+    // A provider may make the name unique (Hetzner appends a suffix from the owner's UID).
+    assert!(created.name.starts_with(&request.name), "{} for {}", created.name, request.name);
     if expect.created_provisioning {
         assert_eq!(created.state, HostState::Provisioning);
     }
@@ -115,4 +119,88 @@ pub async fn run_with(provider: &dyn HostProvider, request: &HostRequest, expect
     // Every call went through the limiter and was counted.
     let counts = provider.limiter().counters.snapshot();
     assert!(counts.values().sum::<u64>() >= 9, "{counts:?}");
+}
+
+/// The reserved-address contract: reserved and tagged like hosts, found by tag, put on the
+/// Tunnel's host the provider's way ([`AddressBinding`]), kept when that host is replaced, and
+/// released. Hosts are made from `base` (its server, size, region); `region` is where to reserve
+/// when the provider needs one (Hetzner).
+pub async fn run_addresses(provider: &dyn HostProvider, base: &HostRequest, region: Option<&str>, expect: &Expect) {
+    let uid = fresh_uid();
+    let mut tags = owner_tags(&uid, "team-a", "web-tunnel");
+    tags.insert(TAG_CLUSTER.into(), "cluster-contract".into());
+    let host_request = |name: &str| HostRequest { name: name.into(), tags: tags.clone(), ..base.clone() };
+    let address_request = |host_id: Option<String>| AddressRequest {
+        name: format!("skyport-{uid}"),
+        region: region.map(str::to_string),
+        tags: tags.clone(),
+        host_id,
+    };
+    let binding = provider.address_binding();
+
+    // Reserve it the provider's way and get it onto a first host.
+    let (first, address) = match binding {
+        AddressBinding::Assign | AddressBinding::AtCreate => {
+            let address = provider.reserve_address(&address_request(None)).await.expect("reserve");
+            assert_eq!(address.host_id, None);
+            let first = running(provider, &host_request("skyport-addr-1"), expect).await;
+            (first, address)
+        }
+        AddressBinding::WithHost => {
+            let first = running(provider, &host_request("skyport-addr-1"), expect).await;
+            let address = provider.reserve_address(&address_request(Some(first.id.clone()))).await.expect("reserve");
+            (first, address)
+        }
+    };
+    assert!(address.ip.parse::<std::net::Ipv4Addr>().is_ok(), "{address:?}");
+    assert_eq!(address.tags, tags, "reserved addresses carry the owner's tags");
+    provider.assign_address(&address.id, &first.id).await.expect("assign (or already there)");
+    let got = provider.get_address(&address.id).await.unwrap().expect("exists");
+    assert_eq!((got.ip.as_str(), got.host_id.as_deref()), (address.ip.as_str(), Some(first.id.as_str())));
+    if binding == AddressBinding::AtCreate {
+        assert_eq!(first.public_ipv4.as_deref(), Some(address.ip.as_str()), "created with the reserved address");
+    }
+
+    // Found by tag after a restart; nothing under another UID.
+    let listed = provider.list_addresses_by_tag(TAG_TUNNEL_UID, &uid).await.unwrap();
+    assert_eq!(listed.iter().map(|a| a.id.as_str()).collect::<Vec<_>>(), [address.id.as_str()]);
+    assert!(
+        provider
+            .list_addresses_by_tag(TAG_CLUSTER, "cluster-contract")
+            .await
+            .unwrap()
+            .iter()
+            .any(|a| a.id == address.id)
+    );
+    assert!(provider.list_addresses_by_tag(TAG_TUNNEL_UID, &fresh_uid()).await.unwrap().is_empty());
+
+    // The host is replaced: the next one gets the same address.
+    provider.delete(&first.id).await.expect("delete the first host");
+    let second = running(provider, &host_request("skyport-addr-2"), expect).await;
+    provider.assign_address(&address.id, &second.id).await.expect("assign to the replacement");
+    let got = provider.get_address(&address.id).await.unwrap().expect("kept across the replacement");
+    assert_eq!((got.ip.as_str(), got.host_id.as_deref()), (address.ip.as_str(), Some(second.id.as_str())));
+    if binding == AddressBinding::AtCreate {
+        assert_eq!(second.public_ipv4.as_deref(), Some(address.ip.as_str()), "the same address again");
+    }
+
+    // Released with the Tunnel; releasing twice is success.
+    provider.delete(&second.id).await.expect("delete the second host");
+    provider.release_address(&address.id).await.expect("release");
+    assert_eq!(provider.get_address(&address.id).await.unwrap(), None);
+    provider.release_address(&address.id).await.expect("releasing a released address is success");
+    assert!(provider.list_addresses_by_tag(TAG_TUNNEL_UID, &uid).await.unwrap().is_empty());
+}
+
+/// Creates a host and reads it until it runs with a public address.
+async fn running(provider: &dyn HostProvider, request: &HostRequest, expect: &Expect) -> providers::Host {
+    let created = provider.create(request).await.expect("create");
+    for _ in 0..expect.polls_until_running.max(1) {
+        tokio::time::sleep(expect.interval).await;
+        let host = provider.get(&created.id).await.unwrap().expect("exists");
+        if host.state == HostState::Running && host.public_ipv4.is_some() {
+            return host;
+        }
+    }
+    panic!("host {} not running after {} reads", created.id, expect.polls_until_running);
 }

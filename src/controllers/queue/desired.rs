@@ -2,11 +2,16 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::ObjectMeta;
+use kube::{Resource, ResourceExt};
 use providers::sqs::{Attributes, Tags};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use crate::crd::queue::{DeduplicationScope, FifoThroughputLimit, QueueSpec, RedrivePermission};
+use crate::controllers::MANAGED_BY;
+use crate::crd::queue::{DeduplicationScope, FifoThroughputLimit, Queue, QueueSpec, RedrivePermission};
+use crate::error::{Error, Result};
 
 pub const TAG_MANAGED_BY: &str = "skyport.dev/managed-by";
 pub const TAG_OWNER_UID: &str = "skyport.dev/owner-uid";
@@ -16,18 +21,27 @@ pub const TAG_OWNER_NAME: &str = "skyport.dev/owner-name";
 /// SQS's limit on queue names, `.fifo` included.
 pub const MAX_QUEUE_NAME: usize = 80;
 
-/// The SQS queue name for a Queue: `spec.queueName`, else `<namespace>-<name>` made valid.
-///
-/// Kubernetes names may contain `.` and be far longer than 80 characters; SQS allows only
-/// `[A-Za-z0-9_-]`. Dots become `_` (not `-`, which would make `a.b` and `a-b` collide), and a
-/// name that is too long is cut and suffixed with a hash of the full `namespace/name`, so the
-/// result is stable and distinct.
-pub fn queue_name(namespace: &str, name: &str, spec: &QueueSpec) -> String {
-    if let Some(n) = &spec.queue_name {
-        return n.clone();
+/// The SQS queue name for a Queue: `spec.queueName`, else the name already recorded in
+/// `status.queueName` (Queues made under the old `<namespace>-<name>` default keep their
+/// queue), else [`default_queue_name`].
+pub fn queue_name(namespace: &str, name: &str, spec: &QueueSpec, recorded: Option<&str>) -> String {
+    match (&spec.queue_name, recorded) {
+        (Some(n), _) => n.clone(),
+        (None, Some(r)) if !r.is_empty() => r.to_string(),
+        _ => default_queue_name(namespace, name, spec.fifo),
     }
-    let suffix = if spec.fifo { ".fifo" } else { "" };
-    let base: String = format!("{namespace}-{name}")
+}
+
+/// `<namespace>_<name>` made valid for SQS.
+///
+/// Namespaces are DNS labels (`[a-z0-9-]`), so the first `_` always ends the namespace: no two
+/// Queues share a default (with `-` as separator, `team`/`a-orders` and `team-a`/`orders` did).
+/// Object names may contain `.`, which SQS does not allow; it becomes `_`, which object names
+/// cannot contain, so that mapping is one-to-one too. A name that is too long is cut and
+/// suffixed with a hash of the full `namespace/name`, so the result is stable and distinct.
+pub fn default_queue_name(namespace: &str, name: &str, fifo: bool) -> String {
+    let suffix = if fifo { ".fifo" } else { "" };
+    let base: String = format!("{namespace}_{name}")
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
         .collect();
@@ -68,6 +82,8 @@ pub struct Owner<'a> {
     pub namespace: &'a str,
     pub name: &'a str,
     pub uid: &'a str,
+    /// `status.queueName`, the name this Queue's queue was given before.
+    pub recorded_name: Option<&'a str>,
 }
 
 /// Builds the desired state. `dead_letter_arn` is the resolved ARN of `spec.deadLetter`
@@ -139,7 +155,7 @@ pub fn desired(spec: &QueueSpec, owner: &Owner<'_>, dead_letter_arn: Option<&str
     tags.insert(TAG_OWNER_NAMESPACE.into(), owner.namespace.into());
     tags.insert(TAG_OWNER_NAME.into(), owner.name.into());
 
-    Desired { name: queue_name(owner.namespace, owner.name, spec), attributes: a, tags }
+    Desired { name: queue_name(owner.namespace, owner.name, spec, owner.recorded_name), attributes: a, tags }
 }
 
 /// The ARN of the queue at `url` in `region`, as SQS reports it in `QueueArn`
@@ -168,48 +184,93 @@ pub fn queue_arn(url: &str, region: &str) -> Option<String> {
     Some(format!("arn:{partition}:sqs:{region}:{account}:{name}"))
 }
 
+/// Name of the ConfigMap apps load with `envFrom`.
+pub fn configmap_name(queue: &Queue) -> String {
+    format!("{}-sqs", queue.name_any())
+}
+
+/// The ConfigMap publishing the queue's `url`, `arn` and `name`, owned by the Queue.
+pub fn configmap(queue: &Queue, url: &str, arn: &str, name: &str) -> Result<ConfigMap> {
+    let owner = queue.controller_owner_ref(&()).ok_or(Error::MissingObjectKey("uid"))?;
+    Ok(ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(configmap_name(queue)),
+            namespace: queue.namespace(),
+            labels: Some(BTreeMap::from([(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string())])),
+            owner_references: Some(vec![owner]),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([
+            ("QUEUE_URL".to_string(), url.to_string()),
+            ("QUEUE_ARN".to_string(), arn.to_string()),
+            ("QUEUE_NAME".to_string(), name.to_string()),
+        ])),
+        ..Default::default()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::crd::queue::{DeadLetter, LocalQueueRef, RedriveAllowPolicy};
 
     fn owner() -> Owner<'static> {
-        Owner { namespace: "shop", name: "orders", uid: "u-1" }
+        Owner { namespace: "shop", name: "orders", uid: "u-1", recorded_name: None }
+    }
+
+    fn name(namespace: &str, name: &str, spec: &QueueSpec) -> String {
+        queue_name(namespace, name, spec, None)
     }
 
     #[test]
     fn default_name_joins_namespace_and_name() {
-        assert_eq!(queue_name("shop", "orders", &QueueSpec::default()), "shop-orders");
+        assert_eq!(name("shop", "orders", &QueueSpec::default()), "shop_orders");
+    }
+
+    #[test]
+    fn default_names_of_different_queues_never_collide() {
+        let d = QueueSpec::default();
+        assert_ne!(name("team", "a-orders", &d), name("team-a", "orders", &d));
+        assert_ne!(name("team", "a.orders", &d), name("team-a", "orders", &d));
+        assert_ne!(name("team", "a.b", &d), name("team", "a-b", &d));
+    }
+
+    #[test]
+    fn a_recorded_name_is_kept_and_an_explicit_one_wins() {
+        let d = QueueSpec::default();
+        assert_eq!(queue_name("shop", "orders", &d, Some("shop-orders")), "shop-orders");
+        let explicit = QueueSpec { queue_name: Some("x".into()), ..Default::default() };
+        assert_eq!(queue_name("shop", "orders", &explicit, Some("shop-orders")), "x");
     }
 
     #[test]
     fn default_fifo_name_gets_the_suffix() {
         let spec = QueueSpec { fifo: true, ..Default::default() };
-        assert_eq!(queue_name("shop", "orders", &spec), "shop-orders.fifo");
+        assert_eq!(name("shop", "orders", &spec), "shop_orders.fifo");
     }
 
     #[test]
     fn dots_in_kubernetes_names_become_underscores() {
-        assert_eq!(queue_name("a.b", "c.d", &QueueSpec::default()), "a_b-c_d");
+        assert_eq!(name("ab", "c.d", &QueueSpec::default()), "ab_c_d");
     }
 
     #[test]
     fn long_names_are_cut_to_eighty_with_a_distinguishing_hash() {
         let long = "x".repeat(200);
         let spec = QueueSpec { fifo: true, ..Default::default() };
-        let a = queue_name("ns", &long, &spec);
-        let b = queue_name("ns", &format!("{long}y"), &spec);
+        let a = name("ns", &long, &spec);
+        let b = name("ns", &format!("{long}y"), &spec);
         assert_eq!(a.len(), 80);
         assert!(a.ends_with(".fifo"));
         assert_ne!(a, b, "names differing past the cut stay distinct");
         assert!(a.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)));
-        assert_eq!(queue_name("ns", &long, &QueueSpec::default()).len(), 80);
+        assert_eq!(name("ns", &long, &QueueSpec::default()).len(), 80);
     }
 
     #[test]
     fn explicit_name_wins() {
         let spec = QueueSpec { queue_name: Some("legacy_q".into()), ..Default::default() };
-        assert_eq!(queue_name("shop", "orders", &spec), "legacy_q");
+        assert_eq!(name("shop", "orders", &spec), "legacy_q");
     }
 
     #[test]

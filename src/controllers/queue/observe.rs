@@ -1,14 +1,17 @@
 //! Reads: the dead-letter reference from the local cache, the queue from SQS.
 
-use std::time::Duration;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::time::{Duration, Instant};
 
-use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
-use providers::QueueBackend;
+use kube::{Api, Client, ResourceExt};
+use providers::sqs::{Attributes, Tags};
+use providers::{QueueBackend, QueueError};
+use tracing::debug;
 
-use super::Outcome;
-use super::desired::{Desired, TAG_OWNER_UID, queue_name};
-use super::plan::{Existing, Observed};
+use super::desired::{Desired, TAG_OWNER_NAME, TAG_OWNER_NAMESPACE, TAG_OWNER_UID, queue_name};
+use super::plan::{Existing, Observed, Outcome};
+use crate::controllers::status::ObjectStatus;
 use crate::crd::ConditionStatus;
 use crate::crd::queue::Queue;
 use crate::error::{Error, Result};
@@ -19,6 +22,7 @@ pub enum DeadLetterWait {
     NotReady(String),
     Mismatch(String),
     Invalid(String),
+    Cycle(String),
 }
 
 impl DeadLetterWait {
@@ -32,6 +36,8 @@ impl DeadLetterWait {
                 Outcome::Wait { reason: "InvalidDeadLetterQueue", message, retry: Some(resync) }
             }
             DeadLetterWait::Invalid(message) => Outcome::Wait { reason: "InvalidSpec", message, retry: None },
+            // Edits to the other Queues of the cycle do not wake this one: look again each resync.
+            DeadLetterWait::Cycle(message) => Outcome::Wait { reason: "DeadLetterCycle", message, retry: Some(resync) },
         }
     }
 }
@@ -48,6 +54,12 @@ pub fn dead_letter_arn(queue: &Queue, queues: &Store<Queue>) -> Result<Option<St
     if r.name == queue.name_any() {
         return Err(DeadLetterWait::Invalid("deadLetter.queueRef names this Queue itself".into()));
     }
+    if let Some(chain) = dead_letter_cycle(queue, queues) {
+        return Err(DeadLetterWait::Cycle(format!(
+            "dead-letter cycle {}: each Queue waits for the next to become Ready; remove deadLetter from one of them",
+            chain.join(" -> ")
+        )));
+    }
     let ns = queue.namespace().unwrap_or_default();
     let Some(target) = queues.get(&ObjectRef::new(&r.name).within(&ns)) else {
         return Err(DeadLetterWait::NotReady(format!("dead-letter Queue {ns}/{} does not exist yet", r.name)));
@@ -62,43 +74,140 @@ pub fn dead_letter_arn(queue: &Queue, queues: &Store<Queue>) -> Result<Option<St
         )));
     }
     let status = target.status.as_ref();
-    let ready = status
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
-        .is_some_and(|c| c.status == ConditionStatus::True);
+    let ready = status.and_then(|s| s.ready()).is_some_and(|c| c.status == ConditionStatus::True);
     match status.and_then(|s| s.queue_arn.clone()) {
         Some(arn) if ready => Ok(Some(arn)),
         _ => Err(DeadLetterWait::NotReady(format!("waiting for dead-letter Queue {} to become Ready", r.name))),
     }
 }
 
-/// Finds the queue: through the URL recorded in status when it is for the desired name (no
-/// lookup call), else by name. Tags are read only when `tags_due` or ownership is unproven.
-pub async fn observe(queue: &Queue, desired: &Desired, sqs: &dyn QueueBackend, tags_due: bool) -> Result<Observed> {
-    let status = queue.status.as_ref();
-    let recorded_url =
-        status.filter(|s| s.queue_name.as_deref() == Some(desired.name.as_str())).and_then(|s| s.queue_url.clone());
-    let url = match &recorded_url {
-        Some(url) => Some(url.clone()),
-        None => sqs.queue_url(&desired.name).await?,
-    };
-    let Some(url) = url else { return Ok(Observed::Absent) };
-    let Some(attributes) = sqs.attributes(&url).await? else { return Ok(Observed::Absent) };
-    let recorded = recorded_url.as_deref() == Some(url.as_str())
-        || status.and_then(|s| s.queue_url.as_deref()) == Some(url.as_str());
-    let tags = if tags_due || !recorded { Some(sqs.tags(&url).await?) } else { None };
-    Ok(Observed::Present(Existing { url, attributes, tags, recorded }))
+/// What a converge depends on besides SQS: the spec's generation, the account, and the
+/// dead-letter target resolved from the Queue cache. A follow-up of our own writes with the same fingerprint is
+/// answered from memory (see `Context::written`).
+pub fn fingerprint(queue: &Queue, queues: &Store<Queue>, placement: &super::accounts::Placement) -> u64 {
+    let mut h = DefaultHasher::new();
+    queue.metadata.generation.hash(&mut h);
+    (&placement.account, &placement.region, &placement.role_arn).hash(&mut h);
+    dead_letter_arn(queue, queues).ok().hash(&mut h);
+    h.finish()
 }
 
-/// The URL of this Queue's SQS queue for deletion: the recorded one, or the queue of the
-/// expected name if its owner tag carries this object's UID. Never a queue skyport does not own.
-pub async fn owned_queue_url(queue: &Queue, sqs: &dyn QueueBackend) -> Result<Option<String>> {
-    if let Some(url) = queue.status.as_ref().and_then(|s| s.queue_url.clone()) {
-        return Ok(Some(url));
+/// The dead-letter chain from `queue` when it leads back to `queue`: `[a, b, a]`. SQS would
+/// accept it, but no Queue of the chain can ever become Ready first, so it is reported instead
+/// of waited on forever.
+pub fn dead_letter_cycle(queue: &Queue, queues: &Store<Queue>) -> Option<Vec<String>> {
+    let ns = queue.namespace().unwrap_or_default();
+    let start = queue.name_any();
+    let mut chain = vec![start.clone()];
+    let mut next = queue.spec.dead_letter.as_ref()?.queue_ref.as_ref()?.name.clone();
+    // A chain cannot be longer than the Queues in the cache.
+    for _ in 0..=queues.state().len() {
+        chain.push(next.clone());
+        if next == start {
+            return Some(chain);
+        }
+        let target = queues.get(&ObjectRef::new(&next).within(&ns))?;
+        next = target.spec.dead_letter.as_ref()?.queue_ref.as_ref()?.name.clone();
+        if chain[1..].contains(&next) {
+            // A loop further down the chain that does not include this Queue.
+            return None;
+        }
     }
+    None
+}
+
+/// What an earlier pass proved from the owner tag: this URL, with this `CreatedTimestamp`, is
+/// ours. A queue deleted and recreated under the same name (by anyone) has the same URL but a
+/// new timestamp, so it has to prove itself again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verified {
+    pub url: String,
+    pub created: Option<String>,
+    pub at: Instant,
+    pub generation: Option<i64>,
+}
+
+impl Verified {
+    fn covers(&self, url: &str, attributes: &Attributes) -> bool {
+        self.url == url && self.created.is_some() && self.created.as_ref() == attributes.get("CreatedTimestamp")
+    }
+}
+
+/// The queue's URL: the one recorded in status when it is for the desired name (no lookup
+/// call), else by name.
+async fn find(queue: &Queue, name: &str, sqs: &dyn QueueBackend) -> Result<Option<String>> {
+    let status = queue.status.as_ref();
+    let recorded = status.filter(|s| s.queue_name.as_deref() == Some(name)).and_then(|s| s.queue_url.clone());
+    Ok(match recorded {
+        Some(url) => Some(url),
+        None => sqs.queue_url(name).await?,
+    })
+}
+
+/// Finds the queue and reads its attributes. Tags (the owner) are read when `tags_due`, or
+/// unless `verified` proves this very queue ours; a foreign owner's liveness is looked up only
+/// when the Queue asks to adopt.
+pub async fn observe(
+    queue: &Queue,
+    desired: &Desired,
+    sqs: &dyn QueueBackend,
+    client: &Client,
+    verified: Option<&Verified>,
+    tags_due: bool,
+) -> Result<Observed> {
+    let Some(url) = find(queue, &desired.name, sqs).await? else { return Ok(Observed::Absent) };
+    let Some(attributes) = sqs.attributes(&url).await? else { return Ok(Observed::Absent) };
+    let verified = verified.is_some_and(|v| v.covers(&url, &attributes));
+    let tags = if tags_due || !verified { Some(sqs.tags(&url).await?) } else { None };
+    let mut existing = Existing { url, attributes, tags, verified, owner_live: None };
+    let uid = queue.uid().unwrap_or_default();
+    if queue.spec.adopt
+        && let Some((owner_uid, _)) = existing.foreign_owner(&uid)
+    {
+        existing.owner_live = owner_live(client, existing.tags.as_ref(), &owner_uid).await;
+    }
+    Ok(Observed::Present(existing))
+}
+
+/// Whether the Queue an owner tag names still exists (the same object: same UID). `None` when
+/// it cannot be told (no namespace/name tags, or the API refused the read).
+async fn owner_live(client: &Client, tags: Option<&Tags>, owner_uid: &str) -> Option<bool> {
+    let tags = tags?;
+    let (ns, name) = (tags.get(TAG_OWNER_NAMESPACE)?, tags.get(TAG_OWNER_NAME)?);
+    let api: Api<Queue> = Api::namespaced(client.clone(), ns);
+    match api.get_opt(name).await {
+        Ok(found) => Some(found.and_then(|q| q.uid()).as_deref() == Some(owner_uid)),
+        Err(e) => {
+            debug!(error = %e, "could not look up the Queue named by an owner tag");
+            None
+        }
+    }
+}
+
+/// Observe-only: the queue of that name and its attributes, never its tags and never a write.
+pub async fn observe_only(
+    queue: &Queue,
+    desired: &Desired,
+    sqs: &dyn QueueBackend,
+) -> Result<Option<(String, Attributes)>> {
+    let Some(url) = find(queue, &desired.name, sqs).await? else { return Ok(None) };
+    Ok(sqs.attributes(&url).await?.map(|a| (url, a)))
+}
+
+/// The URL of this Queue's SQS queue for deletion, only if its owner tag names this Queue now
+/// (a recorded URL is not proof: the name may have been reused). `None` when there is no such
+/// queue or it belongs to someone else.
+pub async fn owned_queue_url(queue: &Queue, sqs: &dyn QueueBackend) -> Result<Option<String>> {
     let ns = queue.namespace().ok_or(Error::MissingObjectKey("namespace"))?;
-    let name = queue_name(&ns, &queue.name_any(), &queue.spec);
-    let Some(url) = sqs.queue_url(&name).await? else { return Ok(None) };
-    let ours = sqs.tags(&url).await?.get(TAG_OWNER_UID).map(String::as_str) == queue.uid().as_deref();
+    let recorded_name = queue.status.as_ref().and_then(|s| s.queue_name.as_deref());
+    let name = queue_name(&ns, &queue.name_any(), &queue.spec, recorded_name);
+    let Some(url) = find(queue, &name, sqs).await? else { return Ok(None) };
+    let tags = match sqs.tags(&url).await {
+        Ok(tags) => tags,
+        Err(QueueError::NotFound) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let ours = tags.get(TAG_OWNER_UID).map(String::as_str) == queue.uid().as_deref();
     Ok(ours.then_some(url))
 }
 
@@ -166,6 +275,23 @@ mod tests {
         let q = queue("app", QueueSpec { fifo: true, ..with_dlq("dlq") }, None);
         let dlq = queue("dlq", QueueSpec::default(), Some(ready_status("arn")));
         assert!(matches!(dead_letter_arn(&q, &store(vec![dlq])), Err(DeadLetterWait::Mismatch(_))));
+    }
+
+    #[test]
+    fn a_dead_letter_cycle_is_reported_with_its_chain() {
+        let a = queue("a", with_dlq("b"), None);
+        let b = queue("b", with_dlq("c"), None);
+        let c = queue("c", with_dlq("a"), None);
+        let all = store(vec![a.clone(), b.clone(), c]);
+        let Err(DeadLetterWait::Cycle(message)) = dead_letter_arn(&a, &all) else { panic!("a cycle") };
+        assert!(message.contains("a -> b -> c -> a"), "{message}");
+        // Leading into a cycle is waiting on it, not being in it.
+        let x = queue("x", with_dlq("d"), None);
+        let d = queue("d", with_dlq("e"), None);
+        let e = queue("e", with_dlq("d"), None);
+        let tail = store(vec![x.clone(), d, e]);
+        assert_eq!(dead_letter_cycle(&x, &tail), None);
+        assert!(matches!(dead_letter_arn(&b, &store(vec![b.clone()])), Err(DeadLetterWait::NotReady(_))));
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::time::Duration;
 use providers::sqs::{Attributes, Tags};
 use serde_json::Value;
 
-use super::desired::{Desired, TAG_OWNER_UID};
+use super::desired::{Desired, TAG_OWNER_NAME, TAG_OWNER_NAMESPACE, TAG_OWNER_UID};
 
 /// What observation found under the queue's name.
 #[derive(Debug, Clone, PartialEq)]
@@ -20,10 +20,25 @@ pub enum Observed {
 pub struct Existing {
     pub url: String,
     pub attributes: Attributes,
-    /// `None` when tags were not read this time (the queue's tags are known to be converged).
+    /// `None` when tags were not read this time (ownership was proven earlier, see `verified`).
     pub tags: Option<Tags>,
-    /// `status.queueUrl` of the Queue names this very queue: skyport created or adopted it.
-    pub recorded: bool,
+    /// Its owner tag named this Queue when last read, for this very queue (same URL and
+    /// `CreatedTimestamp`: not deleted and recreated under the same name since).
+    pub verified: bool,
+    /// For a queue whose owner tag names another Queue: whether that Queue still exists
+    /// (`None`: not looked up, or the lookup failed).
+    pub owner_live: Option<bool>,
+}
+
+impl Existing {
+    /// The Queue its owner tag names, when that is not `uid`: (uid, namespace/name).
+    pub fn foreign_owner(&self, uid: &str) -> Option<(String, String)> {
+        let tags = self.tags.as_ref()?;
+        let owner = tags.get(TAG_OWNER_UID).filter(|u| u.as_str() != uid)?;
+        let ns = tags.get(TAG_OWNER_NAMESPACE).map(String::as_str).unwrap_or("?");
+        let name = tags.get(TAG_OWNER_NAME).map(String::as_str).unwrap_or("?");
+        Some((owner.clone(), format!("{ns}/{name}")))
+    }
 }
 
 /// One write to SQS.
@@ -35,23 +50,60 @@ pub enum Step {
     Untag(Vec<String>),
 }
 
+/// A queue that exists and matches the spec.
+#[derive(Debug, Clone)]
+pub struct Ready {
+    pub url: String,
+    pub arn: String,
+    pub name: String,
+    /// The queue existed before and was taken over (`status.adopted`).
+    pub adopted: bool,
+    /// Its `CreatedTimestamp` when read in this pass (to notice a recreated queue later).
+    pub created: Option<String>,
+    /// Normal Events to publish: (reason, note).
+    pub events: Vec<(&'static str, String)>,
+}
+
+/// Outcome of one converge pass, before status is written.
+#[derive(Debug)]
+pub enum Outcome {
+    Ready(Ready),
+    Wait { reason: &'static str, message: String, retry: Option<Duration> },
+}
+
+/// What the Queue asks besides the desired SQS state.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Intent<'a> {
+    pub fifo: bool,
+    pub uid: &'a str,
+    /// `spec.adopt`.
+    pub adopt: bool,
+    /// `status.adopted`: the queue existed before skyport took it over.
+    pub adopted: bool,
+    /// When to look again at a queue that is not ours (its owner may go away).
+    pub recheck: Duration,
+}
+
 /// The decision for one reconcile.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Plan {
     /// Run these steps in order (none: converged). `adopting` marks a first take-over.
     Apply { steps: Vec<Step>, adopting: bool },
+    /// Writes are due but the owner tag was not read in this pass: read it, then plan again
+    /// (ownership is checked against SQS before every write).
+    NeedTags,
     /// Do nothing now; report `reason` and look again after `retry`.
     Wait { reason: &'static str, message: String, retry: Option<Duration> },
 }
 
 /// Decides the steps that make `observed` match `desired`.
-pub fn plan(desired: &Desired, fifo: bool, uid: &str, adopt: bool, observed: &Observed) -> Plan {
+pub fn plan(desired: &Desired, intent: &Intent<'_>, observed: &Observed) -> Plan {
     let existing = match observed {
         Observed::Absent => {
             return Plan::Apply {
                 steps: vec![Step::Create {
                     name: desired.name.clone(),
-                    attributes: desired.create_attributes(fifo),
+                    attributes: desired.create_attributes(intent.fifo),
                     tags: desired.tags.clone(),
                 }],
                 adopting: false,
@@ -60,22 +112,23 @@ pub fn plan(desired: &Desired, fifo: bool, uid: &str, adopt: bool, observed: &Ob
         Observed::Present(existing) => existing,
     };
 
-    let ours = existing.recorded || existing.tags.as_ref().and_then(|t| t.get(TAG_OWNER_UID)).is_some_and(|u| u == uid);
-    if !ours && !adopt {
-        return Plan::Wait {
-            reason: "AlreadyExists",
-            message: format!(
-                "an SQS queue named {:?} already exists and was not created by this Queue; set spec.adopt: true to manage it, or choose another spec.queueName",
-                desired.name
-            ),
-            retry: None,
-        };
+    let ours = match &existing.tags {
+        Some(tags) => tags.get(TAG_OWNER_UID).is_some_and(|u| u == intent.uid),
+        None if existing.verified => true,
+        None => return Plan::NeedTags,
+    };
+    if !ours && let Some(refusal) = refuse(desired, intent, existing) {
+        return refusal;
     }
+    // An adopted queue keeps what the spec does not mention: unset documents are not cleared
+    // and tags that are not in the spec stay.
+    let gentle = !ours || intent.adopted;
 
     let mut steps = Vec::new();
     let changed: Attributes = desired
         .attributes
         .iter()
+        .filter(|(_, v)| !(gentle && v.is_empty()))
         .filter(|(k, v)| !attribute_matches(k, v, existing.attributes.get(k.as_str()).map(String::as_str)))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
@@ -89,16 +142,62 @@ pub fn plan(desired: &Desired, fifo: bool, uid: &str, adopt: bool, observed: &Ob
             .filter(|(k, v)| observed_tags.get(k.as_str()) != Some(v))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let remove: Vec<String> =
-            observed_tags.keys().filter(|k| !desired.tags.contains_key(k.as_str())).cloned().collect();
-        if !add.is_empty() {
-            steps.push(Step::Tag(add));
-        }
+        let remove: Vec<String> = observed_tags
+            .keys()
+            .filter(|k| !desired.tags.contains_key(k.as_str()) && (!gentle || k.starts_with("skyport.dev/")))
+            .cloned()
+            .collect();
+        // Untag first: SQS allows 50 tags, and replacing many at once must not pass through
+        // a state holding both sets.
         if !remove.is_empty() {
             steps.push(Step::Untag(remove));
         }
+        if !add.is_empty() {
+            steps.push(Step::Tag(add));
+        }
+    }
+    if !steps.is_empty() && existing.tags.is_none() {
+        return Plan::NeedTags;
     }
     Plan::Apply { steps, adopting: !ours }
+}
+
+/// Why a queue that is not ours is left alone, if it is.
+fn refuse(desired: &Desired, intent: &Intent<'_>, existing: &Existing) -> Option<Plan> {
+    let retry = Some(intent.recheck);
+    let name = &desired.name;
+    match (existing.foreign_owner(intent.uid), intent.adopt) {
+        (None, true) => None,
+        (Some((_, owner)), true) => match existing.owner_live {
+            Some(false) => None,
+            Some(true) => Some(Plan::Wait {
+                reason: "OwnedByAnotherQueue",
+                message: format!(
+                    "the SQS queue {name:?} belongs to Queue {owner}, which still exists; adopt only takes queues no live Queue owns. Delete that Queue (with deletionPolicy Retain to keep the queue) or choose another spec.queueName"
+                ),
+                retry,
+            }),
+            None => Some(Plan::Wait {
+                reason: "OwnedByAnotherQueue",
+                message: format!(
+                    "the SQS queue {name:?} is tagged as belonging to Queue {owner}, and skyport could not check whether that Queue still exists; retrying"
+                ),
+                retry,
+            }),
+        },
+        (owner, false) => Some(Plan::Wait {
+            reason: "AlreadyExists",
+            message: match owner {
+                Some((_, owner)) => format!(
+                    "an SQS queue named {name:?} already exists and belongs to Queue {owner}; choose another spec.queueName"
+                ),
+                None => format!(
+                    "an SQS queue named {name:?} already exists and was not created by this Queue; set spec.adopt: true to manage it, or choose another spec.queueName"
+                ),
+            },
+            retry,
+        }),
+    }
 }
 
 /// Compares one attribute by meaning: numbers as numbers, booleans case-insensitively, policy
@@ -160,15 +259,22 @@ mod tests {
     const UID: &str = "uid-1";
 
     fn want(spec: &QueueSpec) -> Desired {
-        desired(spec, &Owner { namespace: "ns", name: "q", uid: UID }, None)
+        desired(spec, &Owner { namespace: "ns", name: "q", uid: UID, recorded_name: None }, None)
     }
 
-    fn existing(attrs: &[(&str, &str)], tags: Option<&[(&str, &str)]>, recorded: bool) -> Observed {
+    const RECHECK: Duration = Duration::from_secs(60);
+
+    fn intent(fifo: bool, adopt: bool) -> Intent<'static> {
+        Intent { fifo, uid: UID, adopt, adopted: false, recheck: RECHECK }
+    }
+
+    fn existing(attrs: &[(&str, &str)], tags: Option<&[(&str, &str)]>, verified: bool) -> Observed {
         Observed::Present(Existing {
-            url: "http://sqs/000000000000/ns-q".into(),
+            url: "http://sqs/000000000000/ns_q".into(),
             attributes: attrs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             tags: tags.map(|t| t.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
-            recorded,
+            verified,
+            owner_live: None,
         })
     }
 
@@ -180,9 +286,9 @@ mod tests {
     fn absent_queue_is_created_with_attributes_and_tags() {
         let spec = QueueSpec { delay_seconds: Some(5), fifo: true, ..Default::default() };
         let d = want(&spec);
-        let Plan::Apply { steps, .. } = plan(&d, true, UID, false, &Observed::Absent) else { panic!() };
+        let Plan::Apply { steps, .. } = plan(&d, &intent(true, false), &Observed::Absent) else { panic!() };
         let [Step::Create { name, attributes, tags }] = steps.as_slice() else { panic!("{steps:?}") };
-        assert_eq!(name, "ns-q.fifo");
+        assert_eq!(name, "ns_q.fifo");
         assert_eq!(attributes["DelaySeconds"], "5");
         assert_eq!(attributes["FifoQueue"], "true");
         assert_eq!(tags[TAG_OWNER_UID], UID);
@@ -214,23 +320,25 @@ mod tests {
             Some(&tags),
             true,
         );
-        assert_eq!(plan(&d, false, UID, false, &observed), Plan::Apply { steps: vec![], adopting: false });
+        assert_eq!(plan(&d, &intent(false, false), &observed), Plan::Apply { steps: vec![], adopting: false });
     }
 
     #[test]
     fn only_differing_attributes_are_written() {
         let spec = QueueSpec { visibility_timeout_seconds: Some(60), delay_seconds: Some(0), ..Default::default() };
         let d = want(&spec);
-        let observed = existing(&[("VisibilityTimeout", "30"), ("DelaySeconds", "0")], None, true);
-        let Plan::Apply { steps, .. } = plan(&d, false, UID, false, &observed) else { panic!() };
+        let tags = converged_tags(&d);
+        let observed = existing(&[("VisibilityTimeout", "30"), ("DelaySeconds", "0")], Some(&tags), true);
+        let Plan::Apply { steps, .. } = plan(&d, &intent(false, false), &observed) else { panic!() };
         assert_eq!(steps, vec![Step::SetAttributes([("VisibilityTimeout".to_string(), "60".to_string())].into())]);
     }
 
     #[test]
     fn removed_policy_is_cleared() {
         let d = want(&QueueSpec::default());
-        let observed = existing(&[("Policy", r#"{"Version":"2012-10-17"}"#)], None, true);
-        let Plan::Apply { steps, .. } = plan(&d, false, UID, false, &observed) else { panic!() };
+        let tags = converged_tags(&d);
+        let observed = existing(&[("Policy", r#"{"Version":"2012-10-17"}"#)], Some(&tags), true);
+        let Plan::Apply { steps, .. } = plan(&d, &intent(false, false), &observed) else { panic!() };
         assert_eq!(steps, vec![Step::SetAttributes([("Policy".to_string(), String::new())].into())]);
     }
 
@@ -257,10 +365,11 @@ mod tests {
         tags.push(("team", "a"));
         tags.push(("stale", "x"));
         let observed = existing(&[], Some(&tags), true);
-        let Plan::Apply { steps, .. } = plan(&d, false, UID, false, &observed) else { panic!() };
+        let Plan::Apply { steps, .. } = plan(&d, &intent(false, false), &observed) else { panic!() };
         assert_eq!(
             steps,
-            vec![Step::Tag([("team".to_string(), "b".to_string())].into()), Step::Untag(vec!["stale".to_string()])]
+            vec![Step::Untag(vec!["stale".to_string()]), Step::Tag([("team".to_string(), "b".to_string())].into())],
+            "untag before tag: SQS counts both sets against its 50-tag limit otherwise"
         );
     }
 
@@ -269,19 +378,66 @@ mod tests {
         let d = want(&QueueSpec::default());
         let observed = existing(&[], Some(&[("owner", "someone-else")]), false);
         assert!(matches!(
-            plan(&d, false, UID, false, &observed),
-            Plan::Wait { reason: "AlreadyExists", retry: None, .. }
+            plan(&d, &intent(false, false), &observed),
+            Plan::Wait { reason: "AlreadyExists", retry: Some(RECHECK), .. }
         ));
     }
 
     #[test]
-    fn foreign_queue_is_taken_over_with_adopt() {
-        let d = want(&QueueSpec::default());
-        let observed = existing(&[], Some(&[("owner", "someone-else")]), false);
-        let Plan::Apply { steps, adopting } = plan(&d, false, UID, true, &observed) else { panic!() };
+    fn foreign_queue_is_taken_over_with_adopt_writing_only_declared_fields() {
+        let spec = QueueSpec { visibility_timeout_seconds: Some(50), ..Default::default() };
+        let d = want(&spec);
+        let observed = existing(
+            &[("VisibilityTimeout", "11"), ("Policy", r#"{"Version":"2012-10-17"}"#), ("RedrivePolicy", "{}")],
+            Some(&[("owner", "someone-else")]),
+            false,
+        );
+        let Plan::Apply { steps, adopting } = plan(&d, &intent(false, true), &observed) else { panic!() };
         assert!(adopting);
+        assert_eq!(steps[0], Step::SetAttributes([("VisibilityTimeout".to_string(), "50".to_string())].into()));
         assert!(steps.iter().any(|s| matches!(s, Step::Tag(t) if t[TAG_OWNER_UID] == UID)));
-        assert!(steps.contains(&Step::Untag(vec!["owner".into()])));
+        assert!(!steps.iter().any(|s| matches!(s, Step::Untag(_))), "foreign tags stay: {steps:?}");
+        // Later passes treat it the same way: status.adopted.
+        let mine = converged_tags(&d);
+        let mut tags = mine.clone();
+        tags.push(("owner", "someone-else"));
+        let observed = existing(&[("VisibilityTimeout", "50"), ("Policy", "{}")], Some(&tags), true);
+        let adopted = Intent { adopted: true, ..intent(false, true) };
+        assert_eq!(plan(&d, &adopted, &observed), Plan::Apply { steps: vec![], adopting: false });
+    }
+
+    #[test]
+    fn a_queue_another_live_queue_owns_is_never_adopted() {
+        let d = want(&QueueSpec::default());
+        let theirs = [(TAG_OWNER_UID, "uid-2"), (TAG_OWNER_NAMESPACE, "other"), (TAG_OWNER_NAME, "q")];
+        let Observed::Present(mut e) = existing(&[], Some(&theirs), false) else { unreachable!() };
+        for live in [Some(true), None] {
+            e.owner_live = live;
+            let p = plan(&d, &intent(false, true), &Observed::Present(e.clone()));
+            let Plan::Wait { reason, message, retry } = p else { panic!("{p:?}") };
+            assert_eq!((reason, retry), ("OwnedByAnotherQueue", Some(RECHECK)));
+            assert!(message.contains("other/q"), "{message}");
+        }
+        e.owner_live = Some(false);
+        let p = plan(&d, &intent(false, true), &Observed::Present(e.clone()));
+        assert!(matches!(p, Plan::Apply { adopting: true, .. }), "its owner is gone: {p:?}");
+        let p = plan(&d, &intent(false, false), &Observed::Present(e));
+        assert!(matches!(p, Plan::Wait { reason: "AlreadyExists", .. }), "never without adopt: {p:?}");
+    }
+
+    #[test]
+    fn writes_wait_for_a_fresh_look_at_the_owner_tag() {
+        let d = want(&QueueSpec { visibility_timeout_seconds: Some(50), ..Default::default() });
+        let observed = existing(&[("VisibilityTimeout", "11")], None, true);
+        assert_eq!(
+            plan(&d, &intent(false, false), &observed),
+            Plan::NeedTags,
+            "verified earlier is not enough to write"
+        );
+        let observed = existing(&[("VisibilityTimeout", "50")], None, true);
+        assert_eq!(plan(&d, &intent(false, false), &observed), Plan::Apply { steps: vec![], adopting: false });
+        let observed = existing(&[("VisibilityTimeout", "50")], None, false);
+        assert_eq!(plan(&d, &intent(false, false), &observed), Plan::NeedTags, "never proven: read the tags");
     }
 
     #[test]
@@ -289,6 +445,6 @@ mod tests {
         let d = want(&QueueSpec::default());
         let tags = converged_tags(&d);
         let observed = existing(&[], Some(&tags), false);
-        assert_eq!(plan(&d, false, UID, false, &observed), Plan::Apply { steps: vec![], adopting: false });
+        assert_eq!(plan(&d, &intent(false, false), &observed), Plan::Apply { steps: vec![], adopting: false });
     }
 }

@@ -2,12 +2,17 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Service;
-use kube::ResourceExt;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Secret, Service};
+use kube::{Resource, ResourceExt};
 use providers::userdata::{ClientService, ExitServer, NoiseKeypair, Protocol, TunnelClient, TunnelService};
+use serde_json::json;
 use sha2::{Digest, Sha256};
 
+use crate::controllers::MANAGED_BY;
 use crate::crd::tunnel::{Tunnel, TunnelPort};
+use crate::error::{Error, Result};
 
 /// Why a Service's ports cannot be exposed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -20,10 +25,14 @@ pub enum PortProblem {
         "port {0}/TCP is the tunnel's control port on the exit server; use another port or run skyport with a different --tunnel-control-port"
     )]
     Reserved(i32),
+    #[error(
+        "port {0}/TCP is the tunnel's health-check port on the exit server; use another port or run skyport with a different --tunnel-health-port"
+    )]
+    HealthReserved(i32),
 }
 
 /// The ports the exit server must expose for `service`, sorted and without duplicates.
-pub fn service_ports(service: &Service, control_port: u16) -> Result<Vec<TunnelPort>, PortProblem> {
+pub fn service_ports(service: &Service, control_port: u16, health_port: u16) -> Result<Vec<TunnelPort>, PortProblem> {
     let mut ports = Vec::new();
     for p in service.spec.as_ref().and_then(|s| s.ports.as_ref()).into_iter().flatten() {
         let protocol = p.protocol.clone().unwrap_or_else(|| "TCP".into());
@@ -32,6 +41,9 @@ pub fn service_ports(service: &Service, control_port: u16) -> Result<Vec<TunnelP
         }
         if protocol == "TCP" && p.port == i32::from(control_port) {
             return Err(PortProblem::Reserved(p.port));
+        }
+        if protocol == "TCP" && p.port == i32::from(health_port) {
+            return Err(PortProblem::HealthReserved(p.port));
         }
         ports.push(TunnelPort { port: p.port, protocol });
     }
@@ -77,22 +89,20 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// What the exit server runs.
-pub fn exit_server(ports: &[TunnelPort], credentials: &Credentials, control_port: u16) -> ExitServer {
-    ExitServer {
-        control_port,
-        noise_private_key: credentials.keypair.private_key.clone(),
-        services: ports
-            .iter()
-            .map(|p| TunnelService {
-                name: service_name(p),
-                protocol: protocol(p),
-                // Validated by service_ports: 1..=65535 comes from the Service's schema.
-                port: u16::try_from(p.port).unwrap_or_default(),
-                token: credentials.token.clone(),
-            })
-            .collect(),
-    }
+/// What the exit server runs: the Service's ports and the health check's.
+pub fn exit_server(ports: &[TunnelPort], credentials: &Credentials, control_port: u16, health_port: u16) -> ExitServer {
+    let mut services: Vec<TunnelService> = ports
+        .iter()
+        .map(|p| TunnelService {
+            name: service_name(p),
+            protocol: protocol(p),
+            // Validated by service_ports: 1..=65535 comes from the Service's schema.
+            port: u16::try_from(p.port).unwrap_or_default(),
+            token: credentials.token.clone(),
+        })
+        .collect();
+    services.push(crate::tunnel::health_server_service(health_port, &credentials.token));
+    ExitServer { control_port, noise_private_key: credentials.keypair.private_key.clone(), services }
 }
 
 /// What the in-cluster client runs: every port forwarded to the Service's cluster IP, so the
@@ -101,21 +111,25 @@ pub fn client(
     ports: &[TunnelPort],
     credentials: &Credentials,
     host_ip: &str,
-    control_port: u16,
+    (control_port, health_port): (u16, u16),
     cluster_ip: &str,
 ) -> TunnelClient {
+    let mut services: Vec<ClientService> = ports
+        .iter()
+        .map(|p| ClientService {
+            name: service_name(p),
+            protocol: protocol(p),
+            token: credentials.token.clone(),
+            local_addr: format!("{}:{}", bracket(cluster_ip), p.port),
+        })
+        .collect();
+    // The responder listens on the pod's loopback; the port number is the exit server's, only
+    // for symmetry (nothing else in the pod uses it).
+    services.push(crate::tunnel::health_client_service(health_port, &credentials.token));
     TunnelClient {
         remote_addr: format!("{host_ip}:{control_port}"),
         server_public_key: credentials.keypair.public_key.clone(),
-        services: ports
-            .iter()
-            .map(|p| ClientService {
-                name: service_name(p),
-                protocol: protocol(p),
-                token: credentials.token.clone(),
-                local_addr: format!("{}:{}", bracket(cluster_ip), p.port),
-            })
-            .collect(),
+        services,
     }
 }
 
@@ -154,12 +168,12 @@ pub fn client_labels(tunnel: &Tunnel) -> BTreeMap<String, String> {
     BTreeMap::from([
         ("app.kubernetes.io/name".into(), "skyport-tunnel-client".into()),
         ("app.kubernetes.io/instance".into(), fit_label(&tunnel.name_any())),
-        ("app.kubernetes.io/managed-by".into(), "skyport".into()),
+        (MANAGED_BY.0.into(), MANAGED_BY.1.into()),
     ])
 }
 
 /// SHA-256 of the client config: a pod template annotation, so a config change rolls the pod
-/// (a mounted Secret's update is not noticed by rathole).
+/// (a mounted Secret's update is not noticed by the tunnel client).
 pub fn checksum(text: &str) -> String {
     hex(&Sha256::digest(text.as_bytes()))
 }
@@ -182,10 +196,120 @@ pub fn ingress(host_ip: &str, ports: &[TunnelPort]) -> serde_json::Value {
 /// Whether the Service already shows exactly `want` as its ingress.
 pub fn ingress_matches(service: &Service, want: &serde_json::Value) -> bool {
     let current = service.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref());
-    match current {
-        Some(current) => serde_json::to_value(current).ok().as_ref() == Some(want),
-        None => false,
+    let Some(current) = current.and_then(|c| serde_json::to_value(c).ok()) else { return false };
+    // An API server without the LoadBalancerIPMode feature drops `ipMode` from what it stores;
+    // counting that as a difference would write the same status on every reconcile. An
+    // `ipMode` the server kept must still match.
+    &current == want || (!has_ip_mode(&current) && current == without_ip_mode(want))
+}
+
+fn has_ip_mode(ingress: &serde_json::Value) -> bool {
+    ingress.as_array().into_iter().flatten().any(|entry| entry.get("ipMode").is_some())
+}
+
+fn without_ip_mode(ingress: &serde_json::Value) -> serde_json::Value {
+    let mut stripped = ingress.clone();
+    for entry in stripped.as_array_mut().into_iter().flatten() {
+        if let Some(fields) = entry.as_object_mut() {
+            fields.remove("ipMode");
+        }
     }
+    stripped
+}
+
+/// Keys of the Tunnel's Secret.
+pub const KEY_PRIVATE: &str = "noise-private-key";
+pub const KEY_PUBLIC: &str = "noise-public-key";
+pub const KEY_TOKEN: &str = "token";
+pub const KEY_CLIENT: &str = "client.toml";
+
+/// Pod template annotation carrying [`checksum`] of the client config.
+pub const CHECKSUM_ANNOTATION: &str = "skyport.dev/config-checksum";
+
+pub fn managed_labels(tunnel: &Tunnel) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string()),
+        ("skyport.dev/tunnel".to_string(), fit_label(&tunnel.name_any())),
+    ])
+}
+
+/// The Tunnel's Secret holding fresh `credentials` (the client config is added later).
+pub fn secret(tunnel: &Tunnel, credentials: &Credentials) -> Result<Secret> {
+    let owner = tunnel.controller_owner_ref(&()).ok_or(Error::MissingObjectKey("uid"))?;
+    Ok(Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(secret_name(tunnel)),
+            labels: Some(managed_labels(tunnel)),
+            owner_references: Some(vec![owner]),
+            ..Default::default()
+        },
+        type_: Some("Opaque".into()),
+        data: Some(BTreeMap::from([
+            (KEY_PRIVATE.to_string(), ByteString(credentials.keypair.private_key.clone().into_bytes())),
+            (KEY_PUBLIC.to_string(), ByteString(credentials.keypair.public_key.clone().into_bytes())),
+            (KEY_TOKEN.to_string(), ByteString(credentials.token.clone().into_bytes())),
+        ])),
+        ..Default::default()
+    })
+}
+
+/// The client Deployment: one replica (two clients with one token would take the service from
+/// each other), `Recreate` for the same reason, restarted when the config checksum changes.
+pub fn deployment(tunnel: &Tunnel, image: &str, checksum: &str) -> Result<Deployment> {
+    let owner = tunnel.controller_owner_ref(&()).ok_or(Error::MissingObjectKey("uid"))?;
+    let labels = client_labels(tunnel);
+    let value = json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": deployment_name(tunnel),
+            "labels": managed_labels(tunnel),
+            "ownerReferences": [owner],
+        },
+        "spec": {
+            "replicas": 1,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels, "annotations": {CHECKSUM_ANNOTATION: checksum}},
+                "spec": {
+                    "automountServiceAccountToken": false,
+                    "enableServiceLinks": false,
+                    "securityContext": {
+                        "runAsNonRoot": true,
+                        "runAsUser": 65532,
+                        "runAsGroup": 65532,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "containers": [{
+                        "name": "tunnel-client",
+                        "image": image,
+                        "command": ["/skyport"],
+                        "args": ["tunnel", "client", "--config", "/etc/skyport/client.toml"],
+                        "resources": {
+                            "requests": {"cpu": "10m", "memory": "16Mi"},
+                            "limits": {"memory": "128Mi"},
+                        },
+                        "securityContext": {
+                            "allowPrivilegeEscalation": false,
+                            "readOnlyRootFilesystem": true,
+                            "capabilities": {"drop": ["ALL"]},
+                        },
+                        "volumeMounts": [{"name": "config", "mountPath": "/etc/skyport", "readOnly": true}],
+                    }],
+                    "volumes": [{
+                        "name": "config",
+                        "secret": {
+                            "secretName": secret_name(tunnel),
+                            "items": [{"key": KEY_CLIENT, "path": "client.toml"}],
+                            "defaultMode": 0o440,
+                        },
+                    }],
+                },
+            },
+        },
+    });
+    serde_json::from_value(value).map_err(|e| Error::InvalidSpec(format!("client Deployment: {e}")))
 }
 
 #[cfg(test)]
@@ -208,7 +332,7 @@ mod tests {
             {"name": "http", "port": 80, "protocol": "TCP"},
             {"name": "dns-tcp", "port": 53, "protocol": "TCP"},
         ]));
-        let ports = service_ports(&svc, 2333).unwrap();
+        let ports = service_ports(&svc, 2333, 2334).unwrap();
         let got: Vec<_> = ports.iter().map(|p| (p.port, p.protocol.as_str())).collect();
         assert_eq!(got, [(53, "TCP"), (53, "UDP"), (80, "TCP"), (443, "TCP")]);
         assert_eq!(ports.iter().map(service_name).collect::<Vec<_>>(), ["tcp-53", "udp-53", "tcp-80", "tcp-443"]);
@@ -218,14 +342,18 @@ mod tests {
     fn sctp_the_control_port_and_no_ports_are_explained() {
         let sctp = service(serde_json::json!([{"name": "sig", "port": 3868, "protocol": "SCTP"}]));
         assert_eq!(
-            service_ports(&sctp, 2333).unwrap_err().to_string(),
+            service_ports(&sctp, 2333, 2334).unwrap_err().to_string(),
             "port 3868 (sig) uses SCTP; tunnels carry TCP and UDP only"
         );
         let clash = service(serde_json::json!([{"port": 2333}]));
-        assert!(matches!(service_ports(&clash, 2333), Err(PortProblem::Reserved(2333))));
-        let udp_ok = service(serde_json::json!([{"port": 2333, "protocol": "UDP"}]));
-        assert!(service_ports(&udp_ok, 2333).is_ok(), "only the TCP control port is taken");
-        assert_eq!(service_ports(&service(serde_json::json!([])), 2333), Err(PortProblem::NoPorts));
+        assert!(matches!(service_ports(&clash, 2333, 2334), Err(PortProblem::Reserved(2333))));
+        let health = service(serde_json::json!([{"port": 2334}]));
+        let problem = service_ports(&health, 2333, 2334).unwrap_err();
+        assert_eq!(problem, PortProblem::HealthReserved(2334));
+        assert!(problem.to_string().contains("--tunnel-health-port"), "{problem}");
+        let udp_ok = service(serde_json::json!([{"port": 2333, "protocol": "UDP"}, {"port": 2334, "protocol": "UDP"}]));
+        assert!(service_ports(&udp_ok, 2333, 2334).is_ok(), "only the TCP control and health ports are taken");
+        assert_eq!(service_ports(&service(serde_json::json!([])), 2333, 2334), Err(PortProblem::NoPorts));
     }
 
     #[test]
@@ -233,16 +361,23 @@ mod tests {
         let creds = Credentials::generate();
         let ports =
             vec![TunnelPort { port: 80, protocol: "TCP".into() }, TunnelPort { port: 53, protocol: "UDP".into() }];
-        let server = exit_server(&ports, &creds, 2333);
-        let client = client(&ports, &creds, "203.0.113.9", 2333, "10.0.0.7");
+        let server = exit_server(&ports, &creds, 2333, 2334);
+        let client = client(&ports, &creds, "203.0.113.9", (2333, 2334), "10.0.0.7");
         assert_eq!(client.remote_addr, "203.0.113.9:2333");
         assert_eq!(client.server_public_key, creds.keypair.public_key);
         assert_eq!(server.noise_private_key, creds.keypair.private_key);
         for (s, c) in server.services.iter().zip(&client.services) {
             assert_eq!((&s.name, s.protocol, &s.token), (&c.name, c.protocol, &c.token));
-            assert_eq!(c.local_addr, format!("10.0.0.7:{}", s.port));
+            if s.name == crate::tunnel::HEALTH_SERVICE {
+                // The health check ends at the client's own responder, never at the Service.
+                assert_eq!((s.port, c.local_addr.as_str()), (2334, "127.0.0.1:2334"));
+            } else {
+                assert_eq!(c.local_addr, format!("10.0.0.7:{}", s.port));
+            }
         }
-        let v6 = super::client(&ports, &creds, "203.0.113.9", 2333, "fd00::7");
+        assert_eq!(server.services.len(), ports.len() + 1, "the Service's ports and the health port");
+        assert_eq!(client.services.len(), server.services.len());
+        let v6 = super::client(&ports, &creds, "203.0.113.9", (2333, 2334), "fd00::7");
         assert_eq!(v6.services[0].local_addr, "[fd00::7]:80");
         assert!(!format!("{creds:?}").contains(&creds.token));
     }
@@ -283,5 +418,23 @@ mod tests {
             Some(serde_json::from_value(serde_json::json!({"loadBalancer": {"ingress": want.clone()}})).unwrap());
         assert!(ingress_matches(&svc, &want));
         assert!(!ingress_matches(&svc, &ingress("203.0.113.10", &ports)));
+    }
+
+    #[test]
+    fn ingress_without_ip_mode_from_a_server_without_the_gate_needs_no_write() {
+        let ports = [TunnelPort { port: 80, protocol: "TCP".into() }];
+        let want = ingress("203.0.113.9", &ports);
+        // What a server without LoadBalancerIPMode stores and returns for `want`.
+        let mut stored = want.clone();
+        stored[0].as_object_mut().unwrap().remove("ipMode");
+        let mut svc = service(serde_json::json!([{"port": 80, "protocol": "TCP"}]));
+        svc.status = Some(serde_json::from_value(serde_json::json!({"loadBalancer": {"ingress": stored}})).unwrap());
+        assert!(ingress_matches(&svc, &want), "the dropped field alone is no reason to write again");
+        assert!(!ingress_matches(&svc, &ingress("203.0.113.10", &ports)), "a changed address still is");
+        // A server that keeps ipMode but shows another one is corrected.
+        let mut vip = want.clone();
+        vip[0]["ipMode"] = serde_json::json!("VIP");
+        svc.status = Some(serde_json::from_value(serde_json::json!({"loadBalancer": {"ingress": vip}})).unwrap());
+        assert!(!ingress_matches(&svc, &want));
     }
 }

@@ -1,45 +1,57 @@
-//! Reads what exists: the exit server at the provider, the credentials Secret in the cluster.
+//! Reads what exists: the exit server at the provider, the credentials Secret in the cluster,
+//! whether the tunnel carries traffic ([`Probe`]).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use providers::hosts::TAG_TUNNEL_UID;
 use providers::userdata::NoiseKeypair;
 use providers::{Host, HostProvider};
-use tracing::{info, warn};
+use tracing::info;
 
-use super::desired::Credentials;
+use super::desired::{Credentials, KEY_CLIENT, KEY_PRIVATE, KEY_TOKEN};
 use crate::crd::tunnel::TunnelStatus;
 use crate::error::{Error, Result};
 
-/// Secret keys.
-pub const KEY_PRIVATE: &str = "noise-private-key";
-pub const KEY_PUBLIC: &str = "noise-public-key";
-pub const KEY_TOKEN: &str = "token";
-pub const KEY_CLIENT: &str = "client.toml";
+/// The Tunnel's exit server, chosen so that every operator looking at the same cloud picks the same
+/// one: of the hosts carrying the Tunnel's UID tag (plus the one recorded in status, which a
+/// lagging tag index may not list yet), the lowest id. Two operators that both created a host
+/// (leader election off by mistake, or a crash between create and record) thus agree on which
+/// to keep instead of each keeping its own.
+pub struct Found {
+    pub host: Option<Host>,
+    /// The other hosts with the Tunnel's tag: `act::host` deletes them, so none leaks.
+    pub extras: Vec<Host>,
+}
 
-/// The Tunnel's exit server: the one recorded in status if the provider still has it, else one
-/// carrying the Tunnel's UID tag (created by an earlier run that crashed before recording it).
-/// Extra hosts with the same tag (which only a crash between create and record could leave)
-/// are deleted, so none leaks.
-pub async fn find_host(provider: &dyn HostProvider, status: &TunnelStatus, uid: &str) -> Result<Option<Host>> {
+/// Looks for the Tunnel's exit server (see [`Found`]).
+pub async fn find_host(provider: &dyn HostProvider, status: &TunnelStatus, uid: &str) -> Result<Found> {
+    let mut hosts: Vec<Host> = provider
+        .list_by_tag(TAG_TUNNEL_UID, uid)
+        .await?
+        .into_iter()
+        .filter(|h| h.state != providers::HostState::Deleting)
+        .collect();
     let recorded = status.host_id.clone().filter(|_| status.provider.as_deref() == Some(provider.name()));
     if let Some(id) = recorded
+        && !hosts.iter().any(|h| h.id == id)
         && let Some(host) = provider.get(&id).await?
+        && host.state != providers::HostState::Deleting
     {
-        return Ok(Some(host));
+        hosts.push(host);
     }
-    let mut tagged = provider.list_by_tag(TAG_TUNNEL_UID, uid).await?;
-    tagged.sort_by(|a, b| a.id.cmp(&b.id));
-    let mut hosts = tagged.into_iter().filter(|h| h.state != providers::HostState::Deleting);
-    let keep = hosts.next();
-    for extra in hosts {
-        warn!(host = %extra.id, "deleting a second exit server carrying this Tunnel's UID");
-        provider.delete(&extra.id).await?;
-    }
-    if let Some(h) = &keep {
+    hosts.sort_by(|a, b| a.id.cmp(&b.id));
+    let mut hosts = hosts.into_iter();
+    let host = hosts.next();
+    if let Some(h) = &host
+        && status.host_id.as_deref() != Some(h.id.as_str())
+    {
         info!(host = %h.id, "found the exit server by its owner tag");
     }
-    Ok(keep)
+    Ok(Found { host, extras: hosts.collect() })
 }
 
 /// What the Tunnel's Secret holds.
@@ -66,5 +78,71 @@ pub async fn credentials(secrets: &Api<Secret>, name: &str) -> Result<Option<Sto
         _ => Err(Error::InvalidSpec(format!(
             "Secret {name} lacks {KEY_PRIVATE} or {KEY_TOKEN}; delete the Secret and the Tunnel to start over"
         ))),
+    }
+}
+
+/// How long one health check may take: a tunnel that answers slower is not fit to carry traffic.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The end-to-end health check of the tunnel through an exit server; a trait so reconcile tests
+/// can say "answered" or "not answered" without a tunnel.
+#[async_trait::async_trait]
+pub trait Probe: Send + Sync {
+    /// `Ok` only if this tunnel's client answered through `host_ip:port`. The error is a message
+    /// for status and Events: it names the address, never the token.
+    async fn check(&self, host_ip: &str, port: u16, token: &str) -> std::result::Result<(), String>;
+}
+
+/// The real check, [`crate::tunnel::probe`]: a fresh nonce to the exit server's health port must
+/// come back as `HMAC(token, nonce)`. It cannot pass while the exit server is not serving this
+/// tunnel: the MAC is computed only by the client's responder, which listens on the client pod's
+/// loopback and is reachable from outside solely through a rathole data channel, which the
+/// client opens only to a server that proved the Noise private key and sent this service's
+/// token; and the exit server binds the health port only while that client is connected. A
+/// released or reused address, another tunnel's server or client, or a replayed answer (the
+/// nonce is new each time) all fail the comparison.
+pub struct NetworkProbe;
+
+#[async_trait::async_trait]
+impl Probe for NetworkProbe {
+    async fn check(&self, host_ip: &str, port: u16, token: &str) -> std::result::Result<(), String> {
+        let ip: std::net::IpAddr =
+            host_ip.parse().map_err(|_| format!("the exit server's address {host_ip:?} is not an IP address"))?;
+        crate::tunnel::probe(std::net::SocketAddr::new(ip, port), token, PROBE_TIMEOUT).await.map_err(|e| e.to_string())
+    }
+}
+
+/// Per host id: since when its tunnel fails the health check (first seen running, or last
+/// passed). In memory: a restarted operator gives every host a fresh boot timeout, which only
+/// delays a replacement.
+#[derive(Default)]
+pub struct FailingClocks(Mutex<HashMap<String, Instant>>);
+
+impl FailingClocks {
+    fn clocks(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records the probe's outcome for `host`; returns how long it has been failing.
+    pub fn failing_for(&self, host: &str, passed: bool) -> Duration {
+        let mut clocks = self.clocks();
+        if passed {
+            clocks.remove(host);
+            return Duration::ZERO;
+        }
+        clocks.entry(host.to_string()).or_insert_with(Instant::now).elapsed()
+    }
+
+    /// Drops the clock of a host that is gone.
+    pub fn forget(&self, host: &str) {
+        self.clocks().remove(host);
+    }
+
+    /// Moves `host`'s clock back by `by`, as if it had been failing that much longer.
+    #[cfg(test)]
+    pub fn backdate(&self, host: &str, by: Duration) {
+        let mut clocks = self.clocks();
+        let since = clocks.entry(host.to_string()).or_insert_with(Instant::now);
+        *since = since.checked_sub(by).expect("the machine has been up longer than the backdate");
     }
 }

@@ -1,8 +1,82 @@
-//! What to do about the exit server, from what was observed: pure, so every branch is unit tested.
+//! What to do, from what was observed: pure, so every branch is unit tested.
 
-use providers::{Host, HostState};
+use std::sync::Arc;
+use std::time::Duration;
 
-use crate::crd::tunnel::TunnelPort;
+use providers::{Host, HostProvider, HostState};
+use sha2::{Digest, Sha256};
+
+use super::desired::Credentials;
+
+use crate::clouds::Providers;
+use crate::crd::tunnel::{Tunnel, TunnelPhase, TunnelPort, TunnelStatus};
+
+/// Why a Tunnel cannot progress without something changing, as (phase, reason, message).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Blocked(pub TunnelPhase, pub &'static str, pub String);
+
+/// The provider of the Tunnel's host: where it was created, else spec.provider, else the
+/// operator's default.
+pub fn provider_for(
+    tunnel: &Tunnel,
+    status: &TunnelStatus,
+    providers: &Providers,
+) -> Result<Arc<dyn HostProvider>, Blocked> {
+    let recorded = status.provider.clone().filter(|_| status.host_id.is_some());
+    let name = recorded.or_else(|| tunnel.spec.provider.clone()).or_else(|| providers.default.clone());
+    let Some(name) = name else {
+        return Err(Blocked(
+            TunnelPhase::Failed,
+            "ProviderNotConfigured",
+            "the Tunnel names no provider and skyport runs without --provider".into(),
+        ));
+    };
+    providers.get(&name).ok_or_else(|| {
+        Blocked(
+            TunnelPhase::Failed,
+            "ProviderNotConfigured",
+            format!(
+                "provider {name:?} is not configured in skyport (configured: {}); set its credentials or pick another",
+                providers.names().join(", ")
+            ),
+        )
+    })
+}
+
+/// Reason of a Tunnel whose size or region the operator does not allow.
+pub const NOT_ALLOWED: &str = "NotAllowed";
+
+/// Whether the Tunnel's size and region are on the operator's allow-lists. An empty list allows
+/// only the provider's default (the field unset); `*` allows any value. Tenants who may create
+/// LoadBalancer Services choose these by annotation, so the cost of what they order is the
+/// platform's decision, not theirs.
+pub fn allowed(tunnel: &Tunnel, sizes: &[String], regions: &[String]) -> Result<(), Blocked> {
+    let refused: Vec<String> = [
+        ("size", tunnel.spec.size.as_deref(), sizes, "--tunnel-allowed-sizes", "tunnel.allowedSizes"),
+        ("region", tunnel.spec.region.as_deref(), regions, "--tunnel-allowed-regions", "tunnel.allowedRegions"),
+    ]
+    .into_iter()
+    .filter_map(|(what, asked, list, flag, value)| {
+        let asked = asked.filter(|a| !a.is_empty())?;
+        let list: Vec<&str> = list.iter().map(|v| v.trim()).filter(|v| !v.is_empty()).collect();
+        if list.iter().any(|v| *v == "*" || *v == asked) {
+            return None;
+        }
+        let allowed = if list.is_empty() {
+            format!("only the provider's default {what} (leave {what} unset)")
+        } else {
+            format!("{}, or the provider's default (unset)", list.join(", "))
+        };
+        Some(format!(
+            "{what} {asked:?} is not allowed (allowed: {allowed}); the operator's {flag} flag (Helm value {value}) sets the list"
+        ))
+    })
+    .collect();
+    if refused.is_empty() {
+        return Ok(());
+    }
+    Err(Blocked(TunnelPhase::Failed, NOT_ALLOWED, format!("{}; no exit server was created", refused.join("; "))))
+}
 
 /// The next step for the exit server.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +113,95 @@ pub fn host_step(host: Option<&Host>, configured: &[TunnelPort], desired: &[Tunn
     }
 }
 
+/// What the end-to-end health check of a running exit server means for the Tunnel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TrafficStep {
+    /// The probe passed: Active, Ready=True, the address on the Service.
+    Ready,
+    /// Not through yet, within the boot timeout: Provisioning, `WaitingForTunnel`.
+    Waiting { message: String },
+    /// Past the boot timeout: `TunnelNotEstablished` with a Warning Event.
+    NotEstablished { message: String },
+    /// Past the replace time: delete the host (after clearing the Service's address) and create
+    /// another, whose clock starts anew.
+    Replace { why: String },
+}
+
+/// Decides from the probe's outcome (its error message, never holding a secret) and how long
+/// this host has been failing it: since it was first seen running or last passed.
+pub fn traffic_step(
+    probe: Result<(), String>,
+    failing_for: Duration,
+    boot_timeout: Duration,
+    replace_after: Duration,
+) -> TrafficStep {
+    let Err(error) = probe else { return TrafficStep::Ready };
+    let waited = humantime::format_duration(Duration::from_secs(failing_for.as_secs()));
+    if failing_for >= replace_after {
+        TrafficStep::Replace { why: format!("the tunnel has not been established for {waited}: {error}") }
+    } else if failing_for >= boot_timeout {
+        TrafficStep::NotEstablished {
+            message: format!(
+                "the tunnel has not been established for {waited} (boot timeout {}): {error}; the exit server is replaced after {}",
+                humantime::format_duration(boot_timeout),
+                humantime::format_duration(replace_after)
+            ),
+        }
+    } else {
+        TrafficStep::Waiting { message: format!("waiting for the tunnel to carry traffic: {error}") }
+    }
+}
+
+/// What identifies the credentials an exit server runs with, for status: a domain-separated
+/// SHA-256 prefix of its key and token. 64 bits tell two random credentials apart; they reveal
+/// nothing of a 256-bit token.
+pub fn credentials_digest(credentials: &Credentials) -> String {
+    let digest = Sha256::new()
+        .chain_update(b"skyport-tunnel-credentials-v1\0")
+        .chain_update(credentials.keypair.private_key.as_bytes())
+        .chain_update(b"\0")
+        .chain_update(credentials.token.as_bytes())
+        .finalize();
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The ports the running exit server may be trusted to have: those in status, unless its
+/// credentials are not the Secret's (the Secret was re-created, in this reconcile or an earlier
+/// one that then failed): then none, which makes [`host_step`] reconfigure or replace it. No
+/// recorded digest (a Tunnel from before digests were kept) trusts status, as before.
+pub fn configured_ports(current: &TunnelStatus, fresh: bool, digest: &str) -> Vec<TunnelPort> {
+    let other_keys = current.credentials_digest.as_deref().is_some_and(|d| d != digest);
+    if fresh || other_keys { Vec::new() } else { current.ports.clone() }
+}
+
+/// The shortest `--tunnel-replace-after`: a cloud VM takes about a minute to boot, and replacing
+/// hosts faster than they can come up would only churn VMs (create, delete, create, ...).
+pub const MIN_REPLACE_AFTER: Duration = Duration::from_secs(60);
+
+/// Checks the health-check flags at start: the health port must differ from the control port
+/// (the exit server could not bind both), and a host gets its boot timeout and at least
+/// [`MIN_REPLACE_AFTER`] before it is replaced.
+pub fn check_health_settings(
+    control_port: u16,
+    health_port: u16,
+    boot_timeout: Duration,
+    replace_after: Duration,
+) -> Result<(), String> {
+    if control_port == health_port {
+        return Err(format!("--tunnel-health-port {health_port} must differ from --tunnel-control-port"));
+    }
+    let show = humantime::format_duration;
+    if replace_after < boot_timeout.max(MIN_REPLACE_AFTER) {
+        return Err(format!(
+            "--tunnel-replace-after {} must be at least --tunnel-boot-timeout ({}) and at least {}",
+            show(replace_after),
+            show(boot_timeout),
+            show(MIN_REPLACE_AFTER)
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -57,6 +220,50 @@ mod tests {
 
     fn tcp(port: i32) -> TunnelPort {
         TunnelPort { port, protocol: "TCP".into() }
+    }
+
+    fn tunnel(size: Option<&str>, region: Option<&str>) -> Tunnel {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "skyport.dev/v1alpha1",
+            "kind": "Tunnel",
+            "metadata": {"name": "web-tunnel", "namespace": "ns"},
+            "spec": {"serviceRef": {"name": "web"}, "size": size, "region": region},
+        }))
+        .unwrap()
+    }
+
+    fn list(values: &[&str]) -> Vec<String> {
+        values.iter().map(|v| v.to_string()).collect()
+    }
+
+    #[test]
+    fn by_default_only_the_providers_default_size_and_region_are_allowed() {
+        assert_eq!(allowed(&tunnel(None, None), &[], &[]), Ok(()));
+        assert_eq!(allowed(&tunnel(Some(""), Some("")), &[], &[]), Ok(()), "empty is unset");
+        let Err(Blocked(phase, reason, message)) = allowed(&tunnel(Some("c5.24xlarge"), None), &[], &[]) else {
+            panic!("a size was allowed by an empty list")
+        };
+        assert_eq!((phase, reason), (TunnelPhase::Failed, NOT_ALLOWED));
+        assert!(message.contains("\"c5.24xlarge\"") && message.contains("--tunnel-allowed-sizes"), "{message}");
+        assert!(message.contains("tunnel.allowedSizes") && message.contains("leave size unset"), "{message}");
+        let Err(Blocked(_, _, message)) = allowed(&tunnel(None, Some("ap-south-1")), &[], &[]) else {
+            panic!("a region was allowed by an empty list")
+        };
+        assert!(message.contains("--tunnel-allowed-regions") && !message.contains("sizes"), "{message}");
+    }
+
+    #[test]
+    fn listed_values_and_the_wildcard_open_more_and_both_refusals_are_named() {
+        let sizes = list(&["t3.nano", " t3.micro"]);
+        let regions = list(&["fra1"]);
+        assert_eq!(allowed(&tunnel(Some("t3.micro"), Some("fra1")), &sizes, &regions), Ok(()));
+        assert_eq!(allowed(&tunnel(None, None), &sizes, &regions), Ok(()));
+        assert_eq!(allowed(&tunnel(Some("x"), Some("y")), &list(&["*"]), &list(&["*"])), Ok(()));
+        let Err(Blocked(_, _, message)) = allowed(&tunnel(Some("t3.large"), Some("nyc1")), &sizes, &regions) else {
+            panic!("unlisted values were allowed")
+        };
+        assert!(message.contains("t3.nano, t3.micro, or the provider's default"), "{message}");
+        assert!(message.contains("\"nyc1\"") && message.contains("allowed: fra1"), "{message}");
     }
 
     #[test]
@@ -88,5 +295,62 @@ mod tests {
             HostStep::Reconfigure { id: "h-1".into(), ip: "203.0.113.9".into() }
         );
         assert!(matches!(host_step(Some(&h), &[], &[tcp(80)]), HostStep::Reconfigure { .. }));
+    }
+
+    #[test]
+    fn the_probe_decides_ready_waiting_not_established_and_replace() {
+        let (boot, replace) = (Duration::from_secs(600), Duration::from_secs(900));
+        let fail = || Err("cannot connect to 203.0.113.9:2334: refused".to_string());
+        assert_eq!(traffic_step(Ok(()), Duration::from_secs(10_000), boot, replace), TrafficStep::Ready);
+        let waiting = traffic_step(fail(), Duration::from_secs(5), boot, replace);
+        assert!(
+            matches!(&waiting, TrafficStep::Waiting { message } if message.contains("203.0.113.9:2334: refused")),
+            "{waiting:?}"
+        );
+        assert!(matches!(traffic_step(fail(), Duration::from_secs(599), boot, replace), TrafficStep::Waiting { .. }));
+        let late = traffic_step(fail(), Duration::from_secs(600), boot, replace);
+        assert!(
+            matches!(&late, TrafficStep::NotEstablished { message } if message.contains("10m") && message.contains("15m")),
+            "{late:?}"
+        );
+        assert!(matches!(
+            traffic_step(fail(), Duration::from_secs(899), boot, replace),
+            TrafficStep::NotEstablished { .. }
+        ));
+        assert!(matches!(traffic_step(fail(), Duration::from_secs(900), boot, replace), TrafficStep::Replace { .. }));
+        // A replace time shorter than the boot timeout still replaces (never waits forever).
+        assert!(matches!(
+            traffic_step(fail(), Duration::from_secs(60), Duration::from_secs(120), Duration::from_secs(30)),
+            TrafficStep::Replace { .. }
+        ));
+    }
+
+    #[test]
+    fn health_settings_that_would_churn_hosts_or_clash_are_refused() {
+        let m = Duration::from_secs(60);
+        assert_eq!(check_health_settings(2333, 2334, 10 * m, 15 * m), Ok(()));
+        assert_eq!(check_health_settings(2333, 2334, m, m), Ok(()));
+        let clash = check_health_settings(2333, 2333, 10 * m, 15 * m).unwrap_err();
+        assert!(clash.contains("--tunnel-health-port 2333"), "{clash}");
+        let early = check_health_settings(2333, 2334, 10 * m, 5 * m).unwrap_err();
+        assert!(early.contains("--tunnel-replace-after 5m") && early.contains("(10m)"), "{early}");
+        assert!(check_health_settings(2333, 2334, Duration::from_secs(5), Duration::from_secs(30)).is_err());
+    }
+
+    #[test]
+    fn new_credentials_are_not_trusted_to_be_on_the_host() {
+        let (old, new) = (Credentials::generate(), Credentials::generate());
+        let (d_old, d_new) = (credentials_digest(&old), credentials_digest(&new));
+        assert_eq!(d_old, credentials_digest(&old));
+        assert_ne!(d_old, d_new);
+        assert_eq!(d_old.len(), 16);
+        assert!(!old.token.contains(&d_old) && !old.keypair.private_key.contains(&d_old));
+        let status =
+            TunnelStatus { ports: vec![tcp(80)], credentials_digest: Some(d_old.clone()), ..Default::default() };
+        assert_eq!(configured_ports(&status, false, &d_old), [tcp(80)]);
+        assert!(configured_ports(&status, false, &d_new).is_empty(), "the Secret's keys are not the host's");
+        assert!(configured_ports(&status, true, &d_old).is_empty(), "a fresh Secret");
+        let legacy = TunnelStatus { ports: vec![tcp(80)], ..Default::default() };
+        assert_eq!(configured_ports(&legacy, false, &d_new), [tcp(80)]);
     }
 }

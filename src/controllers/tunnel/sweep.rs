@@ -38,21 +38,37 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
 
 /// One pass over every configured provider; returns how many hosts it deleted.
 pub async fn sweep_once(ctx: &Context) -> usize {
-    let live: HashSet<String> = ctx.tunnels.state().iter().filter_map(|t| t.uid()).collect();
     let mut deleted = 0;
     for provider in ctx.providers.all() {
-        let hosts = match provider.list_by_tag(TAG_CLUSTER, &ctx.cluster_id).await {
-            Ok(hosts) => hosts,
+        let live = async { ctx.tunnels.state().iter().filter_map(|t| t.uid()).collect::<HashSet<String>>() };
+        let orphans = match find_orphans(provider.as_ref(), live, &ctx.cluster_id, ctx.namespace.as_deref()).await {
+            Ok(orphans) => orphans,
             Err(e) => {
                 warn!(provider = provider.name(), error = %e, "orphan sweep could not list hosts");
                 continue;
             }
         };
-        for host in hosts.iter().filter(|h| is_orphan(h, &live, &ctx.cluster_id, ctx.namespace.as_deref())) {
+        for host in &orphans {
             deleted += delete(provider.as_ref(), host, ctx).await;
         }
     }
     deleted
+}
+
+/// The provider's hosts of this cluster whose Tunnel is not in `live`. The hosts are listed
+/// first and the live Tunnels read after: the reconcile that creates a host read its Tunnel from
+/// the same cache, so every host listed has its Tunnel there by the time `live` is read. In the
+/// other order, a Tunnel and its host created between the two reads would have its new host
+/// deleted as an orphan.
+pub async fn find_orphans(
+    provider: &dyn HostProvider,
+    live: impl std::future::Future<Output = HashSet<String>>,
+    cluster_id: &str,
+    namespace: Option<&str>,
+) -> Result<Vec<Host>, providers::HostError> {
+    let hosts = provider.list_by_tag(TAG_CLUSTER, cluster_id).await?;
+    let live = live.await;
+    Ok(hosts.into_iter().filter(|h| is_orphan(h, &live, cluster_id, namespace)).collect())
 }
 
 /// A host is an orphan when it carries this cluster's tag, lies in the watched namespace (when
@@ -99,6 +115,47 @@ mod tests {
             tags.insert(TAG_CLUSTER.into(), c.into());
         }
         Host { id: "h".into(), name: "n".into(), public_ipv4: None, state: HostState::Running, tags }
+    }
+
+    #[tokio::test]
+    #[ignore = "runs real exit servers: SKYPORT_EXE names the skyport binary (tests/run.sh sets it)"]
+    async fn a_tunnel_and_host_made_while_the_sweep_runs_are_not_swept() {
+        use providers::local::{LocalProvider, LocalSettings};
+        use providers::{ExitServer, HostRequest, NoiseKeypair, Protocol, TunnelService};
+
+        let exe = std::env::var("SKYPORT_EXE").expect("SKYPORT_EXE: the skyport binary");
+        let dir = std::env::temp_dir().join(format!("skyport-sweep-{:08x}", rand::random::<u32>()));
+        let provider = LocalProvider::new(LocalSettings::new(&dir, exe)).unwrap();
+        let uid = "5f0c7a52-8d3e-4a51-9c1e-2b7d0e6f4a91";
+        let mut tags = owner_tags(uid, "team-a", "web-tunnel");
+        tags.insert(TAG_CLUSTER.into(), "c1".into());
+        let server = ExitServer {
+            control_port: 2333,
+            noise_private_key: NoiseKeypair::generate().private_key,
+            services: vec![TunnelService { name: "s".into(), protocol: Protocol::Tcp, port: 18090, token: "t".into() }],
+        };
+        let request = HostRequest {
+            name: "skyport-team-a-web-tunnel".into(),
+            region: None,
+            size: None,
+            user_data: String::new(),
+            server,
+            tags,
+        };
+        let tunnels = std::sync::Mutex::new(HashSet::new());
+        // The Tunnel reaches the cache and its host is created just as the sweep reads the cache.
+        let live = async {
+            let seen = tunnels.lock().unwrap().clone();
+            tunnels.lock().unwrap().insert(uid.to_string());
+            provider.create(&request).await.expect("create");
+            seen
+        };
+        let orphans = find_orphans(&provider, live, "c1", None).await.unwrap();
+        for host in provider.list_by_tag(TAG_TUNNEL_UID, uid).await.unwrap() {
+            provider.delete(&host.id).await.unwrap();
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(orphans.is_empty(), "a live Tunnel's new host was taken for an orphan: {orphans:?}");
     }
 
     #[test]

@@ -1,19 +1,21 @@
 //! cloud-init user data for the exit server: pure functions, no IO.
 //!
-//! The exit server runs the tunnel server, rathole (Apache-2.0), pinned to [`RATHOLE_VERSION`],
-//! with the Noise transport (`Noise_NK_25519_ChaChaPoly_BLAKE2s`: the server holds an X25519
-//! key, each service has its own token). rathole declares public ports on the server side, one
-//! `[server.services.<name>]` per port, so the rendered `server.toml` lists exactly the Service's
-//! ports; it hot-reloads that file when it changes. See `../shared/research/tunnel.md` for why
-//! rathole and for the measured behaviour.
+//! The exit server runs the tunnel server, rathole 0.5.0 (Apache-2.0) built into the skyport
+//! binary (`skyport tunnel server`), with the Noise transport (`Noise_NK_25519_ChaChaPoly_BLAKE2s`:
+//! the server holds an X25519 key, each service has its own token). rathole declares public ports
+//! on the server side, one `[server.services.<name>]` per port, so the rendered `server.toml`
+//! lists exactly the Service's ports; it hot-reloads that file when it changes. See
+//! `../shared/research/tunnel.md` for why rathole and for the measured behaviour.
 //!
 //! The rendered `#cloud-config`:
-//! - installs the release binary from [`RATHOLE_URL`] and refuses to run it unless its SHA-256 is
-//!   [`RATHOLE_SHA256`];
-//! - writes `/etc/rathole/server.toml` (mode 0600, owned by the unprivileged `rathole` user), the
+//! - downloads the skyport binary for the VM's architecture from an [`Artifact`] URL and refuses
+//!   to run it unless its SHA-256 is the artifact's digest (derived by the operator from its own
+//!   executable, never typed in): a mismatch or an unknown architecture ends the install script
+//!   with an error before the service is enabled, and cloud-init reports the failure;
+//! - writes `/etc/skyport/server.toml` (mode 0600, owned by the unprivileged `skyport` user), the
 //!   only place secrets appear (the Noise private key and the service tokens);
-//! - writes a systemd unit that runs `rathole --server` as that user, allowed to bind ports below
-//!   1024 and nothing more;
+//! - writes a systemd unit that runs `skyport tunnel server` as that user, allowed to bind ports
+//!   below 1024 and nothing more;
 //! - writes an nftables ruleset that drops all inbound traffic except the control port (TCP),
 //!   the service ports (TCP and UDP as given), replies, loopback and ICMP. SSH stays closed: the
 //!   operator never logs in, it replaces the host instead.
@@ -25,24 +27,36 @@ use std::collections::BTreeSet;
 use serde::Serialize;
 use serde_saphyr::LitString;
 
-/// The rathole release the exit server runs (the latest stable, 2023-10-01).
+mod rathole;
+
+pub use rathole::{
+    ClientService, NoiseKeypair, TunnelClient, render_client_toml, render_server_toml, render_server_toml_on,
+};
+
+/// The rathole version built into skyport (the latest stable, 2023-10-01).
 pub const RATHOLE_VERSION: &str = "0.5.0";
-/// Static (musl) x86_64 build of [`RATHOLE_VERSION`] from the project's GitHub releases.
-pub const RATHOLE_URL: &str =
-    "https://github.com/rapiz1/rathole/releases/download/v0.5.0/rathole-x86_64-unknown-linux-musl.zip";
-/// SHA-256 of the archive at [`RATHOLE_URL`].
-///
-/// PLACEHOLDER: this machine cannot download release assets, so the digest is not yet known.
-/// Until it is filled in (or replaced by skyport's own published build), `sha256sum -c` fails on
-/// the exit server and rathole is never started: a safe failure, but no tunnel.
-pub const RATHOLE_SHA256: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 /// Default TCP port the tunnel client dials.
 pub const DEFAULT_CONTROL_PORT: u16 = 2333;
 
 /// Where the server configuration lives on the exit server.
-pub const SERVER_CONFIG_PATH: &str = "/etc/rathole/server.toml";
-/// The systemd unit's path.
-pub const UNIT_PATH: &str = "/etc/systemd/system/rathole.service";
+pub const SERVER_CONFIG_PATH: &str = "/etc/skyport/server.toml";
+/// The systemd unit's name and path.
+pub const UNIT_NAME: &str = "skyport-exit-server.service";
+pub const UNIT_PATH: &str = "/etc/systemd/system/skyport-exit-server.service";
+/// Where the checked binary is installed.
+pub const BINARY_PATH: &str = "/usr/local/bin/skyport";
+/// The unprivileged user the server runs as.
+pub const SERVICE_USER: &str = "skyport";
+
+/// One downloadable skyport binary: the exit server for machines of `arch` (as `uname -m`
+/// prints it: `x86_64`, `aarch64`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Artifact {
+    pub arch: String,
+    pub url: String,
+    /// Lowercase hex SHA-256 the downloaded file must have.
+    pub sha256: String,
+}
 /// The firewall ruleset's path (loaded by `nftables.service` on Debian and Ubuntu).
 pub const NFTABLES_PATH: &str = "/etc/nftables.conf";
 
@@ -121,6 +135,10 @@ pub enum UserDataError {
     EmptyToken(String),
     #[error("the Noise private key must be non-empty base64")]
     InvalidKey,
+    #[error("no exit-server binary to download (the operator could not derive one)")]
+    NoArtifact,
+    #[error("exit-server artifact for {0:?}: the architecture, URL or SHA-256 is malformed")]
+    InvalidArtifact(String),
 }
 
 impl ExitServer {
@@ -174,168 +192,6 @@ impl ExitServer {
     }
 }
 
-/// A TOML basic string (quotes, backslashes and control characters escaped).
-fn toml_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            '\r' => out.push_str("\\r"),
-            c if c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
-/// rathole's `server.toml`: the control port, the Noise key and one section per service, every
-/// port bound on all addresses (a VM).
-pub fn render_server_toml(server: &ExitServer) -> Result<String, UserDataError> {
-    render_server_toml_on(server, "0.0.0.0")
-}
-
-/// Like [`render_server_toml`], with the control and service ports bound to `bind_ip` only (the
-/// local provider gives each exit server its own loopback address).
-pub fn render_server_toml_on(server: &ExitServer, bind_ip: &str) -> Result<String, UserDataError> {
-    let services = server.validated()?;
-    let bind_ip = if bind_ip.contains(':') { format!("[{bind_ip}]") } else { bind_ip.to_string() };
-    let mut out = String::new();
-    out.push_str("# Generated by skyport; rathole reloads this file when it changes.\n");
-    out.push_str("[server]\n");
-    out.push_str(&format!("bind_addr = \"{bind_ip}:{}\"\n\n", server.control_port));
-    out.push_str("[server.transport]\ntype = \"noise\"\n\n");
-    out.push_str("[server.transport.noise]\n");
-    out.push_str(&format!("local_private_key = {}\n", toml_string(&server.noise_private_key)));
-    for s in services {
-        out.push_str(&format!("\n[server.services.{}]\n", toml_string(&s.name)));
-        out.push_str(&format!("type = \"{}\"\n", s.protocol.as_str()));
-        out.push_str(&format!("token = {}\n", toml_string(&s.token)));
-        out.push_str(&format!("bind_addr = \"{bind_ip}:{}\"\n", s.port));
-    }
-    Ok(out)
-}
-
-/// An X25519 keypair for rathole's Noise transport, base64 (standard, padded) like
-/// `rathole --genkey` prints it. The server holds the private half, the client pins the public.
-#[derive(Clone, PartialEq, Eq)]
-pub struct NoiseKeypair {
-    pub private_key: String,
-    pub public_key: String,
-}
-
-impl std::fmt::Debug for NoiseKeypair {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NoiseKeypair")
-            .field("private_key", &"<redacted>")
-            .field("public_key", &self.public_key)
-            .finish()
-    }
-}
-
-impl NoiseKeypair {
-    /// A fresh keypair from the operating system's randomness.
-    pub fn generate() -> Self {
-        let bytes: [u8; 32] = rand::random();
-        Self::from_bytes(bytes)
-    }
-
-    /// The keypair whose private half is `private_key_b64`.
-    pub fn from_private(private_key_b64: &str) -> Result<Self, UserDataError> {
-        use base64::Engine as _;
-        let raw = base64::engine::general_purpose::STANDARD
-            .decode(private_key_b64.trim())
-            .map_err(|_| UserDataError::InvalidKey)?;
-        let bytes: [u8; 32] = raw.try_into().map_err(|_| UserDataError::InvalidKey)?;
-        Ok(Self::from_bytes(bytes))
-    }
-
-    fn from_bytes(bytes: [u8; 32]) -> Self {
-        use base64::Engine as _;
-        let secret = x25519_dalek::StaticSecret::from(bytes);
-        let public = x25519_dalek::PublicKey::from(&secret);
-        let b64 = base64::engine::general_purpose::STANDARD;
-        NoiseKeypair { private_key: b64.encode(secret.to_bytes()), public_key: b64.encode(public.as_bytes()) }
-    }
-}
-
-/// One forwarded service on the client side.
-#[derive(Clone, PartialEq, Eq)]
-pub struct ClientService {
-    /// The same name as the server's service.
-    pub name: String,
-    pub protocol: Protocol,
-    /// The service's token (secret).
-    pub token: String,
-    /// Where the client sends the traffic: `host:port` inside the cluster.
-    pub local_addr: String,
-}
-
-impl std::fmt::Debug for ClientService {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientService")
-            .field("name", &self.name)
-            .field("protocol", &self.protocol)
-            .field("token", &"<redacted>")
-            .field("local_addr", &self.local_addr)
-            .finish()
-    }
-}
-
-/// The input of rathole's `client.toml`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TunnelClient {
-    /// The exit server's control channel, `ip:port`.
-    pub remote_addr: String,
-    /// The server's Noise public key (base64), pinned by the client.
-    pub server_public_key: String,
-    pub services: Vec<ClientService>,
-}
-
-/// rathole's `client.toml`: the server to dial, its pinned key, and one section per service,
-/// validated like the server side and sorted so the same input renders the same bytes.
-pub fn render_client_toml(client: &TunnelClient) -> Result<String, UserDataError> {
-    let key_ok = !client.server_public_key.is_empty()
-        && client.server_public_key.chars().all(|c| c.is_ascii_alphanumeric() || "+/=".contains(c));
-    if !key_ok {
-        return Err(UserDataError::InvalidKey);
-    }
-    let mut names = BTreeSet::new();
-    for s in &client.services {
-        let name_ok =
-            (1..=63).contains(&s.name.len()) && s.name.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
-        if !name_ok {
-            return Err(UserDataError::InvalidName(s.name.clone()));
-        }
-        if !names.insert(s.name.as_str()) {
-            return Err(UserDataError::DuplicateName(s.name.clone()));
-        }
-        if s.token.is_empty() {
-            return Err(UserDataError::EmptyToken(s.name.clone()));
-        }
-    }
-    let mut services: Vec<&ClientService> = client.services.iter().collect();
-    services.sort_by(|a, b| a.name.cmp(&b.name));
-    let mut out = String::new();
-    out.push_str("# Generated by skyport.\n");
-    out.push_str("[client]\n");
-    out.push_str(&format!("remote_addr = {}\n\n", toml_string(&client.remote_addr)));
-    out.push_str("[client.transport]\ntype = \"noise\"\n\n");
-    out.push_str("[client.transport.noise]\n");
-    out.push_str(&format!("remote_public_key = {}\n", toml_string(&client.server_public_key)));
-    for s in services {
-        out.push_str(&format!("\n[client.services.{}]\n", toml_string(&s.name)));
-        out.push_str(&format!("type = \"{}\"\n", s.protocol.as_str()));
-        out.push_str(&format!("token = {}\n", toml_string(&s.token)));
-        out.push_str(&format!("local_addr = {}\n", toml_string(&s.local_addr)));
-    }
-    Ok(out)
-}
-
 /// The host firewall: inbound traffic only to the control port and the service ports.
 pub fn render_nftables(server: &ExitServer) -> String {
     let set = |ports: BTreeSet<u16>| ports.iter().map(u16::to_string).collect::<Vec<_>>().join(", ");
@@ -365,14 +221,14 @@ pub fn render_nftables(server: &ExitServer) -> String {
 pub fn render_unit() -> String {
     format!(
         "[Unit]\n\
-         Description=rathole {RATHOLE_VERSION} tunnel server (skyport exit server)\n\
+         Description=skyport exit server (tunnel server, rathole {RATHOLE_VERSION})\n\
          After=network-online.target nftables.service\n\
          Wants=network-online.target\n\
          \n\
          [Service]\n\
-         User=rathole\n\
-         Group=rathole\n\
-         ExecStart=/usr/local/bin/rathole --server {SERVER_CONFIG_PATH}\n\
+         User={SERVICE_USER}\n\
+         Group={SERVICE_USER}\n\
+         ExecStart={BINARY_PATH} tunnel server --config {SERVER_CONFIG_PATH}\n\
          Restart=always\n\
          RestartSec=1\n\
          LimitNOFILE=1048576\n\
@@ -416,26 +272,64 @@ struct WriteFile {
     owner: &'static str,
     permissions: &'static str,
     /// Written in cloud-init's final stage: after packages are installed (so a package never
-    /// finds our file in its way) and the `rathole` user exists, before `runcmd` runs.
+    /// finds our file in its way) and the `skyport` user exists, before `runcmd` runs.
     defer: bool,
     content: LitString,
 }
 
-/// The `#cloud-config` user data for an exit server.
-pub fn render_cloud_config(server: &ExitServer) -> Result<String, UserDataError> {
+/// The install script: picks the artifact for the machine's architecture, downloads it beside
+/// its final path, and installs it only if the digest matches; otherwise it fails, so the unit is
+/// never enabled (fail closed). Values are validated before they are quoted.
+pub fn render_install(artifacts: &[Artifact]) -> Result<String, UserDataError> {
+    if artifacts.is_empty() {
+        return Err(UserDataError::NoArtifact);
+    }
+    let mut sorted: Vec<&Artifact> = artifacts.iter().collect();
+    sorted.sort_by(|a, b| a.arch.cmp(&b.arch));
+    let mut cases = String::new();
+    for a in sorted {
+        let arch_ok = !a.arch.is_empty() && a.arch.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        let sum_ok = a.sha256.len() == 64 && a.sha256.chars().all(|c| c.is_ascii_hexdigit());
+        let url_ok = (a.url.starts_with("https://") || a.url.starts_with("http://"))
+            && !a.url.chars().any(|c| c.is_whitespace() || c.is_control() || "'\"\\`$".contains(c));
+        if !(arch_ok && sum_ok && url_ok) {
+            return Err(UserDataError::InvalidArtifact(a.arch.clone()));
+        }
+        cases.push_str(&format!("  {}) url='{}'; sum='{}' ;;\n", a.arch, a.url, a.sha256.to_ascii_lowercase()));
+    }
+    let download = format!("{BINARY_PATH}.download");
+    Ok(format!(
+        "set -eu\n\
+         arch=\"$(uname -m)\"\n\
+         case \"$arch\" in\n\
+         {cases}  \
+         *) echo \"skyport: no exit-server binary for architecture $arch\" >&2; exit 1 ;;\n\
+         esac\n\
+         rm -f {download}\n\
+         curl -fsSL --retry 5 --retry-connrefused -o {download} \"$url\"\n\
+         if ! echo \"$sum  {download}\" | sha256sum -c --status -; then\n  \
+         rm -f {download}\n  \
+         echo \"skyport: $url does not have SHA-256 $sum; refusing to run it\" >&2\n  \
+         exit 1\n\
+         fi\n\
+         chmod 0755 {download}\n\
+         mv -f {download} {BINARY_PATH}\n\
+         systemctl daemon-reload\n\
+         systemctl enable --now {UNIT_NAME}\n"
+    ))
+}
+
+/// The `#cloud-config` user data for an exit server that downloads one of `artifacts`.
+pub fn render_cloud_config(server: &ExitServer, artifacts: &[Artifact]) -> Result<String, UserDataError> {
     let server_toml = render_server_toml(server)?;
-    let install = format!(
-        "set -eu; curl -fsSL --retry 5 -o /tmp/rathole.zip '{RATHOLE_URL}'; \
-         echo '{RATHOLE_SHA256}  /tmp/rathole.zip' | sha256sum -c -; \
-         unzip -o /tmp/rathole.zip rathole -d /usr/local/bin; chmod 0755 /usr/local/bin/rathole; rm -f /tmp/rathole.zip"
-    );
+    let install = render_install(artifacts)?;
     let argv = |args: &[&str]| args.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     let doc = CloudConfig {
         package_update: true,
-        packages: vec!["ca-certificates", "curl", "nftables", "unzip"],
+        packages: vec!["ca-certificates", "curl", "nftables"],
         users: vec![
             User::Default("default"),
-            User::System { name: "rathole", system: true, shell: "/usr/sbin/nologin", lock_passwd: true },
+            User::System { name: SERVICE_USER, system: true, shell: "/usr/sbin/nologin", lock_passwd: true },
         ],
         write_files: vec![
             WriteFile {
@@ -454,18 +348,18 @@ pub fn render_cloud_config(server: &ExitServer) -> Result<String, UserDataError>
             },
             WriteFile {
                 path: SERVER_CONFIG_PATH,
-                owner: "rathole:rathole",
+                owner: "skyport:skyport",
                 permissions: "0600",
                 defer: true,
                 content: LitString(server_toml),
             },
         ],
+        // The firewall first, so the tunnel's ports are never open without it; one script for
+        // the install so nothing after a failed check runs.
         runcmd: vec![
             argv(&["systemctl", "enable", "--now", "nftables.service"]),
             argv(&["nft", "-f", NFTABLES_PATH]),
             vec!["sh".into(), "-c".into(), install],
-            argv(&["systemctl", "daemon-reload"]),
-            argv(&["systemctl", "enable", "--now", "rathole.service"]),
         ],
     };
     let yaml = serde_saphyr::to_string(&doc).expect("plain structs always serialize");
@@ -474,6 +368,7 @@ pub fn render_cloud_config(server: &ExitServer) -> Result<String, UserDataError>
 
 #[cfg(test)]
 mod tests {
+    use super::rathole::toml_string;
     use super::*;
 
     const GENKEY_PRIVATE: &str = "wCR3TomqL60P4MLphr9nSLR+tS5cgq7pccADVo2zaaQ=";
@@ -496,6 +391,19 @@ mod tests {
                 service("default.dns.53-udp", Protocol::Udp, 53, "tok-dns-53-Pp7: #not-a-comment"),
             ],
         }
+    }
+
+    const SUM: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+
+    fn artifacts() -> Vec<Artifact> {
+        vec![
+            Artifact {
+                arch: "x86_64".into(),
+                url: "https://example.test/v1/skyport-x86_64".into(),
+                sha256: SUM.into(),
+            },
+            Artifact { arch: "aarch64".into(), url: "http://10.1.2.3/skyport-aarch64".into(), sha256: "ab".repeat(32) },
+        ]
     }
 
     fn parse(doc: &str) -> Value {
@@ -536,25 +444,48 @@ mod tests {
 
     #[test]
     fn the_output_is_a_cloud_config_that_parses_as_yaml() {
-        let out = render_cloud_config(&sample()).unwrap();
+        let out = render_cloud_config(&sample(), &artifacts()).unwrap();
         assert!(out.starts_with("#cloud-config\n"));
         let doc = parse(&out);
-        assert_eq!(doc["packages"].as_array().unwrap().len(), 4);
+        assert_eq!(doc["packages"].as_array().unwrap().len(), 3);
         let toml_file =
             doc["write_files"].as_array().unwrap().iter().find(|f| f["path"] == SERVER_CONFIG_PATH).unwrap();
         assert_eq!(toml_file["permissions"], "0600", "the mode stays a string");
-        assert_eq!(toml_file["owner"], "rathole:rathole");
+        assert_eq!(toml_file["owner"], "skyport:skyport");
         // The file contents survive YAML round-tripping byte for byte.
         assert_eq!(file(&doc, SERVER_CONFIG_PATH), render_server_toml(&sample()).unwrap());
         assert_eq!(file(&doc, NFTABLES_PATH), render_nftables(&sample()));
         assert_eq!(file(&doc, UNIT_PATH), render_unit());
-        let install = doc["runcmd"][2][2].as_str().unwrap();
-        assert!(install.contains(RATHOLE_URL) && install.contains(RATHOLE_SHA256) && install.contains("sha256sum -c"));
+        assert_eq!(doc["runcmd"][2][2].as_str().unwrap(), render_install(&artifacts()).unwrap());
+    }
+
+    #[test]
+    fn the_install_checks_the_digest_before_anything_runs_and_refuses_bad_artifacts() {
+        let script = render_install(&artifacts()).unwrap();
+        assert!(script.contains(&format!("  x86_64) url='https://example.test/v1/skyport-x86_64'; sum='{SUM}' ;;")));
+        assert!(script.contains("  aarch64) url='http://10.1.2.3/skyport-aarch64'"));
+        let check = script.find("sha256sum -c").unwrap();
+        let install = script.find(&format!("mv -f {BINARY_PATH}.download {BINARY_PATH}")).unwrap();
+        let enable = script.find(&format!("systemctl enable --now {UNIT_NAME}")).unwrap();
+        assert!(script.starts_with("set -eu\n") && check < install && install < enable, "{script}");
+        assert!(
+            render_unit().contains(&format!("ExecStart={BINARY_PATH} tunnel server --config {SERVER_CONFIG_PATH}"))
+        );
+
+        assert_eq!(render_install(&[]), Err(UserDataError::NoArtifact));
+        for bad in [
+            Artifact { url: "https://x/'; reboot; '".into(), ..artifacts()[0].clone() },
+            Artifact { url: "ftp://x/skyport".into(), ..artifacts()[0].clone() },
+            Artifact { sha256: "00".into(), ..artifacts()[0].clone() },
+            Artifact { arch: "x86_64) echo".into(), ..artifacts()[0].clone() },
+        ] {
+            assert!(matches!(render_install(&[bad]), Err(UserDataError::InvalidArtifact(_))));
+        }
     }
 
     #[test]
     fn exactly_the_given_ports_are_bound_and_opened() {
-        let doc = parse(&render_cloud_config(&sample()).unwrap());
+        let doc = parse(&render_cloud_config(&sample(), &artifacts()).unwrap());
         let toml = file(&doc, SERVER_CONFIG_PATH);
         let mut bound: Vec<&str> = toml.lines().filter_map(|l| l.strip_prefix("bind_addr = \"0.0.0.0:")).collect();
         bound.sort();
@@ -578,7 +509,7 @@ mod tests {
     #[test]
     fn secrets_appear_only_in_the_server_config() {
         let server = sample();
-        let out = render_cloud_config(&server).unwrap();
+        let out = render_cloud_config(&server, &artifacts()).unwrap();
         let doc = parse(&out);
         let config_index =
             doc["write_files"].as_array().unwrap().iter().position(|f| f["path"] == SERVER_CONFIG_PATH).unwrap();
@@ -610,40 +541,40 @@ mod tests {
 
     #[test]
     fn rendering_is_deterministic_and_independent_of_service_order() {
-        let a = render_cloud_config(&sample()).unwrap();
-        assert_eq!(a, render_cloud_config(&sample()).unwrap());
+        let a = render_cloud_config(&sample(), &artifacts()).unwrap();
+        assert_eq!(a, render_cloud_config(&sample(), &artifacts()).unwrap());
         let mut reversed = sample();
         reversed.services.reverse();
-        assert_eq!(a, render_cloud_config(&reversed).unwrap());
+        assert_eq!(a, render_cloud_config(&reversed, &artifacts()).unwrap());
     }
 
     #[test]
     fn bad_input_is_refused_without_revealing_secrets() {
         let mut s = sample();
         s.services.push(service("dup", Protocol::Tcp, 80, "tok-dup-secret"));
-        let e = render_cloud_config(&s).unwrap_err();
+        let e = render_cloud_config(&s, &artifacts()).unwrap_err();
         assert!(matches!(e, UserDataError::DuplicatePort { port: 80, .. }), "{e}");
         assert!(!e.to_string().contains("tok-"));
 
         let mut s = sample();
         s.services.push(service("ctl", Protocol::Tcp, DEFAULT_CONTROL_PORT, "t"));
-        assert!(matches!(render_cloud_config(&s), Err(UserDataError::DuplicatePort { .. })));
+        assert!(matches!(render_cloud_config(&s, &artifacts()), Err(UserDataError::DuplicatePort { .. })));
         // The same number over UDP is a different port.
         let mut s = sample();
         s.services.push(service("ctl-udp", Protocol::Udp, DEFAULT_CONTROL_PORT, "t"));
-        assert!(render_cloud_config(&s).is_ok());
+        assert!(render_cloud_config(&s, &artifacts()).is_ok());
 
         let mut s = sample();
         s.services[0].name = "bad name]".into();
-        assert!(matches!(render_cloud_config(&s), Err(UserDataError::InvalidName(_))));
+        assert!(matches!(render_cloud_config(&s, &artifacts()), Err(UserDataError::InvalidName(_))));
         let mut s = sample();
         s.services[1].name = s.services[0].name.clone();
-        assert!(matches!(render_cloud_config(&s), Err(UserDataError::DuplicateName(_))));
+        assert!(matches!(render_cloud_config(&s, &artifacts()), Err(UserDataError::DuplicateName(_))));
         let mut s = sample();
         s.services[0].token.clear();
-        assert!(matches!(render_cloud_config(&s), Err(UserDataError::EmptyToken(_))));
+        assert!(matches!(render_cloud_config(&s, &artifacts()), Err(UserDataError::EmptyToken(_))));
         let s = ExitServer { noise_private_key: "not base64!".into(), ..sample() };
-        assert_eq!(render_cloud_config(&s), Err(UserDataError::InvalidKey));
+        assert_eq!(render_cloud_config(&s, &artifacts()), Err(UserDataError::InvalidKey));
     }
 
     #[test]
@@ -715,7 +646,7 @@ mod tests {
         // 100 ports with 64-character tokens: about 19 KiB, under Hetzner's 32 KiB.
         let services =
             (0..100).map(|i| service(&format!("ns.svc.{i}-tcp"), Protocol::Tcp, 10000 + i, &"t".repeat(64))).collect();
-        let out = render_cloud_config(&ExitServer { services, ..sample() }).unwrap();
+        let out = render_cloud_config(&ExitServer { services, ..sample() }, &artifacts()).unwrap();
         assert!(out.len() < crate::hetzner::MAX_USER_DATA, "{} bytes", out.len());
     }
 }

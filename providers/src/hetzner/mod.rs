@@ -22,6 +22,8 @@
 //! full limit is available again), and exceeding the limit gives `429` `rate_limit_exceeded`.
 //! [`default_budget`] stays under it with room for other clients of the same project.
 
+mod primary_ips;
+
 use std::collections::BTreeMap;
 use std::num::NonZeroU32;
 use std::time::Duration;
@@ -32,7 +34,10 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::error::HostError;
-use crate::hosts::{Host, HostProvider, HostRequest, HostState, TagSyntax};
+use crate::hosts::{
+    Address, AddressBinding, AddressRequest, Host, HostProvider, HostRequest, HostState, TAG_TUNNEL_UID, TagSyntax,
+    fnv1a32,
+};
 use crate::limiter::Limiter;
 use crate::rest::{ApiToken, Budget, RefillModel, RestClient, RestSettings};
 
@@ -166,6 +171,17 @@ impl From<Server> for Host {
     }
 }
 
+/// Server names are unique per Hetzner project, and several clusters (or a Tunnel deleted and
+/// made again while its old server is still being deleted) may want the same
+/// `skyport-<namespace>-<name>`. A suffix from the owner's UID makes the name unique per Tunnel;
+/// the whole stays a hostname of at most 63 characters.
+pub fn unique_name(name: &str, uid: Option<&str>) -> String {
+    let Some(uid) = uid else { return name.to_string() };
+    let suffix = format!("-{:08x}", fnv1a32(uid.as_bytes()));
+    let head: String = name.chars().take(63 - suffix.len()).collect();
+    format!("{}{suffix}", head.trim_end_matches(|c: char| !c.is_ascii_alphanumeric()))
+}
+
 /// Server ids are positive integers; anything else cannot name a server and must not be
 /// spliced into a path.
 fn server_id(id: &str) -> Result<u64, HostError> {
@@ -190,14 +206,25 @@ impl HostProvider for HetznerProvider {
         let labels: BTreeMap<String, String> =
             request.tags.iter().map(|(k, v)| TagSyntax::Hetzner.encode(k, v)).collect();
         let mut body = json!({
-            "name": request.name,
+            "name": unique_name(&request.name, request.tags.get(TAG_TUNNEL_UID).map(String::as_str)),
             "server_type": request.size.as_deref().unwrap_or(&self.settings.default_server_type),
             "image": self.settings.image,
             "user_data": request.user_data,
             "labels": labels,
             "start_after_create": true,
         });
-        if let Some(location) = request.region.as_ref().or(self.settings.default_location.as_ref()) {
+        let mut location = request.region.as_ref().or(self.settings.default_location.as_ref()).cloned();
+        // The Tunnel's reserved address, if it has one and no server holds it: the new server
+        // gets it, in its location (a primary IP is bound to one).
+        if let Some(uid) = request.tags.get(TAG_TUNNEL_UID) {
+            let free =
+                self.primary_ips_by_tag(TAG_TUNNEL_UID, uid).await?.into_iter().find(|p| p.assignee_id.is_none());
+            if let Some(ip) = free {
+                body["public_net"] = json!({"enable_ipv4": true, "enable_ipv6": true, "ipv4": ip.id});
+                location = ip.location.map(|l| l.name).or(location);
+            }
+        }
+        if let Some(location) = location {
             body["location"] = json!(location);
         }
         let response = self.rest.send("CreateServer", Method::POST, "/servers", &[], Some(&body)).await?;
@@ -244,6 +271,30 @@ impl HostProvider for HetznerProvider {
         Err(HostError::Unavailable { provider: PROVIDER, message: format!("more than {MAX_PAGES} pages of servers") })
     }
 
+    fn address_binding(&self) -> AddressBinding {
+        AddressBinding::AtCreate
+    }
+
+    async fn reserve_address(&self, request: &AddressRequest) -> Result<Address, HostError> {
+        self.reserve(request).await
+    }
+
+    async fn get_address(&self, id: &str) -> Result<Option<Address>, HostError> {
+        Ok(self.primary_ip(id).await?.map(Address::from))
+    }
+
+    async fn assign_address(&self, id: &str, host_id: &str) -> Result<(), HostError> {
+        self.assign(id, host_id).await
+    }
+
+    async fn release_address(&self, id: &str) -> Result<(), HostError> {
+        self.release(id).await
+    }
+
+    async fn list_addresses_by_tag(&self, key: &str, value: &str) -> Result<Vec<Address>, HostError> {
+        Ok(self.primary_ips_by_tag(key, value).await?.into_iter().map(Address::from).collect())
+    }
+
     fn name(&self) -> &'static str {
         PROVIDER
     }
@@ -255,3 +306,20 @@ impl HostProvider for HetznerProvider {
 
 /// A runaway `next_page` must not loop forever (50 per page × 2,000 pages = 100,000 servers).
 const MAX_PAGES: u32 = 2000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_names_get_a_suffix_from_the_owner_and_stay_hostnames() {
+        let uid = "0b6e3c57-4d0e-4b52-9a43-3f4f7e7d2a10";
+        let a = unique_name("skyport-team-a-web", Some(uid));
+        assert!(a.starts_with("skyport-team-a-web-") && a.len() == "skyport-team-a-web-".len() + 8, "{a}");
+        assert_eq!(a, unique_name("skyport-team-a-web", Some(uid)), "the same Tunnel, the same name");
+        assert_ne!(a, unique_name("skyport-team-a-web", Some("11111111-2222-3333-4444-555555555555")));
+        assert_eq!(unique_name("plain", None), "plain");
+        let long = unique_name(&format!("skyport-{}-x", "n".repeat(60)), Some(uid));
+        assert!(long.len() <= 63 && !long.contains("--"), "{long}");
+    }
+}

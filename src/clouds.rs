@@ -3,6 +3,7 @@
 //! in its standard environment (EC2: when an AMI is configured; credentials from the AWS chain).
 //! Tokens are read here and handed to the adapters, never logged.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use anyhow::{Context as _, bail};
@@ -13,15 +14,46 @@ use providers::rest::ApiToken;
 use tracing::info;
 
 use crate::config::TunnelArgs;
-use crate::controllers::tunnel::Providers;
+
+/// The provider names `--provider` and `spec.provider` accept (each adapter's `name()`).
+pub const LOCAL: &str = "local";
+pub const EC2: &str = "ec2";
+pub const DIGITALOCEAN: &str = "digitalocean";
+pub const HETZNER: &str = "hetzner";
+pub const NAMES: [&str; 4] = [LOCAL, EC2, DIGITALOCEAN, HETZNER];
+
+/// The configured host providers, by name, and the default for Tunnels that name none.
+#[derive(Clone, Default)]
+pub struct Providers {
+    pub default: Option<String>,
+    by_name: BTreeMap<&'static str, Arc<dyn HostProvider>>,
+}
+
+impl Providers {
+    pub fn new(default: Option<String>, providers: Vec<Arc<dyn HostProvider>>) -> Self {
+        Providers { default, by_name: providers.into_iter().map(|p| (p.name(), p)).collect() }
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<dyn HostProvider>> {
+        self.by_name.get(name).cloned()
+    }
+
+    pub fn all(&self) -> impl Iterator<Item = &Arc<dyn HostProvider>> {
+        self.by_name.values()
+    }
+
+    pub fn names(&self) -> Vec<&'static str> {
+        self.by_name.keys().copied().collect()
+    }
+}
 
 /// The configured providers; `Ok` with none when no `--provider` is given and no cloud has
 /// credentials (the Tunnel controllers then do not run).
 pub async fn configure(args: &TunnelArgs, aws_region: Option<&str>) -> anyhow::Result<Providers> {
     let default = args.provider.as_deref();
     let mut list: Vec<Arc<dyn HostProvider>> = Vec::new();
-    if default == Some("local") {
-        let settings = providers::local::LocalSettings::new(args.local_state_dir.clone(), args.local_rathole.clone());
+    if default == Some(LOCAL) {
+        let settings = providers::local::LocalSettings::new(args.local_state_dir.clone(), args.self_exe.clone());
         list.push(Arc::new(providers::local::LocalProvider::new(settings).context("local provider")?));
     }
     let token = |vars: &[&str]| vars.iter().find_map(|v| std::env::var(v).ok().filter(|t| !t.is_empty()));
@@ -30,7 +62,7 @@ pub async fn configure(args: &TunnelArgs, aws_region: Option<&str>) -> anyhow::R
             let settings = providers::DigitalOceanSettings::new(ApiToken::new(t));
             list.push(Arc::new(providers::DigitalOceanProvider::new(settings).context("digitalocean provider")?));
         }
-        None if default == Some("digitalocean") => bail!("--provider digitalocean needs DIGITALOCEAN_TOKEN"),
+        None if default == Some(DIGITALOCEAN) => bail!("--provider digitalocean needs DIGITALOCEAN_TOKEN"),
         None => {}
     }
     match token(&["HCLOUD_TOKEN"]) {
@@ -38,7 +70,7 @@ pub async fn configure(args: &TunnelArgs, aws_region: Option<&str>) -> anyhow::R
             let settings = providers::HetznerSettings::new(ApiToken::new(t));
             list.push(Arc::new(providers::HetznerProvider::new(settings).context("hetzner provider")?));
         }
-        None if default == Some("hetzner") => bail!("--provider hetzner needs HCLOUD_TOKEN"),
+        None if default == Some(HETZNER) => bail!("--provider hetzner needs HCLOUD_TOKEN"),
         None => {}
     }
     match &args.ec2_image_id {
@@ -47,7 +79,7 @@ pub async fn configure(args: &TunnelArgs, aws_region: Option<&str>) -> anyhow::R
             settings.region = aws_region.map(str::to_string);
             list.push(Arc::new(providers::Ec2Provider::from_env(settings).await.context("ec2 provider")?));
         }
-        None if args.provider.as_deref() == Some("ec2") => {
+        None if default == Some(EC2) => {
             bail!("--provider ec2 needs --ec2-image-id (an AMI with cloud-init; credentials come from the AWS chain)")
         }
         None => {}

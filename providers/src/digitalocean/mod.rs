@@ -21,6 +21,8 @@
 //! caused by the per-minute burst limit carries `retry-after` in seconds.
 //! [`default_budget`] stays under both with room for other clients of the same token.
 
+mod reserved_ips;
+
 use std::num::NonZeroU32;
 use std::time::Duration;
 
@@ -30,7 +32,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::error::HostError;
-use crate::hosts::{Host, HostProvider, HostRequest, HostState, TagSyntax};
+use crate::hosts::{Address, AddressBinding, AddressRequest, Host, HostProvider, HostRequest, HostState, TagSyntax};
 use crate::limiter::Limiter;
 use crate::rest::{ApiToken, Budget, RefillModel, RestClient, RestSettings};
 
@@ -164,6 +166,21 @@ impl From<Droplet> for Host {
     }
 }
 
+/// DigitalOcean answers a create beyond the account's droplet limit with 422
+/// `unprocessable_entity` ("creating this/these droplet(s) will exceed your droplet limit"),
+/// which the shared mapping reads as a bad request. It is a quota: raising the limit or deleting
+/// droplets makes the same request succeed, so it is retried with backoff, not failed for good.
+fn droplet_limit(e: HostError) -> HostError {
+    match e {
+        HostError::Invalid { provider, message } | HostError::Unauthorized { provider, message }
+            if message.to_ascii_lowercase().contains("droplet limit") =>
+        {
+            HostError::Quota { provider, message }
+        }
+        e => e,
+    }
+}
+
 /// Droplet ids are positive integers; anything else cannot name a droplet and must not be
 /// spliced into a path.
 fn droplet_id(id: &str) -> Result<u64, HostError> {
@@ -196,7 +213,11 @@ impl HostProvider for DigitalOceanProvider {
         if let Some(region) = request.region.as_ref().or(self.settings.default_region.as_ref()) {
             body["region"] = json!(region);
         }
-        let response = self.rest.send("CreateDroplet", Method::POST, "/v2/droplets", &[], Some(&body)).await?;
+        let response = self
+            .rest
+            .send("CreateDroplet", Method::POST, "/v2/droplets", &[], Some(&body))
+            .await
+            .map_err(droplet_limit)?;
         let created: DropletBody = self.rest.decode("CreateDroplet", &response)?;
         Ok(created.droplet.into())
     }
@@ -236,6 +257,30 @@ impl HostProvider for DigitalOceanProvider {
             }
         }
         Err(HostError::Unavailable { provider: PROVIDER, message: format!("more than {MAX_PAGES} pages of droplets") })
+    }
+
+    fn address_binding(&self) -> AddressBinding {
+        AddressBinding::WithHost
+    }
+
+    async fn reserve_address(&self, request: &AddressRequest) -> Result<Address, HostError> {
+        self.reserve(request).await
+    }
+
+    async fn get_address(&self, id: &str) -> Result<Option<Address>, HostError> {
+        self.reserved_ip(id).await
+    }
+
+    async fn assign_address(&self, id: &str, host_id: &str) -> Result<(), HostError> {
+        self.assign(id, host_id).await
+    }
+
+    async fn release_address(&self, id: &str) -> Result<(), HostError> {
+        self.release(id).await
+    }
+
+    async fn list_addresses_by_tag(&self, key: &str, value: &str) -> Result<Vec<Address>, HostError> {
+        self.reserved_ips_by_tag(key, value).await
     }
 
     fn name(&self) -> &'static str {

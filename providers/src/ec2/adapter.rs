@@ -1,0 +1,195 @@
+//! The [`HostProvider`] operations of EC2, in terms of the helpers of the other modules.
+
+use async_trait::async_trait;
+use aws_sdk_ec2::types::{Filter, InstanceStateName, InstanceType, ResourceType, Tag, TagSpecification};
+use base64::Engine as _;
+use tracing::warn;
+
+use super::convert::{host_in, map_err};
+use super::groups::tags;
+use super::{Ec2Provider, MAX_USER_DATA, PROVIDER, TAG_INSTANCE_ID, invalid, metadata_options, unavailable};
+use crate::error::HostError;
+use crate::hosts::{Address, AddressRequest, Host, HostProvider, HostRequest};
+use crate::limiter::Limiter;
+
+#[async_trait]
+impl HostProvider for Ec2Provider {
+    async fn create(&self, request: &HostRequest) -> Result<Host, HostError> {
+        if request.user_data.len() > MAX_USER_DATA {
+            return Err(invalid(format!(
+                "user data is {} bytes; EC2 accepts at most {MAX_USER_DATA}",
+                request.user_data.len()
+            )));
+        }
+        let r = self.regional(request.region.as_deref())?;
+        let image = self.image_for(&r)?.to_string();
+        self.retry_pending().await;
+        let group_id = self.create_group(&r, request).await?;
+        let instance_tags =
+            TagSpecification::builder().resource_type(ResourceType::Instance).set_tags(Some(tags(request))).build();
+        let volume_tags =
+            TagSpecification::builder().resource_type(ResourceType::Volume).set_tags(Some(tags(request))).build();
+        let instance_type = request.size.clone().unwrap_or_else(|| self.settings.default_instance_type.clone());
+        let user_data = base64::engine::general_purpose::STANDARD.encode(&request.user_data);
+        let token = format!("skyport-{:016x}", rand::random::<u64>());
+        let subnet = self.settings.subnet_id.clone().filter(|_| r.name.is_none());
+        let launched = self
+            .call(&r, "RunInstances", async {
+                r.client
+                    .run_instances()
+                    .image_id(&image)
+                    .instance_type(InstanceType::from(instance_type.as_str()))
+                    .min_count(1)
+                    .max_count(1)
+                    .user_data(user_data)
+                    .metadata_options(metadata_options())
+                    .security_group_ids(&group_id)
+                    .set_subnet_id(subnet)
+                    .tag_specifications(instance_tags)
+                    .tag_specifications(volume_tags)
+                    .client_token(token)
+                    .send()
+                    .await
+                    .map_err(map_err)
+            })
+            .await;
+        let out = match launched {
+            Ok(out) => out,
+            Err(e) => {
+                // No instance uses the group: delete it now, or on a later call if that fails.
+                self.delete_group_or_defer(&r, &group_id).await;
+                return Err(e);
+            }
+        };
+        let instance = out.instances().first().ok_or_else(|| unavailable("RunInstances returned no instance"))?;
+        let created = host_in(&r, instance)
+            .ok_or_else(|| unavailable("RunInstances returned an instance without id or already terminated"))?;
+        let instance_id = instance.instance_id().unwrap_or_default().to_string();
+        // Without this tag `delete` still finds the group through the instance while EC2 shows
+        // it (about an hour after termination).
+        let tagged = self
+            .call(&r, "CreateTags", async {
+                r.client
+                    .create_tags()
+                    .resources(&group_id)
+                    .tags(Tag::builder().key(TAG_INSTANCE_ID).value(&instance_id).build())
+                    .send()
+                    .await
+                    .map_err(map_err)
+            })
+            .await;
+        if let Err(e) = tagged {
+            warn!(provider = PROVIDER, group = %group_id, error = %e, "could not tag the security group with its instance");
+        }
+        Ok(created)
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<Host>, HostError> {
+        let (r, instance) = self.resolve(id)?;
+        self.retry_pending().await;
+        Ok(self.describe(&r, instance).await?.as_ref().and_then(|i| host_in(&r, i)))
+    }
+
+    async fn delete(&self, id: &str) -> Result<(), HostError> {
+        let (r, instance_id) = self.resolve(id)?;
+        self.retry_pending().await;
+        let instance = self.describe(&r, instance_id).await?;
+        let groups = self.groups_of(&r, instance_id, instance.as_ref()).await?;
+        let alive =
+            instance.as_ref().is_some_and(|i| i.state().and_then(|s| s.name()) != Some(&InstanceStateName::Terminated));
+        if alive {
+            let result = self
+                .call(&r, "TerminateInstances", async {
+                    r.client.terminate_instances().instance_ids(instance_id).send().await.map_err(map_err)
+                })
+                .await;
+            match result {
+                Ok(_) | Err(HostError::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        // Groups tagged with the instance id are ours; an attached one only if tagged managed-by.
+        let mut first_error = None;
+        for group in groups {
+            if instance.is_some() && !self.is_ours(&r, &group).await? {
+                continue;
+            }
+            if let Some(e) = self.delete_group_or_defer(&r, &group).await {
+                first_error.get_or_insert(e);
+            }
+        }
+        // The instance is on its way out; a group still in use is deleted by a later call, and
+        // the error makes a finalizer wait for it.
+        first_error.map_or(Ok(()), Err)
+    }
+
+    async fn list_by_tag(&self, key: &str, value: &str) -> Result<Vec<Host>, HostError> {
+        self.retry_pending().await;
+        let mut hosts = Vec::new();
+        for r in self.all_regions()? {
+            if let Err(e) = self.reap_groups(&r, key, value).await {
+                warn!(provider = PROVIDER, error = %e, "could not look for left-over security groups");
+            }
+            let mut next: Option<String> = None;
+            loop {
+                let page = self
+                    .call(&r, "DescribeInstances", async {
+                        r.client
+                            .describe_instances()
+                            .filters(Filter::builder().name(format!("tag:{key}")).values(value).build())
+                            .filters(
+                                Filter::builder()
+                                    .name("instance-state-name")
+                                    .values("pending")
+                                    .values("running")
+                                    .values("shutting-down")
+                                    .values("stopping")
+                                    .values("stopped")
+                                    .build(),
+                            )
+                            .set_next_token(next.clone())
+                            .max_results(100)
+                            .send()
+                            .await
+                            .map_err(map_err)
+                    })
+                    .await?;
+                hosts.extend(page.reservations().iter().flat_map(|res| res.instances()).filter_map(|i| host_in(&r, i)));
+                next = page.next_token().map(str::to_string).filter(|t| !t.is_empty());
+                if next.is_none() {
+                    break;
+                }
+            }
+        }
+        hosts.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(hosts)
+    }
+
+    async fn reserve_address(&self, request: &AddressRequest) -> Result<Address, HostError> {
+        self.allocate_address(request).await
+    }
+
+    async fn get_address(&self, id: &str) -> Result<Option<Address>, HostError> {
+        self.describe_address(id).await
+    }
+
+    async fn assign_address(&self, id: &str, host_id: &str) -> Result<(), HostError> {
+        self.associate_address(id, host_id).await
+    }
+
+    async fn release_address(&self, id: &str) -> Result<(), HostError> {
+        self.free_address(id).await
+    }
+
+    async fn list_addresses_by_tag(&self, key: &str, value: &str) -> Result<Vec<Address>, HostError> {
+        self.addresses_by_tag(key, value).await
+    }
+
+    fn name(&self) -> &'static str {
+        PROVIDER
+    }
+
+    fn limiter(&self) -> &Limiter {
+        &self.limiter
+    }
+}

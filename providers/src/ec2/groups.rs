@@ -1,0 +1,271 @@
+//! Security groups: one per instance, made before it and deleted after it.
+//!
+//! AWS refuses to delete a group while an instance (or any network interface) still uses it,
+//! which lasts as long as the instance shuts down. A group that could not be deleted is
+//! remembered (in memory, and as the [`TAG_DELETE_PENDING`] tag on the group) and deleted by a
+//! later call of this provider, whatever that call is for. After a restart, when memory is gone,
+//! `list_by_tag` finds such groups by the same tags as the hosts it lists: a group carrying
+//! skyport's tags whose instance ([`TAG_INSTANCE_ID`]) no longer runs, or that carries
+//! [`TAG_DELETE_PENDING`], is deleted. So every group skyport makes is eventually deleted, by
+//! the finalizer, the next reconcile, or the orphan sweep.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
+
+use aws_sdk_ec2::error::ProvideErrorMetadata;
+use aws_sdk_ec2::types::{Filter, InstanceStateName, IpPermission, IpRange, ResourceType, Tag, TagSpecification};
+use tracing::{debug, info, warn};
+
+use super::{Ec2Provider, PROVIDER, Regional, TAG_INSTANCE_ID, map_err, unavailable};
+use crate::error::HostError;
+use crate::hosts::{HostRequest, TAG_MANAGED_BY};
+use crate::userdata::Protocol;
+
+/// Marks a group whose deletion failed, so a restarted operator still deletes it.
+pub const TAG_DELETE_PENDING: &str = "skyport.dev/delete-pending";
+/// EC2 security group names are at most 255 characters.
+pub(super) const MAX_GROUP_NAME: usize = 255;
+
+/// Groups whose deletion failed, by (region, group id), with the earliest time to try again.
+#[derive(Debug, Default)]
+pub(super) struct Pending(std::sync::Mutex<BTreeMap<(String, String), Instant>>);
+
+impl Pending {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, String), Instant>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The groups due for another try.
+    fn due(&self) -> Vec<(String, String)> {
+        let now = Instant::now();
+        self.lock().iter().filter(|(_, at)| **at <= now).map(|(k, _)| k.clone()).collect()
+    }
+
+    /// How many groups wait for deletion (for tests and diagnostics).
+    pub(super) fn len(&self) -> usize {
+        self.lock().len()
+    }
+}
+
+impl Ec2Provider {
+    /// Creates the host's group with its ingress rules; a group that was made but could not be
+    /// completed is deleted again (or left for a later call, never forgotten).
+    pub(super) async fn create_group(&self, r: &Regional, request: &HostRequest) -> Result<String, HostError> {
+        let name = group_name(&request.name);
+        let spec = TagSpecification::builder()
+            .resource_type(ResourceType::SecurityGroup)
+            .set_tags(Some(tags(request)))
+            .build();
+        let group_id = self
+            .call(r, "CreateSecurityGroup", async {
+                let mut create = r
+                    .client
+                    .create_security_group()
+                    .group_name(&name)
+                    .description(format!("skyport exit server {}: tunnel control port and Service ports", request.name))
+                    .tag_specifications(spec);
+                if let Some(vpc) = r.vpc_id(&self.settings) {
+                    create = create.vpc_id(vpc);
+                }
+                create.send().await.map_err(map_err)
+            })
+            .await?
+            .group_id()
+            .map(str::to_string)
+            .ok_or_else(|| unavailable("CreateSecurityGroup returned no group id"))?;
+        let permissions = ingress(request);
+        let authorized = self
+            .call(r, "AuthorizeSecurityGroupIngress", async {
+                r.client
+                    .authorize_security_group_ingress()
+                    .group_id(&group_id)
+                    .set_ip_permissions(Some(permissions))
+                    .send()
+                    .await
+                    .map_err(map_err)
+            })
+            .await;
+        if let Err(e) = authorized {
+            self.delete_group_or_defer(r, &group_id).await;
+            return Err(e);
+        }
+        Ok(group_id)
+    }
+
+    /// One DeleteSecurityGroup; a group already gone counts as deleted.
+    pub(super) async fn delete_group(&self, r: &Regional, group_id: &str) -> Result<(), HostError> {
+        let result = self
+            .call(r, "DeleteSecurityGroup", async {
+                r.client.delete_security_group().group_id(group_id).send().await.map_err(|e| {
+                    if e.code() == Some("DependencyViolation") { group_in_use(group_id) } else { map_err(e) }
+                })
+            })
+            .await;
+        match result {
+            Ok(_) | Err(HostError::NotFound { .. }) => {
+                self.pending.lock().remove(&(r.key(), group_id.to_string()));
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Deletes the group, or remembers it (and tags it) for a later call when that fails.
+    pub(super) async fn delete_group_or_defer(&self, r: &Regional, group_id: &str) -> Option<HostError> {
+        let e = self.delete_group(r, group_id).await.err()?;
+        self.defer(r, group_id).await;
+        Some(e)
+    }
+
+    /// Remembers a group to delete later, in memory and as a tag that survives a restart.
+    pub(super) async fn defer(&self, r: &Regional, group_id: &str) {
+        let first = self
+            .pending
+            .lock()
+            .insert((r.key(), group_id.to_string()), Instant::now() + self.settings.retry_groups_every)
+            .is_none();
+        if !first {
+            return;
+        }
+        info!(provider = PROVIDER, group = group_id, "security group still in use; deleting it on a later call");
+        let tagged = self
+            .call(r, "CreateTags", async {
+                r.client
+                    .create_tags()
+                    .resources(group_id)
+                    .tags(Tag::builder().key(TAG_DELETE_PENDING).value("true").build())
+                    .send()
+                    .await
+                    .map_err(map_err)
+            })
+            .await;
+        if let Err(e) = tagged {
+            debug!(provider = PROVIDER, group = group_id, error = %e, "could not mark the group for deletion");
+        }
+    }
+
+    /// Tries every remembered group that is due again. Errors only postpone it.
+    pub(super) async fn retry_pending(&self) {
+        for (region, group) in self.pending.due() {
+            let Ok(r) = self.regional(Some(&region)) else { continue };
+            match self.delete_group(&r, &group).await {
+                Ok(()) => {
+                    info!(provider = PROVIDER, group = %group, "deleted a security group left by an earlier host")
+                }
+                Err(e) => {
+                    debug!(provider = PROVIDER, group = %group, error = %e, "security group not deletable yet");
+                    if let Some(at) = self.pending.lock().get_mut(&(region, group)) {
+                        *at = Instant::now() + self.settings.retry_groups_every;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Deletes skyport's groups tagged `key=value` that no running instance needs any more:
+    /// those marked [`TAG_DELETE_PENDING`] and those whose [`TAG_INSTANCE_ID`] is terminated or
+    /// unknown. Groups without either tag may belong to a launch in progress and are left alone.
+    pub(super) async fn reap_groups(&self, r: &Regional, key: &str, value: &str) -> Result<usize, HostError> {
+        let out = self
+            .call(r, "DescribeSecurityGroups", async {
+                r.client
+                    .describe_security_groups()
+                    .filters(Filter::builder().name(format!("tag:{key}")).values(value).build())
+                    .filters(Filter::builder().name("tag-key").values(TAG_MANAGED_BY).build())
+                    .send()
+                    .await
+                    .map_err(map_err)
+            })
+            .await?;
+        let mut marked = Vec::new();
+        let mut by_instance: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for group in out.security_groups() {
+            let Some(id) = group.group_id() else { continue };
+            let tag = |k: &str| group.tags().iter().find(|t| t.key() == Some(k)).and_then(|t| t.value());
+            if tag(TAG_DELETE_PENDING).is_some() {
+                marked.push(id.to_string());
+            } else if let Some(instance) = tag(TAG_INSTANCE_ID) {
+                by_instance.entry(instance.to_string()).or_default().push(id.to_string());
+            }
+        }
+        if !by_instance.is_empty() {
+            let live = self.live_instances(r, by_instance.keys().cloned().collect()).await?;
+            marked.extend(by_instance.into_iter().filter(|(i, _)| !live.contains(i)).flat_map(|(_, g)| g));
+        }
+        let mut deleted = 0;
+        for group in marked {
+            if self.delete_group_or_defer(r, &group).await.is_none() {
+                warn!(provider = PROVIDER, group = %group, "deleted a security group its instance no longer needs");
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// Which of `ids` exist and are not terminated (a filter, so unknown ids are no error).
+    async fn live_instances(&self, r: &Regional, ids: Vec<String>) -> Result<BTreeSet<String>, HostError> {
+        let mut live = BTreeSet::new();
+        for chunk in ids.chunks(150) {
+            let out = self
+                .call(r, "DescribeInstances", async {
+                    r.client
+                        .describe_instances()
+                        .filters(Filter::builder().name("instance-id").set_values(Some(chunk.to_vec())).build())
+                        .send()
+                        .await
+                        .map_err(map_err)
+                })
+                .await?;
+            let instances = out.reservations().iter().flat_map(|res| res.instances());
+            let running =
+                instances.filter(|i| i.state().and_then(|s| s.name()) != Some(&InstanceStateName::Terminated));
+            live.extend(running.filter_map(|i| i.instance_id().map(str::to_string)));
+        }
+        Ok(live)
+    }
+}
+
+/// `skyport-<host name>` plus a random suffix. The suffix matters when a host is replaced (its
+/// ports changed): the new group is created while the old one may still wait for its instance
+/// to finish terminating, under the same host name.
+pub(super) fn group_name(host: &str) -> String {
+    let base = if host.starts_with("skyport-") { host.to_string() } else { format!("skyport-{host}") };
+    let base: String = base.chars().take(MAX_GROUP_NAME - 9).collect();
+    format!("{base}-{:08x}", rand::random::<u32>())
+}
+
+/// The canonical tags plus `Name`, as EC2 tags (EC2 accepts keys like `skyport.dev/tunnel-uid`
+/// as they are).
+pub(super) fn tags(request: &HostRequest) -> Vec<Tag> {
+    let mut tags: Vec<Tag> = request.tags.iter().map(|(k, v)| Tag::builder().key(k).value(v).build()).collect();
+    tags.push(Tag::builder().key("Name").value(&request.name).build());
+    tags
+}
+
+/// One rule per port: the control port over TCP and each service port with its protocol, from
+/// anywhere (these are public exit servers).
+pub(super) fn ingress(request: &HostRequest) -> Vec<IpPermission> {
+    let anywhere = IpRange::builder().cidr_ip("0.0.0.0/0").build();
+    let rule = |protocol: &str, port: u16| {
+        IpPermission::builder()
+            .ip_protocol(protocol)
+            .from_port(i32::from(port))
+            .to_port(i32::from(port))
+            .ip_ranges(anywhere.clone())
+            .build()
+    };
+    let mut rules = vec![rule("tcp", request.server.control_port)];
+    for s in &request.server.services {
+        rules.push(rule(if s.protocol == Protocol::Udp { "udp" } else { "tcp" }, s.port));
+    }
+    rules
+}
+
+/// AWS refuses to delete a group while an instance still uses it, which lasts as long as the
+/// instance is shutting down (a minute or two). Transient, so the caller's retry deletes it later.
+pub(super) fn group_in_use(group_id: &str) -> HostError {
+    HostError::Unavailable {
+        provider: PROVIDER,
+        message: format!("security group {group_id} is still in use by its terminating instance; retrying"),
+    }
+}

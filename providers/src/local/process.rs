@@ -1,0 +1,131 @@
+//! The exit server as a process: its config file, its start and its liveness.
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+
+use super::{LocalProvider, PROVIDER, Record, WATCHING, unavailable};
+use crate::error::HostError;
+use crate::userdata::{ExitServer, render_server_toml_on};
+
+impl LocalProvider {
+    /// The server's pid if it runs: alive, and its command line names this host's config (a
+    /// recycled pid belongs to some other program).
+    pub(super) fn alive(&self, id: &str) -> Option<i32> {
+        let dir = self.host_dir(id);
+        let pid: i32 = std::fs::read_to_string(dir.join("pid")).ok()?.trim().parse().ok()?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let config = dir.join("server.toml");
+        let ours = String::from_utf8_lossy(&cmdline).contains(&*config.to_string_lossy());
+        (ours && running(pid)).then_some(pid)
+    }
+
+    pub(super) fn write_config(&self, dir: &Path, server: &ExitServer, address: Ipv4Addr) -> Result<(), HostError> {
+        let text = render(server, address)?;
+        let tmp = dir.join("server.toml.tmp");
+        write_private(&tmp, &text).map_err(|e| unavailable(format!("cannot write {}: {e}", tmp.display())))?;
+        // A rename is one event for rathole's watcher: it never reads a half-written file.
+        std::fs::rename(&tmp, dir.join("server.toml"))
+            .map_err(|e| unavailable(format!("cannot replace server.toml: {e}")))
+    }
+
+    fn spawn(&self, dir: &Path) -> Result<tokio::process::Child, HostError> {
+        let log = std::fs::File::create(dir.join("server.log")).map_err(|e| unavailable(format!("log file: {e}")))?;
+        let err_log = log.try_clone().map_err(|e| unavailable(format!("log file: {e}")))?;
+        tokio::process::Command::new(&self.settings.exe)
+            .args(["tunnel", "server", "--config"])
+            .arg(dir.join("server.toml"))
+            // Plain lines at info: `create` reads the log for rathole's "watching" message, which
+            // neither colour codes nor the operator's own RUST_LOG (e.g. `warn`) may hide.
+            .env("NO_COLOR", "1")
+            .env("RUST_LOG", "info")
+            .stdin(std::process::Stdio::null())
+            .stdout(log)
+            .stderr(err_log)
+            // Its own process group: it outlives an operator restart, as a VM would.
+            .process_group(0)
+            .spawn()
+            .map_err(|e| unavailable(format!("cannot start {}: {e}", self.settings.exe.display())))
+    }
+
+    /// Writes the host's folder and starts its server; on failure the caller removes both.
+    pub(super) async fn start(
+        &self,
+        dir: &Path,
+        record: &Record,
+        server: &ExitServer,
+        child: &mut Option<tokio::process::Child>,
+    ) -> Result<(), HostError> {
+        std::fs::create_dir_all(dir).map_err(|e| unavailable(format!("cannot create {}: {e}", dir.display())))?;
+        self.write_config(dir, server, record.address)?;
+        let json = serde_json::to_vec_pretty(record).map_err(|e| unavailable(e.to_string()))?;
+        std::fs::write(dir.join("host.json"), json).map_err(|e| unavailable(format!("host.json: {e}")))?;
+        let process = child.insert(self.spawn(dir)?);
+        let pid = process.id().ok_or_else(|| unavailable("the exit server exited at once".into()))?;
+        std::fs::write(dir.join("pid"), pid.to_string()).map_err(|e| unavailable(format!("pid file: {e}")))?;
+
+        // Ready means: the control port answers (a client dialing at once must not fail) and the
+        // config watcher runs (a reconfigure right after create must not be missed).
+        let deadline = tokio::time::Instant::now() + self.settings.start_timeout;
+        let control = (record.address, server.control_port);
+        let mut listening = false;
+        loop {
+            listening = listening || tokio::net::TcpStream::connect(control).await.is_ok();
+            let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
+            if listening && log.contains(WATCHING) {
+                return Ok(());
+            }
+            let exited = process.try_wait().ok().flatten();
+            if exited.is_some() || tokio::time::Instant::now() > deadline {
+                let why = match exited {
+                    Some(status) => format!("exited ({status})"),
+                    None if listening => "did not start watching its config (built without hot-reload?)".to_string(),
+                    None => format!("did not listen on {}:{}", control.0, control.1),
+                };
+                return Err(unavailable(format!("exit server {why}: {}", last_line(&log, server))));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+pub(super) fn render(server: &ExitServer, address: Ipv4Addr) -> Result<String, HostError> {
+    render_server_toml_on(server, &address.to_string())
+        .map_err(|e| HostError::Invalid { provider: PROVIDER, message: e.to_string() })
+}
+
+/// The log's last line for an error message, unless it quotes one of the server's secrets
+/// (rathole's config errors may quote the offending TOML line).
+fn last_line(log: &str, server: &ExitServer) -> String {
+    let line = log.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no output");
+    let secrets = server.services.iter().map(|s| s.token.as_str()).chain([server.noise_private_key.as_str()]);
+    if secrets.filter(|s| !s.is_empty()).any(|s| line.contains(s)) {
+        return "<log line withheld: it contains a secret>".into();
+    }
+    line.to_string()
+}
+
+/// Whether process `pid` exists and has not exited (a zombie awaiting its reaper has).
+pub(super) fn running(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // The state is the field after the parenthesised command name; Z = exited, not yet reaped.
+    !stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z'))
+}
+
+/// Signals the process group led by `pid`; a group that is already gone is not an error.
+pub(super) fn signal_group(pid: i32, signal: Signal) -> Result<(), HostError> {
+    match killpg(Pid::from_raw(pid), signal) {
+        Ok(()) | Err(nix::errno::Errno::ESRCH) => Ok(()),
+        Err(e) => Err(unavailable(format!("cannot send {signal} to exit server process group {pid}: {e}"))),
+    }
+}
+
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    f.write_all(text.as_bytes())
+}

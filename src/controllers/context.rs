@@ -1,0 +1,134 @@
+//! The state every controller carries, and what each does the same way: Events, the scoped
+//! `Api`, logging a reconcile's result, retrying failures with backoff.
+
+use std::ops::Deref;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::Api;
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Client, Resource, ResourceExt};
+use tracing::warn;
+
+use super::backoff::Backoff;
+use super::memory::OwnWrites;
+use super::{ApiWrites, CONTROLLER_NAME, object_key};
+use crate::error::Error;
+use crate::metrics::ReconcileMetrics;
+
+/// Longest Event note: Events are capped at 1 kB, and cloud error messages can be long.
+const NOTE_MAX_CHARS: usize = 1000;
+
+/// A controller's context: what all controllers share, plus `S`, what is this controller's own
+/// (reached through `Deref`), and the memory of its own writes, holding `M` per object.
+pub struct Context<S, M = ()> {
+    pub client: Client,
+    recorder: Recorder,
+    /// Per-object error backoff.
+    pub backoff: Backoff,
+    /// Writes made to the API server (finalizers, status, owned objects, Events).
+    pub api_writes: ApiWrites,
+    /// Reconcile counts, failures by reason and durations, for `/metrics`.
+    pub metrics: Arc<ReconcileMetrics>,
+    /// What this controller last wrote per object ([`OwnWrites`]).
+    pub written: OwnWrites<M>,
+    state: S,
+}
+
+impl<S, M> Deref for Context<S, M> {
+    type Target = S;
+    fn deref(&self) -> &S {
+        &self.state
+    }
+}
+
+impl<S, M> Context<S, M> {
+    pub fn new(client: Client, backoff: Backoff, state: S) -> Self {
+        let reporter = Reporter { controller: CONTROLLER_NAME.into(), instance: std::env::var("POD_NAME").ok() };
+        Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            backoff,
+            api_writes: ApiWrites::default(),
+            metrics: Arc::default(),
+            written: OwnWrites::default(),
+            state,
+        }
+    }
+
+    /// Publishes an Event on `obj`.
+    pub async fn publish<K: Resource<DynamicType = ()>>(&self, obj: &K, type_: EventType, reason: &str, note: String) {
+        self.publish_on(&obj.object_ref(&()), type_, reason, note).await
+    }
+
+    /// Publishes an Event on the object `reference` names. A failure is logged, never returned:
+    /// an Event is worth less than the reconcile it reports on.
+    pub async fn publish_on(&self, reference: &ObjectReference, type_: EventType, reason: &str, note: String) {
+        self.api_writes.inc();
+        let event = Event {
+            type_,
+            reason: reason.to_string(),
+            note: Some(note.chars().take(NOTE_MAX_CHARS).collect()),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, reference).await {
+            warn!(error = %e, "could not publish event");
+        }
+    }
+}
+
+/// `K`s in `namespace`, or in all namespaces.
+pub fn scoped_api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// The namespace of a namespaced object, which every object these controllers reconcile is.
+pub fn namespace_of<K: Resource>(obj: &K) -> crate::Result<String> {
+    obj.namespace().ok_or(Error::MissingObjectKey("namespace"))
+}
+
+/// `T`s in the namespace of `obj`.
+pub fn api_beside<T, K>(client: &Client, obj: &K) -> crate::Result<Api<T>>
+where
+    T: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>,
+    K: Resource,
+{
+    Ok(Api::namespaced(client.clone(), &namespace_of(obj)?))
+}
+
+/// The entry point every controller hands to kube-runtime: `inner` for `obj`, inside a span
+/// naming the object (kind, namespace, name), its duration and failure reason recorded.
+pub async fn reconcile_with<K, S, M, F, Fut>(obj: Arc<K>, ctx: Arc<Context<S, M>>, inner: F) -> crate::Result<Action>
+where
+    K: Resource<DynamicType = ()>,
+    F: FnOnce(Arc<K>, Arc<Context<S, M>>) -> Fut,
+    Fut: std::future::Future<Output = crate::Result<Action>>,
+{
+    let metrics = ctx.metrics.clone();
+    let kind = K::kind(&());
+    super::instrumented(&kind, &*obj.clone(), &metrics, inner(obj, ctx)).await
+}
+
+/// Transient failures: retry after the cloud's Retry-After if it gave one, else the object's own
+/// exponential backoff; failures that heal slowly (refused credentials) no faster than the
+/// backoff's slow floor. This is where every failed reconcile is logged (once).
+pub fn error_policy<K, S, M>(obj: Arc<K>, error: &Error, ctx: Arc<Context<S, M>>) -> Action
+where
+    K: Resource<DynamicType = ()>,
+{
+    let backoff = ctx.backoff.next_delay(&object_key(&*obj));
+    let mut delay = error.retry_after().map_or(backoff, |d| d.max(backoff));
+    if error.heals_slowly() {
+        delay = ctx.backoff.slow(delay);
+    }
+    warn!(kind = %K::kind(&()), namespace = %obj.namespace().unwrap_or_default(), name = %obj.name_any(), reason = error.reason(), error = %error, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}

@@ -1,0 +1,86 @@
+//! Deleting a Queue: the SQS queue goes too (unless kept, see [`deletion_policy`]), then the
+//! finalizer.
+
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use tracing::info;
+
+use super::{Context, FINALIZER, observe};
+use crate::controllers::{has_finalizer, object_key, remove_finalizer};
+use crate::crd::queue::{DeletionPolicy, ManagementPolicy, Queue};
+use crate::error::Result;
+
+/// What deleting this Queue does to its SQS queue: Observe never deletes; an explicit
+/// deletionPolicy wins; unset means Delete for a queue skyport created and Retain for an adopted
+/// one.
+pub fn deletion_policy(queue: &Queue) -> DeletionPolicy {
+    if queue.spec.management_policy == ManagementPolicy::Observe {
+        return DeletionPolicy::Retain;
+    }
+    let adopted = queue.status.as_ref().is_some_and(|s| s.adopted);
+    queue.spec.deletion_policy.unwrap_or(if adopted { DeletionPolicy::Retain } else { DeletionPolicy::Delete })
+}
+
+/// Deletes the SQS queue (unless kept, see [`deletion_policy`]) and releases the finalizer.
+/// Needs no valid spec. Deletes only a queue whose owner tag names this Queue at this moment.
+pub async fn cleanup(queue: &Queue, api: &Api<Queue>, ctx: &Context) -> Result<Action> {
+    if !has_finalizer(queue, FINALIZER) {
+        return Ok(Action::await_change());
+    }
+    let url = queue.status.as_ref().and_then(|s| s.queue_url.clone()).unwrap_or_default();
+    match deletion_policy(queue) {
+        // In the account the queue was created in, whatever its AwsAccount says now.
+        DeletionPolicy::Delete => match observe::owned_queue_url(queue, sqs_of(queue, ctx).await.as_ref()).await? {
+            Some(url) => {
+                sqs_of(queue, ctx).await.delete_queue(&url).await?;
+                info!(url, "deleted SQS queue");
+                ctx.publish(queue, EventType::Normal, "Deleted", format!("deleted SQS queue {url}")).await;
+            }
+            None if !url.is_empty() => {
+                info!(url, "SQS queue not deleted: it is gone or its owner tag names someone else");
+                let note = format!("SQS queue {url} left alone: it no longer exists or belongs to someone else");
+                ctx.publish(queue, EventType::Normal, "NotOwned", note).await;
+            }
+            None => {}
+        },
+        DeletionPolicy::Retain => {
+            info!(url, "SQS queue kept");
+            let note = format!("SQS queue {url} kept (deletionPolicy Retain, adopted or observe-only)");
+            ctx.publish(queue, EventType::Normal, "Retained", note).await;
+        }
+    }
+    ctx.api_writes.inc();
+    remove_finalizer(api, queue, FINALIZER).await?;
+    let key = object_key(queue);
+    ctx.backoff.reset(&key);
+    if let Some(uid) = queue.uid() {
+        ctx.verified.lock().unwrap_or_else(|p| p.into_inner()).remove(&uid);
+    }
+    ctx.written.forget(&key);
+    ctx.reported.forget(&key);
+    Ok(Action::await_change())
+}
+
+async fn sqs_of(queue: &Queue, ctx: &Context) -> std::sync::Arc<dyn providers::QueueBackend> {
+    ctx.accounts.for_cleanup(queue, &ctx.sqs).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::queue::{QueueSpec, QueueStatus};
+
+    #[test]
+    fn adopted_queues_are_kept_unless_delete_is_explicit_and_observed_ones_always() {
+        let mut q = Queue::new("q", QueueSpec::default());
+        assert_eq!(deletion_policy(&q), DeletionPolicy::Delete);
+        q.status = Some(QueueStatus { adopted: true, ..Default::default() });
+        assert_eq!(deletion_policy(&q), DeletionPolicy::Retain);
+        q.spec.deletion_policy = Some(DeletionPolicy::Delete);
+        assert_eq!(deletion_policy(&q), DeletionPolicy::Delete);
+        q.spec.management_policy = ManagementPolicy::Observe;
+        assert_eq!(deletion_policy(&q), DeletionPolicy::Retain);
+    }
+}

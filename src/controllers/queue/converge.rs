@@ -1,0 +1,135 @@
+//! One pass against SQS: observe, plan and act, in the order ownership needs. A Queue never
+//! seen in SQS creates first; any other write is preceded by a fresh read of the owner tag.
+
+use std::time::Instant;
+
+use kube::ResourceExt;
+use providers::QueueBackend;
+use tracing::debug;
+
+use super::plan::{Observed, Outcome, Plan, Ready, Step};
+use super::{Context, act, desired, observe, plan};
+use crate::controllers::context::namespace_of;
+use crate::controllers::jittered;
+use crate::crd::queue::{ManagementPolicy, Queue, QueueStatus};
+use crate::error::{Error, Result};
+
+/// Observe, plan and act against SQS.
+pub async fn converge(queue: &Queue, ctx: &Context, sqs: &dyn QueueBackend) -> Result<Outcome> {
+    let ns = namespace_of(queue)?;
+    let uid = queue.uid().ok_or(Error::MissingObjectKey("uid"))?;
+    let status = queue.status.as_ref();
+    let recorded_name = status.and_then(|s| s.queue_name.as_deref());
+    let owner = desired::Owner { namespace: &ns, name: &queue.name_any(), uid: &uid, recorded_name };
+    if let Some(problem) = queue.spec.problem() {
+        return Ok(Outcome::Wait { reason: "InvalidSpec", message: problem, retry: None });
+    }
+    let dead_letter_arn = match observe::dead_letter_arn(queue, &ctx.queues) {
+        Ok(arn) => arn,
+        Err(wait) => return Ok(wait.into_outcome(ctx.settings.resync)),
+    };
+    let desired = desired::desired(&queue.spec, &owner, dead_letter_arn.as_deref());
+    if queue.spec.management_policy == ManagementPolicy::Observe {
+        return observe_only(queue, &desired, ctx, sqs).await;
+    }
+    let adopted = status.is_some_and(|s| s.adopted);
+    let intent = plan::Intent {
+        fifo: queue.spec.fifo,
+        uid: &uid,
+        adopt: queue.spec.adopt,
+        adopted,
+        recheck: jittered(ctx.settings.resync),
+    };
+    let verified = ctx.verified.lock().unwrap_or_else(|p| p.into_inner()).get(&uid).cloned();
+    let tags_due = verified
+        .as_ref()
+        .is_none_or(|v| v.generation != queue.metadata.generation || v.at.elapsed() >= ctx.settings.tag_resync);
+    // A Queue never seen in SQS creates first (CreateQueue with its owner tag, then one
+    // ListQueueTags proves the queue is ours) instead of looking the name up first.
+    let known_foreign = |s: &QueueStatus| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && ["AlreadyExists", "OwnedByAnotherQueue"].contains(&c.reason.as_str()))
+    };
+    let first_look = status.is_none_or(|s| s.queue_url.is_none() && !known_foreign(s)) && !queue.spec.adopt;
+    let mut observed = if first_look {
+        Observed::Absent
+    } else {
+        observe::observe(queue, &desired, sqs, &ctx.client, verified.as_ref(), tags_due).await?
+    };
+    let mut tags_read = matches!(&observed, Observed::Present(e) if e.tags.is_some());
+    let mut plan = plan::plan(&desired, &intent, &observed);
+    for _ in 0..2 {
+        if plan == Plan::NeedTags {
+            observed = observe::observe(queue, &desired, sqs, &ctx.client, None, true).await?;
+            tags_read = true;
+            plan = plan::plan(&desired, &intent, &observed);
+        }
+        debug!(?plan, "planned");
+        match act::apply(queue, &desired, &observed, plan.clone(), adopted, ctx, sqs).await? {
+            act::Applied::Done(outcome) => {
+                if let Outcome::Ready(ready) = &outcome {
+                    remember(ctx, &uid, queue.metadata.generation, ready, tags_read || plan_created(&plan), verified);
+                }
+                return Ok(outcome);
+            }
+            // CreateQueue met an existing queue that is not ours: look at it like any other.
+            act::Applied::NotOurs => plan = Plan::NeedTags,
+        }
+    }
+    Err(Error::Queue(providers::QueueError::Unavailable(format!(
+        "the SQS queue {:?} appeared and disappeared while it was being created; retrying",
+        desired.name
+    ))))
+}
+
+fn plan_created(plan: &Plan) -> bool {
+    matches!(plan, Plan::Apply { steps, .. } if steps.iter().any(|s| matches!(s, Step::Create { .. })))
+}
+
+/// Records that `ready` is ours: proven now when `proven`, else as proven before.
+fn remember(
+    ctx: &Context,
+    uid: &str,
+    generation: Option<i64>,
+    ready: &Ready,
+    proven: bool,
+    before: Option<observe::Verified>,
+) {
+    let at = match before {
+        Some(v) if !proven => v.at,
+        _ => Instant::now(),
+    };
+    let entry = observe::Verified { url: ready.url.clone(), created: ready.created.clone(), at, generation };
+    ctx.verified.lock().unwrap_or_else(|p| p.into_inner()).insert(uid.to_string(), entry);
+}
+
+/// managementPolicy Observe: publish an existing queue, never write to SQS.
+async fn observe_only(
+    queue: &Queue,
+    desired: &desired::Desired,
+    ctx: &Context,
+    sqs: &dyn QueueBackend,
+) -> Result<Outcome> {
+    match observe::observe_only(queue, desired, sqs).await? {
+        Some((url, attributes)) => {
+            let arn = attributes.get("QueueArn").cloned().unwrap_or_default();
+            Ok(Outcome::Ready(Ready {
+                url,
+                arn,
+                name: desired.name.clone(),
+                adopted: false,
+                created: attributes.get("CreatedTimestamp").cloned(),
+                events: Vec::new(),
+            }))
+        }
+        None => Ok(Outcome::Wait {
+            reason: "NotFound",
+            message: format!(
+                "managementPolicy Observe: no SQS queue named {:?} exists; skyport does not create it (looking again every resync)",
+                desired.name
+            ),
+            retry: Some(jittered(ctx.settings.resync)),
+        }),
+    }
+}

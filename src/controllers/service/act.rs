@@ -1,0 +1,45 @@
+//! Writes: creating and deleting the Service's Tunnel, with an Event on the Service.
+
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+use tracing::info;
+
+use super::Context;
+use super::desired::tunnel_for;
+use crate::crd::tunnel::Tunnel;
+use crate::error::Result;
+
+/// Creates the Tunnel for `service`. One created meanwhile (the cache lags our own writes) is fine.
+pub async fn create(service: &Service, api: &Api<Tunnel>, ctx: &Context) -> Result<()> {
+    let tunnel = tunnel_for(service)?;
+    let name = tunnel.name_any();
+    ctx.api_writes.inc();
+    match api.create(&PostParams::default(), &tunnel).await {
+        Ok(_) => {
+            info!(tunnel = %name, "created Tunnel for LoadBalancer Service");
+            ctx.publish(service, EventType::Normal, "TunnelCreated", format!("created Tunnel {name}")).await;
+            Ok(())
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Deletes the Tunnel `name` (its finalizer deletes the exit server). An Event tells why,
+/// unless the Service itself is going.
+pub async fn delete(service: &Service, name: &str, why: &str, api: &Api<Tunnel>, ctx: &Context) -> Result<()> {
+    info!(tunnel = %name, why, "Service no longer served; deleting its Tunnel");
+    ctx.api_writes.inc();
+    match api.delete(name, &DeleteParams::foreground()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => return Err(e.into()),
+    }
+    if service.meta().deletion_timestamp.is_none() {
+        let note = format!("deleted Tunnel {name}: {why}");
+        ctx.publish(service, EventType::Normal, "TunnelDeleted", note).await;
+    }
+    Ok(())
+}

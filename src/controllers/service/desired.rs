@@ -1,0 +1,123 @@
+//! Which Services skyport serves, and the Tunnel it makes for one: pure.
+
+use k8s_openapi::api::core::v1::Service;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use crate::config::TunnelArgs;
+use crate::controllers::MANAGED_BY;
+use crate::crd::tunnel::Tunnel;
+use crate::error::{Error, Result};
+
+/// The loadBalancerClass skyport implements.
+pub const LOAD_BALANCER_CLASS: &str = "skyport.dev/tunnel";
+/// Opt-out (`"false"`) / opt-in (`"true"`, required with `--annotated-only`) annotation.
+pub const ANNOTATION: &str = "skyport.dev/tunnel";
+pub const ANNOTATION_PROVIDER: &str = "skyport.dev/provider";
+pub const ANNOTATION_REGION: &str = "skyport.dev/region";
+pub const ANNOTATION_SIZE: &str = "skyport.dev/size";
+
+/// Whether skyport serves `service`, with the reason when it does not (for logs).
+pub fn served(service: &Service, settings: &TunnelArgs) -> Result<(), &'static str> {
+    let spec = service.spec.as_ref().ok_or("no spec")?;
+    if spec.type_.as_deref() != Some("LoadBalancer") {
+        return Err("not of type LoadBalancer");
+    }
+    let annotation = service.annotations().get(ANNOTATION).map(String::as_str);
+    if annotation == Some("false") {
+        return Err("annotated skyport.dev/tunnel: \"false\"");
+    }
+    if settings.annotated_only && annotation != Some("true") {
+        return Err("not annotated skyport.dev/tunnel: \"true\" (skyport runs with --annotated-only)");
+    }
+    match spec.load_balancer_class.as_deref() {
+        Some(LOAD_BALANCER_CLASS) => Ok(()),
+        Some(_) => Err("another loadBalancerClass"),
+        None if settings.default_load_balancer => Ok(()),
+        None => Err("no loadBalancerClass and skyport is not the default load balancer"),
+    }
+}
+
+/// The Tunnel skyport makes for a Service.
+pub fn tunnel_name(service: &Service) -> String {
+    format!("{}-tunnel", service.name_any())
+}
+
+/// The Tunnel for `service`: owned by it, spec from its annotations.
+pub fn tunnel_for(service: &Service) -> Result<Tunnel> {
+    let owner = service.controller_owner_ref(&()).ok_or(Error::MissingObjectKey("uid"))?;
+    let annotation = |k: &str| service.annotations().get(k).cloned();
+    let value = json!({
+        "apiVersion": "skyport.dev/v1alpha1",
+        "kind": "Tunnel",
+        "metadata": {
+            "name": tunnel_name(service),
+            "labels": {MANAGED_BY.0: MANAGED_BY.1},
+            "ownerReferences": [owner],
+        },
+        "spec": {
+            "serviceRef": {"name": service.name_any()},
+            "provider": annotation(ANNOTATION_PROVIDER),
+            "region": annotation(ANNOTATION_REGION),
+            "size": annotation(ANNOTATION_SIZE),
+        },
+    });
+    let mut tunnel: Tunnel = serde_json::from_value(value).map_err(|e| Error::InvalidSpec(e.to_string()))?;
+    tunnel.spec.provider = tunnel.spec.provider.filter(|s| !s.is_empty());
+    tunnel.spec.region = tunnel.spec.region.filter(|s| !s.is_empty());
+    tunnel.spec.size = tunnel.spec.size.filter(|s| !s.is_empty());
+    Ok(tunnel)
+}
+
+/// Whether `service` is the controller owner of `tunnel`.
+pub fn owned_by(tunnel: &Tunnel, service: &Service) -> bool {
+    let uid = service.meta().uid.as_deref();
+    tunnel.owner_references().iter().any(|r| r.controller == Some(true) && Some(r.uid.as_str()) == uid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service(type_: &str, class: Option<&str>, annotation: Option<&str>) -> Service {
+        let mut annotations = serde_json::Map::new();
+        if let Some(a) = annotation {
+            annotations.insert(ANNOTATION.into(), a.into());
+        }
+        annotations.insert(ANNOTATION_PROVIDER.into(), "local".into());
+        serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "a", "uid": "u1", "annotations": annotations},
+            "spec": {"type": type_, "loadBalancerClass": class, "ports": [{"port": 80}]},
+        }))
+        .unwrap()
+    }
+
+    fn settings(default_lb: bool, annotated_only: bool) -> TunnelArgs {
+        TunnelArgs { default_load_balancer: default_lb, annotated_only, ..Default::default() }
+    }
+
+    #[test]
+    fn class_default_and_annotations_decide_which_services_are_served() {
+        let class = Some(LOAD_BALANCER_CLASS);
+        assert!(served(&service("LoadBalancer", class, None), &settings(false, false)).is_ok());
+        assert!(served(&service("ClusterIP", class, None), &settings(true, false)).is_err());
+        assert!(served(&service("LoadBalancer", None, None), &settings(false, false)).is_err());
+        assert!(served(&service("LoadBalancer", None, None), &settings(true, false)).is_ok());
+        assert!(served(&service("LoadBalancer", Some("other.io/lb"), None), &settings(true, false)).is_err());
+        assert!(served(&service("LoadBalancer", class, Some("false")), &settings(false, false)).is_err());
+        assert!(served(&service("LoadBalancer", class, None), &settings(false, true)).is_err());
+        assert!(served(&service("LoadBalancer", class, Some("true")), &settings(false, true)).is_ok());
+        assert!(served(&service("LoadBalancer", None, Some("true")), &settings(false, true)).is_err());
+    }
+
+    #[test]
+    fn the_tunnel_is_owned_by_the_service_and_takes_its_annotations() {
+        let svc = service("LoadBalancer", Some(LOAD_BALANCER_CLASS), None);
+        let t = tunnel_for(&svc).unwrap();
+        assert_eq!(t.name_any(), "web-tunnel");
+        assert_eq!(t.spec.service_ref.name, "web");
+        assert_eq!(t.spec.provider.as_deref(), Some("local"));
+        assert_eq!(t.spec.region, None);
+        assert!(owned_by(&t, &svc));
+    }
+}

@@ -1,0 +1,112 @@
+//! The Service reconcile against an in-process fake of the Kubernetes API: the Tunnel created,
+//! left alone, or deleted, with Events, and the failure branches.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::Method;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::watcher;
+use serde_json::json;
+
+use super::*;
+use crate::controllers::testing::{FakeApi, ready_store};
+
+const TUNNEL: &str = "/apis/skyport.dev/v1alpha1/namespaces/ns/tunnels/web-tunnel";
+
+struct Harness {
+    ctx: Arc<Context>,
+    api: FakeApi,
+    tunnels: Writer<Tunnel>,
+}
+
+fn harness() -> Harness {
+    let (client, api) = FakeApi::start();
+    let (reader, tunnels) = ready_store();
+    let settings = TunnelArgs { default_load_balancer: true, ..Default::default() };
+    let backoff = Backoff::new(settings.service_backoff_min, settings.service_backoff_max);
+    let ctx = Arc::new(Context::new(client, backoff, State { settings, tunnels: reader }));
+    Harness { ctx, api, tunnels }
+}
+
+fn service(type_: &str) -> Arc<Service> {
+    Arc::new(
+        serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "web", "namespace": "ns", "uid": "svc-uid", "annotations": {ANNOTATION_REGION: "fra1"}},
+            "spec": {"type": type_, "ports": [{"port": 80}]},
+        }))
+        .unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn a_served_service_gets_its_tunnel_and_an_event() {
+    let h = harness();
+    assert_eq!(reconcile(service("LoadBalancer"), h.ctx.clone()).await.unwrap(), Action::await_change());
+    let tunnel = h.api.get(TUNNEL).expect("Tunnel created");
+    assert_eq!(tunnel["spec"]["region"], json!("fra1"));
+    assert_eq!(tunnel["metadata"]["ownerReferences"][0]["uid"], json!("svc-uid"));
+    assert_eq!(h.api.event_reasons(), ["TunnelCreated"]);
+    assert_eq!(h.ctx.api_writes.get(), 2);
+}
+
+#[tokio::test]
+async fn a_tunnel_created_meanwhile_is_fine_and_makes_no_event() {
+    let h = harness();
+    h.api.put(TUNNEL, json!({"metadata": {"name": "web-tunnel"}}));
+    reconcile(service("LoadBalancer"), h.ctx.clone()).await.unwrap();
+    assert!(h.api.event_reasons().is_empty());
+}
+
+#[tokio::test]
+async fn a_failed_create_is_an_error_to_retry_with_the_fixed_delay() {
+    let h = harness();
+    h.api.fail(Method::POST, "/tunnels", 500, 1);
+    let svc = service("LoadBalancer");
+    let err = reconcile(svc.clone(), h.ctx.clone()).await.unwrap_err();
+    assert_eq!(err.reason(), "KubernetesApiError");
+    assert!(h.api.event_reasons().is_empty());
+    for _ in 0..3 {
+        assert_eq!(error_policy(svc.clone(), &err, h.ctx.clone()), Action::requeue(Duration::from_secs(5)));
+    }
+}
+
+/// The Tunnel skyport made for the Service, in the cache.
+fn owned_tunnel(h: &mut Harness) {
+    let mut tunnel = tunnel_for(&service("LoadBalancer")).unwrap();
+    tunnel.metadata.namespace = Some("ns".into());
+    h.api.put(TUNNEL, serde_json::to_value(&tunnel).unwrap());
+    h.tunnels.apply_watcher_event(&watcher::Event::Apply(tunnel));
+}
+
+#[tokio::test]
+async fn a_service_no_longer_served_loses_its_tunnel_with_an_event() {
+    let mut h = harness();
+    owned_tunnel(&mut h);
+    assert_eq!(reconcile(service("ClusterIP"), h.ctx.clone()).await.unwrap(), Action::await_change());
+    assert!(h.api.get(TUNNEL).is_none());
+    assert_eq!(h.api.event_reasons(), ["TunnelDeleted"]);
+}
+
+#[tokio::test]
+async fn a_tunnel_already_gone_counts_as_deleted_and_a_failed_delete_is_retried() {
+    let mut h = harness();
+    owned_tunnel(&mut h);
+    h.api.fail(Method::DELETE, "/tunnels/web-tunnel", 404, 1);
+    reconcile(service("ClusterIP"), h.ctx.clone()).await.unwrap();
+    h.api.fail(Method::DELETE, "/tunnels/web-tunnel", 500, 1);
+    let err = reconcile(service("ClusterIP"), h.ctx.clone()).await.unwrap_err();
+    assert_eq!(err.reason(), "KubernetesApiError");
+    assert_eq!(h.api.event_reasons(), ["TunnelDeleted"], "no Event for the failed delete");
+}
+
+#[tokio::test]
+async fn a_served_service_with_its_tunnel_costs_nothing() {
+    let mut h = harness();
+    owned_tunnel(&mut h);
+    reconcile(service("LoadBalancer"), h.ctx.clone()).await.unwrap();
+    assert!(h.api.writes().is_empty());
+}

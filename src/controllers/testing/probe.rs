@@ -1,0 +1,40 @@
+//! A tunnel health check that answers as told, recording what it was asked.
+
+use std::sync::Mutex;
+
+use crate::controllers::tunnel::observe::Probe;
+
+/// Answers every check with the current answer ([`FakeProbe::answer`]); records `ip:port`.
+pub struct FakeProbe {
+    answered: Mutex<bool>,
+    checked: Mutex<Vec<String>>,
+}
+
+impl FakeProbe {
+    /// A probe whose checks pass (`true`) or fail as a refused connection would (`false`).
+    pub fn answering(answered: bool) -> Self {
+        FakeProbe { answered: Mutex::new(answered), checked: Mutex::default() }
+    }
+
+    pub fn answer(&self, answered: bool) {
+        *self.answered.lock().unwrap() = answered;
+    }
+
+    /// Every `ip:port` checked, in order.
+    pub fn checked(&self) -> Vec<String> {
+        self.checked.lock().unwrap().clone()
+    }
+}
+
+#[async_trait::async_trait]
+impl Probe for FakeProbe {
+    async fn check(&self, host_ip: &str, port: u16, token: &str) -> Result<(), String> {
+        assert!(!token.is_empty(), "the probe is given the tunnel's token");
+        self.checked.lock().unwrap().push(format!("{host_ip}:{port}"));
+        if *self.answered.lock().unwrap() {
+            Ok(())
+        } else {
+            Err(format!("cannot connect to {host_ip}:{port}: Connection refused (fake)"))
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! Writes: the credentials Secret, the client Deployment, the Service's load-balancer status;
+//! [`host`]: the exit server.
+//! Each is written only when it differs from what exists, so an Active Tunnel costs no writes.
+
+pub mod host;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Secret, Service};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use super::Context;
+use super::desired::{self, CHECKSUM_ANNOTATION, Credentials, KEY_CLIENT};
+use crate::controllers::FIELD_MANAGER;
+use crate::crd::tunnel::Tunnel;
+use crate::error::{Error, Result};
+
+/// Creates the Secret with fresh credentials. A Secret that appeared meanwhile (another run)
+/// wins: its credentials are read back, so both runs agree.
+pub async fn create_secret(tunnel: &Tunnel, secrets: &Api<Secret>, ctx: &Context) -> Result<Option<Credentials>> {
+    let credentials = Credentials::generate();
+    let secret = desired::secret(tunnel, &credentials)?;
+    ctx.api_writes.inc();
+    match secrets.create(&PostParams::default(), &secret).await {
+        Ok(_) => Ok(Some(credentials)),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Writes `client_toml` into the Secret (only that key, by server-side apply). The apply carries
+/// the Secret's labels and owner too: if the Secret was deleted since it was read, the apply
+/// creates it, and a Secret without them would be refused by the admission policy (it lets
+/// skyport write only labelled objects) and never garbage-collected.
+pub async fn write_client_config(
+    tunnel: &Tunnel,
+    secrets: &Api<Secret>,
+    client_toml: &str,
+    ctx: &Context,
+) -> Result<()> {
+    let owner = tunnel.controller_owner_ref(&()).ok_or(Error::MissingObjectKey("uid"))?;
+    let patch = json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": desired::secret_name(tunnel),
+            "labels": desired::managed_labels(tunnel),
+            "ownerReferences": [owner],
+        },
+        "stringData": {KEY_CLIENT: client_toml},
+    });
+    ctx.api_writes.inc();
+    secrets
+        .patch(&desired::secret_name(tunnel), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
+        .await?;
+    Ok(())
+}
+
+/// Applies the client Deployment unless the existing one already runs `image` with `checksum`.
+pub async fn ensure_deployment(tunnel: &Tunnel, ns: &str, image: &str, checksum: &str, ctx: &Context) -> Result<()> {
+    let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
+    let name = desired::deployment_name(tunnel);
+    if let Some(current) = api.get_opt(&name).await? {
+        let template = current.spec.as_ref().map(|s| &s.template);
+        let sum = template
+            .and_then(|t| t.metadata.as_ref())
+            .and_then(|m| m.annotations.as_ref())
+            .and_then(|a| a.get(CHECKSUM_ANNOTATION));
+        let current_image =
+            template.and_then(|t| t.spec.as_ref()).and_then(|s| s.containers.first()).and_then(|c| c.image.as_deref());
+        let ours = current.owner_references().iter().any(|r| Some(&r.uid) == tunnel.meta().uid.as_ref());
+        if ours && sum.map(String::as_str) == Some(checksum) && current_image == Some(image) {
+            return Ok(());
+        }
+    }
+    ctx.api_writes.inc();
+    let want = desired::deployment(tunnel, image, checksum)?;
+    api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&want)).await?;
+    Ok(())
+}
+
+/// Sets (or with `None` clears) the Service's `status.loadBalancer.ingress`, when it differs.
+pub async fn set_ingress(service: &Service, ingress: Option<serde_json::Value>, ctx: &Context) -> Result<()> {
+    let ns = service.namespace().ok_or(Error::MissingObjectKey("namespace"))?;
+    let want = ingress.unwrap_or_else(|| json!([]));
+    let empty = want.as_array().is_some_and(Vec::is_empty);
+    let has_any = service
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .is_some_and(|i| !i.is_empty());
+    if desired::ingress_matches(service, &want) || (empty && !has_any) {
+        return Ok(());
+    }
+    ctx.api_writes.inc();
+    let api: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
+    // A merge patch replaces the ingress list as a whole; only this field is ours.
+    let patch = json!({"status": {"loadBalancer": {"ingress": want}}});
+    api.patch_status(&service.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    Ok(())
+}
+
+/// Clears the Service's ingress before a host is deleted, whatever the cache shows: the cache
+/// often has not seen skyport's own last publish yet, and a released address must never stay
+/// advertised. One write per host deletion; a Service already gone has nothing to clear.
+pub async fn unpublish_before_delete(service: &Service, ctx: &Context) -> Result<()> {
+    let ns = service.namespace().ok_or(Error::MissingObjectKey("namespace"))?;
+    ctx.api_writes.inc();
+    let api: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
+    let patch = json!({"status": {"loadBalancer": {"ingress": []}}});
+    match api.patch_status(&service.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        other => other.map(|_| ()).map_err(Into::into),
+    }
+}

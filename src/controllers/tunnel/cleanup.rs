@@ -1,0 +1,84 @@
+//! Deleting a Tunnel: its exit servers go, the Service's ingress is cleared, then the finalizer.
+
+use std::time::Duration;
+
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use tracing::info;
+
+use super::plan::{Blocked, provider_for};
+use super::status::{Writer, not_ready};
+use super::{Context, FINALIZER, act, desired};
+use crate::controllers::{has_finalizer, object_key, remove_finalizer};
+use crate::crd::tunnel::{Tunnel, TunnelPhase};
+use crate::error::{Error, Result};
+
+/// Deletes the exit server (the recorded one and any other carrying the Tunnel's UID), clears the
+/// Service's ingress if this Tunnel set it, and releases the finalizer. A host already gone counts
+/// as deleted; a provider that is not configured keeps the finalizer (deleting the Tunnel then
+/// would leak the host), with the reason in status.
+pub async fn cleanup(tunnel: &Tunnel, api: &Api<Tunnel>, ctx: &Context, status: &mut Writer<'_>) -> Result<Action> {
+    if !has_finalizer(tunnel, FINALIZER) {
+        return Ok(Action::await_change());
+    }
+    let uid = tunnel.uid().ok_or(Error::MissingObjectKey("uid"))?;
+    let ns = tunnel.namespace().ok_or(Error::MissingObjectKey("namespace"))?;
+    let recorded_host = status.current().host_id.clone();
+    let provider = match provider_for(tunnel, status.current(), &ctx.providers) {
+        Ok(p) => Some(p),
+        // Never created a host: nothing to delete.
+        Err(_) if recorded_host.is_none() => None,
+        Err(Blocked(_, reason, message)) => {
+            let message = format!("{message}; the exit server cannot be deleted, so the Tunnel is kept");
+            status
+                .write(|s| {
+                    s.phase = Some(TunnelPhase::Deleting);
+                    s.conditions = not_ready(reason, &message);
+                })
+                .await?;
+            return Ok(Action::requeue(Duration::from_secs(60)));
+        }
+    };
+    status
+        .write(|s| {
+            s.phase = Some(TunnelPhase::Deleting);
+            s.conditions = not_ready("Deleting", "deleting the exit server");
+        })
+        .await?;
+    // The address goes off the Service before the host goes: once released, the IP may be
+    // someone else's, and must never be advertised as this Service's.
+    if let Some(service) = ctx.services.get(&ObjectRef::new(&tunnel.spec.service_ref.name).within(&ns))
+        && desired::controls_service_status(tunnel, &service)
+    {
+        act::unpublish_before_delete(&service, ctx).await?;
+    }
+    if let Some(provider) = provider {
+        let mut ids: Vec<String> = recorded_host.into_iter().collect();
+        for host in provider.list_by_tag(providers::hosts::TAG_TUNNEL_UID, &uid).await? {
+            if !ids.contains(&host.id) {
+                ids.push(host.id);
+            }
+        }
+        for id in &ids {
+            provider.delete(id).await?;
+            ctx.failing.forget(id);
+            info!(host = %id, provider = provider.name(), "deleted exit server");
+        }
+        if !ids.is_empty() {
+            let note = format!("deleted exit server {}", ids.join(", "));
+            ctx.publish(tunnel, EventType::Normal, "Deleted", note).await;
+        }
+    }
+    // Conditional on the version our own status write produced, not the one we were handed.
+    let mut current = tunnel.clone();
+    current.metadata.resource_version = status.resource_version();
+    ctx.api_writes.inc();
+    remove_finalizer(api, &current, FINALIZER).await?;
+    let key = object_key(tunnel);
+    ctx.backoff.reset(&key);
+    ctx.written.forget(&key);
+    Ok(Action::await_change())
+}

@@ -1,0 +1,208 @@
+//! Ready means traffic can flow (issue 10 §3), against the fakes: the health check decides Active,
+//! the boot timeout and the replacement, and the Service never advertises an address that is about
+//! to be released.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Service;
+use kube::runtime::controller::Action;
+use kube::runtime::watcher;
+use providers::HostError;
+use serde_json::json;
+
+use super::tests::{Harness, SERVICE, harness, ready};
+use super::*;
+use crate::controllers::testing::provider::NAME;
+use crate::crd::condition::ConditionStatus;
+
+/// Seconds of a requeue (kube's `Action` has no getter; its Debug shows the duration).
+fn requeue_secs(action: &Action) -> f64 {
+    let shown = format!("{action:?}");
+    let inner = shown.split("Some(").nth(1).unwrap_or_else(|| panic!("not a requeue: {shown}"));
+    let duration = inner.trim_end_matches([')', ' ', '}']);
+    let (number, scale) = match duration.strip_suffix("ms") {
+        Some(ms) => (ms, 0.001),
+        None => (duration.strip_suffix('s').unwrap_or_else(|| panic!("{shown}")), 1.0),
+    };
+    number.parse::<f64>().unwrap_or_else(|_| panic!("{shown}")) * scale
+}
+
+/// A health-poll requeue: ~5 s, never a hot loop.
+fn assert_health_poll(action: &Action) {
+    let secs = requeue_secs(action);
+    assert!((4.5..=5.0).contains(&secs), "requeue after {secs}s, expected the ~5 s health poll");
+}
+
+fn ingress(h: &Harness) -> serde_json::Value {
+    h.api.get(SERVICE).unwrap()["status"]["loadBalancer"]["ingress"].clone()
+}
+
+impl Harness {
+    /// The Service cache catches up with the API (as the watch would, eventually).
+    fn sync_service(&mut self) {
+        let svc: Service = serde_json::from_value(self.api.get(SERVICE).unwrap()).unwrap();
+        self.services.apply_watcher_event(&watcher::Event::Apply(svc));
+    }
+
+    fn warnings(&self) -> Vec<(String, String)> {
+        self.api
+            .writes()
+            .into_iter()
+            .filter(|c| c.path.contains("/events") && c.body["type"] == json!("Warning"))
+            .map(|c| {
+                let kind = c.body["regarding"]["kind"].as_str().unwrap_or_default().to_string();
+                (kind, c.body["reason"].as_str().unwrap_or_default().to_string())
+            })
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn a_tunnel_is_not_active_and_not_published_before_the_probe_answers() {
+    let mut h = harness();
+    h.add_service();
+    h.probe.answer(false);
+    let action = h.reconcile(h.new_tunnel()).await.unwrap();
+    assert_health_poll(&action);
+    let t = h.current();
+    assert_eq!(ready(&t), (ConditionStatus::False, "WaitingForTunnel".into()));
+    let status = t.status.clone().unwrap();
+    assert_eq!(status.phase, Some(TunnelPhase::Provisioning));
+    assert_eq!(status.host_ip.as_deref(), Some("203.0.113.1"), "the host is recorded, not published");
+    assert!(crate::controllers::status::ready_condition(&t).unwrap().message.contains("Connection refused"));
+    assert_eq!(ingress(&h), serde_json::Value::Null, "no address before the tunnel is through");
+    assert_eq!(h.probe.checked(), ["203.0.113.1:2334"], "the exit server's health port");
+    assert!(h.api.get("/apis/apps/v1/namespaces/ns/deployments/web-tunnel-client").is_some(), "the client runs");
+
+    h.probe.answer(true);
+    h.reconcile(Arc::new(t)).await.unwrap();
+    assert_eq!(ready(&h.current()), (ConditionStatus::True, "Active".into()));
+    assert_eq!(ingress(&h)[0]["ip"], json!("203.0.113.1"));
+
+    // A tunnel that stops answering loses its address at once.
+    h.sync_service();
+    h.probe.answer(false);
+    assert_health_poll(&h.reconcile(Arc::new(h.current())).await.unwrap());
+    assert_eq!(ready(&h.current()), (ConditionStatus::False, "WaitingForTunnel".into()));
+    assert_eq!(ingress(&h), json!([]));
+    assert!(h.warnings().is_empty(), "within the boot timeout nothing is a warning: {:?}", h.warnings());
+}
+
+#[tokio::test]
+async fn past_the_boot_timeout_the_tunnel_is_not_established_with_one_warning_on_tunnel_and_service() {
+    let mut h = harness();
+    h.add_service();
+    h.probe.answer(false);
+    h.reconcile(h.new_tunnel()).await.unwrap();
+    h.ctx.failing.backdate("h-1", h.ctx.settings.boot_timeout);
+    let action = h.reconcile(Arc::new(h.current())).await.unwrap();
+    assert_health_poll(&action);
+    let t = h.current();
+    assert_eq!(ready(&t), (ConditionStatus::False, "TunnelNotEstablished".into()));
+    let message = crate::controllers::status::ready_condition(&t).unwrap().message.clone();
+    assert!(message.contains("boot timeout 10m") && message.contains("replaced after 15m"), "{message}");
+    assert_eq!(t.status.as_ref().unwrap().phase, Some(TunnelPhase::Provisioning));
+    let expected =
+        [("Tunnel".to_string(), "TunnelNotEstablished".to_string()), ("Service".into(), "TunnelNotEstablished".into())];
+    assert_eq!(h.warnings(), expected);
+    // Probed again, still failing: no new Events, the host is kept, no address.
+    assert_health_poll(&h.reconcile(Arc::new(t)).await.unwrap());
+    assert_eq!(h.warnings(), expected, "the warning is published once");
+    assert_eq!(h.provider.hosts().len(), 1);
+    assert!(!h.provider.calls().contains(&"delete"));
+    assert_eq!(ingress(&h), serde_json::Value::Null);
+}
+
+#[tokio::test]
+async fn past_replace_after_the_host_is_replaced_once_and_the_new_one_gets_a_fresh_clock() {
+    let mut h = harness();
+    h.add_service();
+    h.probe.answer(false);
+    h.reconcile(h.new_tunnel()).await.unwrap();
+    h.ctx.failing.backdate("h-1", h.ctx.settings.replace_after);
+    let action = h.reconcile(Arc::new(h.current())).await.unwrap();
+    assert_eq!(action, Action::requeue(BOOT_POLL));
+    let t = h.current();
+    assert_eq!(ready(&t), (ConditionStatus::False, "Replacing".into()));
+    assert_eq!(t.status.as_ref().unwrap().host_id, None);
+    assert!(h.provider.hosts().is_empty(), "the unhealthy host is deleted");
+    let warned: Vec<_> = h.warnings().into_iter().map(|(kind, _)| kind).collect();
+    assert_eq!(warned, ["Tunnel", "Service"]);
+
+    // The next reconcile makes a new host whose tunnel gets the whole boot timeout again.
+    let action = h.reconcile(Arc::new(t)).await.unwrap();
+    assert_health_poll(&action);
+    let ids: Vec<_> = h.provider.hosts().into_iter().map(|host| host.id).collect();
+    assert_eq!(ids, ["h-2"]);
+    assert_eq!(ready(&h.current()), (ConditionStatus::False, "WaitingForTunnel".into()));
+    assert_health_poll(&h.reconcile(Arc::new(h.current())).await.unwrap());
+    let calls = h.provider.calls();
+    assert_eq!(calls.iter().filter(|c| **c == "create").count(), 2, "{calls:?}");
+    assert_eq!(calls.iter().filter(|c| **c == "delete").count(), 1, "{calls:?}");
+    assert_eq!(h.probe.checked().last().map(String::as_str), Some("203.0.113.2:2334"));
+}
+
+/// The cache has not seen skyport's own publish yet (the usual case right after it): the address
+/// must still be off the Service before the host is deleted. The delete fails here, so what the
+/// Service shows is what it showed while the delete was under way.
+#[tokio::test]
+async fn the_ingress_is_cleared_before_an_unhealthy_host_is_deleted_even_with_a_stale_cache() {
+    let mut h = harness();
+    h.add_service();
+    h.reconcile(h.new_tunnel()).await.unwrap();
+    assert_eq!(ingress(&h)[0]["ip"], json!("203.0.113.1"));
+    h.probe.answer(false);
+    h.ctx.failing.backdate("h-1", h.ctx.settings.replace_after);
+    h.provider.fail_next("delete", HostError::Unavailable { provider: NAME, message: "503".into() });
+    let err = h.reconcile(Arc::new(h.current())).await.unwrap_err();
+    assert_eq!(err.reason(), "ProviderUnavailable");
+    assert_eq!(ingress(&h), json!([]), "the address is off the Service before the delete is tried");
+    assert_eq!(h.provider.hosts().len(), 1);
+}
+
+#[tokio::test]
+async fn the_ingress_is_cleared_before_a_deleted_tunnels_host_goes_even_with_a_stale_cache() {
+    let mut h = harness();
+    h.add_service();
+    h.reconcile(h.new_tunnel()).await.unwrap();
+    let mut t = h.current();
+    t.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
+    let t = h.put_tunnel(&t);
+    h.provider.fail_next("delete", HostError::Unavailable { provider: NAME, message: "503".into() });
+    assert!(h.reconcile(t).await.is_err());
+    assert_eq!(ingress(&h), json!([]));
+    assert_eq!(h.provider.hosts().len(), 1);
+}
+
+#[tokio::test]
+async fn the_ingress_is_cleared_before_a_lost_host_is_replaced_even_with_a_stale_cache() {
+    let mut h = harness();
+    h.add_service();
+    h.reconcile(h.new_tunnel()).await.unwrap();
+    let mut stopped = h.provider.hosts().pop().unwrap();
+    stopped.state = providers::HostState::Stopped;
+    h.provider.insert(stopped);
+    h.provider.fail_next("delete", HostError::Unavailable { provider: NAME, message: "503".into() });
+    assert!(h.reconcile(Arc::new(h.current())).await.is_err());
+    assert_eq!(ingress(&h), json!([]));
+}
+
+#[tokio::test]
+async fn the_health_port_is_refused_as_a_service_port_with_the_reason_on_tunnel_and_service() {
+    let mut h = harness();
+    let mut svc = h.add_service();
+    svc.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].port = 2334;
+    let svc: Service = serde_json::from_value(h.api.put(SERVICE, serde_json::to_value(svc).unwrap())).unwrap();
+    h.services.apply_watcher_event(&watcher::Event::Apply(svc));
+    assert_eq!(h.reconcile(h.new_tunnel()).await.unwrap(), Action::await_change());
+    let t = h.current();
+    assert_eq!(ready(&t), (ConditionStatus::False, "InvalidService".into()));
+    assert_eq!(t.status.as_ref().unwrap().phase, Some(TunnelPhase::Failed));
+    let message = crate::controllers::status::ready_condition(&t).unwrap().message.clone();
+    assert!(message.contains("2334/TCP is the tunnel's health-check port") && message.contains("--tunnel-health-port"));
+    let expected = [("Tunnel".to_string(), "InvalidService".to_string()), ("Service".into(), "InvalidService".into())];
+    assert_eq!(h.warnings(), expected);
+    assert!(h.provider.calls().is_empty(), "no cloud call for a Service that cannot be served");
+    assert!(h.probe.checked().is_empty());
+}

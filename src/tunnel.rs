@@ -1,0 +1,339 @@
+//! `skyport tunnel server|client`: the exit server and the in-cluster tunnel client are this very
+//! binary, running rathole 0.5.0 (Apache-2.0) as a library. So the operator, the client image and
+//! the binary an exit server downloads are one artifact, version-matched by construction, and the
+//! operator can derive the digest the VM checks from its own executable ([`exit_server_artifacts`]).
+//!
+//! The client also answers the operator's end-to-end health check: if its config has a service
+//! named [`HEALTH_SERVICE`], it listens on that service's `local_addr` and answers a nonce with
+//! `HMAC-SHA256(token, context || nonce)`. The exit server publishes that service on a port of its
+//! own like any other, so an answer that verifies proves the whole path: the exit server is up,
+//! serving this tunnel, and this client's control channel is authenticated to it ([`probe`]).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use providers::userdata::Artifact;
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tracing::info;
+
+/// Name of the rathole service that carries the health check.
+pub const HEALTH_SERVICE: &str = "skyport-health";
+/// Bytes of the operator's nonce.
+pub const NONCE_LEN: usize = 32;
+/// Domain separation: the answer is useless as anything but a health answer.
+const HEALTH_CONTEXT: &[u8] = b"skyport-tunnel-health-v1";
+
+/// Which side of the tunnel to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Server,
+    Client,
+}
+
+/// Runs the tunnel server or client from a rathole config file until SIGTERM or Ctrl-C.
+pub async fn run(role: Role, config: PathBuf) -> anyhow::Result<()> {
+    // rathole panics inside its tasks on some runtime errors (a port it cannot bind, a client
+    // retry that gives up); the process must end then, so systemd or the kubelet restarts it,
+    // instead of living on without serving.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default_hook(info);
+        std::process::exit(101);
+    }));
+    // rathole's own error for a bad file is vague; check it here to name the file.
+    let parsed = rathole::Config::from_file(&config)
+        .await
+        .with_context(|| format!("reading the tunnel configuration {}", config.display()))?;
+    if role == Role::Client
+        && let Some(service) = parsed.client.as_ref().and_then(|c| c.services.get(HEALTH_SERVICE))
+    {
+        let token = service.token.as_deref().map(str::to_string).unwrap_or_default();
+        let listener = TcpListener::bind(&service.local_addr)
+            .await
+            .with_context(|| format!("health responder cannot listen on {}", service.local_addr))?;
+        info!(address = %service.local_addr, "answering the operator's tunnel health check");
+        tokio::spawn(respond(listener, token));
+    }
+    let (shutdown, shutdown_rx) = tokio::sync::broadcast::channel(1);
+    tokio::spawn(async move {
+        stop_requested().await;
+        let _ = shutdown.send(true);
+    });
+    let cli = rathole::Cli {
+        config_path: Some(config),
+        server: role == Role::Server,
+        client: role == Role::Client,
+        genkey: None,
+    };
+    rathole::run(cli, shutdown_rx).await
+}
+
+/// The exit server's side of the health check: [`HEALTH_SERVICE`] published on `port` (which
+/// the firewall then opens like any service port), with the tunnel's token.
+pub fn health_server_service(port: u16, token: &str) -> providers::TunnelService {
+    providers::TunnelService {
+        name: HEALTH_SERVICE.into(),
+        protocol: providers::Protocol::Tcp,
+        port,
+        token: token.into(),
+    }
+}
+
+/// The client's side: the same service, forwarded to the responder on the pod's own loopback.
+pub fn health_client_service(port: u16, token: &str) -> providers::ClientService {
+    providers::ClientService {
+        name: HEALTH_SERVICE.into(),
+        protocol: providers::Protocol::Tcp,
+        token: token.into(),
+        local_addr: format!("127.0.0.1:{port}"),
+    }
+}
+
+/// SIGTERM (systemd, the kubelet) or Ctrl-C.
+async fn stop_requested() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+    info!("stopping the tunnel");
+}
+
+/// Answers each connection's nonce with its MAC, then closes it.
+async fn respond(listener: TcpListener, token: String) {
+    loop {
+        let Ok((mut conn, _)) = listener.accept().await else { continue };
+        let token = token.clone();
+        tokio::spawn(async move {
+            let mut nonce = [0u8; NONCE_LEN];
+            let read = tokio::time::timeout(Duration::from_secs(10), conn.read_exact(&mut nonce)).await;
+            if matches!(read, Ok(Ok(_))) {
+                let _ = conn.write_all(&health_mac(&token, &nonce)).await;
+                let _ = conn.shutdown().await;
+            }
+        });
+    }
+}
+
+/// `HMAC-SHA256(token, HEALTH_CONTEXT || nonce)`.
+pub fn health_mac(token: &str, nonce: &[u8]) -> [u8; 32] {
+    let mut message = HEALTH_CONTEXT.to_vec();
+    message.extend_from_slice(nonce);
+    hmac_sha256(token.as_bytes(), &message)
+}
+
+/// HMAC (RFC 2104) over SHA-256.
+fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
+    let mut block = [0u8; 64];
+    if key.len() > 64 {
+        block[..32].copy_from_slice(&Sha256::digest(key));
+    } else {
+        block[..key.len()].copy_from_slice(key);
+    }
+    let pad = |byte: u8| block.iter().map(|b| b ^ byte).collect::<Vec<u8>>();
+    let inner = Sha256::new().chain_update(pad(0x36)).chain_update(message).finalize();
+    Sha256::new().chain_update(pad(0x5c)).chain_update(inner).finalize().into()
+}
+
+/// Why a health check did not pass. Never contains the token.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("cannot connect to {0}: {1} (the exit server is not up, or no tunnel client is connected to it)")]
+    Connect(SocketAddr, std::io::Error),
+    #[error("{0} did not answer within {1:?}")]
+    Timeout(SocketAddr, Duration),
+    #[error("{0} closed the connection without an answer (the tunnel client's health responder is not reachable)")]
+    NoAnswer(SocketAddr),
+    #[error("{0} answered, but not with this tunnel's key (another client or server is at that address)")]
+    WrongAnswer(SocketAddr),
+}
+
+/// Checks the tunnel end to end: a fresh nonce to the exit server's health port must come back
+/// MACed with the tunnel's token, which only this tunnel's client can do, through this server.
+pub async fn probe(address: SocketAddr, token: &str, timeout: Duration) -> Result<(), ProbeError> {
+    let nonce: [u8; NONCE_LEN] = rand::random();
+    let work = async {
+        let mut conn = TcpStream::connect(address).await.map_err(|e| ProbeError::Connect(address, e))?;
+        conn.write_all(&nonce).await.map_err(|_| ProbeError::NoAnswer(address))?;
+        let mut answer = [0u8; 32];
+        conn.read_exact(&mut answer).await.map_err(|_| ProbeError::NoAnswer(address))?;
+        // Compared in full, without an early exit.
+        let want = health_mac(token, &nonce);
+        let diff = want.iter().zip(answer.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b));
+        if diff == 0 { Ok(()) } else { Err(ProbeError::WrongAnswer(address)) }
+    };
+    tokio::time::timeout(timeout, work).await.map_err(|_| ProbeError::Timeout(address, timeout))?
+}
+
+/// Where exit servers download this binary, and what they check it against.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArtifactSettings {
+    /// URL template; `{version}` and `{arch}` (as `uname -m` prints it) are replaced.
+    pub url_template: String,
+    /// The executable whose digest exit servers of this machine's architecture check: the
+    /// operator's own (`/proc/self/exe`), so the digest is derived, never typed in.
+    pub self_exe: PathBuf,
+    /// Digests for other architectures (`aarch64` → hex), for exit servers that differ from the
+    /// operator's; never used for the operator's own architecture.
+    pub other_arches: BTreeMap<String, String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ArtifactError {
+    #[error("cannot read the operator's own executable {0} to derive the exit server's digest: {1}")]
+    SelfExe(PathBuf, std::io::Error),
+    #[error("--exit-server-sha256 {0:?}: expected ARCH=<64 hex digits>")]
+    BadDigest(String),
+    #[error(
+        "--exit-server-sha256 names {0}, this operator's own architecture: its digest is derived from the running binary"
+    )]
+    OwnArch(String),
+    #[error("--exit-server-url {0:?} must be an http(s) URL without quotes, spaces or backslashes")]
+    BadUrl(String),
+}
+
+/// Parses `ARCH=HEX` overrides.
+pub fn parse_digests(values: &[String]) -> Result<BTreeMap<String, String>, ArtifactError> {
+    let mut out = BTreeMap::new();
+    for v in values {
+        let Some((arch, hex)) = v.split_once('=') else { return Err(ArtifactError::BadDigest(v.clone())) };
+        let arch_ok = !arch.is_empty() && arch.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        let hex_ok = hex.len() == 64 && hex.chars().all(|c| c.is_ascii_hexdigit());
+        if !arch_ok || !hex_ok {
+            return Err(ArtifactError::BadDigest(v.clone()));
+        }
+        if arch == std::env::consts::ARCH {
+            return Err(ArtifactError::OwnArch(arch.to_string()));
+        }
+        out.insert(arch.to_string(), hex.to_ascii_lowercase());
+    }
+    Ok(out)
+}
+
+/// SHA-256 of a file, hex; cached per path (the operator's binary does not change under it).
+pub fn file_sha256(path: &Path) -> std::io::Result<String> {
+    static CACHE: Mutex<BTreeMap<PathBuf, String>> = Mutex::new(BTreeMap::new());
+    if let Some(hit) = CACHE.lock().unwrap_or_else(|e| e.into_inner()).get(path) {
+        return Ok(hit.clone());
+    }
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    std::io::copy(&mut file, &mut hasher)?;
+    let hex: String = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    CACHE.lock().unwrap_or_else(|e| e.into_inner()).insert(path.to_path_buf(), hex.clone());
+    Ok(hex)
+}
+
+/// The artifacts exit servers may run: this machine's architecture with the derived digest,
+/// plus the overrides, each with its URL.
+pub fn exit_server_artifacts(settings: &ArtifactSettings) -> Result<Vec<Artifact>, ArtifactError> {
+    let t = &settings.url_template;
+    let url_ok = (t.starts_with("https://") || t.starts_with("http://"))
+        && !t.chars().any(|c| c.is_whitespace() || c.is_control() || "'\"\\`$".contains(c));
+    if !url_ok {
+        return Err(ArtifactError::BadUrl(t.clone()));
+    }
+    let own = file_sha256(&settings.self_exe).map_err(|e| ArtifactError::SelfExe(settings.self_exe.clone(), e))?;
+    let mut digests = settings.other_arches.clone();
+    if digests.contains_key(std::env::consts::ARCH) {
+        return Err(ArtifactError::OwnArch(std::env::consts::ARCH.to_string()));
+    }
+    digests.insert(std::env::consts::ARCH.to_string(), own);
+    Ok(digests
+        .into_iter()
+        .map(|(arch, sha256)| Artifact {
+            url: t.replace("{version}", env!("CARGO_PKG_VERSION")).replace("{arch}", &arch),
+            arch,
+            sha256,
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hmac_matches_rfc_4231() {
+        let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+        // Test case 2.
+        assert_eq!(
+            hex(&hmac_sha256(b"Jefe", b"what do ya want for nothing?")),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+        // Test case 6: a key longer than the block is hashed first.
+        assert_eq!(
+            hex(&hmac_sha256(&[0xaa; 131], b"Test Using Larger Than Block-Size Key - Hash Key First")),
+            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"
+        );
+    }
+
+    #[test]
+    fn the_digest_is_derived_from_the_executable_and_overrides_are_for_other_arches() {
+        let dir = std::env::temp_dir().join(format!("skyport-artifact-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let exe = dir.join("skyport");
+        std::fs::write(&exe, b"abc").unwrap();
+        let settings = ArtifactSettings {
+            url_template: "http://10.0.0.1:8000/v{version}/skyport-{arch}".into(),
+            self_exe: exe.clone(),
+            other_arches: parse_digests(&[format!("riscv64={}", "AB".repeat(32))]).unwrap(),
+        };
+        let list = exit_server_artifacts(&settings).unwrap();
+        let own = list.iter().find(|a| a.arch == std::env::consts::ARCH).unwrap();
+        // SHA-256("abc").
+        assert_eq!(own.sha256, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        assert_eq!(
+            own.url,
+            format!("http://10.0.0.1:8000/v{}/skyport-{}", env!("CARGO_PKG_VERSION"), std::env::consts::ARCH)
+        );
+        let other = list.iter().find(|a| a.arch == "riscv64").unwrap();
+        assert_eq!(other.sha256, "ab".repeat(32));
+
+        let own_arch = format!("{}={}", std::env::consts::ARCH, "0".repeat(64));
+        assert!(matches!(parse_digests(&[own_arch]), Err(ArtifactError::OwnArch(_))));
+        assert!(matches!(parse_digests(&["aarch64=123".into()]), Err(ArtifactError::BadDigest(_))));
+        let quoted = ArtifactSettings { url_template: "https://x/'; rm -rf /".into(), ..settings.clone() };
+        assert!(matches!(exit_server_artifacts(&quoted), Err(ArtifactError::BadUrl(_))));
+        let missing = ArtifactSettings { self_exe: dir.join("missing"), ..settings };
+        assert!(matches!(exit_server_artifacts(&missing), Err(ArtifactError::SelfExe(..))));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_probe_passes_only_against_the_right_token() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(respond(listener, "right-token".into()));
+        probe(address, "right-token", Duration::from_secs(5)).await.unwrap();
+        let wrong = probe(address, "other-token", Duration::from_secs(5)).await.unwrap_err();
+        assert!(matches!(wrong, ProbeError::WrongAnswer(_)), "{wrong}");
+        assert!(!wrong.to_string().contains("token"));
+
+        // A listener that accepts and closes (rathole's server with no client behind it).
+        let closing = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let closing_addr = closing.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = closing.accept().await {
+                drop(conn);
+            }
+        });
+        assert!(matches!(probe(closing_addr, "t", Duration::from_secs(5)).await, Err(ProbeError::NoAnswer(_))));
+        // Nobody listening (the exit server publishes the port only while the client is there).
+        let gone = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+        assert!(matches!(probe(gone, "t", Duration::from_secs(5)).await, Err(ProbeError::Connect(..))));
+    }
+}

@@ -1,0 +1,178 @@
+//! Fault suite, a misbehaving cloud: the real binary talks to SQS through a proxy
+//! (`tests/common/sqs_faults.rs`) that fails half the requests (throttling errors, 500s,
+//! connection resets, 2 s delays) while Queues are created, edited and deleted. Checks, from the
+//! proxy's record of every request: the call rate never exceeds the governor budget set with
+//! `--sqs-rate`/`--sqs-burst` (the SDK must not retry behind the limiter's back), no Queue is
+//! called again sooner than its error backoff after a failed call, and once the faults stop the
+//! backlog drains: every live Queue Ready with its spec in SQS, every deleted one gone.
+//!
+//! CI: 12 Queues, 30 s of faults. Full run (figures in RELIABILITY.md):
+//! `SKYPORT_FAULTS_QUEUES=60 SKYPORT_FAULTS_SECONDS=180 cargo test --test cloud_faults -- --include-ignored --nocapture`
+
+mod common;
+#[path = "common/sqs_faults.rs"]
+mod sqs_faults;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use common::private_env::{Skyport, audit, setting};
+use common::*;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use skyport::crd::{ConditionStatus, Queue};
+use sqs_faults::{Call, FaultProxy};
+
+const RATE: usize = 5;
+const BURST: usize = 5;
+const BACKOFF_MIN: Duration = Duration::from_secs(1);
+/// The backoff's jitter takes up to a quarter off.
+const SHORTEST_RETRY: Duration = Duration::from_millis(750);
+/// Arrival times at the proxy vary by a few milliseconds from the limiter's admissions.
+const JITTER: Duration = Duration::from_millis(200);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn under_throttling_errors_resets_and_slow_answers_the_budget_and_backoff_hold_and_all_converges() {
+    let count = setting("SKYPORT_FAULTS_QUEUES", 12) as usize;
+    let fault_time = Duration::from_secs(setting("SKYPORT_FAULTS_SECONDS", 30));
+    let ns = TestNs::new("faults").await;
+    let queues: Api<Queue> = ns.api();
+    let endpoint = std::env::var("AWS_ENDPOINT_URL").unwrap();
+    let proxy = FaultProxy::start(endpoint.trim_start_matches("http://").trim_end_matches('/')).await;
+    let args: Vec<String> = [
+        "--namespace",
+        &ns.name,
+        "--queue-resync",
+        "10s",
+        "--error-backoff-min",
+        &format!("{}ms", BACKOFF_MIN.as_millis()),
+        "--error-backoff-max",
+        "8s",
+        "--sqs-rate",
+        &RATE.to_string(),
+        "--sqs-burst",
+        &BURST.to_string(),
+    ]
+    .map(String::from)
+    .to_vec();
+    let skyport = Skyport::spawn(vec![("AWS_ENDPOINT_URL".into(), proxy.url())], &args);
+
+    proxy.set_faulty(true);
+    let faults_on = Instant::now();
+    let mut live: BTreeMap<String, i32> = BTreeMap::new();
+    for i in 0..count {
+        let name = format!("q{i}");
+        queues.create(&PostParams::default(), &queue(&name, json!({"visibilityTimeoutSeconds": 30}))).await.unwrap();
+        live.insert(name, 30);
+    }
+    // Some of them change and some go while the cloud misbehaves.
+    tokio::time::sleep(fault_time / 3).await;
+    let mut deleted = BTreeSet::new();
+    for i in (0..count).step_by(4) {
+        let name = format!("q{i}");
+        queues.delete(&name, &DeleteParams::default()).await.unwrap();
+        live.remove(&name);
+        deleted.insert(name);
+    }
+    for i in (1..count).step_by(4) {
+        let name = format!("q{i}");
+        let patch = json!({"spec": {"visibilityTimeoutSeconds": 45}});
+        queues.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+        live.insert(name, 45);
+    }
+    let settled = Instant::now() + Duration::from_secs(2);
+    tokio::time::sleep(fault_time.saturating_sub(faults_on.elapsed())).await;
+    proxy.set_faulty(false);
+    let faults_off = Instant::now();
+
+    let sqs = sqs().await;
+    let converged = eventually("the backlog drains", Duration::from_secs(180), || async {
+        let list = queues.list(&ListParams::default()).await.ok()?;
+        let by_name: BTreeMap<String, &Queue> =
+            list.items.iter().map(|q| (q.metadata.name.clone().unwrap_or_default(), q)).collect();
+        for (name, timeout) in &live {
+            let q = by_name.get(name)?;
+            let status = q.status.as_ref()?;
+            if ready(q) != Some((ConditionStatus::True, "Available".into()))
+                || status.observed_generation != q.metadata.generation
+            {
+                return None;
+            }
+            let attrs = sqs
+                .get_queue_attributes()
+                .queue_url(status.queue_url.clone()?)
+                .attribute_names(aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout)
+                .send()
+                .await
+                .ok()?
+                .attributes?;
+            (attrs.values().next()? == &timeout.to_string()).then_some(())?;
+        }
+        deleted.iter().all(|n| !by_name.contains_key(n)).then(|| faults_off.elapsed())
+    })
+    .await;
+    let (leaks, duplicates, stuck) = audit(&sqs, &queues, &ns.name).await;
+    let calls = proxy.calls();
+    let above_budget = above_budget(&calls);
+    let too_soon = retried_too_soon(&calls, settled);
+    let (mut faults, mut operations) = (BTreeMap::<String, usize>::new(), BTreeMap::<&str, usize>::new());
+    for c in &calls {
+        *faults.entry(c.fault.map_or("none".into(), |f| format!("{f:?}"))).or_default() += 1;
+        *operations.entry(c.operation.as_str()).or_default() += 1;
+    }
+    let panics = skyport.panics();
+    println!(
+        "misbehaving cloud: {fault_time:?} of faults at 50% ({faults:?}), SQS calls {} {operations:?}, Queues created {count} / edited {} / \
+         deleted {}, backlog drained {converged:?} after the faults stopped, leaks {leaks}, duplicates {duplicates}, \
+         stuck finalizers {stuck}, calls above budget ({RATE}/s, burst {BURST}) {above_budget}, retries sooner than the \
+         backoff {too_soon}, panics {panics}",
+        calls.len(),
+        (1..count).step_by(4).count(),
+        deleted.len(),
+    );
+    assert_eq!((leaks, duplicates, stuck, above_budget, too_soon, panics), (0, 0, 0, 0, 0, 0));
+
+    let _ = queues.delete_collection(&DeleteParams::default(), &ListParams::default()).await;
+    eventually("all Queues deleted", Duration::from_secs(60), || async {
+        queues.list(&ListParams::default()).await.ok()?.items.is_empty().then_some(())
+    })
+    .await;
+    skyport.stop().await;
+    ns.cleanup().await;
+}
+
+/// The most calls any one-second window holds beyond the budget (burst plus one second of rate,
+/// with [`JITTER`] of slack for arrival times).
+fn above_budget(calls: &[Call]) -> usize {
+    let allowed = BURST + RATE * (Duration::from_secs(1) + JITTER).as_millis() as usize / 1000;
+    let times: Vec<Instant> = calls.iter().map(|c| c.at).collect();
+    let mut worst = 0;
+    for (i, start) in times.iter().enumerate() {
+        let inside = times[i..].iter().take_while(|t| t.duration_since(*start) < Duration::from_secs(1)).count();
+        worst = worst.max(inside.saturating_sub(allowed));
+    }
+    worst
+}
+
+/// Calls for a queue that came sooner than the shortest backoff after a failed call for it.
+/// Counted only after `settled` (the test's own edits and deletes wake a Queue at once).
+fn retried_too_soon(calls: &[Call], settled: Instant) -> usize {
+    let mut last_failure: BTreeMap<&str, Instant> = BTreeMap::new();
+    let mut too_soon = 0;
+    for c in calls {
+        if c.queue.is_empty() {
+            continue;
+        }
+        if let Some(failed) = last_failure.remove(c.queue.as_str())
+            && c.at > settled
+            && c.at.duration_since(failed) < SHORTEST_RETRY
+        {
+            too_soon += 1;
+        }
+        if c.fault.is_some_and(|f| f.failed()) {
+            last_failure.insert(&c.queue, c.at);
+        }
+    }
+    too_soon
+}

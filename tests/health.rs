@@ -1,0 +1,83 @@
+//! The end-to-end health check (issue 10 §3) through a real tunnel: `skyport tunnel server` and
+//! `skyport tunnel client` processes on loopback addresses, the health service rendered by
+//! `skyport::tunnel`. The probe passes only while that server serves that client: not before the
+//! client connects, not with another tunnel's token, not after the client is gone.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::eventually;
+use common::kubelet::skyport_exe;
+use providers::userdata::{ExitServer, NoiseKeypair, TunnelClient, render_client_toml, render_server_toml_on};
+use skyport::tunnel::{ProbeError, health_client_service, health_server_service, probe};
+
+fn free_port(ip: &str) -> u16 {
+    std::net::TcpListener::bind((ip, 0)).unwrap().local_addr().unwrap().port()
+}
+
+fn spawn(args: &[&str], config: &std::path::Path, log: &std::path::Path) -> tokio::process::Child {
+    tokio::process::Command::new(skyport_exe())
+        .args(args)
+        .arg(config)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(log).unwrap())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_health_check_passes_only_while_the_exit_server_serves_this_client() {
+    // An address of its own in 127.0.0.0/8, like the local provider's exit servers.
+    let ip = format!("127.78.{}.{}", rand::random::<u8>(), 1 + rand::random::<u8>() % 250);
+    let (control, health, responder) = (free_port(&ip), free_port(&ip), free_port("127.0.0.1"));
+    let keys = NoiseKeypair::generate();
+    let token = format!("{:032x}", rand::random::<u128>());
+    let dir = std::env::temp_dir().join(format!("skyport-health-{}", rand::random::<u32>()));
+    std::fs::create_dir_all(&dir).unwrap();
+
+    let server = ExitServer {
+        control_port: control,
+        noise_private_key: keys.private_key.clone(),
+        services: vec![health_server_service(health, &token)],
+    };
+    std::fs::write(dir.join("server.toml"), render_server_toml_on(&server, &ip).unwrap()).unwrap();
+    let _server = spawn(&["tunnel", "server", "--config"], &dir.join("server.toml"), &dir.join("server.log"));
+    let health_addr: SocketAddr = format!("{ip}:{health}").parse().unwrap();
+
+    // The server runs, but no client serves it: the health port is not even published.
+    eventually("the exit server listening", Duration::from_secs(20), || async {
+        tokio::net::TcpStream::connect((ip.as_str(), control)).await.ok().map(drop)
+    })
+    .await;
+    let before = probe(health_addr, &token, Duration::from_secs(2)).await.unwrap_err();
+    assert!(matches!(before, ProbeError::Connect(..)), "{before}");
+
+    let client = TunnelClient {
+        remote_addr: format!("{ip}:{control}"),
+        server_public_key: keys.public_key.clone(),
+        services: vec![health_client_service(responder, &token)],
+    };
+    std::fs::write(dir.join("client.toml"), render_client_toml(&client).unwrap()).unwrap();
+    let mut client_process =
+        spawn(&["tunnel", "client", "--config"], &dir.join("client.toml"), &dir.join("client.log"));
+
+    eventually("the health check passing through the tunnel", Duration::from_secs(30), || async {
+        probe(health_addr, &token, Duration::from_secs(2)).await.ok()
+    })
+    .await;
+    // Another tunnel's token does not verify: the answer is bound to this tunnel's secret.
+    let other = probe(health_addr, "another-tunnels-token", Duration::from_secs(2)).await.unwrap_err();
+    assert!(matches!(other, ProbeError::WrongAnswer(_)), "{other}");
+
+    // The client goes away: the check fails again.
+    client_process.kill().await.unwrap();
+    eventually("the health check failing without the client", Duration::from_secs(30), || async {
+        probe(health_addr, &token, Duration::from_secs(2)).await.err()
+    })
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

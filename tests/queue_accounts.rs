@@ -1,0 +1,194 @@
+//! AwsAccount: per-namespace AWS identity and region, against a real kube-apiserver and real
+//! LocalStack (which implements STS: a queue created with an assumed role's credentials lives
+//! in the role's account, so the account number in a queue's ARN proves whose identity made it).
+//!
+//! Run with `tests/run.sh`, or `eval "$(tests/env.sh up)" && cargo test --test queue_accounts -- --include-ignored`.
+
+mod common;
+
+use std::time::Duration;
+
+use aws_sdk_sqs::Client as SqsClient;
+use common::*;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use skyport::controllers::status::ObjectStatus;
+use skyport::crd::{AwsAccount, ConditionStatus, Queue};
+
+const TIMEOUT: Duration = Duration::from_secs(40);
+
+fn account(name: &str, role: &str, region: &str, extra: serde_json::Value) -> AwsAccount {
+    let mut spec = json!({"roleArn": role, "region": region});
+    spec.as_object_mut().unwrap().extend(extra.as_object().cloned().unwrap_or_default());
+    serde_json::from_value(json!({"apiVersion": "skyport.dev/v1alpha1", "kind": "AwsAccount",
+        "metadata": {"name": name}, "spec": spec}))
+    .expect("valid AwsAccount")
+}
+
+/// SQS as `role` in `region`, assumed independently of skyport's adapter.
+async fn sqs_as(role: &str, region: &str) -> SqsClient {
+    let _ = sqs().await; // checks the environment
+    let http = aws_smithy_http_client::Builder::new()
+        .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
+            aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
+        ))
+        .build_https();
+    let base = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .http_client(http)
+        .region(aws_config::Region::new(region.to_string()))
+        .load()
+        .await;
+    let provider =
+        aws_config::sts::AssumeRoleProvider::builder(role).session_name("skyport-test").configure(&base).build().await;
+    SqsClient::from_conf(aws_sdk_sqs::config::Builder::from(&base).credentials_provider(provider).build())
+}
+
+fn status(q: &Queue) -> skyport::crd::QueueStatus {
+    q.status.clone().expect("status")
+}
+
+fn message(q: &Queue) -> String {
+    q.status.as_ref().and_then(|s| s.ready()).map(|c| c.message.clone()).unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn two_namespaces_use_their_own_accounts_and_regions_at_once() {
+    const ROLE_B: &str = "arn:aws:iam::000000000002:role/team-b";
+    const ROLE_C: &str = "arn:aws:iam::000000000003:role/team-c";
+    let (a, b) = (TestNs::new("acct-a").await, TestNs::new("acct-b").await);
+    let (op_a, op_b) = (Operator::start(&a, fast_settings()).await, Operator::start(&b, fast_settings()).await);
+    let extra = json!({"externalId": "team-b-external"});
+    a.api::<AwsAccount>().create(&PostParams::default(), &account("team", ROLE_B, "eu-west-1", extra)).await.unwrap();
+    b.api::<AwsAccount>()
+        .create(&PostParams::default(), &account("team", ROLE_C, "us-west-2", json!({})))
+        .await
+        .unwrap();
+
+    let (qa, qb): (Api<Queue>, Api<Queue>) = (a.api(), b.api());
+    let with_account = json!({"accountRef": {"name": "team"}});
+    qa.create(&PostParams::default(), &queue("orders", with_account.clone())).await.unwrap();
+    qb.create(&PostParams::default(), &queue("orders", with_account)).await.unwrap();
+    qa.create(&PostParams::default(), &queue("plain", json!({}))).await.unwrap();
+    let orders_a = wait_ready(&qa, "orders", ConditionStatus::True, "Available", TIMEOUT).await;
+    let orders_b = wait_ready(&qb, "orders", ConditionStatus::True, "Available", TIMEOUT).await;
+    let plain = wait_ready(&qa, "plain", ConditionStatus::True, "Available", TIMEOUT).await;
+
+    let (sa, sb, sp) = (status(&orders_a), status(&orders_b), status(&plain));
+    assert!(sa.queue_arn.as_deref().unwrap().starts_with("arn:aws:sqs:eu-west-1:000000000002:"), "{sa:?}");
+    assert!(sb.queue_arn.as_deref().unwrap().starts_with("arn:aws:sqs:us-west-2:000000000003:"), "{sb:?}");
+    assert!(sp.queue_arn.as_deref().unwrap().contains(":000000000000:"), "default identity: {sp:?}");
+    assert_eq!((sa.account.as_deref(), sa.region.as_deref()), (Some("team"), Some("eu-west-1")));
+    assert_eq!((sb.account.as_deref(), sb.region.as_deref()), (Some("team"), Some("us-west-2")));
+    assert_eq!(sa.role_arn.as_deref(), Some(ROLE_B));
+    assert_eq!(sp.account.as_deref(), Some("default"));
+    assert_eq!(sp.role_arn, None);
+
+    // Each queue is in its account, and only there.
+    let as_b = sqs_as(ROLE_B, "eu-west-1").await;
+    let name_a = sa.queue_name.clone().unwrap();
+    let url = as_b.get_queue_url().queue_name(&name_a).send().await.expect("queue in team-b's account").queue_url;
+    assert_eq!(url.as_deref(), sa.queue_url.as_deref());
+    assert!(!queue_exists(&sqs().await, &name_a).await, "not in the operator's own account");
+    // One budget per account and region, used by exactly those calls.
+    let budgets = op_a.ctx.accounts.budgets();
+    assert_eq!(budgets.len(), 1, "{:?}", budgets.iter().map(|(k, _)| k).collect::<Vec<_>>());
+    assert_eq!(budgets[0].0, ("000000000002".to_string(), "eu-west-1".to_string()));
+    assert!(budgets[0].1.counters.snapshot().get("CreateQueue") == Some(&1), "{:?}", budgets[0].1.counters.snapshot());
+    assert_eq!(op_a.sqs_calls().get("CreateQueue"), Some(&1), "the default budget made only plain's queue");
+
+    // accountRef cannot be changed: the queue would be orphaned in the old account.
+    let patch = json!({"spec": {"accountRef": null}});
+    let err = qa.patch("orders", &PatchParams::default(), &Patch::Merge(&patch)).await.expect_err("immutable");
+    assert!(err.to_string().contains("accountRef is immutable"), "{err}");
+
+    // Editing the AwsAccount to another role does not move the queue: refused, then restored.
+    let moved = json!({"spec": {"roleArn": "arn:aws:iam::000000000004:role/elsewhere"}});
+    a.api::<AwsAccount>().patch("team", &PatchParams::default(), &Patch::Merge(&moved)).await.unwrap();
+    let q = wait_ready(&qa, "orders", ConditionStatus::False, "AccountChanged", TIMEOUT).await;
+    assert!(message(&q).contains(ROLE_B), "{}", message(&q));
+    let back = json!({"spec": {"roleArn": ROLE_B}});
+    a.api::<AwsAccount>().patch("team", &PatchParams::default(), &Patch::Merge(&back)).await.unwrap();
+    wait_ready(&qa, "orders", ConditionStatus::True, "Available", TIMEOUT).await;
+
+    // Deleting the Queue deletes its queue in its account, even with the AwsAccount gone.
+    a.api::<AwsAccount>().delete("team", &DeleteParams::default()).await.unwrap();
+    qa.delete("orders", &DeleteParams::default()).await.unwrap();
+    wait_gone(&qa, "orders", TIMEOUT).await;
+    let gone = as_b.get_queue_url().queue_name(&name_a).send().await;
+    assert!(gone.is_err(), "the queue in team-b's account was deleted");
+    let as_c = sqs_as(ROLE_C, "us-west-2").await;
+    let name_b = sb.queue_name.clone().unwrap();
+    qb.delete("orders", &DeleteParams::default()).await.unwrap();
+    wait_gone(&qb, "orders", TIMEOUT).await;
+    assert!(as_c.get_queue_url().queue_name(&name_b).send().await.is_err(), "deleted in team-c's account");
+    assert!(op_b.ctx.metrics.errors().is_empty(), "{:?}", op_b.ctx.metrics.errors());
+    finish(op_a, a).await;
+    finish(op_b, b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn a_namespace_cannot_use_an_account_it_may_not_and_waits_for_a_missing_one() {
+    const ROLE: &str = "arn:aws:iam::000000000005:role/owner";
+    let (owner, other) = (TestNs::new("acct-own").await, TestNs::new("acct-other").await);
+    owner
+        .api::<AwsAccount>()
+        .create(&PostParams::default(), &account("shared", ROLE, "eu-west-1", json!({})))
+        .await
+        .unwrap();
+    let op = Operator::start(&other, fast_settings()).await;
+    let queues: Api<Queue> = other.api();
+
+    // Another namespace's account, not allowed: refused, and nothing is created anywhere.
+    let foreign = json!({"accountRef": {"name": "shared", "namespace": owner.name}});
+    queues.create(&PostParams::default(), &queue("stolen", foreign)).await.unwrap();
+    let q = eventually("stolen refused", TIMEOUT, || async {
+        let q = queues.get("stolen").await.ok()?;
+        let reason = q.status.as_ref()?.ready()?.reason.clone();
+        ["AccountNotAllowed", "AccountNotFound"].contains(&reason.as_str()).then_some(q)
+    })
+    .await;
+    assert!(message(&q).contains(&format!("{}/shared", owner.name)), "{}", message(&q));
+    assert_eq!(op.sqs_calls().values().sum::<u64>(), 0, "no SQS call as the operator either");
+    assert!(op.ctx.accounts.budgets().is_empty(), "the role was never assumed");
+
+    // A missing account: AccountNotFound with one Warning, until it appears (the watch wakes it).
+    queues.create(&PostParams::default(), &queue("later", json!({"accountRef": {"name": "mine"}}))).await.unwrap();
+    wait_ready(&queues, "later", ConditionStatus::False, "AccountNotFound", TIMEOUT).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let events = other.api::<k8s_openapi::api::events::v1::Event>().list(&Default::default()).await.unwrap().items;
+    let refusals = [Some("AccountNotFound"), Some("AccountNotAllowed")];
+    let warnings = events.iter().filter(|e| refusals.contains(&e.reason.as_deref())).count();
+    assert_eq!(warnings, 2, "one Warning per Queue (stolen and later), not one per resync");
+    let mine = account("mine", "arn:aws:iam::000000000006:role/mine", "eu-central-1", json!({}));
+    other.api::<AwsAccount>().create(&PostParams::default(), &mine).await.unwrap();
+    let q = wait_ready(&queues, "later", ConditionStatus::True, "Available", TIMEOUT).await;
+    assert!(status(&q).queue_arn.unwrap().starts_with("arn:aws:sqs:eu-central-1:000000000006:"));
+    assert_eq!(ready(&queues.get("stolen").await.unwrap()).map(|r| r.0), Some(ConditionStatus::False));
+    finish(op, other).await;
+    owner.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn bad_accounts_are_refused_at_admission() {
+    let ns = TestNs::new("acct-admit").await;
+    let api: Api<AwsAccount> = ns.api();
+    for (role, region, extra, needle) in [
+        ("arn:aws:iam::12:role/x", "eu-west-1", json!({}), "roleArn"),
+        ("arn:aws:iam::000000000002:user/x", "eu-west-1", json!({}), "roleArn"),
+        ("arn:aws:iam::000000000002:role/x", "Europe", json!({}), "region"),
+        (
+            "arn:aws:iam::000000000002:role/x",
+            "eu-west-1",
+            json!({"allowedNamespaces": ["Not_A_Namespace"]}),
+            "allowedNamespaces",
+        ),
+        ("arn:aws:iam::000000000002:role/x", "eu-west-1", json!({"endpointUrl": "localhost:4566"}), "endpointUrl"),
+    ] {
+        let err = api.create(&PostParams::default(), &account("bad", role, region, extra)).await.expect_err("refused");
+        assert!(err.to_string().contains(needle), "expected {needle:?} in {err}");
+    }
+    ns.cleanup().await;
+}
