@@ -55,6 +55,7 @@ use crate::crd::tunnel::{Tunnel, TunnelPhase, TunnelStatus};
 use crate::error::{Error, Result};
 
 use act::host::{Reached, Want};
+use observe::SecretState;
 use plan::{Blocked, TrafficStep};
 use status::{Writer, describe};
 
@@ -273,15 +274,19 @@ async fn converge(
 
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
     let secret_name = desired::secret_name(tunnel);
-    let (credentials, stored_client, fresh) = match observe::credentials(&secrets, &secret_name).await? {
-        Some(stored) => (stored.credentials, stored.client_toml, false),
-        None => match act::create_secret(tunnel, &secrets, ctx).await? {
+    let secret = observe::credentials(&secrets, &secret_name, &uid).await?;
+    if let SecretState::Stale { secret_uid } = &secret {
+        act::delete_stale_secret(tunnel, &secrets, secret_uid.as_deref(), ctx).await?;
+    }
+    let (credentials, stored_client, fresh) = match secret {
+        SecretState::Stored(stored) => (stored.credentials, stored.client_toml, false),
+        SecretState::Missing | SecretState::Stale { .. } => match act::create_secret(tunnel, &secrets, ctx).await? {
             Some(created) => (created, None, true),
-            None => {
-                let stored =
-                    observe::credentials(&secrets, &secret_name).await?.ok_or(Error::MissingObjectKey("Secret"))?;
-                (stored.credentials, stored.client_toml, false)
-            }
+            // Another run made it meanwhile: use what it stored.
+            None => match observe::credentials(&secrets, &secret_name, &uid).await? {
+                SecretState::Stored(stored) => (stored.credentials, stored.client_toml, false),
+                _ => return Err(Error::MissingObjectKey("Secret").into()),
+            },
         },
     };
     let server = desired::exit_server(&ports, &credentials, ctx.settings.control_port, ctx.settings.health_port);

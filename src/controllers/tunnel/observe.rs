@@ -13,6 +13,7 @@ use providers::{Host, HostProvider};
 use tracing::info;
 
 use super::desired::{Credentials, KEY_CLIENT, KEY_PRIVATE, KEY_TOKEN};
+use crate::controllers::MANAGED_BY;
 use crate::crd::tunnel::TunnelStatus;
 use crate::error::{Error, Result};
 
@@ -61,9 +62,25 @@ pub struct Stored {
     pub client_toml: Option<String>,
 }
 
-/// The credentials stored in the Tunnel's Secret, `None` when the Secret does not exist.
-pub async fn credentials(secrets: &Api<Secret>, name: &str) -> Result<Option<Stored>> {
-    let Some(secret) = secrets.get_opt(name).await? else { return Ok(None) };
+/// The Tunnel's credentials Secret as found.
+pub enum SecretState {
+    Missing,
+    /// Made by skyport for an earlier Tunnel of the same name (deleted, its Secret not yet
+    /// garbage-collected): its keys died with that Tunnel and must not serve this one.
+    Stale {
+        secret_uid: Option<String>,
+    },
+    Stored(Stored),
+}
+
+/// The credentials in the Tunnel's Secret. A Secret skyport labelled that a Tunnel other than
+/// `tunnel_uid` controls is [`SecretState::Stale`]; one without an owner is read as it is (it may
+/// predate owner references, and skyport deletes nothing it cannot prove it made).
+pub async fn credentials(secrets: &Api<Secret>, name: &str, tunnel_uid: &str) -> Result<SecretState> {
+    let Some(secret) = secrets.get_opt(name).await? else { return Ok(SecretState::Missing) };
+    if stale(&secret, tunnel_uid) {
+        return Ok(SecretState::Stale { secret_uid: secret.metadata.uid.clone() });
+    }
     let data = secret.data.unwrap_or_default();
     let read = |key: &str| data.get(key).and_then(|v| String::from_utf8(v.0.clone()).ok());
     match (read(KEY_PRIVATE), read(KEY_TOKEN)) {
@@ -73,12 +90,21 @@ pub async fn credentials(secrets: &Api<Secret>, name: &str) -> Result<Option<Sto
                     "Secret {name} holds an unusable {KEY_PRIVATE}; delete the Secret and the Tunnel to start over"
                 ))
             })?;
-            Ok(Some(Stored { credentials: Credentials { keypair, token }, client_toml: read(KEY_CLIENT) }))
+            let stored = Stored { credentials: Credentials { keypair, token }, client_toml: read(KEY_CLIENT) };
+            Ok(SecretState::Stored(stored))
         }
         _ => Err(Error::InvalidSpec(format!(
             "Secret {name} lacks {KEY_PRIVATE} or {KEY_TOKEN}; delete the Secret and the Tunnel to start over"
         ))),
     }
+}
+
+/// Labelled by skyport and controlled by a Tunnel, but not by this one.
+pub fn stale(secret: &Secret, tunnel_uid: &str) -> bool {
+    let ours =
+        secret.metadata.labels.as_ref().and_then(|l| l.get(MANAGED_BY.0)).map(String::as_str) == Some(MANAGED_BY.1);
+    let controller = secret.metadata.owner_references.iter().flatten().find(|o| o.controller == Some(true));
+    ours && controller.is_some_and(|o| o.kind == "Tunnel" && o.uid != tunnel_uid)
 }
 
 /// How long one health check may take: a tunnel that answers slower is not fit to carry traffic.

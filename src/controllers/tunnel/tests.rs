@@ -349,3 +349,45 @@ async fn new_credentials_reach_the_host_even_when_the_reconcile_that_made_them_f
     let shown = serde_json::to_string(&t).unwrap();
     assert!(!shown.contains(&token) && !shown.contains(&private), "only a digest in status");
 }
+
+/// `kubectl delete tunnel` then a new Tunnel of the same name, before the garbage collector
+/// removed the old one's Secret: the new Tunnel must not inherit the deleted one's keys.
+#[tokio::test]
+async fn a_new_tunnel_never_runs_on_the_keys_of_a_deleted_one_of_the_same_name() {
+    const SECRET: &str = "/api/v1/namespaces/ns/secrets/web-tunnel-credentials";
+    let mut h = harness();
+    h.add_service();
+    let old = desired::Credentials::generate();
+    let mut earlier = h.new_tunnel().as_ref().clone();
+    earlier.metadata.uid = Some("deleted-tunnel-uid".into());
+    let leftover = desired::secret(&earlier, &old).unwrap();
+    h.api.put(SECRET, serde_json::to_value(&leftover).unwrap());
+
+    h.reconcile(h.new_tunnel()).await.unwrap();
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(h.api.get(SECRET).unwrap()).unwrap();
+    let owner = &secret.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(owner.uid, "tunnel-uid", "a Secret of this Tunnel's own");
+    let private = String::from_utf8(secret.data.as_ref().unwrap()[desired::KEY_PRIVATE].0.clone()).unwrap();
+    assert_ne!(private, old.keypair.private_key, "fresh keys");
+    assert_eq!(h.provider.key_of("h-1"), Some(private), "the exit server runs with them");
+    let deleted = h.api.calls().into_iter().find(|c| c.method == hyper::Method::DELETE && c.path == SECRET);
+    assert!(deleted.is_some(), "the leftover Secret is deleted");
+    assert_eq!(ready(&h.current()), (ConditionStatus::True, "Active".into()));
+}
+
+/// A Secret of that name that skyport did not make (no label, no owner) is neither deleted nor
+/// replaced.
+#[tokio::test]
+async fn a_credentials_secret_skyport_did_not_label_is_never_deleted() {
+    use k8s_openapi::api::core::v1::Secret;
+    let foreign: Secret = serde_json::from_value(json!({"metadata": {"name": "web-tunnel-credentials"}})).unwrap();
+    assert!(!observe::stale(&foreign, "tunnel-uid"));
+    let h = harness();
+    let mut earlier = h.new_tunnel().as_ref().clone();
+    earlier.metadata.uid = Some("deleted-tunnel-uid".into());
+    let mut ours = desired::secret(&earlier, &desired::Credentials::generate()).unwrap();
+    assert!(observe::stale(&ours, "tunnel-uid"));
+    assert!(!observe::stale(&ours, "deleted-tunnel-uid"), "its own Tunnel's Secret is not stale");
+    ours.metadata.labels = None;
+    assert!(!observe::stale(&ours, "tunnel-uid"), "without skyport's label it is not ours to delete");
+}

@@ -6,9 +6,10 @@ pub mod host;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, Service};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
+use tracing::info;
 
 use super::Context;
 use super::desired::{self, CHECKSUM_ANNOTATION, Credentials, KEY_CLIENT};
@@ -25,6 +26,31 @@ pub async fn create_secret(tunnel: &Tunnel, secrets: &Api<Secret>, ctx: &Context
     match secrets.create(&PostParams::default(), &secret).await {
         Ok(_) => Ok(Some(credentials)),
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Deletes a credentials Secret an earlier Tunnel of the same name left (see
+/// [`super::observe::SecretState::Stale`]); only that very object (uid precondition), so a
+/// Secret made meanwhile survives. Already gone is success.
+pub async fn delete_stale_secret(
+    tunnel: &Tunnel,
+    secrets: &Api<Secret>,
+    secret_uid: Option<&str>,
+    ctx: &Context,
+) -> Result<()> {
+    let name = desired::secret_name(tunnel);
+    let params = DeleteParams {
+        preconditions: Some(Preconditions { uid: secret_uid.map(str::to_string), resource_version: None }),
+        ..Default::default()
+    };
+    ctx.api_writes.inc();
+    match secrets.delete(&name, &params).await {
+        Ok(_) => {
+            info!(secret = %name, "deleted the credentials of an earlier Tunnel of this name");
+            Ok(())
+        }
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
         Err(e) => Err(e.into()),
     }
 }
