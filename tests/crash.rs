@@ -1,173 +1,134 @@
-//! Fault suite, crashes: the real binary (`skyport run`) is killed with SIGKILL at seeded random
-//! points while Queues are created, edited and deleted, and restarted each time. Afterwards:
-//! every live Queue is Ready with its latest spec in SQS, exactly one SQS queue per live Queue,
-//! no SQS queue owned by a deleted Queue (no leak), no Queue stuck on its finalizer, no panic.
+//! Fault suite, crashes: the real binary (`skyport run --provider local`) serving Queues and
+//! Tunnels together is killed with SIGKILL at seeded random points while Queues and LoadBalancer
+//! Services are created, edited and deleted, and restarted each time. The exit servers are real
+//! `skyport tunnel server` processes that outlive the operator, as VMs would. Afterwards, with
+//! every tunnel client running: every live Queue is Ready with its latest spec in SQS, exactly
+//! one SQS queue per live Queue and none owned by a deleted one; every live Service's Tunnel is
+//! Active and its ingress carries bytes to the Service's current port, exactly one exit server
+//! per live Tunnel and none without one once the orphan sweep ran; no finalizer stuck, no panic.
 //! The figures and the seed are printed; `SKYPORT_CRASH_SEED` replays a run.
 //!
-//! CI runs a small loop. The full run (figures in RELIABILITY.md):
-//! `SKYPORT_CRASH_KILLS=50 SKYPORT_CRASH_OPS=400 cargo test --test crash -- --include-ignored --nocapture`
+//! CI runs a small loop. The full run (figures in RELIABILITY.md; ~200 Queues and ~20 Tunnels):
+//! `SKYPORT_CRASH_KILLS=10 SKYPORT_CRASH_OPS=400 SKYPORT_CRASH_TUNNEL_OPS=40 cargo test --test crash -- --include-ignored --nocapture`
 
 mod common;
+#[path = "common/crash.rs"]
+mod crash;
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use common::private_env::setting;
 use common::process::{Lines, panics, spawn_operator};
 use common::*;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use crash::{QueueAudit, Queues, Tunnels};
+use providers::local::{LocalProvider, LocalSettings};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use serde_json::json;
-use skyport::crd::{ConditionStatus, Queue};
 use tokio::process::Child;
 
-fn setting(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-/// One operator process; its output is kept to look for panics.
-fn start(ns: &str, output: &Lines) -> Child {
+/// One operator process serving Queues, Services and Tunnels of `ns` (local provider), with
+/// short resyncs and backoffs so a run converges quickly; its output is kept to look for panics.
+fn start(ns: &str, cluster: &str, state: &str, output: &Lines) -> Child {
     let args = ["--namespace", ns, "--listen-address", "127.0.0.1:0", "--log-format", "json"];
-    let fast = ["--queue-resync", "3s", "--error-backoff-min", "200ms", "--error-backoff-max", "2s"];
+    let queues = ["--queue-resync", "3s", "--error-backoff-min", "200ms", "--error-backoff-max", "2s"];
     let budget = ["--recently-deleted-retry", "5s", "--sqs-rate", "50", "--sqs-burst", "100"];
-    let all: Vec<&str> = args.into_iter().chain(fast).chain(budget).collect();
+    let tunnels = ["--provider", "local", "--cluster-id", cluster, "--local-state-dir", state];
+    let fast = ["--tunnel-resync", "2s", "--tunnel-error-backoff-min", "200ms", "--tunnel-error-backoff-max", "2s"];
+    let sweep = ["--orphan-sweep-interval", "4s", "--service-error-backoff-min", "200ms"];
+    let all: Vec<&str> = [&args[..], &queues, &budget, &tunnels, &fast, &sweep].concat();
     spawn_operator(&all, &[("RUST_LOG", "warn")], output)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn sigkill_at_random_points_loses_leaks_and_duplicates_nothing() {
-    let kills = setting("SKYPORT_CRASH_KILLS", 4);
-    let ops = setting("SKYPORT_CRASH_OPS", 24);
+    let kills = setting("SKYPORT_CRASH_KILLS", 3);
+    let queue_ops = setting("SKYPORT_CRASH_OPS", 24);
+    let tunnel_ops = setting("SKYPORT_CRASH_TUNNEL_OPS", 12);
     let seed = setting("SKYPORT_CRASH_SEED", rand::random::<u32>().into());
-    println!("crash loop: seed {seed} (SKYPORT_CRASH_SEED={seed} replays it), {kills} kills, {ops} operations");
+    println!(
+        "crash loop: seed {seed} (SKYPORT_CRASH_SEED={seed} replays it), {kills} kills, {queue_ops} Queue and \
+         {tunnel_ops} Service operations"
+    );
     let mut rng = StdRng::seed_from_u64(seed);
     let ns = TestNs::new("crash").await;
-    let queues: Api<Queue> = ns.api();
+    let cluster = format!("crash-{}", ns.name);
+    let state = std::env::temp_dir().join(format!("skyport-crash-hosts-{}", ns.name));
+    let state_arg = state.to_string_lossy().into_owned();
+    let local = LocalProvider::new(LocalSettings::new(&state, common::kubelet::skyport_exe())).unwrap();
+    let mut queues = Queues::new(ns.api());
+    let mut tunnels = Tunnels::new(ns.api(), ns.api());
     let output = Lines::default();
 
-    // name → the visibility timeout last written to its spec; plus the names deleted.
-    let mut live: BTreeMap<String, i32> = BTreeMap::new();
-    let mut deleted: BTreeSet<String> = BTreeSet::new();
-    let (mut created, mut edited, mut removed, mut next) = (0u64, 0u64, 0u64, 0u64);
-    let per_round = ops.div_ceil(kills + 1);
+    let (queue_round, tunnel_round) = (queue_ops.div_ceil(kills + 1), tunnel_ops.div_ceil(kills + 1));
     let started = Instant::now();
+    let mut child = start(&ns.name, &cluster, &state_arg, &output);
     for round in 0..=kills {
-        let mut child = start(&ns.name, &output);
-        for _ in 0..per_round {
-            let choice = rng.random_range(0..10);
-            if live.len() < 3 || choice < 5 {
-                let name = format!("q{next}");
-                next += 1;
-                let timeout = rng.random_range(10..100);
-                queues
-                    .create(&PostParams::default(), &queue(&name, json!({"visibilityTimeoutSeconds": timeout})))
-                    .await
-                    .unwrap();
-                live.insert(name, timeout);
-                created += 1;
-            } else if choice < 8 {
-                let name = live.keys().nth(rng.random_range(0..live.len())).unwrap().clone();
-                let timeout = rng.random_range(10..100);
-                let patch = json!({"spec": {"visibilityTimeoutSeconds": timeout}});
-                queues.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
-                live.insert(name, timeout);
-                edited += 1;
-            } else {
-                let name = live.keys().nth(rng.random_range(0..live.len())).unwrap().clone();
-                queues.delete(&name, &DeleteParams::default()).await.unwrap();
-                live.remove(&name);
-                deleted.insert(name);
-                removed += 1;
+        // The two workloads interleaved, as teams sharing one operator would write them.
+        for i in 0..queue_round.max(tunnel_round) {
+            if i < queue_round {
+                queues.step(&mut rng).await;
+            }
+            if i < tunnel_round {
+                tunnels.step(&mut rng).await;
             }
             tokio::time::sleep(Duration::from_millis(rng.random_range(0..150))).await;
         }
         if round < kills {
             // Somewhere in the middle of the work those operations started.
-            tokio::time::sleep(Duration::from_millis(rng.random_range(50..1500))).await;
+            tokio::time::sleep(Duration::from_millis(rng.random_range(50..3000))).await;
             child.start_kill().unwrap();
             let _ = child.wait().await;
-        } else {
-            // The last process stays and must converge everything.
-            let converged = converge(&queues, &live, &deleted).await;
-            let elapsed = started.elapsed();
-            let (leaks, duplicates, missing) = audit(&ns.name, &queues, &live).await;
-            let _ = child.start_kill();
-            let _ = child.wait().await;
-            let panics = panics(&output);
-            let stuck = queues
-                .list(&ListParams::default())
-                .await
-                .unwrap()
-                .items
-                .iter()
-                .filter(|q| q.metadata.deletion_timestamp.is_some())
-                .count();
-            println!(
-                "crash loop: kills survived {kills}, Queues created {created} / edited {edited} / deleted {removed}, live {}, \
-                 converged after the last restart in {converged:?} (whole run {elapsed:?}), leaks {leaks}, duplicates {duplicates}, \
-                 missing {missing}, stuck finalizers {stuck}, panics {panics}",
-                live.len()
-            );
-            assert_eq!((leaks, duplicates, missing, stuck, panics), (0, 0, 0, 0, 0), "seed {seed}");
+            child = start(&ns.name, &cluster, &state_arg, &output);
         }
     }
-    // Clean up with an operator running.
-    let mut child = start(&ns.name, &output);
-    let _ = queues.delete_collection(&DeleteParams::default(), &ListParams::default()).await;
-    eventually("all Queues deleted", Duration::from_secs(60), || async {
-        queues.list(&ListParams::default()).await.ok()?.items.is_empty().then_some(())
-    })
-    .await;
+
+    // The last process stays and must converge everything.
+    let (queue_time, (_clients, carried, tunnel_time)) = tokio::join!(
+        queues.converge(Duration::from_secs(120)),
+        tunnels.converge(&ns.client, &ns.name, Duration::from_secs(150)),
+    );
+    // Exit servers by owner, once a sweep ran after the last restart.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let q = queues.audit(&ns.name).await;
+    let t = tunnels.audit(&local, &cluster).await;
+    let panics = panics(&output);
+    println!(
+        "crash loop: kills survived {kills}; Queues created {} / edited {} / deleted {}, live {}, converged after the last \
+         restart in {queue_time:?}, leaks {}, duplicates {}, missing {}, stuck finalizers {}; Services created {} / edited {} \
+         / deleted {}, live {} (carrying bytes {carried}), converged in {tunnel_time:?}, exit servers {}, leaks {}, \
+         duplicates {}, stuck finalizers {}; panics {panics}; whole run {:?}",
+        queues.counts.created,
+        queues.counts.edited,
+        queues.counts.deleted,
+        queues.live.len(),
+        q.leaks,
+        q.duplicates,
+        q.missing,
+        q.stuck,
+        tunnels.counts.created,
+        tunnels.counts.edited,
+        tunnels.counts.deleted,
+        tunnels.live.len(),
+        t.hosts,
+        t.leaks,
+        t.duplicates,
+        t.stuck,
+        started.elapsed(),
+    );
+    assert_eq!(q, QueueAudit { leaks: 0, duplicates: 0, missing: 0, stuck: 0 }, "seed {seed}");
+    assert_eq!(
+        (t.leaks, t.duplicates, t.stuck, panics),
+        (0, 0, 0, 0),
+        "seed {seed}; exit servers per Tunnel: {:?}",
+        t.per_owner
+    );
+
+    // Clean up with the operator running: every SQS queue and exit server goes with its owner.
+    queues.remove_all().await;
+    let left = tunnels.remove_all(&local, &cluster).await;
     let _ = child.start_kill();
     let _ = child.wait().await;
+    assert!(left.is_empty(), "exit servers left after every Tunnel was deleted: {left:?}");
     ns.cleanup().await;
-}
-
-/// Waits until every live Queue is Ready at its latest generation and every deleted one is gone.
-async fn converge(queues: &Api<Queue>, live: &BTreeMap<String, i32>, deleted: &BTreeSet<String>) -> Duration {
-    let since = Instant::now();
-    eventually(
-        "every live Queue Ready at its generation, every deleted one gone",
-        Duration::from_secs(120),
-        || async {
-            let list = queues.list(&ListParams::default()).await.ok()?;
-            let by_name: BTreeMap<String, &Queue> =
-                list.items.iter().map(|q| (q.metadata.name.clone().unwrap(), q)).collect();
-            let all_ready = live.keys().all(|n| {
-                by_name.get(n).is_some_and(|q| {
-                    ready(q) == Some((ConditionStatus::True, "Available".into()))
-                        && q.status.as_ref().and_then(|s| s.observed_generation) == q.metadata.generation
-                })
-            });
-            let all_gone = deleted.iter().all(|n| !by_name.contains_key(n));
-            (all_ready && all_gone).then_some(())
-        },
-    )
-    .await;
-    since.elapsed()
-}
-
-/// SQS queues of this namespace by owner: (leaked, duplicated, live Queues without a queue or
-/// with a stale attribute).
-async fn audit(ns: &str, queues: &Api<Queue>, live: &BTreeMap<String, i32>) -> (usize, usize, usize) {
-    let sqs = sqs().await;
-    let owners: BTreeMap<String, usize> =
-        common::private_env::queues_by_owner(&sqs, ns).await.into_iter().map(|(uid, urls)| (uid, urls.len())).collect();
-    let mut live_uids = BTreeSet::new();
-    let mut missing = 0;
-    for (name, timeout) in live {
-        let q = queues.get(name).await.unwrap();
-        let uid = q.metadata.uid.clone().unwrap();
-        let url = q.status.and_then(|s| s.queue_url).unwrap_or_default();
-        let current =
-            if url.is_empty() { None } else { attributes(&sqs, &url).await.get("VisibilityTimeout").cloned() };
-        if owners.get(&uid).copied().unwrap_or_default() == 0 || current != Some(timeout.to_string()) {
-            missing += 1;
-        }
-        live_uids.insert(uid);
-    }
-    let leaks = owners.iter().filter(|(uid, _)| !live_uids.contains(*uid)).map(|(_, n)| n).sum();
-    let duplicates = owners.iter().filter(|(uid, _)| live_uids.contains(*uid)).map(|(_, n)| n - 1).sum();
-    (leaks, duplicates, missing)
 }
