@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rand::Rng;
 
@@ -19,11 +19,20 @@ pub struct Backoff {
     /// Shortest retry of a failure that heals slowly ([`crate::Error::heals_slowly`]).
     slow_floor: Option<Duration>,
     failures: Mutex<HashMap<String, u32>>,
+    /// Per object: no retry before this instant unless its spec changed ([`Backoff::held`]).
+    holds: Mutex<HashMap<String, Hold>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Hold {
+    until: Instant,
+    /// The object's [`Backoff::held`] `change` when it failed.
+    change: u64,
 }
 
 impl Backoff {
     pub fn new(min: Duration, max: Duration) -> Self {
-        Backoff { min, max: max.max(min), slow_floor: None, failures: Mutex::default() }
+        Backoff { min, max: max.max(min), slow_floor: None, failures: Mutex::default(), holds: Mutex::default() }
     }
 
     /// Failures that heal slowly are retried no sooner than `floor` (and no later than the
@@ -62,6 +71,26 @@ impl Backoff {
 
     pub fn reset(&self, key: &str) {
         self.failures.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+        self.holds.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+    }
+
+    /// Keeps `key` from being retried before `delay` has passed, unless `change` (what the
+    /// object's owner controls: its generation, its deletion) differs by then.
+    pub fn hold(&self, key: &str, delay: Duration, change: u64) {
+        let hold = Hold { until: Instant::now() + delay, change };
+        self.holds.lock().unwrap_or_else(|p| p.into_inner()).insert(key.to_string(), hold);
+    }
+
+    /// How much longer `key` must wait after its last failure, if the object's `change` is the
+    /// one it failed with. kube-runtime runs an object at once when a watch event (our own
+    /// finalizer write, an owned object's update) arrived while its failing reconcile ran,
+    /// whatever delay the error policy asked for: without this the cloud would see the same
+    /// failing call again within milliseconds. A user's edit or deletion is acted on at once.
+    pub fn held(&self, key: &str, change: u64) -> Option<Duration> {
+        let holds = self.holds.lock().unwrap_or_else(|p| p.into_inner());
+        let hold = holds.get(key).filter(|h| h.change == change)?;
+        // A requeue timer may fire a little early; a few milliseconds are not worth a round.
+        hold.until.checked_duration_since(Instant::now()).filter(|left| *left > Duration::from_millis(20))
     }
 
     pub fn failures(&self, key: &str) -> u32 {
@@ -107,6 +136,22 @@ mod tests {
         assert_eq!(b.slow(Duration::from_secs(3600)), settings.backoff_max);
         let flaky = crate::Error::Queue(providers::QueueError::Unavailable("x".into()));
         assert!(!flaky.heals_slowly(), "other failures keep the plain backoff");
+    }
+
+    #[test]
+    fn a_held_object_waits_out_its_backoff_unless_its_spec_changed() {
+        let b = Backoff::new(Duration::from_secs(1), Duration::from_secs(10));
+        assert_eq!(b.held("a", 7), None, "nothing failed yet");
+        b.hold("a", Duration::from_secs(5), 7);
+        let left = b.held("a", 7).expect("held");
+        assert!(left > Duration::from_secs(4) && left <= Duration::from_secs(5), "{left:?}");
+        assert_eq!(b.held("a", 8), None, "an edit or a deletion goes ahead");
+        assert_eq!(b.held("b", 7), None, "per object");
+        b.hold("a", Duration::from_millis(5), 7);
+        assert_eq!(b.held("a", 7), None, "a hold about to end is not worth a round");
+        b.hold("a", Duration::from_secs(5), 7);
+        b.reset("a");
+        assert_eq!(b.held("a", 7), None, "a success ends the hold");
     }
 
     #[test]

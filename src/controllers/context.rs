@@ -9,7 +9,7 @@ use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::backoff::Backoff;
 use super::memory::OwnWrites;
@@ -114,7 +114,22 @@ where
 {
     let metrics = ctx.metrics.clone();
     let kind = K::kind(&());
+    if let Some(left) = ctx.backoff.held(&object_key(&*obj), owner_change(&*obj)) {
+        debug!(kind = %kind, namespace = %obj.namespace().unwrap_or_default(), name = %obj.name_any(), retry_in = ?left, "still backing off");
+        return Ok(Action::requeue(left));
+    }
     super::instrumented(&kind, &*obj.clone(), &metrics, inner(obj, ctx)).await
+}
+
+/// What the object's owner changes that must end a backoff at once: its generation (an edit)
+/// and its deletion. Not finalizers, status or owned objects: those are our own writes.
+pub fn owner_change<K: Resource>(obj: &K) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    obj.meta().uid.hash(&mut h);
+    obj.meta().generation.hash(&mut h);
+    obj.meta().deletion_timestamp.is_some().hash(&mut h);
+    h.finish()
 }
 
 /// Transient failures: retry after the cloud's Retry-After if it gave one, else the object's own
@@ -130,5 +145,6 @@ where
         delay = ctx.backoff.slow(delay);
     }
     warn!(kind = %K::kind(&()), namespace = %obj.namespace().unwrap_or_default(), name = %obj.name_any(), reason = error.reason(), error = %error, retry_in = ?delay, "reconcile failed");
+    ctx.backoff.hold(&object_key(&*obj), delay, owner_change(&*obj));
     Action::requeue(delay)
 }

@@ -166,6 +166,28 @@ async fn a_transient_sqs_failure_is_reported_once_and_returned_for_backoff() {
     assert_eq!(h.ctx.backoff.failures(&object_key(&h.current())), 1);
 }
 
+/// Issue 12 §3: the finalizer this reconcile wrote wakes the Queue again while its SQS call
+/// fails; kube-runtime runs that wake-up right after, ahead of the error policy's delay. The
+/// retry must wait out the backoff (no second SQS call) unless the user edited the Queue.
+#[tokio::test]
+async fn a_wake_up_during_a_failing_reconcile_waits_out_the_backoff_but_an_edit_does_not() {
+    let h = harness();
+    h.sqs.fail_next("create_queue", QueueError::Unavailable("connection reset".into()));
+    let err = h.reconcile(h.put(&queue(QueueSpec::default()))).await.unwrap_err();
+    error_policy(Arc::new(h.current()), &err, h.ctx.clone());
+    let calls = h.sqs.calls().len();
+    // The finalizer's watch event: same generation, so the same spec.
+    let action = h.reconcile(Arc::new(h.current())).await.unwrap();
+    assert_eq!(h.sqs.calls().len(), calls, "no SQS call before the backoff ends");
+    assert!(action != Action::await_change(), "retried when the backoff ends");
+    // An edit goes ahead at once.
+    let mut edited = h.current();
+    edited.metadata.generation = Some(edited.metadata.generation.unwrap_or(1) + 1);
+    edited.spec.visibility_timeout_seconds = Some(45);
+    h.reconcile(h.put(&edited)).await.unwrap();
+    assert!(h.sqs.calls().len() > calls, "the edit reached SQS");
+}
+
 #[tokio::test]
 async fn a_failed_status_write_does_not_hide_the_sqs_error() {
     let h = harness();
