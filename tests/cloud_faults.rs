@@ -158,7 +158,7 @@ fn above_budget(calls: &[Call]) -> usize {
 /// Calls for a queue that came sooner than the shortest backoff after a failed call for it.
 /// Counted only after `settled` (the test's own edits and deletes wake a Queue at once).
 fn retried_too_soon(calls: &[Call], settled: Instant) -> usize {
-    let mut last_failure: BTreeMap<&str, Instant> = BTreeMap::new();
+    let mut last_failure: BTreeMap<&str, &Call> = BTreeMap::new();
     let mut too_soon = 0;
     for c in calls {
         if c.queue.is_empty() {
@@ -166,12 +166,21 @@ fn retried_too_soon(calls: &[Call], settled: Instant) -> usize {
         }
         if let Some(failed) = last_failure.remove(c.queue.as_str())
             && c.at > settled
-            && c.at.duration_since(failed) < SHORTEST_RETRY
+            && c.at.duration_since(failed.at) < SHORTEST_RETRY
         {
+            // Both calls, so a failure says which path retried early.
+            println!(
+                "retried too soon: {} {} failed ({:?}), then {} after {:?}",
+                failed.queue,
+                failed.operation,
+                failed.fault,
+                c.operation,
+                c.at.duration_since(failed.at)
+            );
             too_soon += 1;
         }
         if c.fault.is_some_and(|f| f.failed()) {
-            last_failure.insert(&c.queue, c.at);
+            last_failure.insert(&c.queue, c);
         }
     }
     too_soon

@@ -358,19 +358,13 @@ async fn deleting_the_service_deletes_the_tunnel_and_its_exit_server() {
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn the_orphan_sweep_deletes_tagged_hosts_without_a_tunnel_and_keeps_the_rest() {
+    use std::sync::atomic::Ordering::Relaxed;
     let ns = TestNs::new("tun-sweep").await;
-    let mut settings = fast_tunnel_settings();
-    settings.orphan_sweep_interval = Duration::from_secs(2);
-    let op = TunnelOperator::start(&ns, settings).await;
-    let services: Api<Service> = ns.api();
-    let tunnels: Api<Tunnel> = ns.api();
-    services.create(&PostParams::default(), &web("web")).await.unwrap();
-    // The tunnel client runs (as a kubelet would run its Deployment): Active needs it.
-    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
-    let live = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
 
-    // Hosts as a crashed or finalizer-less skyport could leave them: one of this cluster and
-    // namespace with no Tunnel, one of another cluster, one of another namespace.
+    // Hosts as a crashed or finalizer-less skyport could leave them, made before the operator
+    // starts (a host made while a sweep runs may be swept halfway through its own creation):
+    // one of this cluster and namespace with no Tunnel, one of another cluster, one of another
+    // namespace.
     let make = |cluster: &str, namespace: &str| {
         let mut tags = providers::owner_tags(&uuid(), namespace, "gone-tunnel");
         tags.insert(TAG_CLUSTER.to_string(), cluster.to_string());
@@ -392,16 +386,34 @@ async fn the_orphan_sweep_deletes_tagged_hosts_without_a_tunnel_and_keeps_the_re
             tags,
         }
     };
-    let cluster = op.ctx.cluster_id.clone();
-    let orphan = op.local.create(&make(&cluster, &ns.name)).await.unwrap();
-    let foreign = op.local.create(&make("another-cluster", &ns.name)).await.unwrap();
-    let elsewhere = op.local.create(&make(&cluster, "another-namespace")).await.unwrap();
+    let leftovers = tunnels::local_provider(&ns);
+    let cluster = tunnels::test_cluster_id(&ns);
+    let orphan = leftovers.create(&make(&cluster, &ns.name)).await.unwrap();
+    let foreign = leftovers.create(&make("another-cluster", &ns.name)).await.unwrap();
+    let elsewhere = leftovers.create(&make(&cluster, "another-namespace")).await.unwrap();
+
+    let mut settings = fast_tunnel_settings();
+    settings.orphan_sweep_interval = Duration::from_secs(2);
+    let op = TunnelOperator::start(&ns, settings).await;
+    assert_eq!(op.ctx.cluster_id, cluster);
+    let services: Api<Service> = ns.api();
+    let tunnels: Api<Tunnel> = ns.api();
+    services.create(&PostParams::default(), &web("web")).await.unwrap();
+    // The tunnel client runs (as a kubelet would run its Deployment): Active needs it.
+    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
+    let live = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
 
     eventually("orphan deleted by the sweep", Duration::from_secs(20), || async {
         op.local.get(&orphan.id).await.unwrap().is_none().then_some(())
     })
     .await;
-    assert!(op.ctx.orphans_deleted.load(std::sync::atomic::Ordering::Relaxed) >= 1);
+    // Two more passes, so at least one full pass saw the live Tunnel's host.
+    let passes = op.ctx.sweeps.load(Relaxed);
+    eventually("two more sweep passes", Duration::from_secs(20), || async {
+        (op.ctx.sweeps.load(Relaxed) >= passes + 2).then_some(())
+    })
+    .await;
+    assert_eq!(op.ctx.orphans_deleted.load(Relaxed), 1, "only the orphan is deleted");
     assert!(op.local.get(&foreign.id).await.unwrap().is_some(), "another cluster's host is kept");
     assert!(op.local.get(&elsewhere.id).await.unwrap().is_some(), "a host outside the namespace is kept");
     assert!(op.local.get(&host_id(&live)).await.unwrap().is_some(), "a live Tunnel's host is kept");

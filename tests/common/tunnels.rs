@@ -32,6 +32,23 @@ impl Drop for TunnelOperator {
     }
 }
 
+/// The state directory of the local provider [`TunnelOperator::start`] gives `ns`.
+pub fn local_state_dir(ns: &TestNs) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("skyport-test-hosts-{}", ns.name))
+}
+
+/// The cluster id [`TunnelOperator::start`] tags hosts with unless the settings name one.
+pub fn test_cluster_id(ns: &TestNs) -> String {
+    format!("test-{}", ns.name)
+}
+
+/// A local provider on the state directory [`TunnelOperator::start`] will use for `ns`: hosts
+/// made with it before the operator starts are there when it does (as a crash leaves them).
+pub fn local_provider(ns: &TestNs) -> providers::local::LocalProvider {
+    providers::local::LocalProvider::new(providers::local::LocalSettings::new(local_state_dir(ns), kubelet::skyport_exe()))
+        .expect("local provider")
+}
+
 /// Tunnel settings for fast tests: local provider, 2 s resync, no orphan sweep.
 pub fn fast_tunnel_settings() -> skyport::config::TunnelArgs {
     skyport::config::TunnelArgs {
@@ -71,7 +88,7 @@ impl TunnelOperator {
         if std::env::var_os("RUST_LOG").is_some() {
             skyport::telemetry::init(skyport::telemetry::LogFormat::Text);
         }
-        let state = std::env::temp_dir().join(format!("skyport-test-hosts-{}", ns.name));
+        let state = local_state_dir(ns);
         // The operator's "own executable" is the skyport binary of this build (a test binary
         // is not one). A test that names another one gives the local provider a broken binary
         // on purpose; the digest still comes from the real one.
@@ -96,7 +113,7 @@ impl TunnelOperator {
         .boxed()
         .shared();
         let backoff = skyport::controllers::Backoff::new(Duration::from_millis(200), Duration::from_secs(2));
-        let cluster_id = settings.cluster_id.clone().unwrap_or_else(|| format!("test-{}", ns.name));
+        let cluster_id = settings.cluster_id.clone().unwrap_or_else(|| test_cluster_id(ns));
         let (ctx, tunnels) = skyport::controllers::tunnel::controller(
             client.clone(),
             registry,

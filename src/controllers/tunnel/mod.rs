@@ -81,6 +81,8 @@ pub struct State {
     pub services: Store<Service>,
     /// Exit servers the orphan sweep deleted.
     pub orphans_deleted: std::sync::atomic::AtomicU64,
+    /// Orphan sweep passes completed (with or without deletions): lets a test know a pass ran.
+    pub sweeps: std::sync::atomic::AtomicU64,
     /// Since when each host fails the health check.
     pub failing: observe::FailingClocks,
     /// The end-to-end health check ([`observe::NetworkProbe`]; a fake in reconcile tests).
@@ -125,6 +127,7 @@ pub fn controller(
         tunnels: tunnel_reader.clone(),
         services: service_reader,
         orphans_deleted: Default::default(),
+        sweeps: Default::default(),
         failing: Default::default(),
         probe: Arc::new(observe::NetworkProbe),
     };

@@ -52,6 +52,7 @@ pub async fn sweep_once(ctx: &Context) -> usize {
             deleted += delete(provider.as_ref(), host, ctx).await;
         }
     }
+    ctx.sweeps.fetch_add(1, Ordering::Relaxed);
     deleted
 }
 
