@@ -11,6 +11,7 @@ use super::{Ec2Provider, MAX_USER_DATA, PROVIDER, TAG_INSTANCE_ID, invalid, meta
 use crate::error::HostError;
 use crate::hosts::{Address, AddressRequest, Host, HostProvider, HostRequest};
 use crate::limiter::Limiter;
+use crate::userdata::{ExitServer, render_server_toml};
 
 #[async_trait]
 impl HostProvider for Ec2Provider {
@@ -82,6 +83,37 @@ impl HostProvider for Ec2Provider {
             warn!(provider = PROVIDER, group = %group_id, error = %e, "could not tag the security group with its instance");
         }
         Ok(created)
+    }
+
+    /// Opens the new ports in the host's security groups, pushes the config to the exit server
+    /// ([`crate::push`]), then closes the ports it no longer serves. A host that takes no push
+    /// is left for the controller to replace (its extra rules go with its group).
+    async fn reconfigure(&self, id: &str, server: &ExitServer) -> Result<bool, HostError> {
+        let (r, instance_id) = self.resolve(id)?;
+        self.retry_pending().await;
+        let instance = self
+            .describe(&r, instance_id)
+            .await?
+            .ok_or_else(|| HostError::NotFound { provider: PROVIDER, message: format!("instance {id}") })?;
+        let ip = host_in(&r, &instance)
+            .and_then(|h| h.public_ipv4)
+            .ok_or_else(|| unavailable(&format!("instance {id} has no public address yet")))?;
+        let config = render_server_toml(server).map_err(|e| invalid(e.to_string()))?;
+        let mut stale = Vec::new();
+        for group in self.groups_of(&r, instance_id, Some(&instance)).await? {
+            // Never change a group the user attached by hand.
+            if self.is_ours(&r, &group).await? {
+                let closing = self.open_rules(&r, &group, server).await?;
+                stale.push((group, closing));
+            }
+        }
+        if !crate::push::reconfigure_host(PROVIDER, &ip, server, &config).await? {
+            return Ok(false);
+        }
+        for (group, closing) in stale {
+            self.close_rules(&r, &group, closing).await?;
+        }
+        Ok(true)
     }
 
     async fn get(&self, id: &str) -> Result<Option<Host>, HostError> {
