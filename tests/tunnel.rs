@@ -623,7 +623,7 @@ async fn a_tunnel_on_ec2_gets_an_instance_with_its_own_security_group_and_the_se
     assert_eq!(ingress_ip(&services.get("web").await.unwrap()), None, "no address before the tunnel is through");
 
     // The instance: owner and cluster tags, the requested size, a security group with exactly
-    // the control port and the Service's ports.
+    // the control, health and push ports and the Service's ports.
     let client = ec2.client();
     let out = client.describe_instances().instance_ids(&id).send().await.unwrap();
     let instance = out.reservations()[0].instances()[0].clone();
@@ -641,7 +641,13 @@ async fn a_tunnel_on_ec2_gets_an_instance_with_its_own_security_group_and_the_se
     rules.sort();
     assert_eq!(
         rules,
-        [("tcp".to_string(), 2333), ("tcp".to_string(), 2334), ("tcp".to_string(), 8080), ("udp".to_string(), 5353)]
+        [
+            ("tcp".to_string(), 2333),
+            ("tcp".to_string(), 2334),
+            ("tcp".to_string(), 2335),
+            ("tcp".to_string(), 8080),
+            ("udp".to_string(), 5353)
+        ]
     );
 
     // Deleting the Service: instance terminated, group deleted, nothing of this UID left.

@@ -46,6 +46,8 @@ const NONCE_LEN: usize = 24;
 const TAG_LEN: usize = 16;
 /// Domain separation: this key seals pushes and nothing else.
 const KEY_CONTEXT: &[u8] = b"skyport-tunnel-push-v1\0";
+/// How long a client waits for the greeting, which a server sends as it accepts.
+const GREETING_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a client waits for the whole exchange by default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -92,6 +94,8 @@ pub enum PushError {
     Connect(SocketAddr, std::io::Error),
     #[error("{0} did not complete the push within {1:?}")]
     Timeout(SocketAddr, Duration),
+    #[error("{0} accepted the connection but is not a skyport exit server taking pushes: {1}")]
+    NoGreeting(SocketAddr, &'static str),
     #[error("{0}: {1}")]
     Protocol(SocketAddr, String),
     #[error("{0} refused the push: {1:?}")]
@@ -219,16 +223,23 @@ pub async fn push(address: SocketAddr, key: &PushKey, config: &str, timeout: Dur
         .await
         .map_err(|_| PushError::Connect(address, std::io::ErrorKind::TimedOut.into()))?;
     let mut conn = connect.map_err(|e| PushError::Connect(address, e))?;
-    let work = async {
-        let protocol = |what: &str| PushError::Protocol(address, what.to_string());
+    let greeted = async {
         let mut hello = [0u8; GREETING_LEN];
-        conn.read_exact(&mut hello).await.map_err(|_| protocol("no greeting (not a skyport exit server?)"))?;
+        conn.read_exact(&mut hello).await.map_err(|_| PushError::NoGreeting(address, "no greeting"))?;
         if &hello[..GREETING.len()] != GREETING {
-            return Err(protocol("not a skyport exit server's greeting"));
+            return Err(PushError::NoGreeting(address, "another greeting"));
         }
         if hello[GREETING.len()] != VERSION {
-            return Err(protocol("the exit server speaks another push version"));
+            return Err(PushError::NoGreeting(address, "another push version"));
         }
+        Ok(hello)
+    };
+    // Something that accepts connections but never greets is not a push receiver either.
+    let hello = tokio::time::timeout(timeout.min(GREETING_TIMEOUT), greeted)
+        .await
+        .map_err(|_| PushError::NoGreeting(address, "no greeting"))??;
+    let work = async {
+        let protocol = |what: &str| PushError::Protocol(address, what.to_string());
         let current = u64::from_be_bytes(hello[GREETING.len() + 1..].try_into().unwrap_or_default());
         let generation = current.checked_add(1).ok_or_else(|| protocol("generation exhausted"))?;
         let frame = Frame::seal(key, generation, config.as_bytes())?;
@@ -264,7 +275,8 @@ pub async fn reconfigure_running<P: HostProvider + ?Sized>(
 /// Pushes `config` (the host's rendered `server.toml`, sealed with the key derived from
 /// `server`'s Noise key) to the host at `ip`. `Ok(false)` when the host cannot take this push
 /// and only a new one can serve `server`, so the controller replaces it as before: nothing takes
-/// pushes there (a host made by a skyport without them, or one that cannot be reached), the host
+/// pushes there (a host made by a skyport without them, one that cannot be reached, or something
+/// else answering on the port), the host
 /// holds another Noise key (the Tunnel's Secret was re-created), or the config moves the control
 /// port. A config the server finds invalid, or a failure on the way, is an error.
 pub async fn reconfigure_host(
@@ -277,14 +289,25 @@ pub async fn reconfigure_host(
         provider,
         message: format!("the host's address {ip:?} is not an IP address"),
     })?;
+    reconfigure_at(provider, SocketAddr::new(ip, PUSH_PORT), server, config).await
+}
+
+/// [`reconfigure_host`] to an explicit push address.
+async fn reconfigure_at(
+    provider: &'static str,
+    address: SocketAddr,
+    server: &ExitServer,
+    config: &str,
+) -> Result<bool, HostError> {
+    let ip = address.ip();
     let key = PushKey::derive(&server.noise_private_key)
         .map_err(|e| HostError::Invalid { provider, message: e.to_string() })?;
-    match push(SocketAddr::new(ip, PUSH_PORT), &key, config, DEFAULT_TIMEOUT).await {
+    match push(address, &key, config, DEFAULT_TIMEOUT).await {
         Ok(generation) => {
             tracing::info!(provider, %ip, generation, "pushed the exit server's new configuration");
             Ok(true)
         }
-        Err(e @ PushError::Connect(..)) => {
+        Err(e @ (PushError::Connect(..) | PushError::NoGreeting(..))) => {
             tracing::warn!(provider, error = %e, "the exit server takes no configuration pushes");
             Ok(false)
         }
@@ -342,6 +365,42 @@ mod tests {
         assert_eq!(format!("{key:?}"), "PushKey(<redacted>)");
         assert!(matches!(PushKey::derive("c2hvcnQ="), Err(PushError::InvalidKey)));
         assert!(matches!(PushKey::derive("not base64!"), Err(PushError::InvalidKey)));
+    }
+
+    #[tokio::test]
+    async fn a_host_that_takes_no_push_is_left_to_be_replaced_and_a_refusal_is_an_error() {
+        let server = ExitServer { control_port: 2333, noise_private_key: KEY.into(), services: vec![] };
+        // Nothing listens.
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        assert!(!reconfigure_at("t", free, &server, "").await.unwrap());
+        // Something else listens: it greets otherwise, or not at all.
+        for greeting in [&b"SSH-2.0-OpenSSH_9.2\r\n"[..], b""] {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let address = listener.local_addr().unwrap();
+            tokio::spawn(async move {
+                let (mut conn, _) = listener.accept().await.unwrap();
+                conn.write_all(greeting).await.unwrap();
+            });
+            assert!(!reconfigure_at("t", address, &server, "").await.unwrap());
+        }
+        // A push receiver that refuses: the config is invalid (an error), or sealed under
+        // another key (the host holds other credentials: replace it).
+        for (answer, replace) in [(Answer::Refused, None), (Answer::Unauthenticated, Some(false))] {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let address = listener.local_addr().unwrap();
+            tokio::spawn(async move {
+                let (mut conn, _) = listener.accept().await.unwrap();
+                conn.write_all(&greeting(3)).await.unwrap();
+                let frame = Frame::read(&mut conn).await.unwrap();
+                assert_eq!(frame.generation, 4, "the generation after the server's");
+                conn.write_all(&[answer as u8]).await.unwrap();
+            });
+            let got = reconfigure_at("t", address, &server, "[server]").await;
+            match replace {
+                Some(value) => assert_eq!(got.unwrap(), value),
+                None => assert!(matches!(got, Err(HostError::Invalid { .. })), "{got:?}"),
+            }
+        }
     }
 
     #[tokio::test]

@@ -85,35 +85,26 @@ impl HostProvider for Ec2Provider {
         Ok(created)
     }
 
-    /// Opens the new ports in the host's security groups, pushes the config to the exit server
-    /// ([`crate::push`]), then closes the ports it no longer serves. A host that takes no push
-    /// is left for the controller to replace (its extra rules go with its group).
+    /// Makes the host's security groups open exactly the new ports, then pushes the config to
+    /// the exit server ([`crate::push`]). The group goes first so a new port is reachable the
+    /// moment the server binds it; a removed port is closed a moment early, which is harmless
+    /// (the Service no longer has it). A host that takes no push is replaced by the controller.
     async fn reconfigure(&self, id: &str, server: &ExitServer) -> Result<bool, HostError> {
         let (r, instance_id) = self.resolve(id)?;
         self.retry_pending().await;
-        let instance = self
-            .describe(&r, instance_id)
-            .await?
-            .ok_or_else(|| HostError::NotFound { provider: PROVIDER, message: format!("instance {id}") })?;
-        let ip = host_in(&r, &instance)
-            .and_then(|h| h.public_ipv4)
-            .ok_or_else(|| unavailable(&format!("instance {id} has no public address yet")))?;
+        // A terminated instance reads as gone, as in `get`.
+        let gone = || HostError::NotFound { provider: PROVIDER, message: format!("instance {id}") };
+        let instance = self.describe(&r, instance_id).await?.ok_or_else(gone)?;
+        let host = host_in(&r, &instance).ok_or_else(gone)?;
+        let ip = host.public_ipv4.ok_or_else(|| unavailable(&format!("instance {id} has no public address yet")))?;
         let config = render_server_toml(server).map_err(|e| invalid(e.to_string()))?;
-        let mut stale = Vec::new();
         for group in self.groups_of(&r, instance_id, Some(&instance)).await? {
             // Never change a group the user attached by hand.
             if self.is_ours(&r, &group).await? {
-                let closing = self.open_rules(&r, &group, server).await?;
-                stale.push((group, closing));
+                self.sync_ingress(&r, &group, server).await?;
             }
         }
-        if !crate::push::reconfigure_host(PROVIDER, &ip, server, &config).await? {
-            return Ok(false);
-        }
-        for (group, closing) in stale {
-            self.close_rules(&r, &group, closing).await?;
-        }
-        Ok(true)
+        crate::push::reconfigure_host(PROVIDER, &ip, server, &config).await
     }
 
     async fn get(&self, id: &str) -> Result<Option<Host>, HostError> {

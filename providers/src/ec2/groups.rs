@@ -279,15 +279,15 @@ fn open_rules(permissions: &[IpPermission]) -> BTreeSet<RuleKey> {
 }
 
 impl Ec2Provider {
-    /// Opens the ports of `server` in `group_id` that it does not open yet; returns the rules
-    /// it opens that `server` no longer needs, for [`Ec2Provider::close_rules`] once the server
-    /// has stopped using them.
-    pub(super) async fn open_rules(
+    /// Makes `group_id` open exactly the ports of `server` (a Service's port change): the missing
+    /// rules are authorized, the ones no port needs any more revoked. Rules of another shape (a
+    /// range, a narrower source) are left alone.
+    pub(super) async fn sync_ingress(
         &self,
         r: &Regional,
         group_id: &str,
         server: &ExitServer,
-    ) -> Result<Vec<IpPermission>, HostError> {
+    ) -> Result<(), HostError> {
         let out = self
             .call(r, "DescribeSecurityGroups", async {
                 r.client.describe_security_groups().group_ids(group_id).send().await.map_err(map_err)
@@ -308,29 +308,19 @@ impl Ec2Provider {
             })
             .await?;
         }
-        Ok(current.difference(&wanted).cloned().map(rule).collect())
-    }
-
-    /// Revokes `rules` (from [`Ec2Provider::open_rules`]) in `group_id`.
-    pub(super) async fn close_rules(
-        &self,
-        r: &Regional,
-        group_id: &str,
-        rules: Vec<IpPermission>,
-    ) -> Result<(), HostError> {
-        if rules.is_empty() {
-            return Ok(());
+        let stale: Vec<IpPermission> = current.difference(&wanted).cloned().map(rule).collect();
+        if !stale.is_empty() {
+            self.call(r, "RevokeSecurityGroupIngress", async {
+                r.client
+                    .revoke_security_group_ingress()
+                    .group_id(group_id)
+                    .set_ip_permissions(Some(stale))
+                    .send()
+                    .await
+                    .map_err(map_err)
+            })
+            .await?;
         }
-        self.call(r, "RevokeSecurityGroupIngress", async {
-            r.client
-                .revoke_security_group_ingress()
-                .group_id(group_id)
-                .set_ip_permissions(Some(rules))
-                .send()
-                .await
-                .map_err(map_err)
-        })
-        .await?;
         Ok(())
     }
 }
