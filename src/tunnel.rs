@@ -22,7 +22,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::info;
 
+pub mod firewall;
 pub mod push;
+
+pub use firewall::firewall;
 
 /// Name of the rathole service that carries the health check.
 pub const HEALTH_SERVICE: &str = "skyport-health";
@@ -79,42 +82,6 @@ pub async fn run(role: Role, config: PathBuf, push_port: u16) -> anyhow::Result<
         genkey: None,
     };
     rathole::run(cli, shutdown_rx).await
-}
-
-/// `skyport tunnel firewall`: the nftables ruleset opening exactly the ports of the server
-/// config at `config` (its control port, `push_port` and its services), written to `output`
-/// through a rename. Runs as root on the VM after each push; only port numbers are taken from
-/// the file, so whatever the unprivileged server wrote can only open ports.
-pub async fn firewall(config: &Path, output: &Path, push_port: u16) -> anyhow::Result<()> {
-    use std::collections::BTreeSet;
-    let parsed = rathole::Config::from_file(config)
-        .await
-        .with_context(|| format!("reading the tunnel configuration {}", config.display()))?;
-    let server = parsed.server.as_ref().context("not a tunnel server configuration")?;
-    let port = |addr: &str| -> anyhow::Result<u16> {
-        let parsed: SocketAddr = addr.parse().with_context(|| format!("bind_addr {addr:?} is not ip:port"))?;
-        Ok(parsed.port())
-    };
-    let mut tcp = BTreeSet::from([port(&server.bind_addr)?]);
-    if push_port != 0 {
-        tcp.insert(push_port);
-    }
-    let mut udp = BTreeSet::new();
-    for service in server.services.values() {
-        // rathole's service type is not exported by name; its serialized form is.
-        let udp_service = serde_json::to_value(service.service_type).ok().and_then(|v| v.as_str().map(str::to_owned));
-        match udp_service.as_deref() {
-            Some("udp") => udp.insert(port(&service.bind_addr)?),
-            _ => tcp.insert(port(&service.bind_addr)?),
-        };
-    }
-    let rules = providers::userdata::render_nftables_ports(&tcp, &udp);
-    let mut staged = output.as_os_str().to_owned();
-    staged.push(".skyport-tmp");
-    std::fs::write(&staged, rules).with_context(|| format!("writing {}", output.display()))?;
-    std::fs::rename(&staged, output).with_context(|| format!("replacing {}", output.display()))?;
-    info!(output = %output.display(), ?tcp, ?udp, "rendered the exit server's firewall");
-    Ok(())
 }
 
 /// The exit server's side of the health check: [`HEALTH_SERVICE`] published on `port` (which
