@@ -182,6 +182,10 @@ async fn service_port_changes_follow_on_the_same_exit_server() {
     .await;
     assert_eq!(host_id(&after), host_id(&before), "no new exit server for a port change");
     assert_eq!(host_ip(&after), host_ip(&before), "the address stays");
+    // Through a config push to the running server, as on a cloud VM: it persisted the push's
+    // generation beside its config.
+    let generation = std::fs::read_to_string(op.local.host_dir(&host_id(&after)).join("server.toml.generation"));
+    assert!(generation.is_ok_and(|g| g.trim().parse::<u64>().is_ok_and(|g| g >= 1)), "no push reached the server");
     carries(&host_ip(&after), 9090, None).await;
     carries(&host_ip(&after), 8080, None).await;
     eventually("UDP 5353 closed", Duration::from_secs(20), || async {
