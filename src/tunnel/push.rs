@@ -81,7 +81,11 @@ impl Receiver {
     pub async fn serve(self: Arc<Self>, listener: TcpListener) {
         let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
         loop {
-            let Ok((conn, peer)) = listener.accept().await else { continue };
+            let Ok((conn, peer)) = listener.accept().await else {
+                // Out of file descriptors and the like: do not spin.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            };
             let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
             let receiver = self.clone();
             tokio::spawn(async move {
