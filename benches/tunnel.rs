@@ -16,6 +16,11 @@
 //!    connections per second (connect, 1-byte echo, close). Targets: throughput ≥ 1.0 × OpenSSH
 //!    and ≥ 0.5 × the plain relay; added latency (path p50/p99 − direct p50/p99) ≤ 1.2 × OpenSSH's.
 //!
+//! 3. **a Service port change**: from patching a port onto the Service (9002/TCP) to the first
+//!    bytes echoed through the new port, at the same address and on the same exit server (the
+//!    config pushed to the running server, as on cloud VMs; the client pod rolled, as the
+//!    kubelet would). Target (issue 10 §4): ≤ 10 s. A new address or a new host is an error.
+//!
 //! The tunnel runs the skyport binary of the profile the benchmark is built with (the exit server
 //! and the client alike), so `cargo bench` (release) measures a release tunnel. OpenSSH and socat come from tests/env/install-bench-peers.sh.
 //!
@@ -156,7 +161,8 @@ async fn run(options: Options) -> anyhow::Result<()> {
     let op = tunnels::TunnelOperator::start(&ns, tunnels::fast_tunnel_settings()).await;
     let services: Api<Service> = ns.api();
     let backends = Backends::default();
-    let (mut total, mut provider_only, mut overhead) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut total, mut provider_only, mut overhead, mut port_change) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let sink_addr = sink().await?;
     let echo_addr = peers::echo().await?;
     let mut paths = vec![peers::Path::new("direct", sink_addr.to_string(), echo_addr.to_string())];
@@ -227,6 +233,9 @@ async fn run(options: Options) -> anyhow::Result<()> {
             line += &format!("; {} {mbps:.0} MB/s p50 {:.0} us {cps:.0} conn/s", p.name, peers::percentile(&rtt, 0.5));
             p.record(mbps, &rtt, cps);
         }
+        let changed = change_port(&services, &ns, &name, &ip, &backends, echo_addr).await?;
+        port_change.push(changed);
+        line += &format!("; port change -> bytes on the new port {changed:.3} s");
         eprintln!("{line}");
     }
 
@@ -244,10 +253,53 @@ async fn run(options: Options) -> anyhow::Result<()> {
     println!("time to ingress IP (median):      {t:.3} s");
     println!("  provider's own create (median): {p:.3} s");
     println!("  skyport overhead (median):      {o:.3} s   target <= 1 s: {}", mark(o <= 1.0));
+    let c = median(&mut port_change);
+    println!(
+        "Service port change -> bytes on the new port, same IP and host (median): {c:.3} s   target <= 10 s: {}",
+        mark(c <= 10.0)
+    );
     peers::report(&paths);
     tunnels::finish_tunnels(op, ns).await;
     drop((ssh, socat));
     Ok(())
+}
+
+/// Seconds from adding 9002/TCP to Service `name` (published at `ip`) to an echo through
+/// `ip:9002`; an error if the Tunnel moved to another address or host on the way.
+async fn change_port(
+    services: &Api<Service>,
+    ns: &TestNs,
+    name: &str,
+    ip: &str,
+    backends: &Backends,
+    echo_addr: std::net::SocketAddr,
+) -> anyhow::Result<f64> {
+    use kube::api::{Patch, PatchParams};
+    let tunnels: Api<skyport::crd::Tunnel> = ns.api();
+    let tunnel = format!("{name}-tunnel");
+    let host_before = tunnels.get(&tunnel).await?.status.and_then(|s| s.host_id);
+    backends.set(9002, "tcp", echo_addr).await;
+    let mut ports = service(name).spec.and_then(|s| s.ports).unwrap_or_default();
+    ports.push(serde_json::from_value(serde_json::json!({"name": "added", "port": 9002, "protocol": "TCP"}))?);
+    let patch = serde_json::json!({"spec": {"ports": ports}});
+    let started = Instant::now();
+    services.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    let new_port = format!("{ip}:9002");
+    let echoed = || async {
+        matches!(tokio::time::timeout(Duration::from_secs(2), peers::round_trips(&new_port, 1, 64)).await, Ok(Ok(_)))
+    };
+    while !echoed().await {
+        if started.elapsed() > Duration::from_secs(60) {
+            bail!("the added port of {name} never carried bytes");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let status = tunnels.get(&tunnel).await?.status.unwrap_or_default();
+    if status.host_ip.as_deref() != Some(ip) || status.host_id != host_before {
+        bail!("the port change of {name} moved the tunnel: {:?} at {:?}", status.host_id, status.host_ip);
+    }
+    Ok(seconds)
 }
 
 /// A host request like the controller's, with a fresh key.

@@ -45,6 +45,24 @@ pub enum TunnelRole {
         /// rathole server configuration (`[server]`), as the operator renders it.
         #[arg(long)]
         config: std::path::PathBuf,
+        /// TCP port, on the control channel's address, where the operator pushes new
+        /// configurations (sealed with a key derived from the server's Noise key); 0 turns
+        /// pushes off.
+        #[arg(long, default_value_t = providers::push::PUSH_PORT)]
+        push_port: u16,
+    },
+    /// Renders the exit server's nftables ruleset from the ports of a server configuration
+    /// (run as root by the VM's firewall unit after each config push).
+    Firewall {
+        /// rathole server configuration to read the ports from.
+        #[arg(long)]
+        config: std::path::PathBuf,
+        /// Where to write the ruleset (replaced through a rename).
+        #[arg(long)]
+        output: std::path::PathBuf,
+        /// The push port to keep open; 0 for none.
+        #[arg(long, default_value_t = providers::push::PUSH_PORT)]
+        push_port: u16,
     },
     /// The in-cluster client: dials the exit server and forwards each service to its
     /// `local_addr`; also answers the operator's health check on the `skyport-health` service.

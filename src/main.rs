@@ -35,8 +35,13 @@ async fn main() -> anyhow::Result<()> {
         Command::Tunnel { role } => {
             telemetry::init(telemetry::LogFormat::Text);
             match role {
-                TunnelRole::Server { config } => skyport::tunnel::run(skyport::tunnel::Role::Server, config).await,
-                TunnelRole::Client { config } => skyport::tunnel::run(skyport::tunnel::Role::Client, config).await,
+                TunnelRole::Server { config, push_port } => {
+                    skyport::tunnel::run(skyport::tunnel::Role::Server, config, push_port).await
+                }
+                TunnelRole::Client { config } => skyport::tunnel::run(skyport::tunnel::Role::Client, config, 0).await,
+                TunnelRole::Firewall { config, output, push_port } => {
+                    skyport::tunnel::firewall(&config, &output, push_port).await
+                }
             }
         }
     }

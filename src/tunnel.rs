@@ -22,6 +22,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::info;
 
+pub mod firewall;
+pub mod push;
+
+pub use firewall::firewall;
+
 /// Name of the rathole service that carries the health check.
 pub const HEALTH_SERVICE: &str = "skyport-health";
 /// Bytes of the operator's nonce.
@@ -36,8 +41,9 @@ pub enum Role {
     Client,
 }
 
-/// Runs the tunnel server or client from a rathole config file until SIGTERM or Ctrl-C.
-pub async fn run(role: Role, config: PathBuf) -> anyhow::Result<()> {
+/// Runs the tunnel server or client from a rathole config file until SIGTERM or Ctrl-C. A server
+/// also takes config pushes on `push_port` (0: not) on its control address ([`push`]).
+pub async fn run(role: Role, config: PathBuf, push_port: u16) -> anyhow::Result<()> {
     // rathole panics inside its tasks on some runtime errors (a port it cannot bind, a client
     // retry that gives up); the process must end then, so systemd or the kubelet restarts it,
     // instead of living on without serving.
@@ -59,6 +65,10 @@ pub async fn run(role: Role, config: PathBuf) -> anyhow::Result<()> {
             .with_context(|| format!("health responder cannot listen on {}", service.local_addr))?;
         info!(address = %service.local_addr, "answering the operator's tunnel health check");
         tokio::spawn(respond(listener, token));
+    }
+    // Listening before rathole starts: once the control port answers, pushes are taken too.
+    if role == Role::Server && push_port != 0 {
+        push::listen(&config, &parsed, push_port).await?;
     }
     let (shutdown, shutdown_rx) = tokio::sync::broadcast::channel(1);
     tokio::spawn(async move {

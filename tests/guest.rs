@@ -24,7 +24,7 @@ use std::time::Duration;
 use common::eventually;
 use common::kubelet::{Backends, skyport_exe, tcp_echo, udp_echo};
 use guest::Guest;
-use providers::userdata::{render_client_toml, render_cloud_config};
+use providers::userdata::{render_client_toml, render_cloud_config, render_server_toml};
 use sha2::{Digest, Sha256};
 use skyport::controllers::tunnel::desired;
 use skyport::crd::tunnel::TunnelPort;
@@ -193,30 +193,11 @@ async fn a_guest_booted_with_the_user_data_carries_tcp_and_udp_to_the_cluster() 
     // The in-cluster side: `skyport tunnel client`, as the client Deployment runs it, in front of
     // echo backends on loopback (the Service's endpoints).
     let backends = Backends::default();
-    let mut client = desired::client(&ports(), &credentials, &ip.to_string(), (CONTROL_PORT, HEALTH_PORT), "127.0.0.1");
-    for service in &mut client.services {
-        if service.name == skyport::tunnel::HEALTH_SERVICE {
-            // The responder on a free loopback port: this host may run other tests' clients.
-            let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-            service.local_addr = free.to_string();
-            continue;
-        }
-        let (port, protocol) = if service.name == "tcp-8080" { (8080, "tcp") } else { (5353, "udp") };
-        service.local_addr = backends.addr(port, protocol).await.to_string();
-    }
+    // The responder on a free loopback port: this host may run other tests' clients.
+    let health_addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let dir = std::env::temp_dir().join(format!("skyport-guest-client-{}", guest.name));
     std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("client.toml");
-    std::fs::write(&config, render_client_toml(&client).unwrap()).unwrap();
-    let _client = tokio::process::Command::new(skyport_exe())
-        .args(["tunnel", "client", "--config"])
-        .arg(&config)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::fs::File::create(dir.join("client.log")).unwrap())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut client = start_client(&dir, &ports(), &credentials, ip, health_addr, &backends).await;
 
     // Real bytes from this host's address, through the guest, to the backends.
     let payload: Vec<u8> = (0..256 * 1024).map(|_| rand::random::<u8>()).collect();
@@ -254,7 +235,74 @@ async fn a_guest_booted_with_the_user_data_carries_tcp_and_udp_to_the_cluster() 
     }
     assert!(guest.cloud_init_done(), "cloud-init did not finish\n{}", guest.diagnostics());
     assert_eq!(cloud_init_errors(&guest).await, Vec::<String>::new(), "{}", guest.diagnostics());
+
+    // The Service's ports change (8080/TCP out, 9090/TCP in): the operator pushes the new config
+    // to the running server, through its push port, as every cloud adapter's reconfigure does;
+    // the client is restarted with its new config, as its Deployment would roll. Same guest,
+    // same address; the new port carries bytes, and the firewall followed: the removed port is
+    // dropped, not merely refused.
+    let changed =
+        vec![TunnelPort { port: 9090, protocol: "TCP".into() }, TunnelPort { port: 5353, protocol: "UDP".into() }];
+    let server = desired::exit_server(&changed, &credentials, CONTROL_PORT, HEALTH_PORT);
+    let started = std::time::Instant::now();
+    let pushed =
+        providers::push::reconfigure_host("guest", &ip.to_string(), &server, &render_server_toml(&server).unwrap())
+            .await
+            .unwrap();
+    assert!(pushed, "the guest's exit server took the push");
+    // Gone before the new one binds the same health address.
+    client.kill().await.unwrap();
+    let _client = start_client(&dir, &changed, &credentials, ip, health_addr, &backends).await;
+    let (tag, echoed) = eventually("TCP on the new port through the guest", Duration::from_secs(30), || {
+        let payload = payload.clone();
+        async move { tcp_echo(&ip.to_string(), 9090, &payload).await }
+    })
+    .await;
+    let took = started.elapsed();
+    assert_eq!(tag, 9090);
+    assert!(echoed == payload, "the TCP payload came back changed");
+    eprintln!("guest: Service port change -> bytes on the new port, same address: {took:?}");
+    assert!(took < Duration::from_secs(10), "the new port carried bytes after {took:?}, not within 10 s");
+    let nft = guest.read("/etc/nftables.conf");
+    assert!(nft.contains("9090") && !nft.contains("8080"), "{nft}");
+    let removed = tokio::time::timeout(Duration::from_secs(3), tokio::net::TcpStream::connect((ip, 8080))).await;
+    assert!(removed.is_err(), "8080 must be dropped by the guest's firewall after the push, got {removed:?}");
+    assert_eq!(udp_echo(&ip.to_string(), 5353, b"still").await.as_deref(), Some(&b"5353:still"[..]));
+    assert_eq!(guest.read("/etc/skyport/server.toml.generation").trim(), "1");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Starts `skyport tunnel client` for `ports` of `credentials` against the guest at `ip`,
+/// forwarding to `backends` and answering the health check on `health_addr`; killed on drop.
+async fn start_client(
+    dir: &std::path::Path,
+    ports: &[TunnelPort],
+    credentials: &desired::Credentials,
+    ip: Ipv4Addr,
+    health_addr: std::net::SocketAddr,
+    backends: &Backends,
+) -> tokio::process::Child {
+    let mut client = desired::client(ports, credentials, &ip.to_string(), (CONTROL_PORT, HEALTH_PORT), "127.0.0.1");
+    for service in &mut client.services {
+        if service.name == skyport::tunnel::HEALTH_SERVICE {
+            service.local_addr = health_addr.to_string();
+            continue;
+        }
+        // Service names read `<protocol>-<port>`.
+        let (protocol, port) = service.name.split_once('-').unwrap();
+        service.local_addr = backends.addr(port.parse().unwrap(), protocol).await.to_string();
+    }
+    let config = dir.join("client.toml");
+    std::fs::write(&config, render_client_toml(&client).unwrap()).unwrap();
+    tokio::process::Command::new(skyport_exe())
+        .args(["tunnel", "client", "--config"])
+        .arg(&config)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(dir.join("client.log")).unwrap())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -182,6 +182,10 @@ async fn service_port_changes_follow_on_the_same_exit_server() {
     .await;
     assert_eq!(host_id(&after), host_id(&before), "no new exit server for a port change");
     assert_eq!(host_ip(&after), host_ip(&before), "the address stays");
+    // Through a config push to the running server, as on a cloud VM: it persisted the push's
+    // generation beside its config.
+    let generation = std::fs::read_to_string(op.local.host_dir(&host_id(&after)).join("server.toml.generation"));
+    assert!(generation.is_ok_and(|g| g.trim().parse::<u64>().is_ok_and(|g| g >= 1)), "no push reached the server");
     carries(&host_ip(&after), 9090, None).await;
     carries(&host_ip(&after), 8080, None).await;
     eventually("UDP 5353 closed", Duration::from_secs(20), || async {
@@ -623,7 +627,7 @@ async fn a_tunnel_on_ec2_gets_an_instance_with_its_own_security_group_and_the_se
     assert_eq!(ingress_ip(&services.get("web").await.unwrap()), None, "no address before the tunnel is through");
 
     // The instance: owner and cluster tags, the requested size, a security group with exactly
-    // the control port and the Service's ports.
+    // the control, health and push ports and the Service's ports.
     let client = ec2.client();
     let out = client.describe_instances().instance_ids(&id).send().await.unwrap();
     let instance = out.reservations()[0].instances()[0].clone();
@@ -641,7 +645,13 @@ async fn a_tunnel_on_ec2_gets_an_instance_with_its_own_security_group_and_the_se
     rules.sort();
     assert_eq!(
         rules,
-        [("tcp".to_string(), 2333), ("tcp".to_string(), 2334), ("tcp".to_string(), 8080), ("udp".to_string(), 5353)]
+        [
+            ("tcp".to_string(), 2333),
+            ("tcp".to_string(), 2334),
+            ("tcp".to_string(), 2335),
+            ("tcp".to_string(), 8080),
+            ("udp".to_string(), 5353)
+        ]
     );
 
     // Deleting the Service: instance terminated, group deleted, nothing of this UID left.

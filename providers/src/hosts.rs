@@ -175,12 +175,15 @@ pub trait HostProvider: Send + Sync {
     async fn list_by_tag(&self, key: &str, value: &str) -> Result<Vec<Host>, HostError>;
     /// Replaces the tunnel server's configuration on a running host (the Service's ports
     /// changed), so the host keeps its address. `Ok(false)` means this provider cannot change a
-    /// host after it was created; the controller then replaces the host.
+    /// host after it was created (or this host takes no pushes); the controller then replaces
+    /// the host.
     ///
-    /// rathole declares public ports on the server side, and cloud user data runs once at first
-    /// boot, so only providers that own the server process (local) can do this today.
-    async fn reconfigure(&self, _id: &str, _server: &ExitServer) -> Result<bool, HostError> {
-        Ok(false)
+    /// rathole declares public ports on the server side and cloud user data runs once, so every
+    /// adapter here pushes the new config to the server's push port ([`crate::push`]), sealed
+    /// with a key derived from the server's Noise key; EC2 also updates the host's security
+    /// group.
+    async fn reconfigure(&self, id: &str, server: &ExitServer) -> Result<bool, HostError> {
+        crate::push::reconfigure_running(self, id, server).await
     }
     /// How reserved addresses get onto hosts here.
     fn address_binding(&self) -> AddressBinding {

@@ -12,6 +12,7 @@ pub mod hetzner;
 pub mod hosts;
 pub mod limiter;
 pub mod local;
+pub mod push;
 pub mod rest;
 pub mod sqs;
 pub mod userdata;

@@ -14,8 +14,9 @@
 //! name, address, tags, creation time), `server.toml` (0600), `server.log`, `pid` — so hosts
 //! outlive an operator restart as VMs do, and are found again by tag. The server process runs in
 //! its own process group; a process that died (or was killed) reads as [`HostState::Stopped`],
-//! which the Tunnel controller replaces. rathole reloads `server.toml` when it changes, so
-//! [`HostProvider::reconfigure`] rewrites the file and the host keeps its address.
+//! which the Tunnel controller replaces. [`HostProvider::reconfigure`] pushes the new config to
+//! the server's push port ([`crate::push`]), exactly as for a cloud VM; the server replaces its
+//! `server.toml`, rathole reloads it, and the host keeps its address.
 
 mod addresses;
 mod process;
@@ -335,13 +336,16 @@ impl HostProvider for LocalProvider {
     async fn reconfigure(&self, id: &str, server: &ExitServer) -> Result<bool, HostError> {
         self.limiter.acquire("ReconfigureHost").await;
         let result = async {
-            // Two rewrites of one host share the temporary file; one at a time.
+            // Two pushes to one host would race for the next generation (the loser is refused as
+            // stale); one at a time.
             let _guard = self.lock.lock().await;
             let record = self
                 .read_record(id)?
                 .ok_or_else(|| HostError::NotFound { provider: PROVIDER, message: format!("host {id}") })?;
-            self.write_config(&self.host_dir(id), server, record.address)?;
-            Ok(true)
+            // Through the server's push port, as on a cloud VM, so the tests and the bench
+            // exercise the mechanism cloud hosts rely on.
+            let config = render(server, record.address)?;
+            crate::push::reconfigure_host(PROVIDER, &record.address.to_string(), server, &config).await
         }
         .await;
         self.finish("ReconfigureHost", &result);

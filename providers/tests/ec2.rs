@@ -126,9 +126,10 @@ async fn the_security_group_opens_exactly_the_tunnel_ports_and_goes_with_the_hos
         [
             ("tcp".to_string(), 80, 80, anywhere()),
             ("tcp".to_string(), 2333, 2333, anywhere()),
+            ("tcp".to_string(), 2335, 2335, anywhere()),
             ("udp".to_string(), 53, 53, anywhere()),
         ],
-        "the control port over TCP and each Service port with its protocol, nothing else"
+        "the control and push ports over TCP and each Service port with its protocol, nothing else"
     );
     let mut expected_tags = owner_tags(&uid, "team-a", "web-tunnel");
     expected_tags.insert("Name".into(), request.name.clone());
@@ -153,6 +154,55 @@ async fn the_security_group_opens_exactly_the_tunnel_ports_and_goes_with_the_hos
     p.delete(&created.id).await.unwrap();
     assert!(!group_exists(&p, &group_id).await, "the group is deleted with its host");
     assert_eq!(p.get(&created.id).await.unwrap(), None);
+}
+
+/// (protocol, port) of every rule of the instance's group.
+async fn rules_of(p: &Ec2Provider, id: &str) -> Vec<(String, i32)> {
+    let groups = groups_of(p, id).await;
+    let mut rules: Vec<(String, i32)> = groups[0]
+        .ip_permissions()
+        .iter()
+        .map(|r| (r.ip_protocol().unwrap().to_string(), r.from_port().unwrap()))
+        .collect();
+    rules.sort();
+    rules
+}
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn a_port_change_makes_the_group_open_exactly_the_new_ports_before_the_push() {
+    let p = provider().await;
+    let mut request = request("ports", &contract::fresh_uid());
+    request.server.noise_private_key = providers::NoiseKeypair::generate().private_key;
+    let created = p.create(&request).await.unwrap();
+    let tcp = |port: &str| ("tcp".to_string(), port.parse::<i32>().unwrap());
+    assert_eq!(rules_of(&p, &created.id).await, [tcp("80"), tcp("2333"), tcp("2335"), ("udp".into(), 53)]);
+
+    // 53/UDP out, 8443/TCP in.
+    request.server.services.retain(|s| s.protocol == Protocol::Tcp);
+    request.server.services.push(TunnelService {
+        name: "team-a.web.8443-tcp".into(),
+        protocol: Protocol::Tcp,
+        port: 8443,
+        token: "tok3".into(),
+    });
+    // LocalStack's instance runs no exit server at its address, so the push finds nothing to
+    // take it: the host is reported as not reconfigurable (the controller replaces it), but
+    // the group already opens exactly the new ports.
+    let started = std::time::Instant::now();
+    assert!(!p.reconfigure(&created.id, &request.server).await.unwrap());
+    assert!(started.elapsed() < Duration::from_secs(15), "the push gave up within its timeout");
+    let want = [tcp("80"), tcp("2333"), tcp("2335"), tcp("8443")];
+    assert_eq!(rules_of(&p, &created.id).await, want);
+    // Again: nothing to change, nothing fails.
+    assert!(!p.reconfigure(&created.id, &request.server).await.unwrap());
+    assert_eq!(rules_of(&p, &created.id).await, want);
+    let calls = p.limiter().counters.outcomes();
+    assert_eq!(calls.get(&("RevokeSecurityGroupIngress", "success")).copied(), Some(1), "{calls:?}");
+
+    p.delete(&created.id).await.unwrap();
+    let err = p.reconfigure(&created.id, &request.server).await.unwrap_err();
+    assert!(matches!(err, HostError::NotFound { .. }), "{err}");
 }
 
 #[tokio::test]

@@ -11,6 +11,7 @@ use super::{Ec2Provider, MAX_USER_DATA, PROVIDER, TAG_INSTANCE_ID, invalid, meta
 use crate::error::HostError;
 use crate::hosts::{Address, AddressRequest, Host, HostProvider, HostRequest};
 use crate::limiter::Limiter;
+use crate::userdata::{ExitServer, render_server_toml};
 
 #[async_trait]
 impl HostProvider for Ec2Provider {
@@ -82,6 +83,28 @@ impl HostProvider for Ec2Provider {
             warn!(provider = PROVIDER, group = %group_id, error = %e, "could not tag the security group with its instance");
         }
         Ok(created)
+    }
+
+    /// Makes the host's security groups open exactly the new ports, then pushes the config to
+    /// the exit server ([`crate::push`]). The group goes first so a new port is reachable the
+    /// moment the server binds it; a removed port is closed a moment early, which is harmless
+    /// (the Service no longer has it). A host that takes no push is replaced by the controller.
+    async fn reconfigure(&self, id: &str, server: &ExitServer) -> Result<bool, HostError> {
+        let (r, instance_id) = self.resolve(id)?;
+        self.retry_pending().await;
+        // A terminated instance reads as gone, as in `get`.
+        let gone = || HostError::NotFound { provider: PROVIDER, message: format!("instance {id}") };
+        let instance = self.describe(&r, instance_id).await?.ok_or_else(gone)?;
+        let host = host_in(&r, &instance).ok_or_else(gone)?;
+        let ip = host.public_ipv4.ok_or_else(|| unavailable(&format!("instance {id} has no public address yet")))?;
+        let config = render_server_toml(server).map_err(|e| invalid(e.to_string()))?;
+        for group in self.groups_of(&r, instance_id, Some(&instance)).await? {
+            // Never change a group the user attached by hand.
+            if self.is_ours(&r, &group).await? {
+                self.sync_ingress(&r, &group, server).await?;
+            }
+        }
+        crate::push::reconfigure_host(PROVIDER, &ip, server, &config).await
     }
 
     async fn get(&self, id: &str) -> Result<Option<Host>, HostError> {

@@ -19,7 +19,8 @@ use tracing::{debug, info, warn};
 use super::{Ec2Provider, PROVIDER, Regional, TAG_INSTANCE_ID, map_err, unavailable};
 use crate::error::HostError;
 use crate::hosts::{HostRequest, TAG_MANAGED_BY};
-use crate::userdata::Protocol;
+use crate::push::PUSH_PORT;
+use crate::userdata::{ExitServer, Protocol};
 
 /// Marks a group whose deletion failed, so a restarted operator still deletes it.
 pub const TAG_DELETE_PENDING: &str = "skyport.dev/delete-pending";
@@ -242,23 +243,86 @@ pub(super) fn tags(request: &HostRequest) -> Vec<Tag> {
     tags
 }
 
-/// One rule per port: the control port over TCP and each service port with its protocol, from
-/// anywhere (these are public exit servers).
+/// One rule per port: the control and push ports over TCP and each service port with its
+/// protocol, from anywhere (these are public exit servers).
 pub(super) fn ingress(request: &HostRequest) -> Vec<IpPermission> {
-    let anywhere = IpRange::builder().cidr_ip("0.0.0.0/0").build();
-    let rule = |protocol: &str, port: u16| {
-        IpPermission::builder()
-            .ip_protocol(protocol)
-            .from_port(i32::from(port))
-            .to_port(i32::from(port))
-            .ip_ranges(anywhere.clone())
-            .build()
-    };
-    let mut rules = vec![rule("tcp", request.server.control_port)];
-    for s in &request.server.services {
-        rules.push(rule(if s.protocol == Protocol::Udp { "udp" } else { "tcp" }, s.port));
+    ingress_keys(&request.server).into_iter().map(rule).collect()
+}
+
+/// A rule as (protocol, port): what [`ingress`] makes and what a reconfigure compares.
+type RuleKey = (String, i32);
+
+fn ingress_keys(server: &ExitServer) -> Vec<RuleKey> {
+    let mut keys = vec![("tcp".to_string(), i32::from(server.control_port)), ("tcp".to_string(), i32::from(PUSH_PORT))];
+    for s in &server.services {
+        keys.push((if s.protocol == Protocol::Udp { "udp" } else { "tcp" }.to_string(), i32::from(s.port)));
     }
-    rules
+    keys
+}
+
+fn rule((protocol, port): RuleKey) -> IpPermission {
+    IpPermission::builder()
+        .ip_protocol(protocol)
+        .from_port(port)
+        .to_port(port)
+        .ip_ranges(IpRange::builder().cidr_ip("0.0.0.0/0").build())
+        .build()
+}
+
+/// The single-port rules open to anywhere among `permissions` (the shape [`ingress`] makes).
+fn open_rules(permissions: &[IpPermission]) -> BTreeSet<RuleKey> {
+    permissions
+        .iter()
+        .filter(|p| p.from_port() == p.to_port() && p.ip_ranges().iter().any(|r| r.cidr_ip() == Some("0.0.0.0/0")))
+        .filter_map(|p| Some((p.ip_protocol()?.to_string(), p.from_port()?)))
+        .collect()
+}
+
+impl Ec2Provider {
+    /// Makes `group_id` open exactly the ports of `server` (a Service's port change): the missing
+    /// rules are authorized, the ones no port needs any more revoked. Rules of another shape (a
+    /// range, a narrower source) are left alone.
+    pub(super) async fn sync_ingress(
+        &self,
+        r: &Regional,
+        group_id: &str,
+        server: &ExitServer,
+    ) -> Result<(), HostError> {
+        let out = self
+            .call(r, "DescribeSecurityGroups", async {
+                r.client.describe_security_groups().group_ids(group_id).send().await.map_err(map_err)
+            })
+            .await?;
+        let current = open_rules(out.security_groups().first().map(|g| g.ip_permissions()).unwrap_or_default());
+        let wanted: BTreeSet<RuleKey> = ingress_keys(server).into_iter().collect();
+        let missing: Vec<IpPermission> = wanted.difference(&current).cloned().map(rule).collect();
+        if !missing.is_empty() {
+            self.call(r, "AuthorizeSecurityGroupIngress", async {
+                r.client
+                    .authorize_security_group_ingress()
+                    .group_id(group_id)
+                    .set_ip_permissions(Some(missing))
+                    .send()
+                    .await
+                    .map_err(map_err)
+            })
+            .await?;
+        }
+        let stale: Vec<IpPermission> = current.difference(&wanted).cloned().map(rule).collect();
+        if !stale.is_empty() {
+            self.call(r, "RevokeSecurityGroupIngress", async {
+                r.client
+                    .revoke_security_group_ingress()
+                    .group_id(group_id)
+                    .set_ip_permissions(Some(stale))
+                    .send()
+                    .await
+                    .map_err(map_err)
+            })
+            .await?;
+        }
+        Ok(())
+    }
 }
 
 /// AWS refuses to delete a group while an instance still uses it, which lasts as long as the

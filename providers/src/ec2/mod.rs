@@ -422,7 +422,7 @@ mod tests {
     }
 
     #[test]
-    fn ingress_opens_the_control_port_over_tcp_and_each_service_with_its_protocol() {
+    fn ingress_opens_the_control_and_push_ports_over_tcp_and_each_service_with_its_protocol() {
         let rules: Vec<_> = ingress(&request())
             .iter()
             .map(|r| {
@@ -432,7 +432,7 @@ mod tests {
             })
             .collect();
         let rule = |p: &str, port| (p.to_string(), Some(port), Some(port));
-        assert_eq!(rules, [rule("tcp", 2333), rule("tcp", 80), rule("udp", 53)]);
+        assert_eq!(rules, [rule("tcp", 2333), rule("tcp", 2335), rule("tcp", 80), rule("udp", 53)]);
     }
 
     #[test]

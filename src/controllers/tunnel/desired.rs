@@ -29,6 +29,8 @@ pub enum PortProblem {
         "port {0}/TCP is the tunnel's health-check port on the exit server; use another port or run skyport with a different --tunnel-health-port"
     )]
     HealthReserved(i32),
+    #[error("port {0}/TCP is where the exit server takes configuration pushes from skyport; use another port")]
+    PushReserved(i32),
 }
 
 /// The ports the exit server must expose for `service`, sorted and without duplicates.
@@ -44,6 +46,9 @@ pub fn service_ports(service: &Service, control_port: u16, health_port: u16) -> 
         }
         if protocol == "TCP" && p.port == i32::from(health_port) {
             return Err(PortProblem::HealthReserved(p.port));
+        }
+        if protocol == "TCP" && p.port == i32::from(providers::push::PUSH_PORT) {
+            return Err(PortProblem::PushReserved(p.port));
         }
         ports.push(TunnelPort { port: p.port, protocol });
     }
@@ -353,6 +358,10 @@ mod tests {
         assert!(problem.to_string().contains("--tunnel-health-port"), "{problem}");
         let udp_ok = service(serde_json::json!([{"port": 2333, "protocol": "UDP"}, {"port": 2334, "protocol": "UDP"}]));
         assert!(service_ports(&udp_ok, 2333, 2334).is_ok(), "only the TCP control and health ports are taken");
+        let push = service(serde_json::json!([{"port": 2335}]));
+        assert_eq!(service_ports(&push, 2333, 2334), Err(PortProblem::PushReserved(2335)));
+        let push_udp = service(serde_json::json!([{"port": 2335, "protocol": "UDP"}]));
+        assert!(service_ports(&push_udp, 2333, 2334).is_ok());
         assert_eq!(service_ports(&service(serde_json::json!([])), 2333, 2334), Err(PortProblem::NoPorts));
     }
 

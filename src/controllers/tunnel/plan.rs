@@ -190,6 +190,12 @@ pub fn check_health_settings(
     if control_port == health_port {
         return Err(format!("--tunnel-health-port {health_port} must differ from --tunnel-control-port"));
     }
+    let push = providers::push::PUSH_PORT;
+    if control_port == push || health_port == push {
+        return Err(format!(
+            "--tunnel-control-port and --tunnel-health-port must differ from {push}, the exit server's push port"
+        ));
+    }
     let show = humantime::format_duration;
     if replace_after < boot_timeout.max(MIN_REPLACE_AFTER) {
         return Err(format!(
@@ -335,6 +341,8 @@ mod tests {
         let early = check_health_settings(2333, 2334, 10 * m, 5 * m).unwrap_err();
         assert!(early.contains("--tunnel-replace-after 5m") && early.contains("(10m)"), "{early}");
         assert!(check_health_settings(2333, 2334, Duration::from_secs(5), Duration::from_secs(30)).is_err());
+        assert!(check_health_settings(2335, 2334, 10 * m, 15 * m).unwrap_err().contains("push port"));
+        assert!(check_health_settings(2333, 2335, 10 * m, 15 * m).is_err());
     }
 
     #[test]

@@ -154,7 +154,8 @@ pub async fn converge(
                     want.configured = ports.to_vec();
                 } else {
                     let why = format!(
-                        "the Service's ports changed to {} and {} cannot change a running exit server",
+                        "the Service's ports changed to {} and exit server {id} at {} does not take the new \
+                         configuration (no config push reached it, or it holds other credentials)",
                         describe(ports),
                         provider.name()
                     );
