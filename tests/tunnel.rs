@@ -8,96 +8,21 @@ mod tunnels;
 
 use std::time::Duration;
 
-use common::kubelet::{Backends, ClientRunner, tcp_echo, udp_echo};
+use common::kubelet::{Backends, ClientRunner, udp_echo};
 use common::{TestNs, eventually};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Event, Secret, Service};
+use k8s_openapi::api::core::v1::{Secret, Service};
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube::{Client, ResourceExt};
 use providers::HostProvider;
 use providers::hosts::{MANAGED_BY_VALUE, TAG_CLUSTER, TAG_MANAGED_BY};
 use skyport::crd::{ConditionStatus, Tunnel, TunnelPhase};
-use tunnels::{TunnelOperator, fast_tunnel_settings, finish_tunnels};
+use tunnels::{
+    TunnelOperator, active, carries, events, fast_tunnel_settings, finish_tunnels, host_id, host_ip, ingress_ip, ready,
+    service, web,
+};
 
 const NEEDS_ENV: &str = "needs the test environment: tests/env.sh up";
-
-fn service(name: &str, class: Option<&str>, annotations: serde_json::Value, ports: serde_json::Value) -> Service {
-    serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name, "annotations": annotations},
-        "spec": {"type": "LoadBalancer", "loadBalancerClass": class, "ports": ports, "selector": {"app": name}},
-    }))
-    .unwrap()
-}
-
-fn web(name: &str) -> Service {
-    service(
-        name,
-        Some("skyport.dev/tunnel"),
-        serde_json::json!({}),
-        serde_json::json!([{"name": "http", "port": 8080, "protocol": "TCP"}, {"name": "dns", "port": 5353, "protocol": "UDP"}]),
-    )
-}
-
-/// Waits until the Tunnel is Active and returns it.
-async fn active(api: &Api<Tunnel>, name: &str, timeout: Duration) -> Tunnel {
-    let mut last = None;
-    let found = tokio::time::timeout(timeout, async {
-        loop {
-            if let Ok(t) = api.get(name).await {
-                if t.status.as_ref().and_then(|s| s.phase) == Some(TunnelPhase::Active) {
-                    return t;
-                }
-                last = t.status.clone();
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    })
-    .await;
-    found.unwrap_or_else(|_| panic!("Tunnel {name} not Active after {timeout:?}; last status: {last:#?}"))
-}
-
-fn host_ip(t: &Tunnel) -> String {
-    t.status.as_ref().and_then(|s| s.host_ip.clone()).expect("hostIp")
-}
-
-fn host_id(t: &Tunnel) -> String {
-    t.status.as_ref().and_then(|s| s.host_id.clone()).expect("hostId")
-}
-
-fn ingress_ip(s: &Service) -> Option<String> {
-    s.status.as_ref()?.load_balancer.as_ref()?.ingress.as_ref()?.first()?.ip.clone()
-}
-
-async fn events(client: &Client, ns: &str, involved: &str) -> Vec<(String, String)> {
-    let api: Api<Event> = Api::namespaced(client.clone(), ns);
-    let list = api.list(&Default::default()).await.unwrap();
-    list.items
-        .into_iter()
-        .filter(|e| e.involved_object.name.as_deref() == Some(involved))
-        .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
-        .collect()
-}
-
-/// Real bytes through the real tunnel, 1 MiB over TCP (checked by content) and a datagram over
-/// UDP, until they arrive (the client connects a moment after it starts).
-async fn carries(ip: &str, tcp: u16, udp: Option<u16>) {
-    let payload: Vec<u8> = (0..1024 * 1024).map(|i| (i * 7 % 251) as u8).collect();
-    eventually(&format!("TCP {ip}:{tcp} through the tunnel"), Duration::from_secs(30), || async {
-        let (tag, echoed) = tcp_echo(ip, tcp, &payload).await?;
-        assert_eq!(tag, tcp, "reached the backend of port {tag}, not {tcp}");
-        assert!(echoed == payload, "bytes changed on the way");
-        Some(())
-    })
-    .await;
-    if let Some(udp) = udp {
-        eventually(&format!("UDP {ip}:{udp} through the tunnel"), Duration::from_secs(30), || async {
-            let reply = udp_echo(ip, udp, b"ping").await?;
-            assert_eq!(reply, format!("{udp}:ping").into_bytes());
-            Some(())
-        })
-        .await;
-    }
-}
 
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]
@@ -661,11 +586,6 @@ async fn a_tunnel_on_ec2_gets_an_instance_with_its_own_security_group_and_the_se
         .unwrap_or(0);
     assert_eq!(left, 0, "the tunnel's security group is deleted");
     finish_tunnels(op, ns).await;
-}
-
-fn ready(t: &Tunnel) -> Option<(ConditionStatus, String, String)> {
-    let c = t.status.as_ref()?.conditions.iter().find(|c| c.type_ == "Ready")?;
-    Some((c.status, c.reason.clone(), c.message.clone()))
 }
 
 #[tokio::test]

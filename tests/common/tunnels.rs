@@ -4,9 +4,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::{Event, Service};
+use kube::Client;
 use kube::api::{Api, DeleteParams};
+use skyport::crd::{ConditionStatus, Tunnel, TunnelPhase};
 use tokio::sync::oneshot;
 
+use crate::common::kubelet::{tcp_echo, udp_echo};
 use crate::common::{TestNs, eventually, kubelet};
 
 /// Tunnel and Service controllers running in-process for one namespace, with a local provider
@@ -45,8 +49,11 @@ pub fn test_cluster_id(ns: &TestNs) -> String {
 /// A local provider on the state directory [`TunnelOperator::start`] will use for `ns`: hosts
 /// made with it before the operator starts are there when it does (as a crash leaves them).
 pub fn local_provider(ns: &TestNs) -> providers::local::LocalProvider {
-    providers::local::LocalProvider::new(providers::local::LocalSettings::new(local_state_dir(ns), kubelet::skyport_exe()))
-        .expect("local provider")
+    providers::local::LocalProvider::new(providers::local::LocalSettings::new(
+        local_state_dir(ns),
+        kubelet::skyport_exe(),
+    ))
+    .expect("local provider")
 }
 
 /// Tunnel settings for fast tests: local provider, 2 s resync, no orphan sweep.
@@ -164,4 +171,87 @@ pub async fn finish_tunnels(op: TunnelOperator, ns: TestNs) {
     assert!(left.is_empty(), "exit servers leaked: {left:?}");
     op.stop().await;
     ns.cleanup().await;
+}
+
+pub fn service(name: &str, class: Option<&str>, annotations: serde_json::Value, ports: serde_json::Value) -> Service {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"type": "LoadBalancer", "loadBalancerClass": class, "ports": ports, "selector": {"app": name}},
+    }))
+    .unwrap()
+}
+
+pub fn web(name: &str) -> Service {
+    service(
+        name,
+        Some("skyport.dev/tunnel"),
+        serde_json::json!({}),
+        serde_json::json!([{"name": "http", "port": 8080, "protocol": "TCP"}, {"name": "dns", "port": 5353, "protocol": "UDP"}]),
+    )
+}
+
+/// Waits until the Tunnel is Active and returns it.
+pub async fn active(api: &Api<Tunnel>, name: &str, timeout: Duration) -> Tunnel {
+    let mut last = None;
+    let found = tokio::time::timeout(timeout, async {
+        loop {
+            if let Ok(t) = api.get(name).await {
+                if t.status.as_ref().and_then(|s| s.phase) == Some(TunnelPhase::Active) {
+                    return t;
+                }
+                last = t.status.clone();
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    found.unwrap_or_else(|_| panic!("Tunnel {name} not Active after {timeout:?}; last status: {last:#?}"))
+}
+
+pub fn host_ip(t: &Tunnel) -> String {
+    t.status.as_ref().and_then(|s| s.host_ip.clone()).expect("hostIp")
+}
+
+pub fn host_id(t: &Tunnel) -> String {
+    t.status.as_ref().and_then(|s| s.host_id.clone()).expect("hostId")
+}
+
+pub fn ingress_ip(s: &Service) -> Option<String> {
+    s.status.as_ref()?.load_balancer.as_ref()?.ingress.as_ref()?.first()?.ip.clone()
+}
+
+pub async fn events(client: &Client, ns: &str, involved: &str) -> Vec<(String, String)> {
+    let api: Api<Event> = Api::namespaced(client.clone(), ns);
+    let list = api.list(&Default::default()).await.unwrap();
+    list.items
+        .into_iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some(involved))
+        .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+        .collect()
+}
+
+/// Real bytes through the real tunnel, 1 MiB over TCP (checked by content) and a datagram over
+/// UDP, until they arrive (the client connects a moment after it starts).
+pub async fn carries(ip: &str, tcp: u16, udp: Option<u16>) {
+    let payload: Vec<u8> = (0..1024 * 1024).map(|i| (i * 7 % 251) as u8).collect();
+    eventually(&format!("TCP {ip}:{tcp} through the tunnel"), Duration::from_secs(30), || async {
+        let (tag, echoed) = tcp_echo(ip, tcp, &payload).await?;
+        assert_eq!(tag, tcp, "reached the backend of port {tag}, not {tcp}");
+        assert!(echoed == payload, "bytes changed on the way");
+        Some(())
+    })
+    .await;
+    if let Some(udp) = udp {
+        eventually(&format!("UDP {ip}:{udp} through the tunnel"), Duration::from_secs(30), || async {
+            let reply = udp_echo(ip, udp, b"ping").await?;
+            assert_eq!(reply, format!("{udp}:ping").into_bytes());
+            Some(())
+        })
+        .await;
+    }
+}
+
+pub fn ready(t: &Tunnel) -> Option<(ConditionStatus, String, String)> {
+    let c = t.status.as_ref()?.conditions.iter().find(|c| c.type_ == "Ready")?;
+    Some((c.status, c.reason.clone(), c.message.clone()))
 }

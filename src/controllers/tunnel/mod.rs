@@ -6,7 +6,8 @@
 //! 2. the Service's ports ([`desired::service_ports`]) and the credentials Secret (created once);
 //! 3. [`observe::find_host`]: of the hosts tagged with the Tunnel's UID (and the recorded one), the lowest id;
 //! 4. [`act::host`] steps it by [`plan::host_step`]: create / wait / replace / reconfigure /
-//!    ready. A created host's id is written to status at once, before waiting for it, so a crash
+//!    ready; with a reserved address, [`act::address`] reserves it (before the host or with it,
+//!    per provider) and puts it on the running host by [`plan::address::address_step`]. A created host's id is written to status at once, before waiting for it, so a crash
 //!    never makes a second one; waiting is a short requeue, never a blocked worker;
 //! 5. [`act`]: the client config, the client Deployment, the Service's ingress; [`status`]: the
 //!    status, each written only when it differs.
@@ -16,6 +17,8 @@
 //! hosts whose Tunnel vanished without that are found by the [`sweep`].
 
 pub mod act;
+#[cfg(test)]
+mod address_tests;
 pub mod cleanup;
 pub mod desired;
 #[cfg(test)]
@@ -54,6 +57,7 @@ use crate::crd::condition::{Condition, ConditionStatus};
 use crate::crd::tunnel::{Tunnel, TunnelPhase, TunnelStatus};
 use crate::error::{Error, Result};
 
+use act::address::AddressReached;
 use act::host::{Reached, Want};
 use plan::{Blocked, TrafficStep};
 use status::{Writer, describe};
@@ -81,6 +85,8 @@ pub struct State {
     pub services: Store<Service>,
     /// Exit servers the orphan sweep deleted.
     pub orphans_deleted: std::sync::atomic::AtomicU64,
+    /// Reserved addresses the orphan sweep released.
+    pub orphan_addresses_released: std::sync::atomic::AtomicU64,
     /// Orphan sweep passes completed (with or without deletions): lets a test know a pass ran.
     pub sweeps: std::sync::atomic::AtomicU64,
     /// Since when each host fails the health check.
@@ -127,6 +133,7 @@ pub fn controller(
         tunnels: tunnel_reader.clone(),
         services: service_reader,
         orphans_deleted: Default::default(),
+        orphan_addresses_released: Default::default(),
         sweeps: Default::default(),
         failing: Default::default(),
         probe: Arc::new(observe::NetworkProbe),
@@ -289,6 +296,13 @@ async fn converge(
     let found = observe::find_host(provider.as_ref(), status.current(), &uid).await?;
     let publishes = desired::controls_service_status(tunnel, service).then_some(service);
     act::host::delete_extras(provider.as_ref(), &found.extras, publishes, ctx).await?;
+    let reserves = tunnel.spec.reserves_address();
+    let address = if reserves {
+        let found = observe::find_address(provider.as_ref(), status.current(), &uid).await?;
+        act::address::prepare(tunnel, &provider, found, publishes, ctx, status).await?
+    } else {
+        None
+    };
     // New keys (the Secret was re-created, now or in a reconcile that failed after) mean the
     // running server must get the new configuration: status remembers the host's keys' digest.
     let digest = plan::credentials_digest(&credentials);
@@ -297,6 +311,24 @@ async fn converge(
     let (ip, host_id) = match act::host::converge(tunnel, found.host, want, ctx, status).await? {
         Reached::Ready { ip, id } => (ip, id),
         Reached::Waiting => return Ok(Action::requeue(BOOT_POLL)),
+    };
+    // With a reserved address, the Tunnel's address is that one, and only once the host holds it.
+    let ip = match reserves {
+        false => ip,
+        true => match act::address::converge(
+            tunnel,
+            &provider,
+            address,
+            host_id.as_deref().unwrap_or_default(),
+            publishes,
+            ctx,
+            status,
+        )
+        .await?
+        {
+            AddressReached::Ready { ip } => ip,
+            AddressReached::HostReplaced => return Ok(Action::requeue(BOOT_POLL)),
+        },
     };
 
     let cluster_ip = service.spec.as_ref().and_then(|s| s.cluster_ip.clone()).filter(|ip| ip != "None");

@@ -47,7 +47,7 @@ async fn unpublish(want: &Want<'_>, ctx: &Context) -> Result<()> {
 
 /// Deletes host `id` after taking its address off the Service (see
 /// [`super::unpublish_before_delete`]), and forgets its health clock.
-async fn delete_unpublished(
+pub(super) async fn delete_unpublished(
     provider: &dyn HostProvider,
     id: &str,
     publishes: Option<&k8s_openapi::api::core::v1::Service>,
@@ -195,8 +195,15 @@ async fn create(tunnel: &Tunnel, provider: &dyn HostProvider, server: &ExitServe
     let uid = tunnel.uid().ok_or(Error::MissingObjectKey("uid"))?;
     let artifacts = ctx.settings.exit_server_artifacts().map_err(|e| Error::InvalidSpec(e.to_string()))?;
     let user_data = render_cloud_config(server, &artifacts).map_err(|e| Error::InvalidSpec(e.to_string()))?;
-    let mut tags = owner_tags(&uid, &ns, &tunnel.name_any());
-    tags.insert(TAG_CLUSTER.to_string(), ctx.cluster_id.clone());
+    // A Tunnel with a reserved address tags its hosts like the address: a DigitalOcean reserved
+    // IP carries no tags of its own, only its droplet's.
+    let tags = if tunnel.spec.reserves_address() {
+        super::address::tags(tunnel, &ctx.cluster_id)?
+    } else {
+        let mut tags = owner_tags(&uid, &ns, &tunnel.name_any());
+        tags.insert(TAG_CLUSTER.to_string(), ctx.cluster_id.clone());
+        tags
+    };
     let request = HostRequest {
         name: desired::host_name(&ns, &tunnel.name_any()),
         region: tunnel.spec.region.clone(),
