@@ -24,6 +24,8 @@ struct Hosts {
     next_address: u32,
     /// How addresses reach hosts here (`Assign` by default).
     binding: Option<AddressBinding>,
+    /// Whether `reconfigure` refuses, as a cloud VM's fixed user data does.
+    fixed_config: bool,
 }
 
 impl Hosts {
@@ -111,6 +113,11 @@ impl FakeProvider {
         self.hosts.lock().unwrap().binding = Some(binding);
     }
 
+    /// `reconfigure` answers "cannot" from now on, as for cloud VMs: the host is replaced.
+    pub fn fix_config(&self) {
+        self.hosts.lock().unwrap().fixed_config = true;
+    }
+
     /// Every reserved address, as stored (with the tags it was reserved with).
     pub fn addresses(&self) -> Vec<Address> {
         self.hosts.lock().unwrap().addresses.values().cloned().collect()
@@ -173,7 +180,11 @@ impl HostProvider for FakeProvider {
         Ok(h.by_id.values().filter(|host| host.tags.get(key).map(String::as_str) == Some(value)).cloned().collect())
     }
     async fn reconfigure(&self, id: &str, server: &ExitServer) -> Result<bool, HostError> {
-        self.call("reconfigure")?.keys.insert(id.to_string(), server.noise_private_key.clone());
+        let mut h = self.call("reconfigure")?;
+        if h.fixed_config {
+            return Ok(false);
+        }
+        h.keys.insert(id.to_string(), server.noise_private_key.clone());
         Ok(true)
     }
     fn address_binding(&self) -> AddressBinding {

@@ -206,3 +206,38 @@ async fn an_ephemeral_tunnel_never_touches_addresses() {
     delete_tunnel(&mut h).await;
     assert!(h.provider.calls().iter().all(|c| !c.contains("address")), "{:?}", h.provider.calls());
 }
+
+/// A port change and new credentials on a provider that cannot change a running host replace it
+/// (like a cloud VM): the address stays, for every binding.
+#[tokio::test]
+async fn replacements_for_new_ports_and_new_credentials_keep_the_address() {
+    for binding in [AddressBinding::Assign, AddressBinding::AtCreate, AddressBinding::WithHost] {
+        let (mut h, t) = reserved(binding, AddressDeletionPolicy::Delete);
+        h.provider.fix_config();
+        h.reconcile(t).await.unwrap();
+        let ip = h.provider.addresses()[0].ip.clone();
+        let first = h.provider.hosts().pop().unwrap();
+
+        let mut svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(h.api.get(SERVICE).unwrap()).unwrap();
+        svc.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].port = 8080;
+        let svc = serde_json::from_value(h.api.put(SERVICE, serde_json::to_value(svc).unwrap())).unwrap();
+        h.services.apply_watcher_event(&watcher::Event::Apply(svc));
+        h.reconcile(Arc::new(h.current())).await.unwrap();
+        let second = h.provider.hosts().pop().unwrap();
+        assert_ne!(second.id, first.id, "{binding:?}: replaced for the new port");
+        assert_eq!(ready(&h.current()), (ConditionStatus::True, "Active".into()), "{binding:?}");
+        assert_eq!(ingress_ip(&h), json!(ip), "{binding:?}: same address after a port change");
+        assert_eq!(
+            h.api.get(SERVICE).unwrap()["status"]["loadBalancer"]["ingress"][0]["ports"][0]["port"],
+            json!(8080)
+        );
+
+        h.api.remove("/api/v1/namespaces/ns/secrets/web-tunnel-credentials");
+        h.reconcile(Arc::new(h.current())).await.unwrap();
+        let third = h.provider.hosts().pop().unwrap();
+        assert_ne!(third.id, second.id, "{binding:?}: replaced for new credentials");
+        assert_eq!(ingress_ip(&h), json!(ip), "{binding:?}: same address with new credentials");
+        assert_eq!(h.provider.addresses().len(), 1);
+        assert_eq!(h.provider.count("reserve_address"), 1, "{binding:?}");
+    }
+}
