@@ -241,3 +241,18 @@ async fn replacements_for_new_ports_and_new_credentials_keep_the_address() {
         assert_eq!(h.provider.count("reserve_address"), 1, "{binding:?}");
     }
 }
+
+#[tokio::test]
+async fn a_provider_without_reserved_addresses_rejects_the_tunnel_but_never_keeps_it() {
+    let (mut h, t) = reserved(AddressBinding::Assign, AddressDeletionPolicy::Delete);
+    let unsupported =
+        || HostError::Invalid { provider: NAME, message: "fake does not support reserved addresses".into() };
+    h.provider.fail_next("list_addresses_by_tag", unsupported());
+    assert_eq!(h.reconcile(t).await.unwrap(), Action::await_change(), "permanent: not retried");
+    let t = h.current();
+    assert_eq!(ready(&t), (ConditionStatus::False, "ProviderRejected".into()));
+    assert!(h.provider.hosts().is_empty(), "no host without its address");
+    h.provider.fail_next("list_addresses_by_tag", unsupported());
+    delete_tunnel(&mut h).await;
+    assert_eq!(h.current().metadata.finalizers, Some(vec![]), "deleting it is not blocked");
+}

@@ -99,7 +99,14 @@ async fn addresses(
     ctx: &Context,
     status: &Writer<'_>,
 ) -> Result<()> {
-    let found = super::observe::find_address(provider, status.current(), uid).await?;
+    let found = match super::observe::find_address(provider, status.current(), uid).await {
+        Ok(found) => found,
+        // A provider without reserved addresses never reserved one: it must not keep the Tunnel.
+        Err(Error::Host(providers::HostError::Invalid { .. })) if status.current().address_id.is_none() => {
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
     let all: Vec<_> = found.address.into_iter().chain(found.extras).collect();
     if all.is_empty() {
         return Ok(());
