@@ -232,19 +232,9 @@ async fn an_exit_server_killed_out_of_band_is_replaced_at_the_next_resync() {
     let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
     let old = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
 
-    // Kill the exit server's process behind skyport's back, as a cloud VM would die.
-    let pid_file = op.local.host_dir(&host_id(&old)).join("pid");
-    let pid = std::fs::read_to_string(&pid_file).unwrap().trim().to_string();
-    let status = std::process::Command::new("kill").args(["-9", &pid]).status().unwrap();
-    assert!(status.success());
-
+    tunnels::kill_exit_server(&op, &host_id(&old));
     // Resync is 2 s: replaced well within a few periods, the Service following.
-    let new = eventually("Tunnel on a new exit server", Duration::from_secs(20), || async {
-        let t = tunnels.get("web-tunnel").await.ok()?;
-        let s = t.status.as_ref()?;
-        (s.host_id.as_deref() != Some(&host_id(&old)) && s.phase == Some(TunnelPhase::Active)).then_some(t)
-    })
-    .await;
+    let new = tunnels::active_elsewhere(&tunnels, "web-tunnel", &host_id(&old)).await;
     assert_eq!(op.local.get(&host_id(&old)).await.unwrap(), None, "the dead host is deleted, not left");
     eventually("Service shows the replacement's address", Duration::from_secs(20), || async {
         (ingress_ip(&services.get("web").await.ok()?)? == host_ip(&new)).then_some(())
@@ -270,10 +260,7 @@ async fn deleting_the_service_deletes_the_tunnel_and_its_exit_server() {
     services.delete("web", &DeleteParams::default()).await.unwrap();
 
     // The garbage collector deletes the owned Tunnel; its finalizer deletes the host.
-    eventually("Tunnel garbage-collected", Duration::from_secs(60), || async {
-        tunnels.get_opt("web-tunnel").await.ok()?.is_none().then_some(())
-    })
-    .await;
+    tunnels::gone(&tunnels, "web-tunnel").await;
     assert_eq!(op.local.get(&host_id(&tunnel)).await.unwrap(), None);
     let left = op.local.list_by_tag(TAG_MANAGED_BY, MANAGED_BY_VALUE).await.unwrap();
     assert!(left.is_empty(), "nothing leaked: {left:?}");
@@ -291,7 +278,7 @@ async fn the_orphan_sweep_deletes_tagged_hosts_without_a_tunnel_and_keeps_the_re
     // one of this cluster and namespace with no Tunnel, one of another cluster, one of another
     // namespace.
     let make = |cluster: &str, namespace: &str| {
-        let mut tags = providers::owner_tags(&uuid(), namespace, "gone-tunnel");
+        let mut tags = providers::owner_tags(&tunnels::uuid(), namespace, "gone-tunnel");
         tags.insert(TAG_CLUSTER.to_string(), cluster.to_string());
         providers::HostRequest {
             name: "skyport-orphan".into(),
@@ -317,9 +304,7 @@ async fn the_orphan_sweep_deletes_tagged_hosts_without_a_tunnel_and_keeps_the_re
     let foreign = leftovers.create(&make("another-cluster", &ns.name)).await.unwrap();
     let elsewhere = leftovers.create(&make(&cluster, "another-namespace")).await.unwrap();
 
-    let mut settings = fast_tunnel_settings();
-    settings.orphan_sweep_interval = Duration::from_secs(2);
-    let op = TunnelOperator::start(&ns, settings).await;
+    let op = TunnelOperator::start(&ns, tunnels::sweeping_settings()).await;
     assert_eq!(op.ctx.cluster_id, cluster);
     let services: Api<Service> = ns.api();
     let tunnels: Api<Tunnel> = ns.api();
@@ -332,12 +317,7 @@ async fn the_orphan_sweep_deletes_tagged_hosts_without_a_tunnel_and_keeps_the_re
         op.local.get(&orphan.id).await.unwrap().is_none().then_some(())
     })
     .await;
-    // Two more passes, so at least one full pass saw the live Tunnel's host.
-    let passes = op.ctx.sweeps.load(Relaxed);
-    eventually("two more sweep passes", Duration::from_secs(20), || async {
-        (op.ctx.sweeps.load(Relaxed) >= passes + 2).then_some(())
-    })
-    .await;
+    tunnels::two_more_sweeps(&op).await;
     assert_eq!(op.ctx.orphans_deleted.load(Relaxed), 1, "only the orphan is deleted");
     assert!(op.local.get(&foreign.id).await.unwrap().is_some(), "another cluster's host is kept");
     assert!(op.local.get(&elsewhere.id).await.unwrap().is_some(), "a host outside the namespace is kept");
@@ -345,12 +325,6 @@ async fn the_orphan_sweep_deletes_tagged_hosts_without_a_tunnel_and_keeps_the_re
     op.local.delete(&foreign.id).await.unwrap();
     op.local.delete(&elsewhere.id).await.unwrap();
     finish_tunnels(op, ns).await;
-}
-
-fn uuid() -> String {
-    let b: [u8; 16] = rand::random();
-    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
 }
 
 #[tokio::test]
@@ -571,10 +545,7 @@ async fn a_tunnel_on_ec2_gets_an_instance_with_its_own_security_group_and_the_se
 
     // Deleting the Service: instance terminated, group deleted, nothing of this UID left.
     services.delete("web", &DeleteParams::default()).await.unwrap();
-    eventually("Tunnel gone", Duration::from_secs(60), || async {
-        tunnels.get_opt("web-tunnel").await.ok()?.is_none().then_some(())
-    })
-    .await;
+    tunnels::gone(&tunnels, "web-tunnel").await;
     assert_eq!(ec2.get(&id).await.unwrap(), None, "instance terminated");
     // Unknown group ids are an error (InvalidGroup.NotFound) or, on some emulators, an empty list.
     let left = client

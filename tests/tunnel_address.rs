@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, DeleteParams, PostParams};
 use providers::HostProvider;
 use providers::hosts::{TAG_CLUSTER, TAG_DELETION_POLICY, TAG_TUNNEL_UID};
-use skyport::crd::{Tunnel, TunnelPhase};
+use skyport::crd::Tunnel;
 use tunnels::{
     TunnelOperator, active, carries, events, fast_tunnel_settings, finish_tunnels, host_id, host_ip, ingress_ip, ready,
     service,
@@ -60,15 +60,9 @@ async fn a_reserved_address_survives_a_killed_exit_server_and_is_released_with_t
     .await;
     carries(&ip, 8080, None).await;
 
-    // Kill the exit server's process behind skyport's back, as a cloud VM would die.
-    let pid = std::fs::read_to_string(op.local.host_dir(&host_id(&old)).join("pid")).unwrap();
-    assert!(std::process::Command::new("kill").args(["-9", pid.trim()]).status().unwrap().success());
-    let new = eventually("Tunnel Active on a new exit server", Duration::from_secs(30), || async {
-        let t = tunnels.get("web-tunnel").await.ok()?;
-        let s = t.status.as_ref()?;
-        (s.host_id.as_deref() != Some(&host_id(&old)) && s.phase == Some(TunnelPhase::Active)).then_some(t)
-    })
-    .await;
+    // Killed behind skyport's back, as a cloud VM would die.
+    tunnels::kill_exit_server(&op, &host_id(&old));
+    let new = tunnels::active_elsewhere(&tunnels, "web-tunnel", &host_id(&old)).await;
     assert_eq!(host_ip(&new), ip, "the replacement serves on the same address");
     assert_eq!(address_id(&new), address.id);
     eventually("Service shows the same address", Duration::from_secs(20), || async {
@@ -82,10 +76,7 @@ async fn a_reserved_address_survives_a_killed_exit_server_and_is_released_with_t
 
     // Deleting the Service deletes the Tunnel, which releases the address.
     services.delete("web", &DeleteParams::default()).await.unwrap();
-    eventually("Tunnel garbage-collected", Duration::from_secs(60), || async {
-        tunnels.get_opt("web-tunnel").await.ok()?.is_none().then_some(())
-    })
-    .await;
+    tunnels::gone(&tunnels, "web-tunnel").await;
     assert_eq!(op.local.get_address(&address.id).await.unwrap(), None, "released");
     assert!(op.local.list_addresses_by_tag(TAG_TUNNEL_UID, &uid).await.unwrap().is_empty());
     finish_tunnels(op, ns).await;
@@ -100,7 +91,7 @@ async fn the_sweep_releases_orphaned_addresses_but_never_retained_ones() {
     // Left by a Tunnel whose finalizer was removed by hand, and kept on purpose by another.
     let leftovers = tunnels::local_provider(&ns);
     let reserve = |policy: &str| {
-        let mut tags = providers::owner_tags(&uuid(), &ns.name, "gone-tunnel");
+        let mut tags = providers::owner_tags(&tunnels::uuid(), &ns.name, "gone-tunnel");
         tags.insert(TAG_CLUSTER.to_string(), cluster.clone());
         tags.insert(TAG_DELETION_POLICY.to_string(), policy.to_string());
         providers::AddressRequest { name: "skyport-orphan".into(), region: None, tags, host_id: None }
@@ -108,9 +99,7 @@ async fn the_sweep_releases_orphaned_addresses_but_never_retained_ones() {
     let orphan = leftovers.reserve_address(&reserve("Delete")).await.unwrap();
     let kept = leftovers.reserve_address(&reserve("Retain")).await.unwrap();
 
-    let mut settings = fast_tunnel_settings();
-    settings.orphan_sweep_interval = Duration::from_secs(2);
-    let op = TunnelOperator::start(&ns, settings).await;
+    let op = TunnelOperator::start(&ns, tunnels::sweeping_settings()).await;
     let services: Api<Service> = ns.api();
     let tunnels: Api<Tunnel> = ns.api();
     let annotations =
@@ -123,11 +112,7 @@ async fn the_sweep_releases_orphaned_addresses_but_never_retained_ones() {
         op.local.get_address(&orphan.id).await.unwrap().is_none().then_some(())
     })
     .await;
-    let passes = op.ctx.sweeps.load(Relaxed);
-    eventually("two more sweep passes", Duration::from_secs(20), || async {
-        (op.ctx.sweeps.load(Relaxed) >= passes + 2).then_some(())
-    })
-    .await;
+    tunnels::two_more_sweeps(&op).await;
     assert_eq!(op.ctx.orphan_addresses_released.load(Relaxed), 1, "only the orphan is released");
     assert!(op.local.get_address(&kept.id).await.unwrap().is_some(), "a retained address is kept");
     assert!(op.local.get_address(&address_id(&live)).await.unwrap().is_some(), "a live Tunnel's address is kept");
@@ -135,15 +120,8 @@ async fn the_sweep_releases_orphaned_addresses_but_never_retained_ones() {
     // Deleting the Retain Tunnel keeps its address, and the sweep leaves it alone.
     tunnels.delete("web-tunnel", &DeleteParams::default()).await.unwrap();
     services.delete("web", &DeleteParams::default()).await.unwrap();
-    eventually("Tunnel deleted", Duration::from_secs(60), || async {
-        tunnels.get_opt("web-tunnel").await.ok()?.is_none().then_some(())
-    })
-    .await;
-    let passes = op.ctx.sweeps.load(Relaxed);
-    eventually("two more sweep passes", Duration::from_secs(20), || async {
-        (op.ctx.sweeps.load(Relaxed) >= passes + 2).then_some(())
-    })
-    .await;
+    tunnels::gone(&tunnels, "web-tunnel").await;
+    tunnels::two_more_sweeps(&op).await;
     let retained = op.local.get_address(&address_id(&live)).await.unwrap().expect("the Retain address is kept");
     assert_eq!(retained.host_id, None, "its exit server is gone");
     assert_eq!(retained.tags.get(TAG_DELETION_POLICY).map(String::as_str), Some("Retain"));
@@ -151,12 +129,6 @@ async fn the_sweep_releases_orphaned_addresses_but_never_retained_ones() {
         op.local.release_address(&id).await.unwrap();
     }
     finish_tunnels(op, ns).await;
-}
-
-fn uuid() -> String {
-    let b: [u8; 16] = rand::random();
-    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
 }
 
 #[tokio::test]
@@ -210,10 +182,7 @@ async fn a_tunnel_on_ec2_keeps_its_elastic_ip_across_instances_and_releases_it()
     assert_eq!(eip.instance_id(), Some(host_id(&second).rsplit('/').next().unwrap()), "moved to the replacement");
 
     services.delete("web", &DeleteParams::default()).await.unwrap();
-    eventually("Tunnel gone", Duration::from_secs(60), || async {
-        tunnels.get_opt("web-tunnel").await.ok()?.is_none().then_some(())
-    })
-    .await;
+    tunnels::gone(&tunnels, "web-tunnel").await;
     assert!(describe().await.is_empty(), "the Elastic IP is released");
     assert_eq!(ec2.get_address(&allocation).await.unwrap(), None);
     finish_tunnels(op, ns).await;

@@ -255,3 +255,49 @@ pub fn ready(t: &Tunnel) -> Option<(ConditionStatus, String, String)> {
     let c = t.status.as_ref()?.conditions.iter().find(|c| c.type_ == "Ready")?;
     Some((c.status, c.reason.clone(), c.message.clone()))
 }
+
+/// Fast settings with an orphan sweep every 2 s.
+pub fn sweeping_settings() -> skyport::config::TunnelArgs {
+    skyport::config::TunnelArgs { orphan_sweep_interval: Duration::from_secs(2), ..fast_tunnel_settings() }
+}
+
+/// Waits for two more orphan sweep passes, so at least one whole pass saw what exists now.
+pub async fn two_more_sweeps(op: &TunnelOperator) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let passes = op.ctx.sweeps.load(Relaxed);
+    eventually("two more sweep passes", Duration::from_secs(20), || async {
+        (op.ctx.sweeps.load(Relaxed) >= passes + 2).then_some(())
+    })
+    .await;
+}
+
+/// Waits until the Tunnel `name` no longer exists (its finalizer ran).
+pub async fn gone(tunnels: &Api<Tunnel>, name: &str) {
+    eventually(&format!("Tunnel {name} gone"), Duration::from_secs(60), || async {
+        tunnels.get_opt(name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+}
+
+/// Kills the local exit server `id`'s process behind skyport's back, as a cloud VM would die.
+pub fn kill_exit_server(op: &TunnelOperator, id: &str) {
+    let pid = std::fs::read_to_string(op.local.host_dir(id).join("pid")).unwrap().trim().to_string();
+    assert!(std::process::Command::new("kill").args(["-9", &pid]).status().unwrap().success());
+}
+
+/// Waits until the Tunnel `name` is Active on an exit server other than `old_host`.
+pub async fn active_elsewhere(tunnels: &Api<Tunnel>, name: &str, old_host: &str) -> Tunnel {
+    eventually("Tunnel Active on a new exit server", Duration::from_secs(30), || async {
+        let t = tunnels.get(name).await.ok()?;
+        let s = t.status.as_ref()?;
+        (s.host_id.as_deref() != Some(old_host) && s.phase == Some(TunnelPhase::Active)).then_some(t)
+    })
+    .await
+}
+
+/// A random UUID, as Kubernetes gives objects.
+pub fn uuid() -> String {
+    let b: [u8; 16] = rand::random();
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
+}
