@@ -256,3 +256,22 @@ async fn a_provider_without_reserved_addresses_rejects_the_tunnel_but_never_keep
     delete_tunnel(&mut h).await;
     assert_eq!(h.current().metadata.finalizers, Some(vec![]), "deleting it is not blocked");
 }
+
+#[tokio::test]
+async fn an_at_create_replacement_waits_until_the_old_host_frees_the_address() {
+    let (h, t) = reserved(AddressBinding::AtCreate, AddressDeletionPolicy::Delete);
+    h.reconcile(t).await.unwrap();
+    let ip = h.provider.addresses()[0].ip.clone();
+    let mut old = h.provider.hosts().pop().unwrap();
+    // Deleted outside skyport, but still shutting down and holding the address.
+    old.state = providers::HostState::Deleting;
+    h.provider.insert(old.clone());
+    assert_eq!(h.reconcile(Arc::new(h.current())).await.unwrap(), Action::requeue(BOOT_POLL));
+    assert_eq!(h.provider.hosts().len(), 1, "no host created that could not get the address");
+    let message = crate::controllers::status::ready_condition(&h.current()).unwrap().message.clone();
+    assert!(message.contains(&old.id) && message.contains(&ip), "{message}");
+    h.provider.delete(&old.id).await.unwrap();
+    h.reconcile(Arc::new(h.current())).await.unwrap();
+    assert_eq!(ready(&h.current()), (ConditionStatus::True, "Active".into()));
+    assert_eq!(ingress_ip(&h), json!(ip));
+}

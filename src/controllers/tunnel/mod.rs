@@ -307,7 +307,16 @@ async fn converge(
     // running server must get the new configuration: status remembers the host's keys' digest.
     let digest = plan::credentials_digest(&credentials);
     let configured = plan::configured_ports(status.current(), fresh, &digest);
-    let want = Want { provider: &provider, server: &server, ports: &ports, configured, publishes, digest: &digest };
+    let address_id = address.as_ref().map(|a| a.id.clone());
+    let want = Want {
+        provider: &provider,
+        server: &server,
+        ports: &ports,
+        configured,
+        publishes,
+        digest: &digest,
+        address: address_id.as_deref(),
+    };
     let (ip, host_id) = match act::host::converge(tunnel, found.host, want, ctx, status).await? {
         Reached::Ready { ip, id } => (ip, id),
         Reached::Waiting => return Ok(Action::requeue(BOOT_POLL)),

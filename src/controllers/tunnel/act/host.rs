@@ -35,6 +35,8 @@ pub struct Want<'a> {
     pub publishes: Option<&'a k8s_openapi::api::core::v1::Service>,
     /// [`plan::credentials_digest`] of the credentials in `server`.
     pub digest: &'a str,
+    /// The Tunnel's reserved address, whose holder a new host may have to wait for.
+    pub address: Option<&'a str>,
 }
 
 /// Takes the address off the Service while no host serves it.
@@ -115,6 +117,16 @@ pub async fn converge(
             }
             HostStep::Create => {
                 unpublish(&want, ctx).await?;
+                if let Some(why) = address_held(provider.as_ref(), want.address).await? {
+                    status
+                        .write(|s| {
+                            s.phase = Some(TunnelPhase::Provisioning);
+                            s.host_id = None;
+                            s.conditions = not_ready("Provisioning", &why);
+                        })
+                        .await?;
+                    return Ok(Reached::Waiting);
+                }
                 let created = create(tunnel, provider.as_ref(), want.server, ctx).await?;
                 // Recorded before anything else can fail: a restart finds this host, not a new one.
                 status
@@ -165,6 +177,16 @@ pub async fn converge(
             }
         }
     }
+}
+
+/// Why a new host must wait for the reserved address `id` ([`plan::address::may_create`]), read
+/// fresh: the host that held it may have just been deleted.
+async fn address_held(provider: &dyn HostProvider, id: Option<&str>) -> Result<Option<String>> {
+    let Some(id) = id.filter(|_| provider.address_binding() == providers::AddressBinding::AtCreate) else {
+        return Ok(None);
+    };
+    let address = provider.get_address(id).await?;
+    Ok(plan::address::may_create(provider.address_binding(), address.as_ref()).err())
 }
 
 /// Deletes an exit server whose tunnel never came up (or stopped working) for too long, with a

@@ -21,6 +21,20 @@ pub fn lost(recorded: Option<&str>, found: Option<&Address>) -> bool {
     recorded.is_some_and(|id| found.is_none_or(|a| a.id != id))
 }
 
+/// Whether a new exit server may be created now: where it takes the address only at creation
+/// (`AtCreate`), not while the address is still on another host (one being deleted: Hetzner
+/// frees a primary IP only once its server is gone). A host created meanwhile would come up
+/// without it and have to be replaced again. `Err` says what is waited for.
+pub fn may_create(binding: AddressBinding, address: Option<&Address>) -> Result<(), String> {
+    match address {
+        Some(a) if binding == AddressBinding::AtCreate => match &a.host_id {
+            Some(host) => Err(format!("waiting for exit server {host} to free the reserved address {}", a.ip)),
+            None => Ok(()),
+        },
+        _ => Ok(()),
+    }
+}
+
 /// The next step for the address, once the exit server runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AddressStep {
@@ -122,6 +136,17 @@ mod tests {
                 matches!(&step, AddressStep::ReplaceHost { id, why } if id == "h-1" && why.contains("198.51.100.7")),
                 "{step:?}"
             );
+        }
+    }
+
+    #[test]
+    fn an_at_create_host_waits_until_the_address_is_free() {
+        assert_eq!(may_create(AddressBinding::AtCreate, Some(&address(None))), Ok(()));
+        assert_eq!(may_create(AddressBinding::AtCreate, None), Ok(()), "an unreserved address is not waited for");
+        let held = may_create(AddressBinding::AtCreate, Some(&address(Some("h-0")))).unwrap_err();
+        assert!(held.contains("h-0") && held.contains("198.51.100.7"), "{held}");
+        for binding in [AddressBinding::Assign, AddressBinding::WithHost] {
+            assert_eq!(may_create(binding, Some(&address(Some("h-0")))), Ok(()), "{binding:?}: assigned later");
         }
     }
 
