@@ -6,9 +6,10 @@
 //! 2. the Service's ports ([`desired::service_ports`]) and the credentials Secret (created once);
 //! 3. [`observe::find_host`]: of the hosts tagged with the Tunnel's UID (and the recorded one), the lowest id;
 //! 4. [`act::host`] steps it by [`plan::host_step`]: create / wait / replace / reconfigure /
-//!    ready; with a reserved address, [`act::address`] reserves it (before the host or with it,
-//!    per provider) and puts it on the running host by [`plan::address::address_step`]. A created host's id is written to status at once, before waiting for it, so a crash
-//!    never makes a second one; waiting is a short requeue, never a blocked worker;
+//!    ready. A created host's id is written to status at once, before waiting for it, so a crash
+//!    never makes a second one; waiting is a short requeue, never a blocked worker. With a
+//!    reserved address, [`act::address`] reserves it (before the host or with it, per provider)
+//!    and puts it on the running host by [`plan::address::address_step`];
 //! 5. [`act`]: the client config, the client Deployment, the Service's ingress; [`status`]: the
 //!    status, each written only when it differs.
 //!
@@ -296,18 +297,11 @@ async fn converge(
     let found = observe::find_host(provider.as_ref(), status.current(), &uid).await?;
     let publishes = desired::controls_service_status(tunnel, service).then_some(service);
     act::host::delete_extras(provider.as_ref(), &found.extras, publishes, ctx).await?;
-    let reserves = tunnel.spec.reserves_address();
-    let address = if reserves {
-        let found = observe::find_address(provider.as_ref(), status.current(), &uid).await?;
-        act::address::prepare(tunnel, &provider, found, publishes, ctx, status).await?
-    } else {
-        None
-    };
+    let address = act::address::prepare(tunnel, &provider, &uid, publishes, ctx, status).await?;
     // New keys (the Secret was re-created, now or in a reconcile that failed after) mean the
     // running server must get the new configuration: status remembers the host's keys' digest.
     let digest = plan::credentials_digest(&credentials);
     let configured = plan::configured_ports(status.current(), fresh, &digest);
-    let address_id = address.as_ref().map(|a| a.id.clone());
     let want = Want {
         provider: &provider,
         server: &server,
@@ -315,29 +309,17 @@ async fn converge(
         configured,
         publishes,
         digest: &digest,
-        address: address_id.as_deref(),
+        address: address.as_ref().map(|a| a.id.as_str()),
     };
     let (ip, host_id) = match act::host::converge(tunnel, found.host, want, ctx, status).await? {
         Reached::Ready { ip, id } => (ip, id),
         Reached::Waiting => return Ok(Action::requeue(BOOT_POLL)),
     };
     // With a reserved address, the Tunnel's address is that one, and only once the host holds it.
-    let ip = match reserves {
-        false => ip,
-        true => match act::address::converge(
-            tunnel,
-            &provider,
-            address,
-            host_id.as_deref().unwrap_or_default(),
-            publishes,
-            ctx,
-            status,
-        )
-        .await?
-        {
-            AddressReached::Ready { ip } => ip,
-            AddressReached::HostReplaced => return Ok(Action::requeue(BOOT_POLL)),
-        },
+    let on = (host_id.as_deref().unwrap_or_default(), ip);
+    let ip = match act::address::converge(tunnel, &provider, address, on, publishes, ctx, status).await? {
+        AddressReached::Ready { ip } => ip,
+        AddressReached::HostReplaced => return Ok(Action::requeue(BOOT_POLL)),
     };
 
     let cluster_ip = service.spec.as_ref().and_then(|s| s.cluster_ip.clone()).filter(|ip| ip != "None");

@@ -35,16 +35,21 @@ pub fn tags(tunnel: &Tunnel, cluster_id: &str) -> Result<std::collections::BTree
     Ok(tags)
 }
 
-/// Before the exit server is stepped: takes a released address off the Service, releases
-/// duplicates, and reserves the address where the provider needs it first. Returns the address.
+/// Before the exit server is stepped, for a Tunnel with a reserved address: finds it, takes a
+/// released one off the Service, releases duplicates, and reserves the address where the
+/// provider needs it first. Returns the address (`None` without one, or not yet reserved).
 pub async fn prepare(
     tunnel: &Tunnel,
     provider: &Arc<dyn HostProvider>,
-    found: crate::controllers::tunnel::observe::FoundAddress,
+    uid: &str,
     publishes: Option<&k8s_openapi::api::core::v1::Service>,
     ctx: &Context,
     status: &mut Writer<'_>,
 ) -> Result<Option<Address>> {
+    if !tunnel.spec.reserves_address() {
+        return Ok(None);
+    }
+    let found = super::super::observe::find_address(provider.as_ref(), status.current(), uid).await?;
     for extra in &found.extras {
         warn!(address = %extra.id, "releasing a second reserved address carrying this Tunnel's UID");
         provider.release_address(&extra.id).await?;
@@ -73,16 +78,20 @@ pub async fn prepare(
     }
 }
 
-/// Steps the address toward the running exit server `host_id`.
+/// Steps the address toward the running exit server `(host_id, host_ip)`; without a reserved
+/// address the Tunnel's address is the host's own.
 pub async fn converge(
     tunnel: &Tunnel,
     provider: &Arc<dyn HostProvider>,
     mut address: Option<Address>,
-    host_id: &str,
+    (host_id, host_ip): (&str, String),
     publishes: Option<&k8s_openapi::api::core::v1::Service>,
     ctx: &Context,
     status: &mut Writer<'_>,
 ) -> Result<AddressReached> {
+    if !tunnel.spec.reserves_address() {
+        return Ok(AddressReached::Ready { ip: host_ip });
+    }
     // Read before the host was created or replaced: where a new host takes the address at
     // creation, only a fresh read shows it there.
     if let Some(stale) = address.as_ref().filter(|a| a.host_id.as_deref() != Some(host_id)) {
