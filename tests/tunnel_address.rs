@@ -197,3 +197,37 @@ async fn a_tunnel_on_ec2_keeps_its_elastic_ip_across_instances_and_releases_it()
     assert_eq!(ec2.get_address(&allocation).await.unwrap(), None);
     finish_tunnels(op, ns).await;
 }
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn a_retained_elastic_ip_outlives_its_tunnel() {
+    let ns = TestNs::new("tun-ec2-keep").await;
+    let ec2 = std::sync::Arc::new(
+        providers::Ec2Provider::from_env(providers::Ec2Settings::new("ami-0123456789abcdef0")).await.unwrap(),
+    );
+    let op = TunnelOperator::start_with(&ns, fast_tunnel_settings(), vec![ec2.clone()]).await;
+    let services: Api<Service> = ns.api();
+    let tunnels: Api<Tunnel> = ns.api();
+    let annotations = serde_json::json!({
+        "skyport.dev/provider": "ec2",
+        "skyport.dev/address": "Reserved",
+        "skyport.dev/address-deletion-policy": "Retain",
+    });
+    services.create(&PostParams::default(), &reserved_web(annotations)).await.unwrap();
+    let tunnel = eventually("Elastic IP on the instance", Duration::from_secs(60), || async {
+        let t = tunnels.get("web-tunnel").await.ok()?;
+        let s = t.status.as_ref()?;
+        (s.address_ip.is_some() && s.host_ip == s.address_ip).then_some(t)
+    })
+    .await;
+    let id = address_id(&tunnel);
+    services.delete("web", &DeleteParams::default()).await.unwrap();
+    tunnels::gone(&tunnels, "web-tunnel").await;
+    assert_eq!(ec2.get(&host_id(&tunnel)).await.unwrap(), None, "the instance is terminated");
+    let kept = ec2.get_address(&id).await.unwrap().expect("the Elastic IP is kept");
+    // (AWS disassociates an Elastic IP when its instance terminates; LocalStack keeps the record.)
+    assert_eq!(kept.tags.get(TAG_DELETION_POLICY).map(String::as_str), Some("Retain"));
+    assert_eq!(kept.tags.get(TAG_TUNNEL_UID), tunnel.metadata.uid.as_ref());
+    ec2.release_address(&id).await.unwrap();
+    finish_tunnels(op, ns).await;
+}
