@@ -28,6 +28,14 @@ fn reserved_web(annotations: serde_json::Value) -> Service {
     )
 }
 
+/// The Tunnel operator with the EC2 provider on LocalStack beside the local one.
+async fn on_ec2(ns: &TestNs) -> (TunnelOperator, std::sync::Arc<providers::Ec2Provider>) {
+    let ec2 = std::sync::Arc::new(
+        providers::Ec2Provider::from_env(providers::Ec2Settings::new("ami-0123456789abcdef0")).await.unwrap(),
+    );
+    (TunnelOperator::start_with(ns, fast_tunnel_settings(), vec![ec2.clone()]).await, ec2)
+}
+
 fn address_id(t: &Tunnel) -> String {
     t.status.as_ref().and_then(|s| s.address_id.clone()).expect("addressId")
 }
@@ -139,12 +147,8 @@ async fn the_sweep_releases_orphaned_addresses_but_never_retained_ones() {
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn a_tunnel_on_ec2_keeps_its_elastic_ip_across_instances_and_releases_it() {
     let ns = TestNs::new("tun-ec2-eip").await;
-    let ec2 = std::sync::Arc::new(
-        providers::Ec2Provider::from_env(providers::Ec2Settings::new("ami-0123456789abcdef0")).await.unwrap(),
-    );
-    let op = TunnelOperator::start_with(&ns, fast_tunnel_settings(), vec![ec2.clone()]).await;
-    let services: Api<Service> = ns.api();
-    let tunnels: Api<Tunnel> = ns.api();
+    let (op, ec2) = on_ec2(&ns).await;
+    let (services, tunnels): (Api<Service>, Api<Tunnel>) = (ns.api(), ns.api());
     let annotations = serde_json::json!({"skyport.dev/provider": "ec2", "skyport.dev/address": "reserved"});
     services.create(&PostParams::default(), &reserved_web(annotations)).await.unwrap();
 
@@ -202,12 +206,8 @@ async fn a_tunnel_on_ec2_keeps_its_elastic_ip_across_instances_and_releases_it()
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn a_retained_elastic_ip_outlives_its_tunnel() {
     let ns = TestNs::new("tun-ec2-keep").await;
-    let ec2 = std::sync::Arc::new(
-        providers::Ec2Provider::from_env(providers::Ec2Settings::new("ami-0123456789abcdef0")).await.unwrap(),
-    );
-    let op = TunnelOperator::start_with(&ns, fast_tunnel_settings(), vec![ec2.clone()]).await;
-    let services: Api<Service> = ns.api();
-    let tunnels: Api<Tunnel> = ns.api();
+    let (op, ec2) = on_ec2(&ns).await;
+    let (services, tunnels): (Api<Service>, Api<Tunnel>) = (ns.api(), ns.api());
     let annotations = serde_json::json!({
         "skyport.dev/provider": "ec2",
         "skyport.dev/address": "Reserved",
