@@ -275,3 +275,14 @@ async fn an_at_create_replacement_waits_until_the_old_host_frees_the_address() {
     assert_eq!(ready(&h.current()), (ConditionStatus::True, "Active".into()));
     assert_eq!(ingress_ip(&h), json!(ip));
 }
+
+#[tokio::test]
+async fn the_steady_state_costs_one_address_list_per_reconcile() {
+    for binding in [AddressBinding::Assign, AddressBinding::AtCreate, AddressBinding::WithHost] {
+        let (h, t) = reserved(binding, AddressDeletionPolicy::Delete);
+        h.reconcile(t).await.unwrap();
+        let before = h.provider.calls().len();
+        h.reconcile(Arc::new(h.current())).await.unwrap();
+        assert_eq!(h.provider.calls()[before..], ["list_by_tag", "list_addresses_by_tag"], "{binding:?}");
+    }
+}
