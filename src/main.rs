@@ -210,6 +210,10 @@ async fn start_tunnels(
     add_controller::<skyport::crd::Tunnel, _, _>(state, "service", &svc_ctx, None);
     let orphans = ctx.clone();
     state.metrics.add_orphans(move || orphans.orphans_deleted.load(std::sync::atomic::Ordering::Relaxed));
+    let released = ctx.clone();
+    state
+        .metrics
+        .add_orphan_addresses(move || released.orphan_addresses_released.load(std::sync::atomic::Ordering::Relaxed));
     Ok(async move {
         tokio::join!(tunnels, services);
     }

@@ -136,6 +136,7 @@ struct Sources {
     controllers: Vec<ControllerSource>,
     clouds: Vec<CloudSource>,
     orphans: Option<CounterFn>,
+    orphan_addresses: Option<CounterFn>,
 }
 
 /// Reads the registered controllers and providers on each scrape.
@@ -200,6 +201,12 @@ impl Collector for SourcesCollector {
             let help = "Exit servers the orphan sweep deleted (tagged by this cluster, no Tunnel left)";
             let m = enc.encode_descriptor("orphan_hosts_deleted", help, None, MetricType::Counter)?;
             ConstCounter::new(orphans()).encode(m)?;
+        }
+        if let Some(released) = &sources.orphan_addresses {
+            let help =
+                "Reserved addresses the orphan sweep released (tagged by this cluster, no Tunnel left, not Retain)";
+            let m = enc.encode_descriptor("orphan_addresses_released", help, None, MetricType::Counter)?;
+            ConstCounter::new(released()).encode(m)?;
         }
         let clouds: Vec<(&'static str, CloudSnapshot)> =
             sources.clouds.iter().map(|c| (c.provider, (c.snapshot)())).collect();
@@ -286,6 +293,11 @@ impl Metrics {
         self.sources.0.lock().unwrap_or_else(|p| p.into_inner()).orphans = Some(Box::new(deleted));
     }
 
+    /// Adds the orphan sweep's count of released reserved addresses.
+    pub fn add_orphan_addresses(&self, released: impl Fn() -> u64 + Send + Sync + 'static) {
+        self.sources.0.lock().unwrap_or_else(|p| p.into_inner()).orphan_addresses = Some(Box::new(released));
+    }
+
     /// The current values as OpenMetrics text ([`CONTENT_TYPE`]).
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -313,6 +325,7 @@ mod tests {
         metrics.add_cloud("sqs", move || snap.clone());
         metrics.leader.set(1);
         metrics.add_orphans(|| 3);
+        metrics.add_orphan_addresses(|| 2);
 
         let text = metrics.encode();
         for line in [
@@ -330,6 +343,7 @@ mod tests {
             r#"skyport_rate_limiter_wait_seconds_total{provider="sqs"} 0.0"#,
             "skyport_leader 1",
             "skyport_orphan_hosts_deleted_total 3",
+            "skyport_orphan_addresses_released_total 2",
             r#"skyport_build_info{version="#,
             "# TYPE skyport_reconcile_duration_seconds histogram",
             "# EOF",

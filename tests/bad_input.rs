@@ -439,6 +439,32 @@ fn table(sqs_taken: &str) -> Vec<Case> {
             t("et4", json!({"serviceRef": {"name": "gone"}, "size": "b"})),
             Refused(&["size is immutable"]),
         ),
+        edit(
+            "address mode changed",
+            t("et5", json!({"serviceRef": {"name": "gone"}, "address": {"mode": "Reserved"}})),
+            t("et5", json!({"serviceRef": {"name": "gone"}, "address": {"mode": "Ephemeral"}})),
+            Refused(&["address is immutable"]),
+        ),
+        edit(
+            "address deletion policy changed",
+            t("et6", json!({"serviceRef": {"name": "gone"}, "address": {"mode": "Reserved"}})),
+            t(
+                "et6",
+                json!({"serviceRef": {"name": "gone"}, "address": {"mode": "Reserved", "deletionPolicy": "Retain"}}),
+            ),
+            Refused(&["address is immutable"]),
+        ),
+        edit(
+            "address set later",
+            t("et7", json!({"serviceRef": {"name": "gone"}})),
+            t("et7", json!({"serviceRef": {"name": "gone"}, "address": {"mode": "Reserved"}})),
+            Refused(&["address is immutable"]),
+        ),
+        case(
+            "unknown address mode",
+            t("bt7", json!({"serviceRef": {"name": "web"}, "address": {"mode": "Static"}})),
+            Refused(&["spec.address.mode", "Unsupported value"]),
+        ),
         // Services the API server itself refuses.
         case("LoadBalancer Service with 0 ports", lb("s0", json!([])), Refused(&["spec.ports", "Required value"])),
         // What only the controllers can judge: Ready=False, a reason, one Warning Event.

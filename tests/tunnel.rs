@@ -8,96 +8,21 @@ mod tunnels;
 
 use std::time::Duration;
 
-use common::kubelet::{Backends, ClientRunner, tcp_echo, udp_echo};
+use common::kubelet::{Backends, ClientRunner, udp_echo};
 use common::{TestNs, eventually};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Event, Secret, Service};
+use k8s_openapi::api::core::v1::{Secret, Service};
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube::{Client, ResourceExt};
 use providers::HostProvider;
 use providers::hosts::{MANAGED_BY_VALUE, TAG_CLUSTER, TAG_MANAGED_BY};
 use skyport::crd::{ConditionStatus, Tunnel, TunnelPhase};
-use tunnels::{TunnelOperator, fast_tunnel_settings, finish_tunnels};
+use tunnels::{
+    TunnelOperator, active, carries, events, fast_tunnel_settings, finish_tunnels, host_id, host_ip, ingress_ip, ready,
+    service, web,
+};
 
 const NEEDS_ENV: &str = "needs the test environment: tests/env.sh up";
-
-fn service(name: &str, class: Option<&str>, annotations: serde_json::Value, ports: serde_json::Value) -> Service {
-    serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name, "annotations": annotations},
-        "spec": {"type": "LoadBalancer", "loadBalancerClass": class, "ports": ports, "selector": {"app": name}},
-    }))
-    .unwrap()
-}
-
-fn web(name: &str) -> Service {
-    service(
-        name,
-        Some("skyport.dev/tunnel"),
-        serde_json::json!({}),
-        serde_json::json!([{"name": "http", "port": 8080, "protocol": "TCP"}, {"name": "dns", "port": 5353, "protocol": "UDP"}]),
-    )
-}
-
-/// Waits until the Tunnel is Active and returns it.
-async fn active(api: &Api<Tunnel>, name: &str, timeout: Duration) -> Tunnel {
-    let mut last = None;
-    let found = tokio::time::timeout(timeout, async {
-        loop {
-            if let Ok(t) = api.get(name).await {
-                if t.status.as_ref().and_then(|s| s.phase) == Some(TunnelPhase::Active) {
-                    return t;
-                }
-                last = t.status.clone();
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    })
-    .await;
-    found.unwrap_or_else(|_| panic!("Tunnel {name} not Active after {timeout:?}; last status: {last:#?}"))
-}
-
-fn host_ip(t: &Tunnel) -> String {
-    t.status.as_ref().and_then(|s| s.host_ip.clone()).expect("hostIp")
-}
-
-fn host_id(t: &Tunnel) -> String {
-    t.status.as_ref().and_then(|s| s.host_id.clone()).expect("hostId")
-}
-
-fn ingress_ip(s: &Service) -> Option<String> {
-    s.status.as_ref()?.load_balancer.as_ref()?.ingress.as_ref()?.first()?.ip.clone()
-}
-
-async fn events(client: &Client, ns: &str, involved: &str) -> Vec<(String, String)> {
-    let api: Api<Event> = Api::namespaced(client.clone(), ns);
-    let list = api.list(&Default::default()).await.unwrap();
-    list.items
-        .into_iter()
-        .filter(|e| e.involved_object.name.as_deref() == Some(involved))
-        .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
-        .collect()
-}
-
-/// Real bytes through the real tunnel, 1 MiB over TCP (checked by content) and a datagram over
-/// UDP, until they arrive (the client connects a moment after it starts).
-async fn carries(ip: &str, tcp: u16, udp: Option<u16>) {
-    let payload: Vec<u8> = (0..1024 * 1024).map(|i| (i * 7 % 251) as u8).collect();
-    eventually(&format!("TCP {ip}:{tcp} through the tunnel"), Duration::from_secs(30), || async {
-        let (tag, echoed) = tcp_echo(ip, tcp, &payload).await?;
-        assert_eq!(tag, tcp, "reached the backend of port {tag}, not {tcp}");
-        assert!(echoed == payload, "bytes changed on the way");
-        Some(())
-    })
-    .await;
-    if let Some(udp) = udp {
-        eventually(&format!("UDP {ip}:{udp} through the tunnel"), Duration::from_secs(30), || async {
-            let reply = udp_echo(ip, udp, b"ping").await?;
-            assert_eq!(reply, format!("{udp}:ping").into_bytes());
-            Some(())
-        })
-        .await;
-    }
-}
 
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]
@@ -311,19 +236,9 @@ async fn an_exit_server_killed_out_of_band_is_replaced_at_the_next_resync() {
     let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
     let old = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
 
-    // Kill the exit server's process behind skyport's back, as a cloud VM would die.
-    let pid_file = op.local.host_dir(&host_id(&old)).join("pid");
-    let pid = std::fs::read_to_string(&pid_file).unwrap().trim().to_string();
-    let status = std::process::Command::new("kill").args(["-9", &pid]).status().unwrap();
-    assert!(status.success());
-
+    tunnels::kill_exit_server(&op, &host_id(&old));
     // Resync is 2 s: replaced well within a few periods, the Service following.
-    let new = eventually("Tunnel on a new exit server", Duration::from_secs(20), || async {
-        let t = tunnels.get("web-tunnel").await.ok()?;
-        let s = t.status.as_ref()?;
-        (s.host_id.as_deref() != Some(&host_id(&old)) && s.phase == Some(TunnelPhase::Active)).then_some(t)
-    })
-    .await;
+    let new = tunnels::active_elsewhere(&tunnels, "web-tunnel", &host_id(&old)).await;
     assert_eq!(op.local.get(&host_id(&old)).await.unwrap(), None, "the dead host is deleted, not left");
     eventually("Service shows the replacement's address", Duration::from_secs(20), || async {
         (ingress_ip(&services.get("web").await.ok()?)? == host_ip(&new)).then_some(())
@@ -349,10 +264,7 @@ async fn deleting_the_service_deletes_the_tunnel_and_its_exit_server() {
     services.delete("web", &DeleteParams::default()).await.unwrap();
 
     // The garbage collector deletes the owned Tunnel; its finalizer deletes the host.
-    eventually("Tunnel garbage-collected", Duration::from_secs(60), || async {
-        tunnels.get_opt("web-tunnel").await.ok()?.is_none().then_some(())
-    })
-    .await;
+    tunnels::gone(&tunnels, "web-tunnel").await;
     assert_eq!(op.local.get(&host_id(&tunnel)).await.unwrap(), None);
     let left = op.local.list_by_tag(TAG_MANAGED_BY, MANAGED_BY_VALUE).await.unwrap();
     assert!(left.is_empty(), "nothing leaked: {left:?}");
@@ -370,7 +282,7 @@ async fn the_orphan_sweep_deletes_tagged_hosts_without_a_tunnel_and_keeps_the_re
     // one of this cluster and namespace with no Tunnel, one of another cluster, one of another
     // namespace.
     let make = |cluster: &str, namespace: &str| {
-        let mut tags = providers::owner_tags(&uuid(), namespace, "gone-tunnel");
+        let mut tags = providers::owner_tags(&tunnels::uuid(), namespace, "gone-tunnel");
         tags.insert(TAG_CLUSTER.to_string(), cluster.to_string());
         providers::HostRequest {
             name: "skyport-orphan".into(),
@@ -396,9 +308,7 @@ async fn the_orphan_sweep_deletes_tagged_hosts_without_a_tunnel_and_keeps_the_re
     let foreign = leftovers.create(&make("another-cluster", &ns.name)).await.unwrap();
     let elsewhere = leftovers.create(&make(&cluster, "another-namespace")).await.unwrap();
 
-    let mut settings = fast_tunnel_settings();
-    settings.orphan_sweep_interval = Duration::from_secs(2);
-    let op = TunnelOperator::start(&ns, settings).await;
+    let op = TunnelOperator::start(&ns, tunnels::sweeping_settings()).await;
     assert_eq!(op.ctx.cluster_id, cluster);
     let services: Api<Service> = ns.api();
     let tunnels: Api<Tunnel> = ns.api();
@@ -411,12 +321,7 @@ async fn the_orphan_sweep_deletes_tagged_hosts_without_a_tunnel_and_keeps_the_re
         op.local.get(&orphan.id).await.unwrap().is_none().then_some(())
     })
     .await;
-    // Two more passes, so at least one full pass saw the live Tunnel's host.
-    let passes = op.ctx.sweeps.load(Relaxed);
-    eventually("two more sweep passes", Duration::from_secs(20), || async {
-        (op.ctx.sweeps.load(Relaxed) >= passes + 2).then_some(())
-    })
-    .await;
+    tunnels::two_more_sweeps(&op).await;
     assert_eq!(op.ctx.orphans_deleted.load(Relaxed), 1, "only the orphan is deleted");
     assert!(op.local.get(&foreign.id).await.unwrap().is_some(), "another cluster's host is kept");
     assert!(op.local.get(&elsewhere.id).await.unwrap().is_some(), "a host outside the namespace is kept");
@@ -424,12 +329,6 @@ async fn the_orphan_sweep_deletes_tagged_hosts_without_a_tunnel_and_keeps_the_re
     op.local.delete(&foreign.id).await.unwrap();
     op.local.delete(&elsewhere.id).await.unwrap();
     finish_tunnels(op, ns).await;
-}
-
-fn uuid() -> String {
-    let b: [u8; 16] = rand::random();
-    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
 }
 
 #[tokio::test]
@@ -656,10 +555,7 @@ async fn a_tunnel_on_ec2_gets_an_instance_with_its_own_security_group_and_the_se
 
     // Deleting the Service: instance terminated, group deleted, nothing of this UID left.
     services.delete("web", &DeleteParams::default()).await.unwrap();
-    eventually("Tunnel gone", Duration::from_secs(60), || async {
-        tunnels.get_opt("web-tunnel").await.ok()?.is_none().then_some(())
-    })
-    .await;
+    tunnels::gone(&tunnels, "web-tunnel").await;
     assert_eq!(ec2.get(&id).await.unwrap(), None, "instance terminated");
     // Unknown group ids are an error (InvalidGroup.NotFound) or, on some emulators, an empty list.
     let left = client
@@ -671,11 +567,6 @@ async fn a_tunnel_on_ec2_gets_an_instance_with_its_own_security_group_and_the_se
         .unwrap_or(0);
     assert_eq!(left, 0, "the tunnel's security group is deleted");
     finish_tunnels(op, ns).await;
-}
-
-fn ready(t: &Tunnel) -> Option<(ConditionStatus, String, String)> {
-    let c = t.status.as_ref()?.conditions.iter().find(|c| c.type_ == "Ready")?;
-    Some((c.status, c.reason.clone(), c.message.clone()))
 }
 
 #[tokio::test]

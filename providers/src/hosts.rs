@@ -41,6 +41,11 @@ pub const TAG_TUNNEL_NAME: &str = "skyport.dev/tunnel-name";
 /// each other's hosts.
 pub const TAG_CLUSTER: &str = "skyport.dev/cluster";
 
+/// On a reserved address: what deleting its Tunnel does to it, `Delete` or `Retain` (the Tunnel's
+/// `spec.address.deletionPolicy` when it was reserved). The orphan sweep never releases a
+/// `Retain` address: a person asked to keep it.
+pub const TAG_DELETION_POLICY: &str = "skyport.dev/deletion-policy";
+
 /// The canonical prefix of skyport's tag keys.
 const KEY_PREFIX: &str = "skyport.dev/";
 /// How that prefix is spelled inside a DigitalOcean tag.

@@ -34,7 +34,8 @@ use super::Condition;
     validation = Rule::new("self.serviceRef == oldSelf.serviceRef").message("serviceRef is immutable: create another Tunnel for another Service"),
     validation = Rule::new("has(self.provider) == has(oldSelf.provider) && (!has(self.provider) || self.provider == oldSelf.provider)").message("provider is immutable: delete the Tunnel to move it (a new exit server with a new address is provisioned)"),
     validation = Rule::new("has(self.region) == has(oldSelf.region) && (!has(self.region) || self.region == oldSelf.region)").message("region is immutable: delete the Tunnel to move it (a new exit server with a new address is provisioned)"),
-    validation = Rule::new("has(self.size) == has(oldSelf.size) && (!has(self.size) || self.size == oldSelf.size)").message("size is immutable: delete the Tunnel to resize it (a new exit server with a new address is provisioned)")
+    validation = Rule::new("has(self.size) == has(oldSelf.size) && (!has(self.size) || self.size == oldSelf.size)").message("size is immutable: delete the Tunnel to resize it (a new exit server with a new address is provisioned)"),
+    validation = Rule::new("has(self.address) == has(oldSelf.address) && (!has(self.address) || self.address == oldSelf.address)").message("address is immutable: a reserved address is tagged with its deletion policy when it is reserved; delete the Tunnel and create another to change it")
 )]
 pub struct TunnelSpec {
     /// The Service in this namespace whose ports the exit server exposes. Immutable.
@@ -57,6 +58,63 @@ pub struct TunnelSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9.-]+$"))]
     pub size: Option<String>,
+
+    /// The exit server's public address. Unset: an `Ephemeral` address, which changes whenever
+    /// the exit server is replaced. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<TunnelAddress>,
+}
+
+/// Whether the Tunnel keeps one public address across exit server replacements.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TunnelAddress {
+    /// `Ephemeral` (default): the exit server's own address, a new one with every replacement.
+    /// `Reserved`: a reserved address (EC2 Elastic IP, DigitalOcean reserved IP, Hetzner primary
+    /// IP) kept for this Tunnel, so the Service's address survives a lost exit server, a port
+    /// change and new credentials. It is tagged with the Tunnel's UID like the exit server and
+    /// shown in `status.addressId` and `status.addressIp`. It may cost money while reserved.
+    #[serde(default)]
+    pub mode: AddressMode,
+
+    /// What deleting the Tunnel does to a `Reserved` address: `Delete` (default) releases it;
+    /// `Retain` keeps it reserved at the provider (tagged `skyport.dev/deletion-policy=Retain`,
+    /// which the orphan sweep never releases), for a person to reuse or release in the cloud's
+    /// console or CLI.
+    #[serde(default)]
+    pub deletion_policy: AddressDeletionPolicy,
+}
+
+/// `Ephemeral` or `Reserved`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum AddressMode {
+    /// The exit server's own address; a replacement exit server gets another one.
+    #[default]
+    Ephemeral,
+    /// A reserved address that stays with the Tunnel across exit server replacements.
+    Reserved,
+}
+
+/// `Delete` or `Retain`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum AddressDeletionPolicy {
+    /// Release the reserved address when the Tunnel is deleted.
+    #[default]
+    Delete,
+    /// Keep the reserved address when the Tunnel is deleted.
+    Retain,
+}
+
+impl TunnelSpec {
+    /// Whether the Tunnel keeps a reserved address.
+    pub fn reserves_address(&self) -> bool {
+        self.address.as_ref().is_some_and(|a| a.mode == AddressMode::Reserved)
+    }
+
+    /// The deletion policy of the reserved address.
+    pub fn address_deletion_policy(&self) -> AddressDeletionPolicy {
+        self.address.as_ref().map(|a| a.deletion_policy).unwrap_or_default()
+    }
 }
 
 /// Rules on the whole object (they need `metadata.name`), as (CEL rule, message); added to the
@@ -112,9 +170,17 @@ pub struct TunnelStatus {
     /// operator finds it instead of creating a second one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_id: Option<String>,
-    /// Public IPv4 address of the exit server.
+    /// Public IPv4 address of the exit server (its reserved address once that is assigned to it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_ip: Option<String>,
+    /// The provider's id of the Tunnel's reserved address (`spec.address.mode: Reserved`).
+    /// Recorded as soon as it is reserved, so it is found again while no exit server holds it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address_id: Option<String>,
+    /// The reserved address itself. It is published on the Service only once it is assigned to
+    /// a running exit server whose tunnel passed the health check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address_ip: Option<String>,
     /// The ports the exit server currently exposes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<TunnelPort>,

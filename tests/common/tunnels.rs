@@ -4,9 +4,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::{Event, Service};
+use kube::Client;
 use kube::api::{Api, DeleteParams};
+use skyport::crd::{ConditionStatus, Tunnel, TunnelPhase};
 use tokio::sync::oneshot;
 
+use crate::common::kubelet::{tcp_echo, udp_echo};
 use crate::common::{TestNs, eventually, kubelet};
 
 /// Tunnel and Service controllers running in-process for one namespace, with a local provider
@@ -167,4 +171,133 @@ pub async fn finish_tunnels(op: TunnelOperator, ns: TestNs) {
     assert!(left.is_empty(), "exit servers leaked: {left:?}");
     op.stop().await;
     ns.cleanup().await;
+}
+
+pub fn service(name: &str, class: Option<&str>, annotations: serde_json::Value, ports: serde_json::Value) -> Service {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"type": "LoadBalancer", "loadBalancerClass": class, "ports": ports, "selector": {"app": name}},
+    }))
+    .unwrap()
+}
+
+pub fn web(name: &str) -> Service {
+    service(
+        name,
+        Some("skyport.dev/tunnel"),
+        serde_json::json!({}),
+        serde_json::json!([{"name": "http", "port": 8080, "protocol": "TCP"}, {"name": "dns", "port": 5353, "protocol": "UDP"}]),
+    )
+}
+
+/// Waits until the Tunnel is Active and returns it.
+pub async fn active(api: &Api<Tunnel>, name: &str, timeout: Duration) -> Tunnel {
+    let mut last = None;
+    let found = tokio::time::timeout(timeout, async {
+        loop {
+            if let Ok(t) = api.get(name).await {
+                if t.status.as_ref().and_then(|s| s.phase) == Some(TunnelPhase::Active) {
+                    return t;
+                }
+                last = t.status.clone();
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    found.unwrap_or_else(|_| panic!("Tunnel {name} not Active after {timeout:?}; last status: {last:#?}"))
+}
+
+pub fn host_ip(t: &Tunnel) -> String {
+    t.status.as_ref().and_then(|s| s.host_ip.clone()).expect("hostIp")
+}
+
+pub fn host_id(t: &Tunnel) -> String {
+    t.status.as_ref().and_then(|s| s.host_id.clone()).expect("hostId")
+}
+
+pub fn ingress_ip(s: &Service) -> Option<String> {
+    s.status.as_ref()?.load_balancer.as_ref()?.ingress.as_ref()?.first()?.ip.clone()
+}
+
+pub async fn events(client: &Client, ns: &str, involved: &str) -> Vec<(String, String)> {
+    let api: Api<Event> = Api::namespaced(client.clone(), ns);
+    let list = api.list(&Default::default()).await.unwrap();
+    list.items
+        .into_iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some(involved))
+        .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+        .collect()
+}
+
+/// Real bytes through the real tunnel, 1 MiB over TCP (checked by content) and a datagram over
+/// UDP, until they arrive (the client connects a moment after it starts).
+pub async fn carries(ip: &str, tcp: u16, udp: Option<u16>) {
+    let payload: Vec<u8> = (0..1024 * 1024).map(|i| (i * 7 % 251) as u8).collect();
+    eventually(&format!("TCP {ip}:{tcp} through the tunnel"), Duration::from_secs(30), || async {
+        let (tag, echoed) = tcp_echo(ip, tcp, &payload).await?;
+        assert_eq!(tag, tcp, "reached the backend of port {tag}, not {tcp}");
+        assert!(echoed == payload, "bytes changed on the way");
+        Some(())
+    })
+    .await;
+    if let Some(udp) = udp {
+        eventually(&format!("UDP {ip}:{udp} through the tunnel"), Duration::from_secs(30), || async {
+            let reply = udp_echo(ip, udp, b"ping").await?;
+            assert_eq!(reply, format!("{udp}:ping").into_bytes());
+            Some(())
+        })
+        .await;
+    }
+}
+
+pub fn ready(t: &Tunnel) -> Option<(ConditionStatus, String, String)> {
+    let c = t.status.as_ref()?.conditions.iter().find(|c| c.type_ == "Ready")?;
+    Some((c.status, c.reason.clone(), c.message.clone()))
+}
+
+/// Fast settings with an orphan sweep every 2 s.
+pub fn sweeping_settings() -> skyport::config::TunnelArgs {
+    skyport::config::TunnelArgs { orphan_sweep_interval: Duration::from_secs(2), ..fast_tunnel_settings() }
+}
+
+/// Waits for two more orphan sweep passes, so at least one whole pass saw what exists now.
+pub async fn two_more_sweeps(op: &TunnelOperator) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let passes = op.ctx.sweeps.load(Relaxed);
+    eventually("two more sweep passes", Duration::from_secs(20), || async {
+        (op.ctx.sweeps.load(Relaxed) >= passes + 2).then_some(())
+    })
+    .await;
+}
+
+/// Waits until the Tunnel `name` no longer exists (its finalizer ran).
+pub async fn gone(tunnels: &Api<Tunnel>, name: &str) {
+    eventually(&format!("Tunnel {name} gone"), Duration::from_secs(60), || async {
+        tunnels.get_opt(name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+}
+
+/// Kills the local exit server `id`'s process behind skyport's back, as a cloud VM would die.
+pub fn kill_exit_server(op: &TunnelOperator, id: &str) {
+    let pid = std::fs::read_to_string(op.local.host_dir(id).join("pid")).unwrap().trim().to_string();
+    assert!(std::process::Command::new("kill").args(["-9", &pid]).status().unwrap().success());
+}
+
+/// Waits until the Tunnel `name` is Active on an exit server other than `old_host`.
+pub async fn active_elsewhere(tunnels: &Api<Tunnel>, name: &str, old_host: &str) -> Tunnel {
+    eventually("Tunnel Active on a new exit server", Duration::from_secs(30), || async {
+        let t = tunnels.get(name).await.ok()?;
+        let s = t.status.as_ref()?;
+        (s.host_id.as_deref() != Some(old_host) && s.phase == Some(TunnelPhase::Active)).then_some(t)
+    })
+    .await
+}
+
+/// A random UUID, as Kubernetes gives objects.
+pub fn uuid() -> String {
+    let b: [u8; 16] = rand::random();
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
 }

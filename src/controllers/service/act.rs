@@ -4,16 +4,27 @@ use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
-use tracing::info;
+use tracing::{info, warn};
 
 use super::Context;
 use super::desired::tunnel_for;
 use crate::crd::tunnel::Tunnel;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Creates the Tunnel for `service`. One created meanwhile (the cache lags our own writes) is fine.
+/// An annotation skyport cannot read is the Service owner's to fix: a Warning Event on the
+/// Service says which, and nothing is retried until the Service changes.
 pub async fn create(service: &Service, api: &Api<Tunnel>, ctx: &Context) -> Result<()> {
-    let tunnel = tunnel_for(service)?;
+    let tunnel = match tunnel_for(service) {
+        Ok(tunnel) => tunnel,
+        Err(Error::InvalidSpec(why)) => {
+            warn!(why, "cannot make a Tunnel from the Service's annotations");
+            let note = format!("{why}; no Tunnel is made until the annotation is fixed");
+            ctx.publish(service, EventType::Warning, "InvalidAnnotation", note).await;
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
     let name = tunnel.name_any();
     ctx.api_writes.inc();
     match api.create(&PostParams::default(), &tunnel).await {

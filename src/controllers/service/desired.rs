@@ -16,6 +16,10 @@ pub const ANNOTATION: &str = "skyport.dev/tunnel";
 pub const ANNOTATION_PROVIDER: &str = "skyport.dev/provider";
 pub const ANNOTATION_REGION: &str = "skyport.dev/region";
 pub const ANNOTATION_SIZE: &str = "skyport.dev/size";
+/// `reserved` or `ephemeral`: the Tunnel's `spec.address.mode`.
+pub const ANNOTATION_ADDRESS: &str = "skyport.dev/address";
+/// `delete` or `retain`: the Tunnel's `spec.address.deletionPolicy`.
+pub const ANNOTATION_ADDRESS_DELETION: &str = "skyport.dev/address-deletion-policy";
 
 /// Whether skyport serves `service`, with the reason when it does not (for logs).
 pub fn served(service: &Service, settings: &TunnelArgs) -> Result<(), &'static str> {
@@ -60,6 +64,7 @@ pub fn tunnel_for(service: &Service) -> Result<Tunnel> {
             "provider": annotation(ANNOTATION_PROVIDER),
             "region": annotation(ANNOTATION_REGION),
             "size": annotation(ANNOTATION_SIZE),
+            "address": address(service)?,
         },
     });
     let mut tunnel: Tunnel = serde_json::from_value(value).map_err(|e| Error::InvalidSpec(e.to_string()))?;
@@ -67,6 +72,30 @@ pub fn tunnel_for(service: &Service) -> Result<Tunnel> {
     tunnel.spec.region = tunnel.spec.region.filter(|s| !s.is_empty());
     tunnel.spec.size = tunnel.spec.size.filter(|s| !s.is_empty());
     Ok(tunnel)
+}
+
+/// `spec.address` from the annotations (values case-insensitive, as people write them), `None`
+/// when neither is set. An unknown value is refused here rather than silently meaning the default.
+fn address(service: &Service) -> Result<Option<serde_json::Value>> {
+    let read = |key: &str, allowed: [&str; 2]| -> Result<Option<String>> {
+        let Some(value) = service.annotations().get(key).map(|v| v.trim().to_ascii_lowercase()) else {
+            return Ok(None);
+        };
+        match allowed.iter().find(|a| a.to_ascii_lowercase() == value) {
+            Some(a) => Ok(Some(a.to_string())),
+            None => {
+                Err(Error::InvalidSpec(format!("annotation {key}: {value:?} is not one of {}", allowed.join(", "))))
+            }
+        }
+    };
+    let mode = read(ANNOTATION_ADDRESS, ["Reserved", "Ephemeral"])?;
+    let policy = read(ANNOTATION_ADDRESS_DELETION, ["Delete", "Retain"])?;
+    if mode.is_none() && policy.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(
+        json!({"mode": mode.unwrap_or_else(|| "Ephemeral".into()), "deletionPolicy": policy.unwrap_or_else(|| "Delete".into())}),
+    ))
 }
 
 /// Whether `service` is the controller owner of `tunnel`.
@@ -118,6 +147,29 @@ mod tests {
         assert_eq!(t.spec.service_ref.name, "web");
         assert_eq!(t.spec.provider.as_deref(), Some("local"));
         assert_eq!(t.spec.region, None);
+        assert_eq!(t.spec.address, None);
         assert!(owned_by(&t, &svc));
+    }
+
+    #[test]
+    fn address_annotations_set_the_tunnels_address_and_unknown_values_are_refused() {
+        use crate::crd::tunnel::{AddressDeletionPolicy, AddressMode, TunnelAddress};
+        let annotated = |pairs: &[(&str, &str)]| {
+            let mut svc = service("LoadBalancer", Some(LOAD_BALANCER_CLASS), None);
+            for (k, v) in pairs {
+                svc.metadata.annotations.get_or_insert_default().insert(k.to_string(), v.to_string());
+            }
+            tunnel_for(&svc)
+        };
+        let t = annotated(&[(ANNOTATION_ADDRESS, "reserved")]).unwrap();
+        let want = TunnelAddress { mode: AddressMode::Reserved, deletion_policy: AddressDeletionPolicy::Delete };
+        assert_eq!(t.spec.address, Some(want));
+        assert!(t.spec.reserves_address());
+        let t = annotated(&[(ANNOTATION_ADDRESS, "Reserved"), (ANNOTATION_ADDRESS_DELETION, "retain")]).unwrap();
+        assert_eq!(t.spec.address_deletion_policy(), AddressDeletionPolicy::Retain);
+        assert!(!annotated(&[(ANNOTATION_ADDRESS, "ephemeral")]).unwrap().spec.reserves_address());
+        let refused = annotated(&[(ANNOTATION_ADDRESS, "static")]).unwrap_err().to_string();
+        assert!(refused.contains("skyport.dev/address") && refused.contains("\"static\""), "{refused}");
+        assert!(annotated(&[(ANNOTATION_ADDRESS_DELETION, "keep")]).is_err());
     }
 }

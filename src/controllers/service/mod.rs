@@ -41,8 +41,8 @@ use crate::crd::tunnel::Tunnel;
 use crate::error::Result;
 
 pub use desired::{
-    ANNOTATION, ANNOTATION_PROVIDER, ANNOTATION_REGION, ANNOTATION_SIZE, LOAD_BALANCER_CLASS, served, tunnel_for,
-    tunnel_name,
+    ANNOTATION, ANNOTATION_ADDRESS, ANNOTATION_ADDRESS_DELETION, ANNOTATION_PROVIDER, ANNOTATION_REGION,
+    ANNOTATION_SIZE, LOAD_BALANCER_CLASS, served, tunnel_for, tunnel_name,
 };
 
 /// The Service controller's context: the shared one, with [`State`].

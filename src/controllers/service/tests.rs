@@ -110,3 +110,13 @@ async fn a_served_service_with_its_tunnel_costs_nothing() {
     reconcile(service("LoadBalancer"), h.ctx.clone()).await.unwrap();
     assert!(h.api.writes().is_empty());
 }
+
+#[tokio::test]
+async fn an_unreadable_address_annotation_is_a_warning_on_the_service_not_a_retry() {
+    let h = harness();
+    let mut svc = (*service("LoadBalancer")).clone();
+    svc.metadata.annotations.get_or_insert_default().insert(ANNOTATION_ADDRESS.into(), "static".into());
+    assert_eq!(reconcile(Arc::new(svc), h.ctx.clone()).await.unwrap(), Action::await_change());
+    assert!(h.api.get(TUNNEL).is_none());
+    assert_eq!(h.api.event_reasons(), ["InvalidAnnotation"]);
+}

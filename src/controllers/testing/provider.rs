@@ -5,7 +5,10 @@ use std::num::NonZeroU32;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use providers::{ExitServer, Host, HostError, HostProvider, HostRequest, HostState, Limiter};
+use providers::hosts::TAG_TUNNEL_UID;
+use providers::{
+    Address, AddressBinding, AddressRequest, ExitServer, Host, HostError, HostProvider, HostRequest, HostState, Limiter,
+};
 
 #[derive(Default)]
 struct Hosts {
@@ -17,6 +20,45 @@ struct Hosts {
     created_state: Option<HostState>,
     /// Per host: the Noise private key it was created or last reconfigured with.
     keys: BTreeMap<String, String>,
+    addresses: BTreeMap<String, Address>,
+    next_address: u32,
+    /// How addresses reach hosts here (`Assign` by default).
+    binding: Option<AddressBinding>,
+    /// Whether `reconfigure` refuses, as a cloud VM's fixed user data does.
+    fixed_config: bool,
+}
+
+impl Hosts {
+    fn binding(&self) -> AddressBinding {
+        self.binding.unwrap_or(AddressBinding::Assign)
+    }
+
+    /// Puts address `id` on host `host_id`, whose public address it becomes, as on a cloud.
+    fn attach(&mut self, id: &str, host_id: &str) {
+        let Some(ip) = self.addresses.get(id).map(|a| a.ip.clone()) else { return };
+        for address in self.addresses.values_mut() {
+            if address.host_id.as_deref() == Some(host_id) {
+                address.host_id = None;
+            }
+        }
+        if let Some(address) = self.addresses.get_mut(id) {
+            address.host_id = Some(host_id.to_string());
+        }
+        if let Some(host) = self.by_id.get_mut(host_id) {
+            host.public_ipv4 = Some(ip);
+        }
+    }
+
+    /// An address as the provider reports it: with `WithHost` (DigitalOcean) it carries no tags
+    /// of its own, only its host's.
+    fn report(&self, address: &Address) -> Address {
+        let mut address = address.clone();
+        if self.binding() == AddressBinding::WithHost {
+            address.tags =
+                address.host_id.as_ref().and_then(|h| self.by_id.get(h)).map(|h| h.tags.clone()).unwrap_or_default();
+        }
+        address
+    }
 }
 
 pub struct FakeProvider {
@@ -66,6 +108,31 @@ impl FakeProvider {
         self.hosts.lock().unwrap().keys.get(id).cloned()
     }
 
+    /// Addresses reach hosts by `binding`.
+    pub fn bind_addresses(&self, binding: AddressBinding) {
+        self.hosts.lock().unwrap().binding = Some(binding);
+    }
+
+    /// `reconfigure` answers "cannot" from now on, as for cloud VMs: the host is replaced.
+    pub fn fix_config(&self) {
+        self.hosts.lock().unwrap().fixed_config = true;
+    }
+
+    /// Every reserved address, as stored (with the tags it was reserved with).
+    pub fn addresses(&self) -> Vec<Address> {
+        self.hosts.lock().unwrap().addresses.values().cloned().collect()
+    }
+
+    /// Stores an address as it is (for orphans the sweep should find).
+    pub fn insert_address(&self, address: Address) {
+        self.hosts.lock().unwrap().addresses.insert(address.id.clone(), address);
+    }
+
+    /// How many calls of `op` were made.
+    pub fn count(&self, op: &str) -> usize {
+        self.hosts.lock().unwrap().calls.iter().filter(|c| **c == op).count()
+    }
+
     pub fn insert(&self, host: Host) {
         self.hosts.lock().unwrap().by_id.insert(host.id.clone(), host);
     }
@@ -86,13 +153,26 @@ impl HostProvider for FakeProvider {
         };
         h.by_id.insert(host.id.clone(), host.clone());
         h.keys.insert(host.id.clone(), request.server.noise_private_key.clone());
-        Ok(host)
+        if h.binding() == AddressBinding::AtCreate {
+            let uid = request.tags.get(TAG_TUNNEL_UID);
+            let free = h.addresses.values().find(|a| a.host_id.is_none() && a.tags.get(TAG_TUNNEL_UID) == uid);
+            if let Some(id) = free.map(|a| a.id.clone()) {
+                h.attach(&id, &host.id);
+            }
+        }
+        Ok(h.by_id[&host.id].clone())
     }
     async fn get(&self, id: &str) -> Result<Option<Host>, HostError> {
         Ok(self.call("get")?.by_id.get(id).cloned())
     }
     async fn delete(&self, id: &str) -> Result<(), HostError> {
-        self.call("delete")?.by_id.remove(id);
+        let mut h = self.call("delete")?;
+        h.by_id.remove(id);
+        for address in h.addresses.values_mut() {
+            if address.host_id.as_deref() == Some(id) {
+                address.host_id = None;
+            }
+        }
         Ok(())
     }
     async fn list_by_tag(&self, key: &str, value: &str) -> Result<Vec<Host>, HostError> {
@@ -100,8 +180,63 @@ impl HostProvider for FakeProvider {
         Ok(h.by_id.values().filter(|host| host.tags.get(key).map(String::as_str) == Some(value)).cloned().collect())
     }
     async fn reconfigure(&self, id: &str, server: &ExitServer) -> Result<bool, HostError> {
-        self.call("reconfigure")?.keys.insert(id.to_string(), server.noise_private_key.clone());
+        let mut h = self.call("reconfigure")?;
+        if h.fixed_config {
+            return Ok(false);
+        }
+        h.keys.insert(id.to_string(), server.noise_private_key.clone());
         Ok(true)
+    }
+    fn address_binding(&self) -> AddressBinding {
+        self.hosts.lock().unwrap().binding()
+    }
+    async fn reserve_address(&self, request: &AddressRequest) -> Result<Address, HostError> {
+        let mut h = self.call("reserve_address")?;
+        let binding = h.binding();
+        let invalid = |message: &str| HostError::Invalid { provider: NAME, message: message.into() };
+        match (binding, &request.host_id) {
+            (AddressBinding::WithHost, None) => return Err(invalid("reserved with its first host only")),
+            (AddressBinding::AtCreate, Some(_)) => return Err(invalid("goes onto a host at creation only")),
+            (_, Some(host)) if !h.by_id.contains_key(host) => return Err(invalid("no such host")),
+            _ => {}
+        }
+        h.next_address += 1;
+        let address = Address {
+            id: format!("a-{}", h.next_address),
+            ip: format!("198.51.100.{}", h.next_address),
+            host_id: None,
+            tags: request.tags.clone(),
+        };
+        h.addresses.insert(address.id.clone(), address.clone());
+        if let Some(host) = &request.host_id {
+            h.attach(&address.id, host);
+        }
+        let stored = h.addresses[&address.id].clone();
+        Ok(h.report(&stored))
+    }
+    async fn get_address(&self, id: &str) -> Result<Option<Address>, HostError> {
+        let h = self.call("get_address")?;
+        Ok(h.addresses.get(id).map(|a| h.report(a)))
+    }
+    async fn assign_address(&self, id: &str, host_id: &str) -> Result<(), HostError> {
+        let mut h = self.call("assign_address")?;
+        if h.binding() == AddressBinding::AtCreate {
+            return Err(HostError::Invalid { provider: NAME, message: "goes onto a host at creation only".into() });
+        }
+        if !h.addresses.contains_key(id) || !h.by_id.contains_key(host_id) {
+            return Err(HostError::NotFound { provider: NAME, message: format!("address {id} or host {host_id}") });
+        }
+        h.attach(id, host_id);
+        Ok(())
+    }
+    async fn release_address(&self, id: &str) -> Result<(), HostError> {
+        self.call("release_address")?.addresses.remove(id);
+        Ok(())
+    }
+    async fn list_addresses_by_tag(&self, key: &str, value: &str) -> Result<Vec<Address>, HostError> {
+        let h = self.call("list_addresses_by_tag")?;
+        let reported = h.addresses.values().map(|a| h.report(a));
+        Ok(reported.filter(|a| a.tags.get(key).map(String::as_str) == Some(value)).collect())
     }
     fn name(&self) -> &'static str {
         NAME

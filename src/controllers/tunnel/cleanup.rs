@@ -1,4 +1,5 @@
-//! Deleting a Tunnel: its exit servers go, the Service's ingress is cleared, then the finalizer.
+//! Deleting a Tunnel: the Service's ingress is cleared, its reserved address released (or kept,
+//! with `deletionPolicy: Retain`), its exit servers deleted, then the finalizer goes.
 
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use super::plan::{Blocked, provider_for};
 use super::status::{Writer, not_ready};
 use super::{Context, FINALIZER, act, desired};
 use crate::controllers::{has_finalizer, object_key, remove_finalizer};
-use crate::crd::tunnel::{Tunnel, TunnelPhase};
+use crate::crd::tunnel::{AddressDeletionPolicy, Tunnel, TunnelPhase};
 use crate::error::{Error, Result};
 
 /// Deletes the exit server (the recorded one and any other carrying the Tunnel's UID), clears the
@@ -30,7 +31,7 @@ pub async fn cleanup(tunnel: &Tunnel, api: &Api<Tunnel>, ctx: &Context, status: 
     let provider = match provider_for(tunnel, status.current(), &ctx.providers) {
         Ok(p) => Some(p),
         // Never created a host: nothing to delete.
-        Err(_) if recorded_host.is_none() => None,
+        Err(_) if recorded_host.is_none() && status.current().address_id.is_none() => None,
         Err(Blocked(_, reason, message)) => {
             let message = format!("{message}; the exit server cannot be deleted, so the Tunnel is kept");
             status
@@ -54,6 +55,11 @@ pub async fn cleanup(tunnel: &Tunnel, api: &Api<Tunnel>, ctx: &Context, status: 
         && desired::controls_service_status(tunnel, &service)
     {
         act::unpublish_before_delete(&service, ctx).await?;
+    }
+    if let Some(provider) = &provider
+        && (tunnel.spec.reserves_address() || status.current().address_id.is_some())
+    {
+        addresses(tunnel, provider.as_ref(), &uid, ctx, status).await?;
     }
     if let Some(provider) = provider {
         let mut ids: Vec<String> = recorded_host.into_iter().collect();
@@ -81,4 +87,44 @@ pub async fn cleanup(tunnel: &Tunnel, api: &Api<Tunnel>, ctx: &Context, status: 
     ctx.backoff.reset(&key);
     ctx.written.forget(&key);
     Ok(Action::await_change())
+}
+
+/// Releases the Tunnel's reserved addresses (the recorded one and any carrying its UID), or with
+/// `Retain` only says where the kept one is. Done before the hosts go: a DigitalOcean reserved IP
+/// is found by its droplet's tags.
+async fn addresses(
+    tunnel: &Tunnel,
+    provider: &dyn providers::HostProvider,
+    uid: &str,
+    ctx: &Context,
+    status: &Writer<'_>,
+) -> Result<()> {
+    let found = match super::observe::find_address(provider, status.current(), uid).await {
+        Ok(found) => found,
+        // A provider without reserved addresses never reserved one: it must not keep the Tunnel.
+        Err(Error::Host(providers::HostError::Invalid { .. })) if status.current().address_id.is_none() => {
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
+    let all: Vec<_> = found.address.into_iter().chain(found.extras).collect();
+    if all.is_empty() {
+        return Ok(());
+    }
+    let names = all.iter().map(|a| format!("{} ({})", a.ip, a.id)).collect::<Vec<_>>().join(", ");
+    if tunnel.spec.address_deletion_policy() == AddressDeletionPolicy::Retain {
+        info!(addresses = %names, provider = provider.name(), "keeping the reserved address (Retain)");
+        let note = format!(
+            "kept reserved address {names} at {} (deletionPolicy Retain); release it there when no longer needed",
+            provider.name()
+        );
+        ctx.publish(tunnel, EventType::Normal, "AddressRetained", note).await;
+        return Ok(());
+    }
+    for address in &all {
+        provider.release_address(&address.id).await?;
+        info!(address = %address.id, provider = provider.name(), "released the reserved address");
+    }
+    ctx.publish(tunnel, EventType::Normal, "AddressReleased", format!("released reserved address {names}")).await;
+    Ok(())
 }

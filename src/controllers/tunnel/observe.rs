@@ -1,4 +1,4 @@
-//! Reads what exists: the exit server at the provider, the credentials Secret in the cluster,
+//! Reads what exists: the exit server and its reserved address at the provider, the credentials Secret in the cluster,
 //! whether the tunnel carries traffic ([`Probe`]).
 
 use std::collections::HashMap;
@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use providers::hosts::TAG_TUNNEL_UID;
 use providers::userdata::NoiseKeypair;
-use providers::{Host, HostProvider};
+use providers::{Address, Host, HostProvider};
 use tracing::info;
 
 use super::desired::{Credentials, KEY_CLIENT, KEY_PRIVATE, KEY_TOKEN};
@@ -53,6 +53,30 @@ pub async fn find_host(provider: &dyn HostProvider, status: &TunnelStatus, uid: 
         info!(host = %h.id, "found the exit server by its owner tag");
     }
     Ok(Found { host, extras: hosts.collect() })
+}
+
+/// The Tunnel's reserved address: the one recorded in status if it still exists (it is the one
+/// that may be published), else the lowest id of those carrying the Tunnel's UID tag.
+pub struct FoundAddress {
+    pub address: Option<Address>,
+    /// Others with the Tunnel's tag (a crash between reserving and recording): released.
+    pub extras: Vec<Address>,
+}
+
+/// Looks for the Tunnel's reserved address (see [`FoundAddress`]). The recorded id is read
+/// directly too: a DigitalOcean reserved IP between two droplets carries no tags to list it by.
+pub async fn find_address(provider: &dyn HostProvider, status: &TunnelStatus, uid: &str) -> Result<FoundAddress> {
+    let mut addresses = provider.list_addresses_by_tag(TAG_TUNNEL_UID, uid).await?;
+    let recorded = status.address_id.clone().filter(|_| status.provider.as_deref() == Some(provider.name()));
+    if let Some(id) = &recorded
+        && !addresses.iter().any(|a| &a.id == id)
+        && let Some(address) = provider.get_address(id).await?
+    {
+        addresses.push(address);
+    }
+    addresses.sort_by(|a, b| (Some(&a.id) != recorded.as_ref(), &a.id).cmp(&(Some(&b.id) != recorded.as_ref(), &b.id)));
+    let mut addresses = addresses.into_iter();
+    Ok(FoundAddress { address: addresses.next(), extras: addresses.collect() })
 }
 
 /// What the Tunnel's Secret holds.

@@ -1,5 +1,7 @@
 //! What to do, from what was observed: pure, so every branch is unit tested.
 
+pub mod address;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,7 +24,7 @@ pub fn provider_for(
     status: &TunnelStatus,
     providers: &Providers,
 ) -> Result<Arc<dyn HostProvider>, Blocked> {
-    let recorded = status.provider.clone().filter(|_| status.host_id.is_some());
+    let recorded = status.provider.clone().filter(|_| status.host_id.is_some() || status.address_id.is_some());
     let name = recorded.or_else(|| tunnel.spec.provider.clone()).or_else(|| providers.default.clone());
     let Some(name) = name else {
         return Err(Blocked(

@@ -1,14 +1,14 @@
-//! The orphan sweep: exit servers tagged by this cluster's skyport whose Tunnel no longer exists
-//! are deleted. Normally the finalizer deletes every host; the sweep catches what a removed
+//! The orphan sweep: exit servers and reserved addresses tagged by this cluster's skyport whose
+//! Tunnel no longer exists are deleted and released (a `Retain` address is kept). Normally the finalizer deletes every host; the sweep catches what a removed
 //! finalizer, a deleted namespace with a force-removed finalizer or a bug left behind.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use kube::ResourceExt;
-use providers::hosts::{TAG_CLUSTER, TAG_TUNNEL_NAMESPACE, TAG_TUNNEL_UID};
-use providers::{Host, HostProvider};
+use providers::hosts::{TAG_CLUSTER, TAG_DELETION_POLICY, TAG_TUNNEL_NAMESPACE, TAG_TUNNEL_UID};
+use providers::{Address, Host, HostProvider};
 use tracing::{Instrument, info, info_span, warn};
 
 use super::Context;
@@ -40,6 +40,9 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
 pub async fn sweep_once(ctx: &Context) -> usize {
     let mut deleted = 0;
     for provider in ctx.providers.all() {
+        // Addresses first: a DigitalOcean reserved IP is found through its droplet's tags, which
+        // go with the droplet.
+        release_orphaned_addresses(provider.as_ref(), ctx).await;
         let live = async { ctx.tunnels.state().iter().filter_map(|t| t.uid()).collect::<HashSet<String>>() };
         let orphans = match find_orphans(provider.as_ref(), live, &ctx.cluster_id, ctx.namespace.as_deref()).await {
             Ok(orphans) => orphans,
@@ -75,10 +78,52 @@ pub async fn find_orphans(
 /// A host is an orphan when it carries this cluster's tag, lies in the watched namespace (when
 /// only one is watched) and names a Tunnel UID that no Tunnel has.
 pub fn is_orphan(host: &Host, live: &HashSet<String>, cluster_id: &str, namespace: Option<&str>) -> bool {
-    let tag = |k: &str| host.tags.get(k).map(String::as_str);
+    orphan_tags(&host.tags, live, cluster_id, namespace)
+}
+
+/// The same for a reserved address, unless it is tagged `Retain`: its Tunnel asked to keep it.
+pub fn is_orphan_address(address: &Address, live: &HashSet<String>, cluster_id: &str, namespace: Option<&str>) -> bool {
+    let retained = address.tags.get(TAG_DELETION_POLICY).is_some_and(|p| p == "Retain");
+    !retained && orphan_tags(&address.tags, live, cluster_id, namespace)
+}
+
+fn orphan_tags(
+    tags: &BTreeMap<String, String>,
+    live: &HashSet<String>,
+    cluster_id: &str,
+    namespace: Option<&str>,
+) -> bool {
+    let tag = |k: &str| tags.get(k).map(String::as_str);
     tag(TAG_CLUSTER) == Some(cluster_id)
         && namespace.is_none_or(|ns| tag(TAG_TUNNEL_NAMESPACE) == Some(ns))
         && tag(TAG_TUNNEL_UID).is_some_and(|uid| !live.contains(uid))
+}
+
+/// Releases this cluster's reserved addresses whose Tunnel is gone, by the same list-then-read
+/// order as hosts ([`find_orphans`]). A provider without reserved addresses is skipped quietly.
+async fn release_orphaned_addresses(provider: &dyn HostProvider, ctx: &Context) {
+    let listed = match provider.list_addresses_by_tag(TAG_CLUSTER, &ctx.cluster_id).await {
+        Ok(listed) => listed,
+        Err(providers::HostError::Invalid { .. }) => return,
+        Err(e) => {
+            warn!(provider = provider.name(), error = %e, "orphan sweep could not list reserved addresses");
+            return;
+        }
+    };
+    let live: HashSet<String> = ctx.tunnels.state().iter().filter_map(|t| t.uid()).collect();
+    let namespace = ctx.namespace.as_deref();
+    for address in listed.iter().filter(|a| is_orphan_address(a, &live, &ctx.cluster_id, namespace)) {
+        let uid = address.tags.get(TAG_TUNNEL_UID).map(String::as_str).unwrap_or_default();
+        match provider.release_address(&address.id).await {
+            Ok(()) => {
+                ctx.orphan_addresses_released.fetch_add(1, Ordering::Relaxed);
+                info!(provider = provider.name(), address = %address.id, ip = %address.ip, tunnel_uid = uid, "released orphaned reserved address");
+            }
+            Err(e) => {
+                warn!(provider = provider.name(), address = %address.id, error = %e, "could not release orphaned reserved address")
+            }
+        }
+    }
 }
 
 async fn delete(provider: &dyn HostProvider, host: &Host, ctx: &Context) -> usize {
@@ -103,8 +148,6 @@ async fn delete(provider: &dyn HostProvider, host: &Host, ctx: &Context) -> usiz
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use providers::HostState;
     use providers::hosts::owner_tags;
 
@@ -171,5 +214,22 @@ mod tests {
         let no_uid =
             Host { tags: BTreeMap::from([(TAG_CLUSTER.to_string(), "c1".to_string())]), ..host("x", "a", None) };
         assert!(!is_orphan(&no_uid, &live, "c1", None));
+    }
+
+    #[test]
+    fn an_orphaned_address_is_released_unless_retained() {
+        let live = HashSet::from(["live-uid".to_string()]);
+        let address = |uid: &str, policy: Option<&str>| {
+            let mut tags = host(uid, "a", Some("c1")).tags;
+            if let Some(p) = policy {
+                tags.insert(TAG_DELETION_POLICY.into(), p.into());
+            }
+            Address { id: "a-1".into(), ip: "198.51.100.1".into(), host_id: None, tags }
+        };
+        assert!(is_orphan_address(&address("gone-uid", Some("Delete")), &live, "c1", None));
+        assert!(is_orphan_address(&address("gone-uid", None), &live, "c1", None));
+        assert!(!is_orphan_address(&address("gone-uid", Some("Retain")), &live, "c1", None), "kept on purpose");
+        assert!(!is_orphan_address(&address("live-uid", Some("Delete")), &live, "c1", None));
+        assert!(!is_orphan_address(&address("gone-uid", Some("Delete")), &live, "c2", None), "another cluster's");
     }
 }

@@ -47,6 +47,7 @@ fn harness_on((client, api): (kube::Client, FakeApi), providers: Providers, prov
         tunnels,
         services,
         orphans_deleted: Default::default(),
+        orphan_addresses_released: Default::default(),
         sweeps: Default::default(),
         failing: Default::default(),
         probe: probe.clone(),

@@ -35,6 +35,8 @@ pub struct Want<'a> {
     pub publishes: Option<&'a k8s_openapi::api::core::v1::Service>,
     /// [`plan::credentials_digest`] of the credentials in `server`.
     pub digest: &'a str,
+    /// The Tunnel's reserved address, whose holder a new host may have to wait for.
+    pub address: Option<&'a str>,
 }
 
 /// Takes the address off the Service while no host serves it.
@@ -47,7 +49,7 @@ async fn unpublish(want: &Want<'_>, ctx: &Context) -> Result<()> {
 
 /// Deletes host `id` after taking its address off the Service (see
 /// [`super::unpublish_before_delete`]), and forgets its health clock.
-async fn delete_unpublished(
+pub(super) async fn delete_unpublished(
     provider: &dyn HostProvider,
     id: &str,
     publishes: Option<&k8s_openapi::api::core::v1::Service>,
@@ -115,6 +117,16 @@ pub async fn converge(
             }
             HostStep::Create => {
                 unpublish(&want, ctx).await?;
+                if let Some(why) = address_held(provider.as_ref(), want.address).await? {
+                    status
+                        .write(|s| {
+                            s.phase = Some(TunnelPhase::Provisioning);
+                            s.host_id = None;
+                            s.conditions = not_ready("Provisioning", &why);
+                        })
+                        .await?;
+                    return Ok(Reached::Waiting);
+                }
                 let created = create(tunnel, provider.as_ref(), want.server, ctx).await?;
                 // Recorded before anything else can fail: a restart finds this host, not a new one.
                 status
@@ -168,6 +180,16 @@ pub async fn converge(
     }
 }
 
+/// Why a new host must wait for the reserved address `id` ([`plan::address::may_create`]), read
+/// fresh: the host that held it may have just been deleted.
+async fn address_held(provider: &dyn HostProvider, id: Option<&str>) -> Result<Option<String>> {
+    let Some(id) = id.filter(|_| provider.address_binding() == providers::AddressBinding::AtCreate) else {
+        return Ok(None);
+    };
+    let address = provider.get_address(id).await?;
+    Ok(plan::address::may_create(provider.address_binding(), address.as_ref()).err())
+}
+
 /// Deletes an exit server whose tunnel never came up (or stopped working) for too long, with a
 /// Warning Event on the Tunnel and the Service, after taking its address off the Service when
 /// this Tunnel `publishes` it.
@@ -196,8 +218,15 @@ async fn create(tunnel: &Tunnel, provider: &dyn HostProvider, server: &ExitServe
     let uid = tunnel.uid().ok_or(Error::MissingObjectKey("uid"))?;
     let artifacts = ctx.settings.exit_server_artifacts().map_err(|e| Error::InvalidSpec(e.to_string()))?;
     let user_data = render_cloud_config(server, &artifacts).map_err(|e| Error::InvalidSpec(e.to_string()))?;
-    let mut tags = owner_tags(&uid, &ns, &tunnel.name_any());
-    tags.insert(TAG_CLUSTER.to_string(), ctx.cluster_id.clone());
+    // A Tunnel with a reserved address tags its hosts like the address: a DigitalOcean reserved
+    // IP carries no tags of its own, only its droplet's.
+    let tags = if tunnel.spec.reserves_address() {
+        super::address::tags(tunnel, &ctx.cluster_id)?
+    } else {
+        let mut tags = owner_tags(&uid, &ns, &tunnel.name_any());
+        tags.insert(TAG_CLUSTER.to_string(), ctx.cluster_id.clone());
+        tags
+    };
     let request = HostRequest {
         name: desired::host_name(&ns, &tunnel.name_any()),
         region: tunnel.spec.region.clone(),

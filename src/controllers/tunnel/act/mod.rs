@@ -1,7 +1,8 @@
 //! Writes: the credentials Secret, the client Deployment, the Service's load-balancer status;
-//! [`host`]: the exit server.
+//! [`host`]: the exit server; [`address`]: its reserved address.
 //! Each is written only when it differs from what exists, so an Active Tunnel costs no writes.
 
+pub mod address;
 pub mod host;
 
 use k8s_openapi::api::apps::v1::Deployment;

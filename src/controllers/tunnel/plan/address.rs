@@ -1,0 +1,161 @@
+//! The reserved address's steps (`spec.address.mode: Reserved`), decided like the host's: pure.
+//!
+//! How an address reaches a host differs per provider ([`AddressBinding`]), which decides when
+//! it is reserved: before the first host where a host can be given it later (`Assign`) or only
+//! at creation (`AtCreate`), together with the first running host where an address can only be
+//! found through its host's tags (`WithHost`). Either way the Tunnel's address is the reserved
+//! one only once it is on the running host; until then nothing is published.
+
+use providers::{Address, AddressBinding};
+
+/// Whether to reserve the address before the exit server is created or stepped: where a new
+/// host can take it at creation (`AtCreate`), it must exist first; with `Assign` reserving first
+/// costs nothing and lets the first host get it at once.
+pub fn reserve_first(binding: AddressBinding, address: Option<&Address>) -> bool {
+    address.is_none() && binding != AddressBinding::WithHost
+}
+
+/// Whether the address recorded in status (`recorded`) is gone: released outside skyport. Its IP
+/// may be someone else's now, so it must come off the Service before anything else.
+pub fn lost(recorded: Option<&str>, found: Option<&Address>) -> bool {
+    recorded.is_some_and(|id| found.is_none_or(|a| a.id != id))
+}
+
+/// Whether a new exit server may be created now: where it takes the address only at creation
+/// (`AtCreate`), not while the address is still on another host (one being deleted: Hetzner
+/// frees a primary IP only once its server is gone). A host created meanwhile would come up
+/// without it and have to be replaced again. `Err` says what is waited for.
+pub fn may_create(binding: AddressBinding, address: Option<&Address>) -> Result<(), String> {
+    match address {
+        Some(a) if binding == AddressBinding::AtCreate => match &a.host_id {
+            Some(host) => Err(format!("waiting for exit server {host} to free the reserved address {}", a.ip)),
+            None => Ok(()),
+        },
+        _ => Ok(()),
+    }
+}
+
+/// The next step for the address, once the exit server runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AddressStep {
+    /// There is none: reserve one, assigned to host `onto` right away when set.
+    Reserve { onto: Option<String> },
+    /// Point address `id` at the running host `host_id`.
+    Assign { id: String, host_id: String },
+    /// The running host lacks the address and can only get it when created: replace it.
+    ReplaceHost { id: String, why: String },
+    /// The address is on the running host: `ip` is the Tunnel's address.
+    Ready { ip: String },
+}
+
+/// Decides the step for the running host `host_id` and the Tunnel's address (found by tag or
+/// by the id in status).
+pub fn address_step(binding: AddressBinding, address: Option<&Address>, host_id: &str) -> AddressStep {
+    let Some(address) = address else {
+        let onto = (binding != AddressBinding::AtCreate).then(|| host_id.to_string());
+        return AddressStep::Reserve { onto };
+    };
+    if address.host_id.as_deref() == Some(host_id) {
+        return AddressStep::Ready { ip: address.ip.clone() };
+    }
+    match binding {
+        AddressBinding::AtCreate => AddressStep::ReplaceHost {
+            id: host_id.to_string(),
+            why: format!(
+                "exit server {host_id} does not hold the Tunnel's reserved address {} and can only get it when created",
+                address.ip
+            ),
+        },
+        AddressBinding::Assign | AddressBinding::WithHost => {
+            AddressStep::Assign { id: address.id.clone(), host_id: host_id.to_string() }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BINDINGS: [AddressBinding; 3] = [AddressBinding::Assign, AddressBinding::AtCreate, AddressBinding::WithHost];
+
+    fn address(host: Option<&str>) -> Address {
+        Address {
+            id: "a-1".into(),
+            ip: "198.51.100.7".into(),
+            host_id: host.map(String::from),
+            tags: Default::default(),
+        }
+    }
+
+    #[test]
+    fn only_withhost_waits_for_a_host_before_reserving() {
+        assert!(reserve_first(AddressBinding::Assign, None));
+        assert!(reserve_first(AddressBinding::AtCreate, None));
+        assert!(!reserve_first(AddressBinding::WithHost, None), "a DigitalOcean reserved IP needs its droplet");
+        for binding in BINDINGS {
+            assert!(!reserve_first(binding, Some(&address(None))), "{binding:?}: one exists");
+        }
+    }
+
+    #[test]
+    fn without_an_address_one_is_reserved_onto_the_host_where_the_provider_can() {
+        assert_eq!(
+            address_step(AddressBinding::Assign, None, "h-1"),
+            AddressStep::Reserve { onto: Some("h-1".into()) }
+        );
+        assert_eq!(
+            address_step(AddressBinding::WithHost, None, "h-1"),
+            AddressStep::Reserve { onto: Some("h-1".into()) }
+        );
+        assert_eq!(address_step(AddressBinding::AtCreate, None, "h-1"), AddressStep::Reserve { onto: None });
+    }
+
+    #[test]
+    fn an_address_on_the_running_host_is_the_tunnels_address() {
+        for binding in BINDINGS {
+            assert_eq!(
+                address_step(binding, Some(&address(Some("h-1"))), "h-1"),
+                AddressStep::Ready { ip: "198.51.100.7".into() },
+                "{binding:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_address_elsewhere_is_assigned_or_the_host_replaced_where_it_comes_only_at_creation() {
+        for on in [None, Some("h-0")] {
+            for binding in [AddressBinding::Assign, AddressBinding::WithHost] {
+                assert_eq!(
+                    address_step(binding, Some(&address(on)), "h-1"),
+                    AddressStep::Assign { id: "a-1".into(), host_id: "h-1".into() },
+                    "{binding:?} {on:?}"
+                );
+            }
+            let step = address_step(AddressBinding::AtCreate, Some(&address(on)), "h-1");
+            assert!(
+                matches!(&step, AddressStep::ReplaceHost { id, why } if id == "h-1" && why.contains("198.51.100.7")),
+                "{step:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_at_create_host_waits_until_the_address_is_free() {
+        assert_eq!(may_create(AddressBinding::AtCreate, Some(&address(None))), Ok(()));
+        assert_eq!(may_create(AddressBinding::AtCreate, None), Ok(()), "an unreserved address is not waited for");
+        let held = may_create(AddressBinding::AtCreate, Some(&address(Some("h-0")))).unwrap_err();
+        assert!(held.contains("h-0") && held.contains("198.51.100.7"), "{held}");
+        for binding in [AddressBinding::Assign, AddressBinding::WithHost] {
+            assert_eq!(may_create(binding, Some(&address(Some("h-0")))), Ok(()), "{binding:?}: assigned later");
+        }
+    }
+
+    #[test]
+    fn a_recorded_address_that_is_not_found_is_lost() {
+        assert!(!lost(None, None));
+        assert!(!lost(None, Some(&address(None))), "a new one, not yet recorded");
+        assert!(!lost(Some("a-1"), Some(&address(None))));
+        assert!(lost(Some("a-1"), None), "released outside skyport");
+        assert!(lost(Some("a-0"), Some(&address(None))), "another one took its place");
+    }
+}
