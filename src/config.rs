@@ -330,9 +330,17 @@ pub struct TunnelArgs {
     #[arg(long = "local-state-dir", env = "SKYPORT_LOCAL_STATE_DIR", default_value = "/tmp/skyport-local-hosts")]
     pub local_state_dir: std::path::PathBuf,
 
-    /// ec2 provider: AMI of the exit servers (a Debian or Ubuntu image with cloud-init).
+    /// ec2 provider: AMI of the exit servers in the default region (a Debian or Ubuntu image with
+    /// cloud-init).
     #[arg(long = "ec2-image-id", env = "SKYPORT_EC2_IMAGE_ID")]
     pub ec2_image_id: Option<String>,
+
+    /// ec2 provider: another region a Tunnel may name in `spec.region`, with its AMI (AMI ids
+    /// are regional), as REGION=AMI; repeat the flag or separate with commas. A region not listed
+    /// (nor the default one) is refused with a message naming the configured ones; these regions
+    /// are also swept for orphans.
+    #[arg(long = "ec2-region-image", env = "SKYPORT_EC2_REGION_IMAGES", value_delimiter = ',', value_parser = region_image, value_name = "REGION=AMI")]
+    pub ec2_region_images: Vec<(String, String)>,
 
     /// Identity of this cluster, tagged on every exit server so that orphan sweeps of clusters
     /// sharing a cloud account leave each other's hosts alone (default: the UID of the
@@ -367,6 +375,7 @@ impl Default for TunnelArgs {
             replace_after: Duration::from_secs(900),
             local_state_dir: "/tmp/skyport-local-hosts".into(),
             ec2_image_id: None,
+            ec2_region_images: Vec::new(),
             cluster_id: None,
         }
     }
@@ -407,6 +416,21 @@ impl AwsArgs {
     }
 }
 
+/// `REGION=AMI` of `--ec2-region-image`.
+fn region_image(text: &str) -> Result<(String, String), String> {
+    let (region, ami) = text.split_once('=').ok_or_else(|| format!("{text:?} is not REGION=AMI"))?;
+    let (region, ami) = (region.trim(), ami.trim());
+    let region_ok =
+        !region.is_empty() && region.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if !region_ok {
+        return Err(format!("{region:?} is not an AWS region name (like eu-west-1)"));
+    }
+    if !ami.starts_with("ami-") || ami.len() < 5 {
+        return Err(format!("{ami:?} is not an AMI id (ami-...)"));
+    }
+    Ok((region.to_string(), ami.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -420,6 +444,26 @@ mod tests {
         assert_eq!(run.queue.resync, Duration::from_secs(5));
         assert_eq!(run.aws.sqs_rate.get(), 3);
         assert_eq!(run.namespace.as_deref(), Some("team-a"));
+    }
+
+    #[test]
+    fn ec2_region_images_are_region_ami_pairs_repeated_or_comma_separated() {
+        let cli = Cli::try_parse_from([
+            "skyport",
+            "run",
+            "--ec2-region-image",
+            "eu-west-1=ami-0a, us-east-2=ami-0b",
+            "--ec2-region-image=ap-south-1=ami-0c",
+        ])
+        .unwrap();
+        let Command::Run(run) = cli.command else { panic!("expected run") };
+        let pairs: Vec<(&str, &str)> =
+            run.tunnel.ec2_region_images.iter().map(|(r, a)| (r.as_str(), a.as_str())).collect();
+        assert_eq!(pairs, [("eu-west-1", "ami-0a"), ("us-east-2", "ami-0b"), ("ap-south-1", "ami-0c")]);
+        for bad in ["eu-west-1", "eu-west-1=", "EU=ami-1", "eu-west-1=img-1"] {
+            let err = Cli::try_parse_from(["skyport", "run", "--ec2-region-image", bad]).unwrap_err().to_string();
+            assert!(err.contains("REGION=AMI") || err.contains("region") || err.contains("AMI"), "{bad}: {err}");
+        }
     }
 
     #[test]

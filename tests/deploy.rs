@@ -415,6 +415,8 @@ fn helm_chart_output_is_accepted_by_a_server_side_dry_run() {
         "tunnel.provider=hetzner,tunnel.defaultLoadBalancer=true,tunnel.annotatedOnly=true,tunnel.clusterId=prod-1",
         "--set",
         "tunnel.ec2ImageId=ami-0123456789abcdef0,tunnel.orphanSweepInterval=0,tunnel.credentialsSecret=my-tokens",
+        "--set",
+        "tunnel.ec2RegionImages.eu-west-1=ami-0aaaaaaaaaaaaaaaa",
     ]);
     // The watched namespace must exist for the Role inside it.
     run(
@@ -434,6 +436,7 @@ fn helm_chart_output_is_accepted_by_a_server_side_dry_run() {
     assert!(tunnel.default_load_balancer && tunnel.annotated_only);
     assert_eq!(tunnel.cluster_id.as_deref(), Some("prod-1"));
     assert_eq!(tunnel.ec2_image_id.as_deref(), Some("ami-0123456789abcdef0"));
+    assert_eq!(tunnel.ec2_region_images, [("eu-west-1".to_string(), "ami-0aaaaaaaaaaaaaaaa".to_string())]);
     assert!(tunnel.orphan_sweep_interval.is_zero());
     let env_from = deployment_env_from(&docs);
     assert!(env_from.contains(&"my-tokens".to_string()), "{env_from:?}");
