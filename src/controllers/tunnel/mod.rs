@@ -373,7 +373,7 @@ async fn converge(
                     s.conditions = status::not_ready("WaitingForTunnel", &message);
                 })
                 .await?;
-            return Ok(Action::requeue(jittered(HEALTH_POLL)));
+            return Ok(Action::requeue(jittered(plan::health_poll(failing_for, HEALTH_POLL))));
         }
         TrafficStep::NotEstablished { message } => {
             status.write(record).await?;

@@ -129,6 +129,14 @@ pub enum TrafficStep {
     Replace { why: String },
 }
 
+/// How soon a host whose tunnel is not through yet is probed again: the client usually connects
+/// within a second of its Deployment, so the first probes come every 500 ms, then less often the
+/// longer it fails (a quarter of the time so far), up to `longest`. A probe is one TCP round trip
+/// to the exit server; what a reconcile reads from the provider goes through its rate limiter.
+pub fn health_poll(failing_for: Duration, longest: Duration) -> Duration {
+    (failing_for / 4).clamp(Duration::from_millis(500), longest.max(Duration::from_millis(500)))
+}
+
 /// Decides from the probe's outcome (its error message, never holding a secret) and how long
 /// this host has been failing it: since it was first seen running or last passed.
 pub fn traffic_step(
@@ -292,6 +300,15 @@ mod tests {
         ] {
             assert!(matches!(host_step(Some(&h), &[tcp(80)], &[tcp(80)]), HostStep::Wait { .. }), "{h:?}");
         }
+    }
+
+    #[test]
+    fn a_tunnel_not_through_yet_is_probed_soon_then_less_often() {
+        let longest = Duration::from_secs(5);
+        assert_eq!(health_poll(Duration::ZERO, longest), Duration::from_millis(500));
+        assert_eq!(health_poll(Duration::from_secs(1), longest), Duration::from_millis(500));
+        assert_eq!(health_poll(Duration::from_secs(8), longest), Duration::from_secs(2));
+        assert_eq!(health_poll(Duration::from_secs(600), longest), longest);
     }
 
     #[test]
