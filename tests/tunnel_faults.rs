@@ -11,6 +11,8 @@
 //! `SKYPORT_FAULTS_SERVICES=20 SKYPORT_FAULTS_SECONDS=90 cargo test --test tunnel_faults -- --include-ignored --nocapture`
 
 mod common;
+#[path = "common/crash.rs"]
+mod crash;
 #[path = "common/tunnels.rs"]
 mod tunnels;
 
@@ -25,7 +27,7 @@ use common::private_env::setting;
 use common::{TestNs, eventually};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use providers::hosts::{TAG_CLUSTER, TAG_TUNNEL_UID};
+use providers::hosts::TAG_TUNNEL_UID;
 use providers::local::LocalProvider;
 use providers::{ExitServer, Host, HostError, HostProvider, HostRequest, Limiter};
 use rand::Rng;
@@ -214,20 +216,7 @@ async fn under_rate_limits_outages_and_slow_answers_tunnels_back_off_and_all_con
     })
     .await;
 
-    let live_uids: BTreeSet<String> = tunnels
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .filter_map(|t| t.metadata.uid.clone())
-        .collect();
-    let mut per_owner: BTreeMap<String, usize> = BTreeMap::new();
-    for h in op.local.list_by_tag(TAG_CLUSTER, &op.ctx.cluster_id).await.unwrap() {
-        *per_owner.entry(h.tags.get(TAG_TUNNEL_UID).cloned().unwrap_or_default()).or_default() += 1;
-    }
-    let leaks: usize = per_owner.iter().filter(|(uid, _)| !live_uids.contains(*uid)).map(|(_, n)| n).sum();
-    let duplicates: usize = per_owner.iter().filter(|(uid, _)| live_uids.contains(*uid)).map(|(_, n)| n - 1).sum();
+    let audit = crash::exit_servers_by_owner(&tunnels, &op.local, &op.ctx.cluster_id).await;
     let calls = faulty.calls.lock().unwrap().clone();
     let too_soon = retried_too_soon(&calls, settled);
     let mut faults: BTreeMap<String, usize> = BTreeMap::new();
@@ -237,14 +226,16 @@ async fn under_rate_limits_outages_and_slow_answers_tunnels_back_off_and_all_con
     println!(
         "misbehaving cloud, Tunnels: {fault_time:?} of faults at 50% ({faults:?}), provider calls {}, Services created {count} / \
          edited {} / deleted {}, backlog drained {drained:?} after the faults stopped, exit servers {} for {} live Tunnels, \
-         leaks {leaks}, duplicates {duplicates}, retries sooner than the backoff or Retry-After {too_soon}",
+         leaks {}, duplicates {}, retries sooner than the backoff or Retry-After {too_soon}",
         calls.len(),
         (1..count).step_by(3).count(),
         deleted.len(),
-        per_owner.values().sum::<usize>(),
+        audit.hosts,
         live.len(),
+        audit.leaks,
+        audit.duplicates,
     );
-    assert_eq!((leaks, duplicates, too_soon), (0, 0, 0), "exit servers per Tunnel: {per_owner:?}");
+    assert_eq!((audit.leaks, audit.duplicates, too_soon), (0, 0, 0), "exit servers per Tunnel: {:?}", audit.per_owner);
     finish_tunnels(op, ns).await;
 }
 

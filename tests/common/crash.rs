@@ -1,6 +1,7 @@
 //! The crash test's two workloads, included by tests/crash.rs only (`#[path]`): random creates,
 //! edits and deletes of Queues, and of LoadBalancer Services (each with its Tunnel), each with
 //! what its end state must be once the last operator process has converged.
+#![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -191,6 +192,20 @@ pub struct TunnelAudit {
     pub per_owner: BTreeMap<String, usize>,
 }
 
+/// Exit servers tagged with `cluster` by the Tunnel UID they carry, against the Tunnels in `api`.
+pub async fn exit_servers_by_owner(api: &Api<Tunnel>, local: &LocalProvider, cluster: &str) -> TunnelAudit {
+    let live: BTreeSet<String> =
+        api.list(&ListParams::default()).await.unwrap().items.iter().filter_map(|t| t.metadata.uid.clone()).collect();
+    let hosts = local.list_by_tag(TAG_CLUSTER, cluster).await.unwrap();
+    let mut per_owner: BTreeMap<String, usize> = BTreeMap::new();
+    for h in &hosts {
+        *per_owner.entry(h.tags.get(TAG_TUNNEL_UID).cloned().unwrap_or_default()).or_default() += 1;
+    }
+    let leaks = per_owner.iter().filter(|(uid, _)| !live.contains(*uid)).map(|(_, n)| n).sum();
+    let duplicates = per_owner.iter().filter(|(uid, _)| live.contains(*uid)).map(|(_, n)| n - 1).sum();
+    TunnelAudit { hosts: hosts.len(), leaks, duplicates, stuck: stuck(api).await, per_owner }
+}
+
 fn service(name: &str, port: u16) -> Service {
     serde_json::from_value(json!({
         "metadata": {"name": name},
@@ -264,23 +279,7 @@ impl Tunnels {
 
     /// Exit servers tagged with `cluster` by owner, against the Tunnels that live.
     pub async fn audit(&self, local: &LocalProvider, cluster: &str) -> TunnelAudit {
-        let live_uids: BTreeSet<String> = self
-            .tunnels
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .filter_map(|t| t.metadata.uid.clone())
-            .collect();
-        let hosts = local.list_by_tag(TAG_CLUSTER, cluster).await.unwrap();
-        let mut per_owner: BTreeMap<String, usize> = BTreeMap::new();
-        for h in &hosts {
-            *per_owner.entry(h.tags.get(TAG_TUNNEL_UID).cloned().unwrap_or_default()).or_default() += 1;
-        }
-        let leaks = per_owner.iter().filter(|(uid, _)| !live_uids.contains(*uid)).map(|(_, n)| n).sum();
-        let duplicates = per_owner.iter().filter(|(uid, _)| live_uids.contains(*uid)).map(|(_, n)| n - 1).sum();
-        TunnelAudit { hosts: hosts.len(), leaks, duplicates, stuck: stuck(&self.tunnels).await, per_owner }
+        exit_servers_by_owner(&self.tunnels, local, cluster).await
     }
 
     /// Deletes every Service, waits until their Tunnels are gone (an operator must run), and
