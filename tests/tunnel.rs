@@ -6,6 +6,7 @@ mod common;
 #[path = "common/tunnels.rs"]
 mod tunnels;
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::kubelet::{Backends, ClientRunner, udp_echo};
@@ -34,7 +35,7 @@ async fn a_load_balancer_service_gets_an_exit_server_and_real_bytes_flow_through
     let tunnels: Api<Tunnel> = ns.api();
     services.create(&PostParams::default(), &web("web")).await.unwrap();
     // The tunnel client runs (as a kubelet would run its Deployment): Active needs it.
-    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
+    let kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
 
     let tunnel = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
     let ip = host_ip(&tunnel);
@@ -79,6 +80,18 @@ async fn a_load_balancer_service_gets_an_exit_server_and_real_bytes_flow_through
     let writes = op.ctx.api_writes.get();
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(op.ctx.api_writes.get(), writes, "an Active Tunnel costs no API writes");
+
+    // The client's pod dies and is started again: bytes flow again through the same exit server.
+    let host = host_id(&tunnel);
+    let pid = kubelet.pid.load(Ordering::Relaxed);
+    assert!(std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
+    eventually("the client started again", Duration::from_secs(20), || async {
+        (kubelet.starts.load(Ordering::Relaxed) == 2).then_some(())
+    })
+    .await;
+    carries(&ip, 8080, Some(5353)).await;
+    let after = active(&tunnels, "web-tunnel", Duration::from_secs(30)).await;
+    assert_eq!((host_id(&after), host_ip(&after)), (host, ip), "a client restart keeps the exit server");
     finish_tunnels(op, ns).await;
 }
 

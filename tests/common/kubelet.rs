@@ -6,7 +6,8 @@
 //! local test backends.
 //!
 //! Like a kubelet it restarts the process when the pod template changes (the config checksum
-//! annotation) and stops it when the Deployment is gone.
+//! annotation) or when it exited (`restartPolicy: Always`), and stops it when the Deployment is
+//! gone.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -124,6 +125,8 @@ pub struct ClientRunner {
     task: tokio::task::JoinHandle<()>,
     /// How many times the client process was (re)started.
     pub starts: Arc<std::sync::atomic::AtomicU32>,
+    /// The running client's pid (0 while none runs).
+    pub pid: Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl Drop for ClientRunner {
@@ -150,27 +153,37 @@ impl ClientRunner {
         let dir = std::env::temp_dir().join(format!("skyport-kubelet-{key}"));
         std::fs::create_dir_all(&dir).unwrap();
         let starts = Arc::new(std::sync::atomic::AtomicU32::new(0));
-        let counter = starts.clone();
+        let pid = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let (counter, current) = (starts.clone(), pid.clone());
         let task = tokio::spawn(async move {
             let mut running: Option<(String, tokio::process::Child)> = None;
             loop {
+                // An exited client is started again, as a kubelet does: the tunnel must come back
+                // on its own (and the health responder's port, picked just before the start, may
+                // have been taken meanwhile by another process's connection).
+                if running.as_mut().is_some_and(|(_, child)| child.try_wait().ok().flatten().is_some()) {
+                    running = None;
+                    current.store(0, std::sync::atomic::Ordering::Relaxed);
+                }
                 let template = deployments.get_opt(&name).await.ok().flatten().and_then(|d| d.spec).map(|s| s.template);
                 let want = template.as_ref().map(|t| serde_json::to_string(t).unwrap());
                 if running.as_ref().map(|(k, _)| Some(k)) != Some(want.as_ref()) {
                     if let Some((_, mut child)) = running.take() {
                         let _ = child.kill().await;
+                        current.store(0, std::sync::atomic::Ordering::Relaxed);
                     }
                     if let (Some(key), Some(template)) = (want, template)
                         && let Some(child) = launch(&template, &secrets, &backends, &dir).await
                     {
                         counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        current.store(child.id().unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
                         running = Some((key, child));
                     }
                 }
                 tokio::time::sleep(Duration::from_millis(300)).await;
             }
         });
-        ClientRunner { task, starts }
+        ClientRunner { task, starts, pid }
     }
 }
 
@@ -208,7 +221,8 @@ async fn launch(
             }
         }
     }
-    let log = std::fs::File::create(dir.join("client.log")).ok()?;
+    // Appended across restarts, so a client that exited keeps its last words.
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("client.log")).ok()?;
     tokio::process::Command::new(skyport_exe())
         .args(&args[1..])
         .stdin(std::process::Stdio::null())
