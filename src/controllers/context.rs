@@ -7,11 +7,12 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::Api;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::EventType;
 use kube::{Client, Resource, ResourceExt};
 use tracing::{debug, warn};
 
 use super::backoff::Backoff;
+use super::events::Events;
 use super::memory::OwnWrites;
 use super::{ApiWrites, CONTROLLER_NAME, object_key};
 use crate::error::Error;
@@ -24,7 +25,7 @@ const NOTE_MAX_CHARS: usize = 1000;
 /// (reached through `Deref`), and the memory of its own writes, holding `M` per object.
 pub struct Context<S, M = ()> {
     pub client: Client,
-    recorder: Recorder,
+    events: Events,
     /// Per-object error backoff.
     pub backoff: Backoff,
     /// Writes made to the API server (finalizers, status, owned objects, Events).
@@ -45,9 +46,8 @@ impl<S, M> Deref for Context<S, M> {
 
 impl<S, M> Context<S, M> {
     pub fn new(client: Client, backoff: Backoff, state: S) -> Self {
-        let reporter = Reporter { controller: CONTROLLER_NAME.into(), instance: std::env::var("POD_NAME").ok() };
         Context {
-            recorder: Recorder::new(client.clone(), reporter),
+            events: Events::new(client.clone(), CONTROLLER_NAME, std::env::var("POD_NAME").ok()),
             client,
             backoff,
             api_writes: ApiWrites::default(),
@@ -66,14 +66,8 @@ impl<S, M> Context<S, M> {
     /// an Event is worth less than the reconcile it reports on.
     pub async fn publish_on(&self, reference: &ObjectReference, type_: EventType, reason: &str, note: String) {
         self.api_writes.inc();
-        let event = Event {
-            type_,
-            reason: reason.to_string(),
-            note: Some(note.chars().take(NOTE_MAX_CHARS).collect()),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&event, reference).await {
+        let note: String = note.chars().take(NOTE_MAX_CHARS).collect();
+        if let Err(e) = self.events.publish(reference, type_, reason, "Reconcile", &note).await {
             warn!(error = %e, "could not publish event");
         }
     }

@@ -9,6 +9,7 @@
 
 pub mod backoff;
 pub mod context;
+pub mod events;
 pub mod memory;
 pub mod queue;
 pub mod service;

@@ -116,13 +116,16 @@ impl FakeApi {
         self.calls().into_iter().filter(|c| c.method != Method::GET).collect()
     }
 
-    /// Reasons of the Events published, in order (a repeat is a patch of the first: kube's
-    /// Recorder counts it as a series).
+    /// Reasons of the Events published, in order (a repeat is a patch of the first's series,
+    /// and named by the first's reason).
     pub fn event_reasons(&self) -> Vec<String> {
         self.calls()
             .into_iter()
             .filter(|c| c.path.contains("/events") && c.method != Method::GET)
-            .map(|c| c.body["reason"].as_str().unwrap_or_default().to_string())
+            .map(|c| {
+                let event = if c.method == Method::PATCH { self.get(&c.path).unwrap_or_default() } else { c.body };
+                event["reason"].as_str().unwrap_or_default().to_string()
+            })
             .collect()
     }
 
@@ -164,7 +167,6 @@ impl Inner {
                 obj["metadata"]["uid"] = json!(format!("uid-{name}"));
                 (StatusCode::CREATED, self.store(key, obj))
             }
-            Method::PATCH if path.contains("/events/") => (StatusCode::OK, body.clone()),
             Method::PATCH => {
                 let existing = self.objects.get(&key).cloned();
                 let is_apply = body.get("apiVersion").is_some() && body.get("kind").is_some();

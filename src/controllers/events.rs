@@ -1,0 +1,209 @@
+//! Events on the objects skyport reconciles (events.k8s.io/v1), a repeat within six minutes
+//! folded into the first one's series as kubectl shows it (`x3 over 2m`).
+//!
+//! kube-runtime's `Recorder` does the same, but keeps a full copy of every Event it published in
+//! the last six minutes (about 4 KiB each) and scans all of them on every publish: a create storm
+//! of 10,000 Queues held ~40 MiB of Events (BENCHMARKS.md). This keeps the Event's name and count
+//! per key and expires entries oldest first.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+pub use kube::runtime::events::EventType;
+
+/// How long a repeat still counts as one: the same window as kube-runtime's Recorder and
+/// client-go's event correlator.
+pub const SERIES_WINDOW: Duration = Duration::from_secs(6 * 60);
+
+/// Publishes Events and remembers the recent ones to fold repeats into a series.
+pub struct Events {
+    client: Client,
+    controller: String,
+    instance: String,
+    recent: Mutex<Recent>,
+}
+
+impl Events {
+    /// `instance`: the reporting instance (the pod's name); the controller's name without one.
+    pub fn new(client: Client, controller: &str, instance: Option<String>) -> Self {
+        Events {
+            client,
+            controller: controller.to_string(),
+            instance: instance.unwrap_or_else(|| controller.to_string()),
+            recent: Mutex::default(),
+        }
+    }
+
+    /// Creates the Event, or counts it once more if the same one was published on the same
+    /// object within [`SERIES_WINDOW`].
+    pub async fn publish(
+        &self,
+        regarding: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: &str,
+    ) -> Result<(), kube::Error> {
+        let key = key(regarding, type_, reason, action, note);
+        let now = Instant::now();
+        let repeat = self.lock().repeat_of(key, now);
+        let namespace = regarding.namespace.as_deref().unwrap_or("default");
+        let api: Api<Event> = Api::namespaced(self.client.clone(), namespace);
+        let stamp = MicroTime(k8s_openapi::jiff::Timestamp::now());
+        if let Some((name, count)) = repeat {
+            let series = serde_json::json!({"series": {"count": count + 1, "lastObservedTime": stamp}});
+            match api.patch(&name, &PatchParams::default(), &Patch::Merge(&series)).await {
+                Ok(_) => {
+                    self.lock().remember(key, name, count + 1, now);
+                    return Ok(());
+                }
+                // Deleted meanwhile (its TTL, or by hand): start a new one.
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let event = self.event(regarding, type_, reason, action, note, stamp);
+        let created = api.create(&PostParams::default(), &event).await?;
+        let name = created.metadata.name.or(event.metadata.name).unwrap_or_default();
+        self.lock().remember(key, name, 1, now);
+        Ok(())
+    }
+
+    fn event(
+        &self,
+        regarding: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: &str,
+        stamp: MicroTime,
+    ) -> Event {
+        let base = regarding.name.as_deref().unwrap_or(&self.controller);
+        Event {
+            metadata: ObjectMeta {
+                name: Some(format!("{base}.{:x}", stamp.0.as_nanosecond())),
+                namespace: regarding.namespace.clone(),
+                ..Default::default()
+            },
+            event_time: Some(stamp),
+            type_: Some(match type_ {
+                EventType::Normal => "Normal".into(),
+                EventType::Warning => "Warning".into(),
+            }),
+            reason: Some(reason.to_string()),
+            action: Some(action.to_string()),
+            note: Some(note.to_string()),
+            regarding: Some(regarding.clone()),
+            reporting_controller: Some(self.controller.clone()),
+            reporting_instance: Some(self.instance.clone()),
+            ..Default::default()
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Recent> {
+        self.recent.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How many Events are remembered for series (for tests and memory checks).
+    pub fn remembered(&self) -> usize {
+        self.lock().by_key.len()
+    }
+}
+
+/// One hash of everything that makes two Events the same one.
+fn key(regarding: &ObjectReference, type_: EventType, reason: &str, action: &str, note: &str) -> u64 {
+    let mut h = DefaultHasher::new();
+    (&regarding.uid, &regarding.kind, &regarding.namespace, &regarding.name).hash(&mut h);
+    (matches!(type_, EventType::Warning), reason, action, note).hash(&mut h);
+    h.finish()
+}
+
+/// The Events published within the window: name and count by key, and keys in the order they
+/// were last published, so expiry pops from the front instead of scanning everything.
+#[derive(Default)]
+struct Recent {
+    by_key: HashMap<u64, Entry>,
+    order: VecDeque<(Instant, u64)>,
+}
+
+struct Entry {
+    name: String,
+    count: i32,
+    last: Instant,
+}
+
+impl Recent {
+    /// The Event `key` to count again, after forgetting those older than the window.
+    fn repeat_of(&mut self, key: u64, now: Instant) -> Option<(String, i32)> {
+        while let Some(&(at, old)) = self.order.front() {
+            if now.duration_since(at) < SERIES_WINDOW {
+                break;
+            }
+            self.order.pop_front();
+            // A key published again since sits later in the queue as well; keep it for that.
+            if self.by_key.get(&old).is_some_and(|e| e.last == at) {
+                self.by_key.remove(&old);
+            }
+        }
+        self.by_key.get(&key).map(|e| (e.name.clone(), e.count))
+    }
+
+    fn remember(&mut self, key: u64, name: String, count: i32, now: Instant) {
+        self.by_key.insert(key, Entry { name, count, last: now });
+        self.order.push_back((now, key));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_repeat_within_the_window_counts_on_and_an_old_one_starts_anew() {
+        let mut recent = Recent::default();
+        let t0 = Instant::now();
+        assert_eq!(recent.repeat_of(1, t0), None);
+        recent.remember(1, "q.1".into(), 1, t0);
+        let t1 = t0 + Duration::from_secs(60);
+        assert_eq!(recent.repeat_of(1, t1), Some(("q.1".into(), 1)));
+        recent.remember(1, "q.1".into(), 2, t1);
+        // Six minutes after the first, but not after the repeat: still the same series.
+        let t2 = t0 + SERIES_WINDOW + Duration::from_secs(1);
+        assert_eq!(recent.repeat_of(1, t2), Some(("q.1".into(), 2)));
+        // Six minutes after the last repeat: forgotten, and nothing is left behind.
+        let t3 = t1 + SERIES_WINDOW;
+        assert_eq!(recent.repeat_of(1, t3), None);
+        assert!(recent.by_key.is_empty() && recent.order.is_empty());
+    }
+
+    #[test]
+    fn expiry_forgets_only_what_is_old() {
+        let mut recent = Recent::default();
+        let t0 = Instant::now();
+        for k in 0..1000 {
+            recent.remember(k, format!("q{k}.1"), 1, t0 + Duration::from_millis(k));
+        }
+        let later = t0 + SERIES_WINDOW + Duration::from_millis(500);
+        assert_eq!(recent.repeat_of(999, later), Some(("q999.1".into(), 1)));
+        assert_eq!(recent.by_key.len(), 499, "the 501 published more than six minutes ago are gone");
+    }
+
+    #[test]
+    fn events_differ_by_object_reason_and_note() {
+        let on = |uid: &str| ObjectReference { uid: Some(uid.into()), name: Some("q".into()), ..Default::default() };
+        let base = key(&on("a"), EventType::Warning, "Failed", "Reconcile", "boom");
+        assert_eq!(base, key(&on("a"), EventType::Warning, "Failed", "Reconcile", "boom"));
+        assert_ne!(base, key(&on("b"), EventType::Warning, "Failed", "Reconcile", "boom"), "another object");
+        assert_ne!(base, key(&on("a"), EventType::Warning, "Failed", "Reconcile", "bang"), "another note");
+        assert_ne!(base, key(&on("a"), EventType::Normal, "Failed", "Reconcile", "boom"), "another type");
+        assert_ne!(base, key(&on("a"), EventType::Warning, "Created", "Reconcile", "boom"), "another reason");
+    }
+}
