@@ -84,26 +84,27 @@ static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Governor {
-    /// skyport's defaults (`--sqs-rate 40 --sqs-burst 40`): what a user gets.
+    /// skyport's defaults (`--sqs-rate 40 --sqs-burst 40 --sqs-tag-rate 4`): what a user gets.
     Default,
     /// So high that it never waits: exposes the reconcile path itself.
     Open,
 }
 
 impl Governor {
-    fn settings(self) -> (u32, u32) {
+    /// (rate, burst, tagging rate).
+    fn settings(self) -> (u32, u32, u32) {
         match self {
             Governor::Default => {
                 let d = SqsSettings::default();
-                (d.rate_per_second.get(), d.burst.get())
+                (d.rate_per_second.get(), d.burst.get(), d.tag_rate_per_second.get())
             }
-            Governor::Open => (100_000, 100_000),
+            Governor::Open => (100_000, 100_000, 100_000),
         }
     }
     fn describe(self) -> String {
-        let (rate, burst) = self.settings();
+        let (rate, burst, tags) = self.settings();
         match self {
-            Governor::Default => format!("default governor ({rate}/s, burst {burst})"),
+            Governor::Default => format!("default governor ({rate}/s, burst {burst}, tagging {tags}/s)"),
             Governor::Open => format!("open governor ({rate}/s, burst {burst}: never waits)"),
         }
     }
@@ -629,11 +630,12 @@ struct Bench {
     failures: Mutex<Vec<String>>,
 }
 
-async fn provider(rate: u32, burst: u32) -> Arc<SqsProvider> {
+async fn provider(rate: u32, burst: u32, tags: u32) -> Arc<SqsProvider> {
     Arc::new(
         SqsProvider::from_env(&SqsSettings {
             rate_per_second: NonZeroU32::new(rate).expect("rate > 0"),
             burst: NonZeroU32::new(burst).expect("burst > 0"),
+            tag_rate_per_second: NonZeroU32::new(tags).expect("tagging rate > 0"),
             ..Default::default()
         })
         .await,
@@ -858,8 +860,8 @@ impl Bench {
             o.concurrency, CREATE_CONCURRENCY
         );
         for &governor in &o.governors {
-            let (rate, burst) = governor.settings();
-            let sqs = provider(rate, burst).await;
+            let (rate, burst, tags) = governor.settings();
+            let sqs = provider(rate, burst, tags).await;
             for &n in &o.ready_n {
                 println!("\n-- N = {n}, {}, {} run(s)", governor.describe(), o.runs);
                 let (mut s_wall, mut b_wall, mut ratios) = (vec![], vec![], vec![]);
@@ -965,7 +967,7 @@ impl Bench {
         println!("\n== 2. steady state: {m} Ready Queues, resync {:?}, {} periods", o.resync, o.periods);
         println!("   governor {rate}/s, burst {rate} (3x the expected need); concurrency {}", o.concurrency);
         let ns = self.namespace("steady").await?;
-        let real = provider(rate, rate).await;
+        let real = provider(rate, rate, rate).await;
         let per_queue = Arc::new(PerQueue { inner: real.clone(), calls: Mutex::default() });
         let settings = QueueArgs { resync: o.resync, concurrency: o.concurrency, ..Default::default() };
         let op = Operator::start(self.kube.clone(), per_queue.clone(), settings.clone(), &ns).await;
@@ -1054,14 +1056,14 @@ impl Bench {
 
         // Restart under skyport's default governor: every Queue is reconciled at once (its tags
         // are due after a restart), which is what the governor is for.
-        let (d_rate, d_burst) = Governor::Default.settings();
+        let (d_rate, d_burst, d_tags) = Governor::Default.settings();
         println!(
             "\n-- operator restart with the {m} Ready Queues, under the {}: {:.0} s window",
             Governor::Default.describe(),
             secs(o.budget_window)
         );
         op.stop().await;
-        let limited = provider(d_rate, d_burst).await;
+        let limited = provider(d_rate, d_burst, d_tags).await;
         let sampler = Sampler::start(limited.clone());
         let op = Operator::start(self.kube.clone(), limited.clone(), settings, &ns).await;
         tokio::time::sleep(o.budget_window).await;
@@ -1256,7 +1258,14 @@ impl Process {
         let file = std::fs::File::create(&log)?;
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_skyport"))
             .args(["run", "--namespace", ns, "--log-format", "json", "--listen-address", "127.0.0.1:0"])
-            .args(["--sqs-rate", &rate.to_string(), "--sqs-burst", &rate.to_string()])
+            .args([
+                "--sqs-rate",
+                &rate.to_string(),
+                "--sqs-burst",
+                &rate.to_string(),
+                "--sqs-tag-rate",
+                &rate.to_string(),
+            ])
             // "reconciled" lines (debug) tell when a restart has been through every Queue.
             .env("RUST_LOG", "info,kube_runtime=warn,skyport::controllers::queue=debug")
             .stdout(Stdio::from(file.try_clone()?))
@@ -1299,7 +1308,7 @@ impl Bench {
         let exe = env!("CARGO_BIN_EXE_skyport");
         println!("\n== 4. memory of the operator process ({exe}, built with this benchmark's profile)");
         println!(
-            "   skyport run --namespace <ns> --sqs-rate {0} --sqs-burst {0} (resync and everything else default)",
+            "   skyport run --namespace <ns> --sqs-rate {0} --sqs-burst {0} --sqs-tag-rate {0} (resync and everything else default)",
             o.memory_rate
         );
         let ns = self.namespace("memory").await?;
@@ -1409,7 +1418,7 @@ async fn run(o: Opts) -> anyhow::Result<bool> {
         kube: common::client().await,
         driver: common::client().await,
         oob: common::sqs().await,
-        janitor: provider(1000, 1000).await,
+        janitor: provider(1000, 1000, 1000).await,
         procs: EnvProcs::find(),
         failures: Mutex::default(),
     };

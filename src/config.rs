@@ -193,14 +193,21 @@ pub struct AwsArgs {
     #[arg(long = "aws-region", env = "SKYPORT_AWS_REGION")]
     pub region: Option<String>,
 
-    /// Sustained SQS control-plane calls per second, for all Queues together. SQS publishes one
-    /// per-account rate quota for the calls skyport makes: tagging actions (ListQueueTags,
-    /// TagQueue, UntagQueue), 5 per second (Amazon SQS Developer Guide, "Quotas related to
-    /// queues"); queue-management actions have none. At the default resyncs (attributes every
-    /// 60 s, tags every 10 min) one call in 11 is ListQueueTags, so 40/s keeps tagging at
-    /// 3.6/s, under 80 % of that quota (as the DigitalOcean and Hetzner budgets are sized).
+    /// Sustained SQS control-plane calls per second, for all Queues of one AWS account and
+    /// region together. SQS publishes no rate quota for the queue-management actions skyport
+    /// makes (CreateQueue, Get/SetQueueAttributes, DeleteQueue); the budget keeps a restart or a
+    /// storm of new Queues from flooding an account other workloads share.
     #[arg(long = "sqs-rate", env = "SKYPORT_SQS_RATE", default_value = "40", verbatim_doc_comment)]
     pub sqs_rate: NonZeroU32,
+
+    /// Sustained tagging calls per second (ListQueueTags, TagQueue, UntagQueue) within
+    /// --sqs-rate, and their burst. SQS limits tagging actions to 5 per second per account
+    /// (Amazon SQS Developer Guide, "Quotas related to queues"); the default is 80 % of that, as
+    /// the DigitalOcean and Hetzner budgets are sized. Every new Queue costs one ListQueueTags
+    /// (the proof that the queue is its own), so this also paces a storm of new Queues. Raise
+    /// it once AWS has raised the account's quota.
+    #[arg(long = "sqs-tag-rate", env = "SKYPORT_SQS_TAG_RATE", default_value = "4", verbatim_doc_comment)]
+    pub sqs_tag_rate: NonZeroU32,
 
     /// SQS calls allowed in a burst above the sustained rate (one second of the default rate).
     #[arg(long = "sqs-burst", env = "SKYPORT_SQS_BURST", default_value = "40")]
@@ -411,6 +418,7 @@ impl AwsArgs {
             region: self.region.clone(),
             rate_per_second: self.sqs_rate,
             burst: self.sqs_burst,
+            tag_rate_per_second: self.sqs_tag_rate,
             ..Default::default()
         }
     }

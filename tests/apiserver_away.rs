@@ -53,6 +53,8 @@ async fn watches_resume_and_leadership_passes_cleanly_when_the_api_server_goes_a
         "200ms",
         "--error-backoff-max",
         "2s",
+        "--sqs-tag-rate",
+        "40",
     ]
     .map(String::from)
     .to_vec();

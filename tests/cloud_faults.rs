@@ -53,6 +53,8 @@ async fn under_throttling_errors_resets_and_slow_answers_the_budget_and_backoff_
         &RATE.to_string(),
         "--sqs-burst",
         &BURST.to_string(),
+        "--sqs-tag-rate",
+        &RATE.to_string(),
     ]
     .map(String::from)
     .to_vec();

@@ -51,6 +51,8 @@ async fn every_queue_and_dead_letter_link_is_back_within_a_resync_after_localsta
         &SQS_RATE.to_string(),
         "--sqs-burst",
         &SQS_RATE.to_string(),
+        "--sqs-tag-rate",
+        &SQS_RATE.to_string(),
     ]
     .map(String::from)
     .to_vec();

@@ -31,7 +31,7 @@ use tokio::process::Child;
 fn start(ns: &str, cluster: &str, state: &str, output: &Lines) -> Child {
     let args = ["--namespace", ns, "--listen-address", "127.0.0.1:0", "--log-format", "json"];
     let queues = ["--queue-resync", "3s", "--error-backoff-min", "200ms", "--error-backoff-max", "2s"];
-    let budget = ["--recently-deleted-retry", "5s", "--sqs-rate", "50", "--sqs-burst", "100"];
+    let budget = ["--recently-deleted-retry", "5s", "--sqs-rate", "50", "--sqs-burst", "100", "--sqs-tag-rate", "50"];
     let tunnels = ["--provider", "local", "--cluster-id", cluster, "--local-state-dir", state];
     let fast = ["--tunnel-resync", "2s", "--tunnel-error-backoff-min", "200ms", "--tunnel-error-backoff-max", "2s"];
     let sweep = ["--orphan-sweep-interval", "4s", "--service-error-backoff-min", "200ms"];

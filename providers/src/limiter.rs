@@ -63,7 +63,16 @@ impl CallCounters {
 #[derive(Debug)]
 pub struct Limiter {
     bucket: DefaultDirectRateLimiter,
+    /// A tighter budget that some operations spend as well as the shared one (SQS's tagging
+    /// actions have a quota of their own).
+    sub: Option<SubBudget>,
     pub counters: CallCounters,
+}
+
+#[derive(Debug)]
+struct SubBudget {
+    operations: &'static [&'static str],
+    bucket: DefaultDirectRateLimiter,
 }
 
 impl Limiter {
@@ -71,13 +80,26 @@ impl Limiter {
     pub fn new(per_second: NonZeroU32, burst: NonZeroU32) -> Self {
         Limiter {
             bucket: RateLimiter::direct(Quota::per_second(per_second).allow_burst(burst)),
+            sub: None,
             counters: CallCounters::default(),
         }
     }
 
+    /// Also holds `operations` to `per_second` (bursts of `burst`), within the shared budget.
+    pub fn with_sub_budget(
+        mut self,
+        operations: &'static [&'static str],
+        per_second: NonZeroU32,
+        burst: NonZeroU32,
+    ) -> Self {
+        let bucket = RateLimiter::direct(Quota::per_second(per_second).allow_burst(burst));
+        self.sub = Some(SubBudget { operations, bucket });
+        self
+    }
+
     /// Any `governor` quota, e.g. one cell per 900 ms with a burst of 60 for an hourly budget.
     pub fn from_quota(quota: Quota) -> Self {
-        Limiter { bucket: RateLimiter::direct(quota), counters: CallCounters::default() }
+        Limiter { bucket: RateLimiter::direct(quota), sub: None, counters: CallCounters::default() }
     }
 
     /// Counts `waited` as time spent waiting before a call, for waits decided outside the
@@ -96,9 +118,20 @@ impl Limiter {
     /// provider with a budget per region (EC2 throttles per account and region) still reports
     /// all its calls in one place.
     pub async fn acquire_from(&self, bucket: &Limiter, operation: &'static str) {
+        let start = Instant::now();
+        let mut waited = false;
+        // The sub-budget first: a call waiting for it holds no token of the shared one meanwhile.
+        if let Some(sub) = bucket.sub.as_ref().filter(|s| s.operations.contains(&operation))
+            && sub.bucket.check().is_err()
+        {
+            sub.bucket.until_ready().await;
+            waited = true;
+        }
         if bucket.bucket.check().is_err() {
-            let start = Instant::now();
             bucket.bucket.until_ready().await;
+            waited = true;
+        }
+        if waited {
             self.counters.waits.fetch_add(1, Ordering::Relaxed);
             self.counters.waited_micros.fetch_add(start.elapsed().as_micros() as u64, Ordering::Relaxed);
         }
@@ -120,6 +153,21 @@ mod tests {
         limiter.acquire("GetQueueAttributes").await;
         assert_eq!(limiter.counters.waits().0, 1, "the sixth call waited");
         assert_eq!(limiter.counters.snapshot()["GetQueueAttributes"], 6);
+    }
+
+    #[tokio::test]
+    async fn operations_with_a_sub_budget_wait_for_it_and_the_rest_do_not() {
+        let n = |v| NonZeroU32::new(v).unwrap();
+        let limiter = Limiter::new(n(1000), n(1000)).with_sub_budget(&["ListQueueTags"], n(1000), n(2));
+        limiter.acquire("ListQueueTags").await;
+        limiter.acquire("ListQueueTags").await;
+        for _ in 0..10 {
+            limiter.acquire("GetQueueAttributes").await;
+        }
+        assert_eq!(limiter.counters.waits().0, 0, "within both budgets");
+        limiter.acquire("ListQueueTags").await;
+        assert_eq!(limiter.counters.waits().0, 1, "the third tagging call waited for its own budget");
+        assert_eq!(limiter.counters.total(), 13);
     }
 
     #[test]

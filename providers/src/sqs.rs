@@ -55,6 +55,9 @@ pub struct SqsSettings {
     pub rate_per_second: NonZeroU32,
     /// Calls allowed at once above the sustained rate.
     pub burst: NonZeroU32,
+    /// Sustained tagging calls per second ([`TAGGING`]), within `rate_per_second`; also their
+    /// burst.
+    pub tag_rate_per_second: NonZeroU32,
     /// Upper bound for one call including the SDK's own retries.
     pub operation_timeout: Duration,
     /// Overrides the endpoint from the standard chain (tests point single controllers at a
@@ -69,9 +72,26 @@ impl Default for SqsSettings {
             // Derived from SQS's tagging quota (5/s per account): see `--sqs-rate` in src/config.rs.
             rate_per_second: NonZeroU32::new(40).expect("non-zero"),
             burst: NonZeroU32::new(40).expect("non-zero"),
+            // 80 % of SQS's tagging quota of 5 per second per account: see `--sqs-tag-rate`.
+            tag_rate_per_second: NonZeroU32::new(4).expect("non-zero"),
             operation_timeout: Duration::from_secs(20),
             endpoint_url: None,
         }
+    }
+}
+
+/// SQS's tagging actions: they share a quota of their own (5 per second per account, "Quotas
+/// related to queues" in the Amazon SQS Developer Guide).
+pub const TAGGING: &[&str] = &["ListQueueTags", "TagQueue", "UntagQueue"];
+
+impl SqsSettings {
+    /// A budget for one account and region: the shared rate, and the tagging rate within it.
+    pub fn limiter(&self) -> Limiter {
+        Limiter::new(self.rate_per_second, self.burst).with_sub_budget(
+            TAGGING,
+            self.tag_rate_per_second,
+            self.tag_rate_per_second,
+        )
     }
 }
 
@@ -102,10 +122,7 @@ impl SqsProvider {
             settings.operation_timeout,
         )
         .await;
-        SqsProvider {
-            client: Client::new(&config),
-            limiter: Arc::new(Limiter::new(settings.rate_per_second, settings.burst)),
-        }
+        SqsProvider { client: Client::new(&config), limiter: Arc::new(settings.limiter()) }
     }
 
     /// SQS as the IAM role `role` (STS AssumeRole with the identity of the standard chain), in
@@ -268,5 +285,25 @@ impl QueueBackend for SqsProvider {
 
     fn limiter(&self) -> &Limiter {
         &self.limiter
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_default_budget_holds_tagging_to_four_per_second_and_leaves_the_rest_alone() {
+        let limiter = SqsSettings::default().limiter();
+        for _ in 0..4 {
+            limiter.acquire("ListQueueTags").await;
+        }
+        assert_eq!(limiter.counters.waits().0, 0, "the tagging burst is four");
+        limiter.acquire("TagQueue").await;
+        assert_eq!(limiter.counters.waits().0, 1, "the fifth tagging call in a row waited");
+        for _ in 0..30 {
+            limiter.acquire("GetQueueAttributes").await;
+        }
+        assert_eq!(limiter.counters.waits().0, 1, "other calls are not held by the tagging budget");
     }
 }

@@ -153,6 +153,9 @@ impl Operator {
         let sqs = providers::SqsProvider::from_env(&providers::SqsSettings {
             endpoint_url: endpoint,
             operation_timeout: Duration::from_secs(5),
+            // Tests make Queues faster than SQS's tagging quota allows (tagging is not budgeted
+            // by LocalStack); the sub-budget itself has unit tests.
+            tag_rate_per_second: std::num::NonZeroU32::new(40).expect("non-zero"),
             ..Default::default()
         })
         .await;

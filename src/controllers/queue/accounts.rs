@@ -165,10 +165,7 @@ impl Accounts {
     fn budget(&self, spec: &AwsAccountSpec) -> Arc<Limiter> {
         let account = account_id(&spec.role_arn).unwrap_or(&spec.role_arn).to_string();
         let mut budgets = self.budgets.lock().unwrap_or_else(|p| p.into_inner());
-        budgets
-            .entry((account, spec.region.clone()))
-            .or_insert_with(|| Arc::new(Limiter::new(self.settings.rate_per_second, self.settings.burst)))
-            .clone()
+        budgets.entry((account, spec.region.clone())).or_insert_with(|| Arc::new(self.settings.limiter())).clone()
     }
 
     /// The calls made per (account, region) budget, for tests and metrics.
