@@ -127,9 +127,29 @@ pub struct Verified {
     pub generation: Option<i64>,
 }
 
+/// How much later than the proof (by this host's clock) a queue proven right after CreateQueue
+/// may say it was made. SQS refuses a deleted queue's name for 60 s, so a queue made again
+/// under the same URL is at least 60 s younger than the proof; the rest absorbs clock skew.
+const CREATED_SKEW_SECS: u64 = 30;
+
 impl Verified {
-    fn covers(&self, url: &str, attributes: &Attributes) -> bool {
-        self.url == url && self.created.is_some() && self.created.as_ref() == attributes.get("CreatedTimestamp")
+    /// Whether the queue found now is the one proven.
+    pub fn covers(&self, url: &str, attributes: &Attributes) -> bool {
+        if self.url != url {
+            return false;
+        }
+        let found = attributes.get("CreatedTimestamp");
+        match &self.created {
+            Some(created) => Some(created) == found,
+            // CreateQueue does not say when the queue was made: the queue found now is the one
+            // proven if it was made no later than the proof. Without this every new Queue read
+            // its tags twice, and tagging has the tightest SQS quota.
+            None => {
+                let proved = std::time::SystemTime::now() - self.at.elapsed();
+                let proved = proved.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+                found.and_then(|c| c.parse::<u64>().ok()).is_some_and(|c| c <= proved + CREATED_SKEW_SECS)
+            }
+        }
     }
 }
 
@@ -298,5 +318,21 @@ mod tests {
     fn a_queue_cannot_be_its_own_dead_letter_queue() {
         let q = queue("app", with_dlq("app"), None);
         assert!(matches!(dead_letter_arn(&q, &store(vec![])), Err(DeadLetterWait::Invalid(_))));
+    }
+
+    #[test]
+    fn a_proof_made_at_create_covers_the_queue_made_then_but_not_one_made_again_later() {
+        let url = "http://sqs/000000000000/ns-orders";
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+        let made = |secs: u64| Attributes::from([("CreatedTimestamp".to_string(), secs.to_string())]);
+        let at_create = Verified { url: url.into(), created: None, at: Instant::now(), generation: Some(1) };
+        assert!(at_create.covers(url, &made(now)), "the queue CreateQueue made");
+        assert!(at_create.covers(url, &made(now - 3600)), "a queue CreateQueue found, made long before");
+        assert!(!at_create.covers(url, &made(now + 61)), "made again after SQS's 60 s, by anyone");
+        assert!(!at_create.covers("http://sqs/000000000000/other", &made(now)), "another URL");
+        assert!(!at_create.covers(url, &Attributes::new()), "no timestamp, no proof");
+        let exact = Verified { created: Some(now.to_string()), ..at_create };
+        assert!(exact.covers(url, &made(now)));
+        assert!(!exact.covers(url, &made(now - 1)), "a known timestamp must match exactly");
     }
 }
