@@ -13,6 +13,11 @@
 //!   LocalStack's request log (`AWS sqs.<Action> => <status>` lines), which is why the arms run
 //!   one at a time and the benchmark itself makes no SQS call while an arm is measured.
 //!
+//! With `--sqs-quota` both operators reach SQS through a proxy that enforces SQS's published
+//! tagging quota (30 calls per second per account; `tests/common/sqs_faults.rs`) the way AWS
+//! does, with `RequestThrottled`: LocalStack enforces none, so without it the figures are those of
+//! an account where tagging is free. Throttled requests are counted at the proxy.
+//!
 //! ACK is never fetched or built here: point `SKYPORT_ACK_SRC` at a checkout of
 //! aws-controllers-k8s/sqs-controller; `tests/env/build-ack.sh` builds it (or set `SKYPORT_ACK`
 //! to a built controller binary). Without a checkout only skyport's arms run, and it says so.
@@ -33,6 +38,10 @@ mod entry;
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+// Shared with tests/cloud_faults.rs, which uses its random faults and not its tagging quota.
+#[allow(dead_code)]
+#[path = "../tests/common/sqs_faults.rs"]
+mod sqs_faults;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -51,6 +60,8 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 const CREATE_CONCURRENCY: usize = 32;
+/// SQS's tagging quota per account (calls per second), which `--sqs-quota` enforces.
+const TAGGING_QUOTA: u32 = 30;
 /// skyport's default reconcile concurrency, which the "ACK at skyport's settings" arm copies.
 const SKYPORT_CONCURRENCY: u32 = 8;
 /// skyport's default resync, likewise.
@@ -64,6 +75,8 @@ usage: cargo bench --bench ack -- [--quick] [options]
                      ack = ACK at its defaults (1 worker, 10 h resync);
                      ack-c = ACK at skyport's settings (8 workers, 60 s resync)
   --idle DURATION    idle window after all are Ready (default 120s: two of skyport's resyncs)
+  --sqs-quota        both operators reach SQS through a proxy that enforces SQS's tagging quota
+                     (30/s per account, RequestThrottled beyond), which LocalStack does not
   --skyport-arg ARG  extra argument for `skyport run` (repeatable), e.g. --skyport-arg=--sqs-rate=500";
 
 #[derive(Debug, Clone)]
@@ -73,6 +86,7 @@ struct Opts {
     arms: Vec<String>,
     idle: Duration,
     skyport_args: Vec<String>,
+    sqs_quota: bool,
 }
 
 fn parse_args(args: &[String]) -> anyhow::Result<Opts> {
@@ -83,6 +97,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Opts> {
         arms: vec!["skyport".into(), "ack".into(), "ack-c".into()],
         idle: Duration::from_secs(if quick { 10 } else { 120 }),
         skyport_args: vec![],
+        sqs_quota: false,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -101,6 +116,7 @@ fn parse_args(args: &[String]) -> anyhow::Result<Opts> {
             "--arms" => o.arms = value()?.split(',').map(str::to_string).collect(),
             "--idle" => o.idle = humantime::parse_duration(&value()?)?,
             "--skyport-arg" => o.skyport_args.push(value()?),
+            "--sqs-quota" => o.sqs_quota = true,
             other => bail!("unknown argument {other:?}\n{USAGE}"),
         }
     }
@@ -306,7 +322,14 @@ struct OperatorProcess {
 }
 
 impl OperatorProcess {
-    fn spawn(arm: &Arm, ns: &str, ack: Option<&Ack>, skyport_args: &[String]) -> anyhow::Result<Self> {
+    /// `sqs`: where SQS is, when not at LocalStack directly (the quota proxy).
+    fn spawn(
+        arm: &Arm,
+        ns: &str,
+        ack: Option<&Ack>,
+        skyport_args: &[String],
+        sqs: Option<&str>,
+    ) -> anyhow::Result<Self> {
         let log = std::env::temp_dir().join(format!("skyport-bench-{ns}.log"));
         let file = std::fs::File::create(&log)?;
         let mut cmd = match arm.kind {
@@ -314,6 +337,9 @@ impl OperatorProcess {
                 let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_skyport"));
                 c.args(["run", "--namespace", ns, "--log-format", "json", "--listen-address", "127.0.0.1:0"]);
                 c.args(skyport_args);
+                if let Some(url) = sqs {
+                    c.env("AWS_ENDPOINT_URL_SQS", url);
+                }
                 c
             }
             Kind::Ack => {
@@ -324,7 +350,7 @@ impl OperatorProcess {
                 // Out of cluster: LocalStack for SQS and STS (GetCallerIdentity at start),
                 // no cross-account resource management, only its own namespace, and every
                 // listener on loopback.
-                c.args(["--aws-region", &region, "--aws-endpoint-url", &endpoint])
+                c.args(["--aws-region", &region, "--aws-endpoint-url", sqs.unwrap_or(&endpoint)])
                     .args(["--aws-identity-endpoint-url", &endpoint, "--allow-unsafe-aws-endpoint-urls"])
                     .args(["--enable-carm=false", "--watch-namespace", ns])
                     .args(["--metrics-addr", "127.0.0.1:0", "--healthz-addr", "127.0.0.1:0"]);
@@ -473,6 +499,10 @@ struct Figures {
     delete_s: f64,
     delete_calls: BTreeMap<String, u64>,
     left_behind: usize,
+    /// Requests through the quota proxy until all were Ready, and those it answered
+    /// `RequestThrottled`.
+    proxied: usize,
+    throttled: usize,
 }
 
 struct Bench {
@@ -480,6 +510,7 @@ struct Bench {
     oob: aws_sdk_sqs::Client,
     log: RequestLog,
     ack: Option<Ack>,
+    quota: Option<sqs_faults::FaultProxy>,
     failures: Mutex<Vec<String>>,
 }
 
@@ -527,7 +558,8 @@ impl Bench {
         let ns = self.namespace(arm.key).await?;
         let ar = resource(arm.kind);
         let api: Api<DynamicObject> = Api::namespaced_with(self.driver.clone(), &ns, &ar);
-        let mut op = OperatorProcess::spawn(arm, &ns, self.ack.as_ref(), &o.skyport_args)?;
+        let proxy = self.quota.as_ref().map(|p| p.url());
+        let mut op = OperatorProcess::spawn(arm, &ns, self.ack.as_ref(), &o.skyport_args, proxy.as_deref())?;
         let result = self.measure(arm, n, o, &ns, &ar, &api, &mut op).await;
         op.stop().await;
         if let Err(e) = &result {
@@ -563,6 +595,13 @@ impl Bench {
         }
         let mut watch = ReadyWatch::start(api.clone(), arm.kind).await?;
         let off = self.log.offset();
+        let proxied = || {
+            self.quota.as_ref().map_or((0, 0), |p| {
+                let calls = p.calls();
+                (calls.len(), calls.iter().filter(|c| c.fault.is_some()).count())
+            })
+        };
+        let proxied0 = proxied();
         let t0 = Instant::now();
         futures::stream::iter((0..n).map(|i| format!("q-{i:05}")))
             .map(|name| {
@@ -577,6 +616,8 @@ impl Bench {
         let done = watch.all_ready(n, timeout).await?;
         f.ready_s = (done - t0).as_secs_f64();
         f.create_calls = self.log.sqs_calls_since(off);
+        let proxied1 = proxied();
+        (f.proxied, f.throttled) = (proxied1.0 - proxied0.0, proxied1.1 - proxied0.1);
         if total(&f.create_calls) == 0 {
             bail!("LocalStack's log ({}) shows no SQS request: cannot count calls", self.log.0.display());
         }
@@ -650,8 +691,9 @@ fn mark(ok: bool) -> &'static str {
     if ok { "PASS" } else { "MISS" }
 }
 
-fn report(n: usize, rows: &[(Arm, Figures)], idle: Duration) {
-    println!("\n-- N = {n}");
+fn report(n: usize, rows: &[(Arm, Figures)], idle: Duration, quota: bool) {
+    let under = if quota { ", SQS's tagging quota enforced (30/s)" } else { ", no SQS quota (LocalStack)" };
+    println!("\n-- N = {n}{under}");
     println!(
         "   {:<58} {:>9} {:>9} {:>9} {:>12} {:>9} {:>6}  SQS calls per Queue to Ready (by action); in the idle window",
         "arm", "Ready s", "RSS MiB", "peak MiB", "CPU s/idle min", "delete s", "left"
@@ -681,6 +723,15 @@ fn report(n: usize, rows: &[(Arm, Figures)], idle: Duration) {
             );
         }
         println!("   {:<58} SQS calls per Queue to delete: {}", "", describe_calls(&f.delete_calls, n as f64));
+        if quota {
+            println!(
+                "   {:<58} through the quota proxy until all Ready: {} requests, {} answered RequestThrottled ({:.2} per Queue)",
+                "",
+                f.proxied,
+                f.throttled,
+                f.throttled as f64 / n as f64
+            );
+        }
     }
     let get = |k: &str| rows.iter().find(|(a, _)| a.key == k).map(|(_, f)| f);
     if let Some(s) = get("skyport") {
@@ -713,7 +764,16 @@ fn report(n: usize, rows: &[(Arm, Figures)], idle: Duration) {
 async fn run(o: Opts) -> anyhow::Result<bool> {
     let driver = common::client().await;
     let ack = Ack::from_env()?;
-    let bench = Bench { driver, oob: common::sqs().await, log: RequestLog::find()?, ack, failures: Mutex::default() };
+    let quota = if o.sqs_quota {
+        let endpoint = std::env::var("AWS_ENDPOINT_URL").context("AWS_ENDPOINT_URL")?;
+        let proxy = sqs_faults::FaultProxy::start(endpoint.trim_start_matches("http://").trim_end_matches('/')).await;
+        proxy.set_tagging_quota(Some(TAGGING_QUOTA));
+        Some(proxy)
+    } else {
+        None
+    };
+    let bench =
+        Bench { driver, oob: common::sqs().await, log: RequestLog::find()?, ack, quota, failures: Mutex::default() };
     let version = bench.driver.apiserver_version().await?;
     println!("skyport vs ACK SQS controller{}", if o.quick { " (quick)" } else { "" });
     println!(
@@ -723,6 +783,12 @@ async fn run(o: Opts) -> anyhow::Result<bool> {
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         if cfg!(debug_assertions) { "debug" } else { "release" }
     );
+    if let Some(p) = &bench.quota {
+        println!(
+            "  SQS's tagging quota enforced: both reach SQS through {} ({TAGGING_QUOTA}/s, RequestThrottled beyond)",
+            p.url()
+        );
+    }
     match &bench.ack {
         Some(a) => {
             println!("  ACK sqs-controller {} ({}), binary {}", a.commit, a.src.display(), a.bin.display());
@@ -744,7 +810,7 @@ async fn run(o: Opts) -> anyhow::Result<bool> {
             // apiserver and LocalStack settle between arms.
             tokio::time::sleep(Duration::from_secs(if o.quick { 1 } else { 10 })).await;
         }
-        report(n, &rows, o.idle);
+        report(n, &rows, o.idle, o.sqs_quota);
     }
     let failures = bench.failures.lock().unwrap_or_else(|p| p.into_inner()).clone();
     println!("{}", if failures.is_empty() { "nothing broken".to_string() } else { format!("BROKEN: {failures:?}") });

@@ -84,7 +84,7 @@ static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Governor {
-    /// skyport's defaults (`--sqs-rate 40 --sqs-burst 40 --sqs-tag-rate 4`): what a user gets.
+    /// skyport's defaults (`--sqs-rate 48 --sqs-burst 48 --sqs-tag-rate 24`): what a user gets.
     Default,
     /// So high that it never waits: exposes the reconcile path itself.
     Open,

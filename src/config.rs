@@ -196,21 +196,23 @@ pub struct AwsArgs {
     /// Sustained SQS control-plane calls per second, for all Queues of one AWS account and
     /// region together. SQS publishes no rate quota for the queue-management actions skyport
     /// makes (CreateQueue, Get/SetQueueAttributes, DeleteQueue); the budget keeps a restart or a
-    /// storm of new Queues from flooding an account other workloads share.
-    #[arg(long = "sqs-rate", env = "SKYPORT_SQS_RATE", default_value = "40", verbatim_doc_comment)]
+    /// storm of new Queues from flooding an account other workloads share. The default is twice
+    /// the default --sqs-tag-rate: a new Queue costs one CreateQueue and one ListQueueTags, so a
+    /// storm goes at the pace of SQS's tagging quota, not of this budget.
+    #[arg(long = "sqs-rate", env = "SKYPORT_SQS_RATE", default_value_t = providers::sqs::DEFAULT_RATE, verbatim_doc_comment)]
     pub sqs_rate: NonZeroU32,
 
     /// Sustained tagging calls per second (ListQueueTags, TagQueue, UntagQueue) within
-    /// --sqs-rate, and their burst. SQS limits tagging actions to 5 per second per account
+    /// --sqs-rate, and their burst. SQS limits tagging actions to 30 per second per account
     /// (Amazon SQS Developer Guide, "Quotas related to queues"); the default is 80 % of that, as
     /// the DigitalOcean and Hetzner budgets are sized. Every new Queue costs one ListQueueTags
     /// (the proof that the queue is its own), so this also paces a storm of new Queues. Raise
     /// it once AWS has raised the account's quota.
-    #[arg(long = "sqs-tag-rate", env = "SKYPORT_SQS_TAG_RATE", default_value = "4", verbatim_doc_comment)]
+    #[arg(long = "sqs-tag-rate", env = "SKYPORT_SQS_TAG_RATE", default_value_t = providers::sqs::DEFAULT_TAG_RATE, verbatim_doc_comment)]
     pub sqs_tag_rate: NonZeroU32,
 
     /// SQS calls allowed in a burst above the sustained rate (one second of the default rate).
-    #[arg(long = "sqs-burst", env = "SKYPORT_SQS_BURST", default_value = "40")]
+    #[arg(long = "sqs-burst", env = "SKYPORT_SQS_BURST", default_value_t = providers::sqs::DEFAULT_RATE)]
     pub sqs_burst: NonZeroU32,
 }
 
@@ -452,6 +454,17 @@ mod tests {
         assert_eq!(run.queue.resync, Duration::from_secs(5));
         assert_eq!(run.aws.sqs_rate.get(), 3);
         assert_eq!(run.namespace.as_deref(), Some("team-a"));
+    }
+
+    #[test]
+    fn the_sqs_budget_defaults_stay_under_sqs_tagging_quota() {
+        let Command::Run(run) = Cli::try_parse_from(["skyport", "run"]).unwrap().command else { panic!("run") };
+        let settings = run.aws.sqs_settings();
+        let quota = providers::sqs::TAGGING_QUOTA_PER_SECOND;
+        assert_eq!(settings.tag_rate_per_second.get(), quota * 4 / 5, "80 % of the tagging quota");
+        // A storm of new Queues (CreateQueue + ListQueueTags each) is paced by tagging alone.
+        assert!(settings.rate_per_second.get() >= 2 * settings.tag_rate_per_second.get());
+        assert_eq!(settings.burst, settings.rate_per_second);
     }
 
     #[test]

@@ -10,6 +10,8 @@
 //! `SKYPORT_FAULTS_QUEUES=60 SKYPORT_FAULTS_SECONDS=180 cargo test --test cloud_faults -- --include-ignored --nocapture`
 
 mod common;
+// Shared with benches/ack.rs, which uses its tagging quota and not its random faults.
+#[allow(dead_code)]
 #[path = "common/sqs_faults.rs"]
 mod sqs_faults;
 

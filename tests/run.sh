@@ -50,4 +50,6 @@ if [[ $# == 0 ]]; then
   # skyport side by side with ACK (10 Queues); skyport's arm only, and it says so, without
   # SKYPORT_ACK_SRC.
   cargo bench --profile dev --bench ack -- --quick
+  # The same behind the proxy that enforces SQS's tagging quota, as AWS does and LocalStack not.
+  cargo bench --profile dev --bench ack -- --quick --sqs-quota
 fi

@@ -69,20 +69,36 @@ impl Default for SqsSettings {
     fn default() -> Self {
         SqsSettings {
             region: None,
-            // Derived from SQS's tagging quota (5/s per account): see `--sqs-rate` in src/config.rs.
-            rate_per_second: NonZeroU32::new(40).expect("non-zero"),
-            burst: NonZeroU32::new(40).expect("non-zero"),
-            // 80 % of SQS's tagging quota of 5 per second per account: see `--sqs-tag-rate`.
-            tag_rate_per_second: NonZeroU32::new(4).expect("non-zero"),
+            rate_per_second: DEFAULT_RATE,
+            burst: DEFAULT_RATE,
+            tag_rate_per_second: DEFAULT_TAG_RATE,
             operation_timeout: Duration::from_secs(20),
             endpoint_url: None,
         }
     }
 }
 
-/// SQS's tagging actions: they share a quota of their own (5 per second per account, "Quotas
-/// related to queues" in the Amazon SQS Developer Guide).
+/// SQS's tagging actions: they share a quota of their own, [`TAGGING_QUOTA_PER_SECOND`].
 pub const TAGGING: &[&str] = &["ListQueueTags", "TagQueue", "UntagQueue"];
+
+/// Tagging actions per second per AWS account ("Quotas related to queues", Amazon SQS Developer
+/// Guide). Older versions of that page said 5; the current one says 30.
+pub const TAGGING_QUOTA_PER_SECOND: u32 = 30;
+
+/// 80 % of the tagging quota, as the DigitalOcean and Hetzner budgets are sized: 24/s.
+pub const DEFAULT_TAG_RATE: NonZeroU32 = nonzero(TAGGING_QUOTA_PER_SECOND * 4 / 5);
+
+/// SQS publishes no rate quota for the other actions skyport makes. A new Queue costs one
+/// CreateQueue and one ListQueueTags, so twice the tagging budget lets a storm of new Queues go
+/// at the pace of the tagging quota instead of this budget's: 48/s.
+pub const DEFAULT_RATE: NonZeroU32 = nonzero(2 * DEFAULT_TAG_RATE.get());
+
+const fn nonzero(n: u32) -> NonZeroU32 {
+    match NonZeroU32::new(n) {
+        Some(n) => n,
+        None => panic!("a budget of zero"),
+    }
+}
 
 impl SqsSettings {
     /// A budget for one account and region: the shared rate, and the tagging rate within it.
@@ -293,15 +309,17 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn the_default_budget_holds_tagging_to_four_per_second_and_leaves_the_rest_alone() {
+    async fn the_default_budget_holds_tagging_under_sqs_quota_and_leaves_the_rest_alone() {
         let limiter = SqsSettings::default().limiter();
-        for _ in 0..4 {
+        let tagging = DEFAULT_TAG_RATE.get();
+        assert_eq!(tagging, 24, "80 % of SQS's 30/s");
+        for _ in 0..tagging {
             limiter.acquire("ListQueueTags").await;
         }
-        assert_eq!(limiter.counters.waits().0, 0, "the tagging burst is four");
+        assert_eq!(limiter.counters.waits().0, 0, "the tagging burst is one second of the budget");
         limiter.acquire("TagQueue").await;
-        assert_eq!(limiter.counters.waits().0, 1, "the fifth tagging call in a row waited");
-        for _ in 0..30 {
+        assert_eq!(limiter.counters.waits().0, 1, "the next tagging call in a row waited");
+        for _ in 0..(DEFAULT_RATE.get() - tagging - 1) {
             limiter.acquire("GetQueueAttributes").await;
         }
         assert_eq!(limiter.counters.waits().0, 1, "other calls are not held by the tagging budget");

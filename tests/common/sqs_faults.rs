@@ -3,6 +3,9 @@
 //! error (HTTP 400, `RequestThrottled`), an HTTP 500 `InternalError`, the connection closed
 //! without an answer, or a 2 s delay before being forwarded. Every request is recorded with its
 //! time, operation and queue, so a test can check the call rate and per-queue retry spacing.
+//!
+//! It can also enforce SQS's published tagging quota as AWS does, which LocalStack does not:
+//! tagging actions over the rate are answered `RequestThrottled` (benches/ack.rs `--sqs-quota`).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -46,6 +49,7 @@ pub struct FaultProxy {
     pub addr: SocketAddr,
     pub calls: Arc<Mutex<Vec<Call>>>,
     pub faulty: Arc<AtomicBool>,
+    quota: Arc<Mutex<Option<Bucket>>>,
 }
 
 #[derive(Clone)]
@@ -53,6 +57,31 @@ struct Shared {
     upstream: String,
     calls: Arc<Mutex<Vec<Call>>>,
     faulty: Arc<AtomicBool>,
+    quota: Arc<Mutex<Option<Bucket>>>,
+}
+
+/// SQS's tagging actions, which share one per-account quota.
+const TAGGING: &[&str] = &["ListQueueTags", "TagQueue", "UntagQueue"];
+
+/// A token bucket: `rate` per second, holding at most one second of it.
+#[derive(Debug)]
+struct Bucket {
+    rate: f64,
+    tokens: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    fn take(&mut self) -> bool {
+        let now = Instant::now();
+        self.tokens = (self.tokens + (now - self.at).as_secs_f64() * self.rate).min(self.rate);
+        self.at = now;
+        let ok = self.tokens >= 1.0;
+        if ok {
+            self.tokens -= 1.0;
+        }
+        ok
+    }
 }
 
 impl FaultProxy {
@@ -60,8 +89,18 @@ impl FaultProxy {
     pub async fn start(upstream: &str) -> FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().unwrap();
-        let shared = Shared { upstream: upstream.to_string(), calls: Arc::default(), faulty: Arc::default() };
-        let proxy = FaultProxy { addr, calls: shared.calls.clone(), faulty: shared.faulty.clone() };
+        let shared = Shared {
+            upstream: upstream.to_string(),
+            calls: Arc::default(),
+            faulty: Arc::default(),
+            quota: Arc::default(),
+        };
+        let proxy = FaultProxy {
+            addr,
+            calls: shared.calls.clone(),
+            faulty: shared.faulty.clone(),
+            quota: shared.quota.clone(),
+        };
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let shared = shared.clone();
@@ -85,6 +124,13 @@ impl FaultProxy {
         self.faulty.store(on, Ordering::SeqCst);
     }
 
+    /// Tagging actions beyond `per_second` (a bucket of one second) are throttled, as SQS does
+    /// per account; `None` lifts the quota.
+    pub fn set_tagging_quota(&self, per_second: Option<u32>) {
+        let bucket = per_second.map(|r| Bucket { rate: f64::from(r), tokens: f64::from(r), at: Instant::now() });
+        *self.quota.lock().unwrap() = bucket;
+    }
+
     pub fn calls(&self) -> Vec<Call> {
         self.calls.lock().unwrap().clone()
     }
@@ -103,8 +149,14 @@ async fn handle(req: Request<Incoming>, shared: Shared) -> Reply {
         .or_else(|| json["QueueUrl"].as_str().and_then(|u| u.rsplit('/').next()))
         .unwrap_or_default()
         .to_string();
-    let fault = (shared.faulty.load(Ordering::SeqCst) && rand::rng().random_bool(0.5))
-        .then(|| [Fault::Throttled, Fault::ServerError, Fault::Reset, Fault::Slow][rand::rng().random_range(0..4)]);
+    let over_quota = TAGGING.contains(&operation.as_str())
+        && shared.quota.lock().unwrap().as_mut().is_some_and(|bucket| !bucket.take());
+    let fault = if over_quota {
+        Some(Fault::Throttled)
+    } else {
+        (shared.faulty.load(Ordering::SeqCst) && rand::rng().random_bool(0.5))
+            .then(|| [Fault::Throttled, Fault::ServerError, Fault::Reset, Fault::Slow][rand::rng().random_range(0..4)])
+    };
     shared.calls.lock().unwrap().push(Call { at: Instant::now(), operation, queue, fault });
     match fault {
         Some(Fault::Throttled) => Ok(error(400, "RequestThrottled", "Sender", "Request is throttled.")),
