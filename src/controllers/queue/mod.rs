@@ -201,10 +201,15 @@ async fn reconcile_inner(queue: Arc<Queue>, ctx: Arc<Context>) -> Result<Action>
                 ctx.backoff.reset(&key);
                 return Ok(Action::requeue(jittered(ctx.settings.resync)));
             }
-            for (reason, note) in &ready.events {
-                ctx.publish(&*queue, EventType::Normal, reason, note.clone()).await;
-            }
-            let became_ready = status::ready(&queue, &api, &ctx, &ready, &published.owned, &placement).await?;
+            // Events are not part of Ready: sent alongside the status write, not before it.
+            let events = async {
+                for (reason, note) in &ready.events {
+                    ctx.publish(&*queue, EventType::Normal, reason, note.clone()).await;
+                }
+            };
+            let status = status::ready(&queue, &api, &ctx, &ready, &published.owned, &placement);
+            let ((), became_ready) = tokio::join!(events, status);
+            let became_ready = became_ready?;
             if became_ready {
                 act::wake_dependents(&queue, &ctx);
             }
