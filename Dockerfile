@@ -13,8 +13,9 @@
 # Then point the Deployment at it (deploy/README.md, "Build the image yourself").
 
 FROM rust:1.94-alpine AS build
-# gcc: rathole's build script (vergen) compiles C code through the cc crate.
-RUN apk add --no-cache musl-dev gcc
+# gcc: rathole's build script (vergen) compiles C code through the cc crate; make: jemalloc
+# (tikv-jemalloc-sys runs its configure and make).
+RUN apk add --no-cache musl-dev gcc make
 WORKDIR /src
 COPY . .
 # ring and rustls need no system libraries, so the musl build is fully static.

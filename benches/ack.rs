@@ -334,7 +334,7 @@ impl OperatorProcess {
         let file = std::fs::File::create(&log)?;
         let mut cmd = match arm.kind {
             Kind::Skyport => {
-                let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_skyport"));
+                let mut c = tokio::process::Command::new(entry::skyport_exe());
                 c.args(["run", "--namespace", ns, "--log-format", "json", "--listen-address", "127.0.0.1:0"]);
                 c.args(skyport_args);
                 if let Some(url) = sqs {
@@ -783,6 +783,7 @@ async fn run(o: Opts) -> anyhow::Result<bool> {
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         if cfg!(debug_assertions) { "debug" } else { "release" }
     );
+    println!("  skyport binary {}", entry::skyport_build());
     if let Some(p) = &bench.quota {
         println!(
             "  SQS's tagging quota enforced: both reach SQS through {} ({TAGGING_QUOTA}/s, RequestThrottled beyond)",

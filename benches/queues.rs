@@ -1256,7 +1256,7 @@ struct Process {
 impl Process {
     fn spawn(ns: &str, rate: u32, log: PathBuf) -> anyhow::Result<Self> {
         let file = std::fs::File::create(&log)?;
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_skyport"))
+        let child = tokio::process::Command::new(entry::skyport_exe())
             .args(["run", "--namespace", ns, "--log-format", "json", "--listen-address", "127.0.0.1:0"])
             .args([
                 "--sqs-rate",
@@ -1305,8 +1305,7 @@ impl Process {
 
 impl Bench {
     async fn memory(&self, o: &Opts) -> anyhow::Result<()> {
-        let exe = env!("CARGO_BIN_EXE_skyport");
-        println!("\n== 4. memory of the operator process ({exe}, built with this benchmark's profile)");
+        println!("\n== 4. memory of the operator process: {}", entry::skyport_build());
         println!(
             "   skyport run --namespace <ns> --sqs-rate {0} --sqs-burst {0} --sqs-tag-rate {0} (resync and everything else default)",
             o.memory_rate

@@ -13,6 +13,10 @@ use skyport::metrics::{CloudSnapshot, Metrics, ReadyCounts};
 use skyport::{controllers, crd, telemetry};
 use tracing::{error, info};
 
+// jemalloc rather than musl's allocator in the static image: see Cargo.toml.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     // kube and the AWS client both use rustls; pin one process-wide crypto provider.

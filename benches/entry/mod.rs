@@ -33,3 +33,42 @@ where
         }
     }
 }
+
+/// The `skyport` binary the benchmark runs as a process: `SKYPORT_BENCH_EXE` when set (the static
+/// musl binary the image ships, built with `tests/env/build-musl.sh`), else the one Cargo built
+/// for this benchmark.
+pub fn skyport_exe() -> std::path::PathBuf {
+    std::env::var_os("SKYPORT_BENCH_EXE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_skyport").into())
+}
+
+/// Which [`skyport_exe`] runs, for the report: path, linking and size.
+pub fn skyport_build() -> String {
+    let exe = skyport_exe();
+    let size = std::fs::metadata(&exe).map(|m| m.len()).unwrap_or(0);
+    let linking = match has_interpreter(&exe) {
+        Some(false) => "static, musl",
+        Some(true) => "dynamic, glibc",
+        None => "not an ELF file",
+    };
+    format!("{} ({linking}, {:.1} MiB)", exe.display(), size as f64 / (1024.0 * 1024.0))
+}
+
+/// Whether a 64-bit little-endian ELF file names a program interpreter (PT_INTERP): a dynamically
+/// linked binary does, a static one does not.
+fn has_interpreter(path: &std::path::Path) -> Option<bool> {
+    use std::io::Read;
+    let mut head = vec![0u8; 64 * 1024];
+    let n = std::fs::File::open(path).ok()?.read(&mut head).ok()?;
+    let head = &head[..n];
+    if head.get(..4)? != b"\x7fELF" || head.get(4) != Some(&2) {
+        return None;
+    }
+    let u16_at = |o: usize| Some(u16::from_le_bytes(head.get(o..o + 2)?.try_into().ok()?) as usize);
+    let phoff = u64::from_le_bytes(head.get(0x20..0x28)?.try_into().ok()?) as usize;
+    let (size, count) = (u16_at(0x36)?, u16_at(0x38)?);
+    let types = (0..count).map(|i| head.get(phoff + i * size..phoff + i * size + 4));
+    let types: Option<Vec<&[u8]>> = types.collect();
+    Some(types?.iter().any(|t| u32::from_le_bytes([t[0], t[1], t[2], t[3]]) == 3))
+}
