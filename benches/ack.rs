@@ -61,7 +61,7 @@ use serde_json::json;
 
 const CREATE_CONCURRENCY: usize = 32;
 /// SQS's tagging quota per account (calls per second), which `--sqs-quota` enforces.
-const TAGGING_QUOTA: u32 = 30;
+const TAGGING_QUOTA: u32 = providers::sqs::TAGGING_QUOTA_PER_SECOND;
 /// skyport's default reconcile concurrency, which the "ACK at skyport's settings" arm copies.
 const SKYPORT_CONCURRENCY: u32 = 8;
 /// skyport's default resync, likewise.

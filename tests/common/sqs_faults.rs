@@ -60,9 +60,6 @@ struct Shared {
     quota: Arc<Mutex<Option<Bucket>>>,
 }
 
-/// SQS's tagging actions, which share one per-account quota.
-const TAGGING: &[&str] = &["ListQueueTags", "TagQueue", "UntagQueue"];
-
 /// A token bucket: `rate` per second, holding at most one second of it.
 #[derive(Debug)]
 struct Bucket {
@@ -149,7 +146,7 @@ async fn handle(req: Request<Incoming>, shared: Shared) -> Reply {
         .or_else(|| json["QueueUrl"].as_str().and_then(|u| u.rsplit('/').next()))
         .unwrap_or_default()
         .to_string();
-    let over_quota = TAGGING.contains(&operation.as_str())
+    let over_quota = providers::sqs::TAGGING.contains(&operation.as_str())
         && shared.quota.lock().unwrap().as_mut().is_some_and(|bucket| !bucket.take());
     let fault = if over_quota {
         Some(Fault::Throttled)
