@@ -692,7 +692,11 @@ fn mark(ok: bool) -> &'static str {
 }
 
 fn report(n: usize, rows: &[(Arm, Figures)], idle: Duration, quota: bool) {
-    let under = if quota { ", SQS's tagging quota enforced (30/s)" } else { ", no SQS quota (LocalStack)" };
+    let under = if quota {
+        format!(", SQS's tagging quota enforced ({TAGGING_QUOTA}/s)")
+    } else {
+        ", no SQS quota (LocalStack)".to_string()
+    };
     println!("\n-- N = {n}{under}");
     println!(
         "   {:<58} {:>9} {:>9} {:>9} {:>12} {:>9} {:>6}  SQS calls per Queue to Ready (by action); in the idle window",

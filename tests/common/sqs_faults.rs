@@ -60,26 +60,9 @@ struct Shared {
     quota: Arc<Mutex<Option<Bucket>>>,
 }
 
-/// A token bucket: `rate` per second, holding at most one second of it.
-#[derive(Debug)]
-struct Bucket {
-    rate: f64,
-    tokens: f64,
-    at: Instant,
-}
-
-impl Bucket {
-    fn take(&mut self) -> bool {
-        let now = Instant::now();
-        self.tokens = (self.tokens + (now - self.at).as_secs_f64() * self.rate).min(self.rate);
-        self.at = now;
-        let ok = self.tokens >= 1.0;
-        if ok {
-            self.tokens -= 1.0;
-        }
-        ok
-    }
-}
+/// The tagging quota: `governor`'s bucket of one second, checked without waiting (SQS refuses,
+/// it does not queue).
+type Bucket = governor::DefaultDirectRateLimiter;
 
 impl FaultProxy {
     /// Proxies a free loopback port to `upstream` (host:port), faults off.
@@ -124,7 +107,8 @@ impl FaultProxy {
     /// Tagging actions beyond `per_second` (a bucket of one second) are throttled, as SQS does
     /// per account; `None` lifts the quota.
     pub fn set_tagging_quota(&self, per_second: Option<u32>) {
-        let bucket = per_second.map(|r| Bucket { rate: f64::from(r), tokens: f64::from(r), at: Instant::now() });
+        let bucket =
+            per_second.and_then(std::num::NonZeroU32::new).map(|r| Bucket::direct(governor::Quota::per_second(r)));
         *self.quota.lock().unwrap() = bucket;
     }
 
@@ -147,7 +131,7 @@ async fn handle(req: Request<Incoming>, shared: Shared) -> Reply {
         .unwrap_or_default()
         .to_string();
     let over_quota = providers::sqs::TAGGING.contains(&operation.as_str())
-        && shared.quota.lock().unwrap().as_mut().is_some_and(|bucket| !bucket.take());
+        && shared.quota.lock().unwrap().as_ref().is_some_and(|bucket| bucket.check().is_err());
     let fault = if over_quota {
         Some(Fault::Throttled)
     } else {
