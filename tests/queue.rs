@@ -75,6 +75,16 @@ async fn created_queue_becomes_ready_with_url_arn_attributes_tags_and_configmap(
     .await;
     assert_eq!(back.data.unwrap()["QUEUE_URL"], url);
 
+    // Edited by someone (the cache holds only a hash of the data): put back, the added key gone.
+    let edit = json!({"data": {"QUEUE_URL": "http://elsewhere.example", "EXTRA": "x"}});
+    cms.patch("orders-sqs", &PatchParams::default(), &Patch::Merge(&edit)).await.unwrap();
+    let restored = eventually("ConfigMap restored", READY_TIMEOUT, || async {
+        cms.get("orders-sqs").await.ok().and_then(|c| c.data).filter(|d| d.get("QUEUE_URL") == Some(&url))
+    })
+    .await;
+    assert!(!restored.contains_key("EXTRA"), "{restored:?}");
+    assert_eq!(restored["QUEUE_ARN"], status.queue_arn.clone().unwrap());
+
     finish(op, ns).await;
 }
 

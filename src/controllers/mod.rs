@@ -105,11 +105,13 @@ pub fn slim<K: Resource>(obj: &mut K) {
     }
 }
 
-/// The watch of a controller's primary objects: a slimmed cache fed through `writer`, and a stream
-/// that wakes a reconcile only when `trigger` changes (skyport's own status writes do not).
+/// The watch of a controller's primary objects: a cache fed through `writer` with what `trim`
+/// leaves of each object (at least [`slim`]), and a stream that wakes a reconcile only when
+/// `trigger` changes (skyport's own status writes do not).
 pub fn primary_stream<K>(
     api: Api<K>,
     writer: kube::runtime::reflector::store::Writer<K>,
+    trim: fn(&mut K),
     trigger: fn(&K) -> Option<u64>,
 ) -> impl futures::Stream<Item = Result<K, kube::runtime::watcher::Error>> + Send + 'static
 where
@@ -119,7 +121,7 @@ where
     use kube::runtime::WatchStreamExt;
     kube::runtime::watcher(api, kube::runtime::watcher::Config::default())
         .default_backoff()
-        .modify(slim)
+        .modify(trim)
         .reflect(writer)
         .applied_objects()
         .predicate_filter(trigger, Default::default())

@@ -9,9 +9,9 @@ use kube::{Resource, ResourceExt};
 use providers::{QueueBackend, QueueError};
 use tracing::info;
 
-use super::Context;
 use super::desired::{Desired, TAG_OWNER_UID, configmap, configmap_name};
 use super::plan::{Observed, Outcome, Plan, Ready, Step};
+use super::{Context, configmaps};
 use crate::controllers::MANAGED_BY;
 use crate::crd::queue::Queue;
 use crate::error::{Error, Result};
@@ -149,8 +149,11 @@ pub async fn ensure_owned_configmap(queue: &Queue, want: ConfigMap, ctx: &Contex
     let name = want.name_any();
     crate::controllers::store_synced(&ctx.configmaps).await;
     let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ns);
-    let existing = match ctx.configmaps.get(&ObjectRef::new(&name).within(&ns)) {
-        Some(cm) => (*cm).clone(),
+    let existing = match ctx.configmaps.get(&configmaps::key(&name, &ns)) {
+        Some(cached) if !cached.controlled_by(queue) => return Ok(false),
+        Some(cached) if cached.holds(&want.data) => return Ok(true),
+        // The cache keeps a hash of the data: the patch is built from the object itself.
+        Some(_) => api.get(&name).await?,
         // Not ours as far as the cache knows: create it, which fails if anything holds the name.
         None => {
             ctx.api_writes.inc();
@@ -196,14 +199,15 @@ pub fn data_patch<K: Resource, V: serde::Serialize>(
 }
 
 /// Queues in the same namespace whose deadLetter.queueRef names `queue` are reconciled now
-/// instead of at their next resync.
+/// instead of at their next resync. This runs for every Queue that becomes Ready, so the scan of
+/// the cache compares in place rather than copying names.
 pub fn wake_dependents(queue: &Queue, ctx: &Context) {
-    let (ns, name) = (queue.namespace(), queue.name_any());
-    for q in ctx.queues.state() {
-        let refers = q.namespace() == ns
-            && q.spec.dead_letter.as_ref().and_then(|d| d.queue_ref.as_ref()).is_some_and(|r| r.name == name);
-        if refers {
-            let _ = ctx.dependents.unbounded_send(ObjectRef::from_obj(&*q));
-        }
+    let (ns, name) = (&queue.metadata.namespace, queue.metadata.name.as_deref());
+    let dependents = ctx.queues.state_filter(|q| {
+        &q.metadata.namespace == ns
+            && q.spec.dead_letter.as_ref().and_then(|d| d.queue_ref.as_ref()).map(|r| r.name.as_str()) == name
+    });
+    for q in dependents {
+        let _ = ctx.dependents.unbounded_send(ObjectRef::from_obj(&*q));
     }
 }

@@ -14,14 +14,13 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tracing::info;
 
-use super::Context;
 use super::act::{controlled_by, data_patch, ensure_configmap, ensure_owned_configmap};
 use super::desired::configmap_name;
 use super::plan::Ready;
+use super::{Context, configmaps};
 use crate::controllers::MANAGED_BY;
 use crate::crd::export::{Export, ExportKind, ExportRef};
 use crate::crd::queue::Queue;
@@ -119,11 +118,10 @@ pub async fn publish(queue: &Queue, ready: &Ready, ctx: &Context) -> Result<Publ
 fn recorded(queue: &Queue, ctx: &Context) -> Vec<ExportRef> {
     let mut all = queue.status.as_ref().map(|s| s.exports.clone()).unwrap_or_default();
     let (ns, default) = (queue.namespace(), configmap_name(queue));
-    for cm in ctx.configmaps.state() {
-        if cm.namespace() == ns && cm.name_any() != default && controlled_by(&*cm, queue) {
-            all.push(ExportRef { kind: ExportKind::ConfigMap, name: cm.name_any() });
-        }
-    }
+    let controlled = ctx
+        .configmaps
+        .state_filter(|cm| Some(&cm.namespace) == ns.as_ref() && cm.name != default && cm.controlled_by(queue));
+    all.extend(controlled.iter().map(|cm| ExportRef { kind: ExportKind::ConfigMap, name: cm.name.clone() }));
     all
 }
 
@@ -181,14 +179,13 @@ async fn ensure_secret(queue: &Queue, want: Secret, ctx: &Context) -> Result<boo
 async fn remove(queue: &Queue, target: &ExportRef, ctx: &Context) -> Result<()> {
     let ns = queue.namespace().ok_or(Error::MissingObjectKey("namespace"))?;
     let uid = match target.kind {
-        ExportKind::ConfigMap => {
-            let cached = ctx.configmaps.get(&ObjectRef::new(&target.name).within(&ns)).map(|cm| (*cm).clone());
-            let cm = match cached {
-                Some(cm) => Some(cm),
-                None => Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns).get_opt(&target.name).await?,
-            };
-            cm.filter(|cm| controlled_by(cm, queue)).and_then(|cm| cm.uid())
-        }
+        ExportKind::ConfigMap => match ctx.configmaps.get(&configmaps::key(&target.name, &ns)) {
+            Some(cached) => cached.controlled_by(queue).then(|| cached.uid.clone()),
+            None => {
+                let cm = Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns).get_opt(&target.name).await?;
+                cm.filter(|cm| controlled_by(cm, queue)).and_then(|cm| cm.uid())
+            }
+        },
         ExportKind::Secret => {
             ctx.secrets.forget(&format!("{ns}/{}", target.name));
             let secret = Api::<Secret>::namespaced(ctx.client.clone(), &ns).get_opt(&target.name).await?;

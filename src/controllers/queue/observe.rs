@@ -101,7 +101,7 @@ pub fn dead_letter_cycle(queue: &Queue, queues: &Store<Queue>) -> Option<Vec<Str
     let mut chain = vec![start.clone()];
     let mut next = queue.spec.dead_letter.as_ref()?.queue_ref.as_ref()?.name.clone();
     // A chain cannot be longer than the Queues in the cache.
-    for _ in 0..=queues.state().len() {
+    for _ in 0..=queues.len() {
         chain.push(next.clone());
         if next == start {
             return Some(chain);

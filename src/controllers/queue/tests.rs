@@ -24,7 +24,7 @@ struct Harness {
     ctx: Arc<Context>,
     api: FakeApi,
     sqs: Arc<FakeSqs>,
-    configmaps: Writer<ConfigMap>,
+    configmaps: Writer<configmaps::CachedConfigMap>,
     _queues: Writer<Queue>,
 }
 
@@ -122,7 +122,7 @@ async fn the_follow_up_of_our_own_writes_is_answered_from_memory_and_a_converged
     h.ctx.written.forget(&object_key(&h.current()));
     let cm: ConfigMap =
         serde_json::from_value(h.api.get("/api/v1/namespaces/ns/configmaps/orders-sqs").unwrap()).unwrap();
-    h.configmaps.apply_watcher_event(&watcher::Event::Apply(cm));
+    h.configmaps.apply_watcher_event(&watcher::Event::Apply((&cm).into()));
     let writes = h.api.writes().len();
     h.reconcile(Arc::new(h.current())).await.unwrap();
     assert_eq!(h.api.writes().len(), writes, "{:?}", &h.api.writes()[writes..]);
@@ -134,6 +134,36 @@ async fn the_follow_up_of_our_own_writes_is_answered_from_memory_and_a_converged
     h.reconcile(Arc::new(h.current())).await.unwrap();
     assert_eq!(h.api.writes().len(), writes, "{:?}", &h.api.writes()[writes..]);
     assert_eq!(&h.sqs.calls()[sqs_calls..], ["attributes"], "one GetQueueAttributes, tags not due");
+}
+
+#[tokio::test]
+async fn a_configmap_edited_by_someone_is_read_whole_and_patched_back() {
+    let mut h = harness();
+    h.reconcile(h.put(&queue(QueueSpec::default()))).await.unwrap();
+    let path = "/api/v1/namespaces/ns/configmaps/orders-sqs";
+    let mut edited = h.api.get(path).unwrap();
+    let url = edited["data"]["QUEUE_URL"].clone();
+    edited["data"]["QUEUE_URL"] = json!("http://elsewhere.example");
+    edited["data"]["EXTRA"] = json!("x");
+    let edited: ConfigMap = serde_json::from_value(h.api.put(path, edited)).unwrap();
+    h.configmaps.apply_watcher_event(&watcher::Event::Apply((&edited).into()));
+    h.ctx.written.forget(&object_key(&h.current()));
+
+    let calls = h.api.calls().len();
+    h.reconcile(Arc::new(h.current())).await.unwrap();
+    let cm = h.api.get(path).unwrap();
+    assert_eq!(cm["data"]["QUEUE_URL"], url);
+    assert!(cm["data"].get("EXTRA").is_none(), "{cm}");
+    let touched: Vec<_> = h.api.calls()[calls..].iter().filter(|c| c.path == path).map(|c| c.method.clone()).collect();
+    // The cache holds a hash of the data: the object is read before the patch is built.
+    assert_eq!(touched, [Method::GET, Method::PATCH]);
+
+    // Once the cache shows the data back, nothing more is read or written.
+    let restored: ConfigMap = serde_json::from_value(h.api.get(path).unwrap()).unwrap();
+    h.configmaps.apply_watcher_event(&watcher::Event::Apply((&restored).into()));
+    let calls = h.api.calls().len();
+    h.reconcile(Arc::new(h.current())).await.unwrap();
+    assert!(h.api.calls()[calls..].iter().all(|c| c.path != path), "{:?}", &h.api.calls()[calls..]);
 }
 
 #[tokio::test]

@@ -111,7 +111,7 @@ pub fn controller(
 ) -> (Arc<Context>, impl std::future::Future<Output = ()> + Send) {
     let scope = namespace.as_deref();
     let (tunnel_reader, tunnel_writer) = reflector::store();
-    let tunnel_stream = primary_stream(scoped_api::<Tunnel>(&client, scope), tunnel_writer, spec_trigger);
+    let tunnel_stream = primary_stream(scoped_api::<Tunnel>(&client, scope), tunnel_writer, slim, spec_trigger);
     let (service_reader, service_writer) = reflector::store();
     // Our own status writes to Services must not wake Tunnels: only spec and existence matter.
     let service_stream = watcher(scoped_api::<Service>(&client, scope), watcher::Config::default())

@@ -1,0 +1,212 @@
+//! The cache of the ConfigMaps skyport manages, holding only what the Queue controller decides
+//! with: name, UID, the controlling owner and a hash of the data.
+//!
+//! A whole ConfigMap in a reflector costs about 2 KiB even when it carries three short values:
+//! its label and its data are B-tree maps, each allocating a node of eleven slots. With one per
+//! Queue, that was the largest share of the operator's memory at 10,000 Queues (BENCHMARKS.md).
+//! Drift is still seen exactly: the hash is of the data the watch delivered. Only a write that
+//! finds the hash different reads the whole object first, so the patch is built from what is
+//! really there.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::Api;
+use kube::runtime::reflector::{ObjectRef, store::Writer};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+
+use crate::crd::queue::Queue;
+
+/// What the cache keeps of one managed ConfigMap.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CachedConfigMap {
+    pub name: String,
+    pub namespace: String,
+    pub uid: String,
+    pub resource_version: String,
+    /// The controlling owner reference's name and UID when it is a Queue's.
+    pub queue: Option<(String, String)>,
+    /// [`data_hash`] of the data the watch delivered.
+    pub data_hash: u64,
+}
+
+impl CachedConfigMap {
+    /// Whether `queue` controls this ConfigMap (the controlling owner reference has its UID).
+    pub fn controlled_by(&self, queue: &Queue) -> bool {
+        self.queue.as_ref().is_some_and(|(_, uid)| Some(uid) == queue.metadata.uid.as_ref())
+    }
+
+    /// Whether the ConfigMap holds exactly `data`.
+    pub fn holds(&self, data: &Option<BTreeMap<String, String>>) -> bool {
+        self.data_hash == data_hash(data)
+    }
+}
+
+impl From<&ConfigMap> for CachedConfigMap {
+    fn from(cm: &ConfigMap) -> Self {
+        let (kind, group) = (<Queue as Resource>::kind(&()), <Queue as Resource>::group(&()));
+        let queue = cm
+            .owner_references()
+            .iter()
+            .find(|r| r.controller == Some(true) && r.kind == kind && r.api_version.split('/').next() == Some(&*group))
+            .map(|r| (r.name.clone(), r.uid.clone()));
+        CachedConfigMap {
+            name: cm.name_any(),
+            namespace: cm.namespace().unwrap_or_default(),
+            uid: cm.uid().unwrap_or_default(),
+            resource_version: cm.resource_version().unwrap_or_default(),
+            queue,
+            data_hash: data_hash(&cm.data),
+        }
+    }
+}
+
+/// A hash of a ConfigMap's data: keys and values in key order. A missing map and an empty one are
+/// the same to the apps that read it.
+pub fn data_hash(data: &Option<BTreeMap<String, String>>) -> u64 {
+    let mut h = DefaultHasher::new();
+    for (k, v) in data.iter().flatten() {
+        (k, v).hash(&mut h);
+    }
+    h.finish()
+}
+
+// Lets kube-runtime's store and its keys hold this type instead of a ConfigMap.
+impl kube::runtime::reflector::Lookup for CachedConfigMap {
+    type DynamicType = ();
+
+    fn kind(dt: &()) -> Cow<'_, str> {
+        <ConfigMap as Resource>::kind(dt)
+    }
+    fn group(dt: &()) -> Cow<'_, str> {
+        <ConfigMap as Resource>::group(dt)
+    }
+    fn version(dt: &()) -> Cow<'_, str> {
+        <ConfigMap as Resource>::version(dt)
+    }
+    fn plural(dt: &()) -> Cow<'_, str> {
+        <ConfigMap as Resource>::plural(dt)
+    }
+    fn name(&self) -> Option<Cow<'_, str>> {
+        Some(Cow::Borrowed(&self.name))
+    }
+    fn namespace(&self) -> Option<Cow<'_, str>> {
+        Some(Cow::Borrowed(&self.namespace))
+    }
+    fn resource_version(&self) -> Option<Cow<'_, str>> {
+        Some(Cow::Borrowed(&self.resource_version))
+    }
+    fn uid(&self) -> Option<Cow<'_, str>> {
+        Some(Cow::Borrowed(&self.uid))
+    }
+}
+
+/// The key of `name` in `namespace` in the cache.
+pub fn key(name: &str, namespace: &str) -> ObjectRef<CachedConfigMap> {
+    ObjectRef::new(name).within(namespace)
+}
+
+fn project(event: watcher::Event<ConfigMap>) -> watcher::Event<CachedConfigMap> {
+    use watcher::Event::*;
+    match event {
+        Apply(cm) => Apply((&cm).into()),
+        Delete(cm) => Delete((&cm).into()),
+        Init => Init,
+        InitApply(cm) => InitApply((&cm).into()),
+        InitDone => InitDone,
+    }
+}
+
+/// Watches the managed ConfigMaps (`selector`) into `writer` and yields the Queue each change
+/// concerns, as `owns` would. Watch errors are retried with backoff and logged here, since this
+/// stream reaches the controller as plain wake-ups.
+pub fn watch(
+    api: Api<ConfigMap>,
+    selector: &str,
+    mut writer: Writer<CachedConfigMap>,
+) -> impl Stream<Item = ObjectRef<Queue>> + Send + 'static {
+    watcher(api, watcher::Config::default().labels(selector)).default_backoff().filter_map(move |event| {
+        let woken = match event {
+            Ok(event) => {
+                let event = project(event);
+                writer.apply_watcher_event(&event);
+                match event {
+                    watcher::Event::Apply(cm) | watcher::Event::Delete(cm) | watcher::Event::InitApply(cm) => {
+                        cm.queue.map(|(name, _)| ObjectRef::new(&name).within(&cm.namespace))
+                    }
+                    watcher::Event::Init | watcher::Event::InitDone => None,
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "ConfigMap watch failed; retrying with backoff");
+                None
+            }
+        };
+        futures::future::ready(woken)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    use kube::api::ObjectMeta;
+
+    fn cm(owner: Option<OwnerReference>, data: &[(&str, &str)]) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some("orders-sqs".into()),
+                namespace: Some("ns".into()),
+                uid: Some("cm-uid".into()),
+                resource_version: Some("7".into()),
+                owner_references: owner.map(|o| vec![o]),
+                ..Default::default()
+            },
+            data: Some(data.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+            ..Default::default()
+        }
+    }
+
+    fn owner(kind: &str, controller: bool) -> OwnerReference {
+        OwnerReference {
+            api_version: Queue::api_version(&()).into(),
+            kind: kind.into(),
+            name: "orders".into(),
+            uid: "uid-1".into(),
+            controller: Some(controller),
+            ..Default::default()
+        }
+    }
+
+    fn queue(uid: &str) -> Queue {
+        let mut q = Queue::new("orders", Default::default());
+        q.metadata.uid = Some(uid.into());
+        q
+    }
+
+    #[test]
+    fn the_cache_keeps_the_controlling_queue_and_sees_any_change_of_data() {
+        let cached = CachedConfigMap::from(&cm(Some(owner("Queue", true)), &[("QUEUE_URL", "u")]));
+        assert_eq!(cached.queue, Some(("orders".into(), "uid-1".into())));
+        assert!(cached.controlled_by(&queue("uid-1")));
+        assert!(!cached.controlled_by(&queue("uid-2")));
+        let want = |pairs: &[(&str, &str)]| Some(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+        assert!(cached.holds(&want(&[("QUEUE_URL", "u")])));
+        assert!(!cached.holds(&want(&[("QUEUE_URL", "v")])), "a changed value");
+        assert!(!cached.holds(&want(&[("QUEUE_URL", "u"), ("QUEUE_ARN", "a")])), "an added key");
+        assert!(!cached.holds(&want(&[("QUEUE_UR", "Lu")])), "key and value are not run together");
+        assert!(!cached.holds(&None));
+    }
+
+    #[test]
+    fn only_a_controlling_queue_owns_the_cached_configmap() {
+        assert_eq!(CachedConfigMap::from(&cm(Some(owner("Queue", false)), &[])).queue, None);
+        assert_eq!(CachedConfigMap::from(&cm(Some(owner("Tunnel", true)), &[])).queue, None);
+        assert_eq!(CachedConfigMap::from(&cm(None, &[])).queue, None);
+        assert!(!CachedConfigMap::from(&cm(None, &[])).controlled_by(&queue("uid-1")));
+    }
+}
