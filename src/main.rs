@@ -7,6 +7,7 @@ use clap::Parser;
 use futures::FutureExt;
 use kube::runtime::reflector::Store;
 use skyport::config::{Cli, Command, RunArgs, TunnelRole};
+use skyport::controllers::shutdown::{has_synced, run_until_stopped};
 use skyport::http::{self, Phase};
 use skyport::leader::{self, Lease};
 use skyport::metrics::{CloudSnapshot, Metrics, ReadyCounts};
@@ -128,6 +129,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         args.namespace.clone(),
         shutdown.clone(),
     );
+    let queues = run_until_stopped("queue", queues, shutdown.clone(), {
+        let queues = ctx.queues.clone();
+        move || has_synced(&queues)
+    });
     add_controller(&state, "queue", &ctx, Some(ctx.queues.clone()));
     state.metrics.add_cloud("sqs", move || CloudSnapshot::of(&providers::QueueBackend::limiter(&*sqs).counters));
     tokio::spawn({
@@ -208,8 +213,19 @@ async fn start_tunnels(
         args.tunnel.clone(),
         ctx.tunnels.clone(),
         args.namespace.clone(),
-        shutdown,
+        shutdown.clone(),
     );
+    let tunnels = run_until_stopped("tunnel", tunnels, shutdown.clone(), {
+        let tunnels = ctx.tunnels.clone();
+        move || has_synced(&tunnels)
+    });
+    // A Service reconcile first waits for the Tunnel cache. With that never synced, the ones in
+    // flight are parked there, before any write; stopping the Tunnel controller would let them go
+    // on with an empty Tunnel cache, so they are dropped instead.
+    let services = run_until_stopped("service", services, shutdown, {
+        let (services, tunnels) = (svc_ctx.services.clone(), ctx.tunnels.clone());
+        move || has_synced(&services) && has_synced(&tunnels)
+    });
     add_controller(state, "tunnel", &ctx, Some(ctx.tunnels.clone()));
     add_controller::<skyport::crd::Tunnel, _, _>(state, "service", &svc_ctx, None);
     let orphans = ctx.clone();

@@ -13,6 +13,7 @@ pub mod events;
 pub mod memory;
 pub mod queue;
 pub mod service;
+pub mod shutdown;
 pub mod status;
 #[cfg(test)]
 pub mod testing;

@@ -52,6 +52,8 @@ pub type Context = crate::controllers::Context<State>;
 pub struct State {
     pub settings: TunnelArgs,
     pub tunnels: Store<Tunnel>,
+    /// The Services in scope, kept by the controller's own watch.
+    pub services: Store<Service>,
 }
 
 /// Builds the controller; it shares the Tunnel controller's Tunnel cache.
@@ -66,8 +68,9 @@ pub fn controller(
     let tunnel_api = scoped_api::<Tunnel>(&client, namespace.as_deref());
     let backoff = Backoff::new(settings.service_backoff_min, settings.service_backoff_max);
     let concurrency = settings.service_concurrency;
-    let ctx = Arc::new(Context::new(client, backoff, State { settings, tunnels }));
-    let run = Controller::new(services, watcher::Config::default())
+    let controller = Controller::new(services, watcher::Config::default());
+    let ctx = Arc::new(Context::new(client, backoff, State { settings, tunnels, services: controller.store() }));
+    let run = controller
         .owns(tunnel_api, watcher::Config::default())
         .with_config(ControllerConfig::default().concurrency(concurrency))
         .graceful_shutdown_on(shutdown)

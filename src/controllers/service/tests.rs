@@ -26,7 +26,7 @@ fn harness() -> Harness {
     let (reader, tunnels) = ready_store();
     let settings = TunnelArgs { default_load_balancer: true, ..Default::default() };
     let backoff = Backoff::new(settings.service_backoff_min, settings.service_backoff_max);
-    let ctx = Arc::new(Context::new(client, backoff, State { settings, tunnels: reader }));
+    let ctx = Arc::new(Context::new(client, backoff, State { settings, tunnels: reader, services: ready_store().0 }));
     Harness { ctx, api, tunnels }
 }
 
