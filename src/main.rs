@@ -129,9 +129,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         args.namespace.clone(),
         shutdown.clone(),
     );
+    // A Queue reconcile publishes through the ConfigMap cache and waits for it first: with that
+    // never synced, the ones in flight are parked there and can only be dropped.
     let queues = run_until_stopped("queue", queues, shutdown.clone(), {
-        let queues = ctx.queues.clone();
-        move || has_synced(&queues)
+        let (queues, configmaps) = (ctx.queues.clone(), ctx.configmaps.clone());
+        move || has_synced(&queues) && has_synced(&configmaps)
     });
     add_controller(&state, "queue", &ctx, Some(ctx.queues.clone()));
     state.metrics.add_cloud("sqs", move || CloudSnapshot::of(&providers::QueueBackend::limiter(&*sqs).counters));

@@ -236,6 +236,54 @@ async fn sigterm_exits_at_once_when_service_reconciles_wait_for_a_tunnel_cache_n
     ns.cleanup().await;
 }
 
+/// Queues synced, ConfigMaps refused: a Queue's reconcile, past its SQS work, parks waiting for the
+/// ConfigMap cache it publishes through, and is dropped at SIGTERM instead of waited on forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn sigterm_exits_at_once_when_queue_reconciles_wait_for_a_configmap_cache_never_synced() {
+    let ns = TestNs::new("shutdown").await;
+    let kubeconfig = kubeconfig_as(&ns.client, &ns.name, "no-configmaps").await;
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": "no-configmaps"},
+        "rules": [
+            {"apiGroups": ["skyport.dev"], "resources": ["queues", "awsaccounts"], "verbs": ["get", "list", "watch", "patch", "update"]},
+            {"apiGroups": ["skyport.dev"], "resources": ["queues/status"], "verbs": ["get", "patch", "update"]},
+            {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        ],
+    }))
+    .unwrap();
+    ns.api::<Role>().create(&PostParams::default(), &role).await.expect("create Role");
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "no-configmaps"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "no-configmaps"},
+        "subjects": [{"kind": "ServiceAccount", "name": "no-configmaps", "namespace": ns.name}],
+    }))
+    .unwrap();
+    ns.api::<RoleBinding>().create(&PostParams::default(), &binding).await.expect("create RoleBinding");
+    let _scratch = Scratch(vec![kubeconfig.clone()]);
+    let lines = Lines::default();
+    let mut child = start(&ns.name, &[], Some(&kubeconfig), &[("RUST_LOG", "info")], &lines);
+    let queues: Api<Queue> = ns.api();
+    queues.create(&PostParams::default(), &queue("parked", json!({}))).await.unwrap();
+    wait_forbidden(&lines, "queue::configmaps", "configmaps").await;
+    // The queue is made in SQS, then the reconcile parks before the ConfigMap and Ready.
+    let url = eventually("the SQS queue", TIMEOUT, || async {
+        sqs().await.get_queue_url().queue_name(format!("{}_parked", ns.name)).send().await.ok()?.queue_url
+    })
+    .await;
+
+    sigterm(&child).await;
+    let status = exit_within(&mut child, EXIT, &lines).await;
+    assert!(status.success(), "{status}");
+    assert_eq!(stopped_unsynced(&lines), set(&["queue"]));
+
+    // No operator left to run the finalizer: delete the queue and release the Queue by hand.
+    sqs().await.delete_queue().queue_url(url).send().await.expect("DeleteQueue");
+    let release = json!({"metadata": {"finalizers": null}});
+    queues.patch("parked", &PatchParams::default(), &Patch::Merge(&release)).await.unwrap();
+    ns.cleanup().await;
+}
+
 /// A TCP forwarder that holds every new connection until opened: an SQS call made while it is
 /// closed stays in flight.
 struct Gate {
