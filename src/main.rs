@@ -129,11 +129,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         args.namespace.clone(),
         shutdown.clone(),
     );
-    // A Queue reconcile publishes through the ConfigMap cache and waits for it first: with that
-    // never synced, the ones in flight are parked there and can only be dropped.
+    // A Queue reconcile waits for the AwsAccount cache (with an accountRef) and publishes through
+    // the ConfigMap cache: with either never synced, the ones in flight are parked there and can
+    // only be dropped.
     let queues = run_until_stopped("queue", queues, shutdown.clone(), {
-        let (queues, configmaps) = (ctx.queues.clone(), ctx.configmaps.clone());
-        move || has_synced(&queues) && has_synced(&configmaps)
+        let ctx = ctx.clone();
+        move || has_synced(&ctx.queues) && has_synced(&ctx.configmaps) && ctx.accounts.synced()
     });
     add_controller(&state, "queue", &ctx, Some(ctx.queues.clone()));
     state.metrics.add_cloud("sqs", move || CloudSnapshot::of(&providers::QueueBackend::limiter(&*sqs).counters));

@@ -284,6 +284,53 @@ async fn sigterm_exits_at_once_when_queue_reconciles_wait_for_a_configmap_cache_
     ns.cleanup().await;
 }
 
+/// Queues and ConfigMaps synced, AwsAccounts refused: the reconcile of a Queue with an accountRef
+/// parks waiting for the AwsAccount cache, before any SQS call, and is dropped at SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn sigterm_exits_at_once_when_queue_reconciles_wait_for_an_account_cache_never_synced() {
+    let ns = TestNs::new("shutdown").await;
+    let kubeconfig = kubeconfig_as(&ns.client, &ns.name, "no-accounts").await;
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": "no-accounts"},
+        "rules": [
+            {"apiGroups": ["skyport.dev"], "resources": ["queues"], "verbs": ["get", "list", "watch", "patch", "update"]},
+            {"apiGroups": ["skyport.dev"], "resources": ["queues/status"], "verbs": ["get", "patch", "update"]},
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "create", "patch"]},
+            {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+        ],
+    }))
+    .unwrap();
+    ns.api::<Role>().create(&PostParams::default(), &role).await.expect("create Role");
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "no-accounts"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "no-accounts"},
+        "subjects": [{"kind": "ServiceAccount", "name": "no-accounts", "namespace": ns.name}],
+    }))
+    .unwrap();
+    ns.api::<RoleBinding>().create(&PostParams::default(), &binding).await.expect("create RoleBinding");
+    let _scratch = Scratch(vec![kubeconfig.clone()]);
+    let lines = Lines::default();
+    let mut child = start(&ns.name, &[], Some(&kubeconfig), &[("RUST_LOG", "info")], &lines);
+    let queues: Api<Queue> = ns.api();
+    queues.create(&PostParams::default(), &queue("parked", json!({"accountRef": {"name": "team"}}))).await.unwrap();
+    wait_forbidden(&lines, "queue", "awsaccounts").await;
+    // The finalizer is the reconcile's first write; then it parks on the AwsAccount cache.
+    eventually("the finalizer", TIMEOUT, || async {
+        queues.get("parked").await.ok().filter(|q| !q.metadata.finalizers.clone().unwrap_or_default().is_empty())
+    })
+    .await;
+
+    sigterm(&child).await;
+    let status = exit_within(&mut child, EXIT, &lines).await;
+    assert!(status.success(), "{status}");
+    assert_eq!(stopped_unsynced(&lines), set(&["queue"]));
+
+    let release = json!({"metadata": {"finalizers": null}});
+    queues.patch("parked", &PatchParams::default(), &Patch::Merge(&release)).await.unwrap();
+    ns.cleanup().await;
+}
+
 /// A TCP forwarder that holds every new connection until opened: an SQS call made while it is
 /// closed stays in flight.
 struct Gate {

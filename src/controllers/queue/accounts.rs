@@ -89,6 +89,11 @@ impl Accounts {
         Accounts { store, settings, clients: Mutex::default(), budgets: Mutex::default() }
     }
 
+    /// Whether the AwsAccount cache has listed once (Queues with an accountRef wait for it).
+    pub fn synced(&self) -> bool {
+        crate::controllers::shutdown::has_synced(&self.store)
+    }
+
     fn get(&self, queue_ns: &str, r: &AccountRef) -> Option<Arc<AwsAccount>> {
         let (ns, name) = target(queue_ns, r);
         self.store.get(&ObjectRef::new(name).within(ns))
