@@ -38,6 +38,9 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[allow(dead_code)]
+#[path = "entry/mod.rs"]
+mod entry;
 #[path = "tunnel/peers.rs"]
 mod peers;
 #[path = "../tests/common/tunnels.rs"]
@@ -249,7 +252,7 @@ async fn run(options: Options) -> anyhow::Result<()> {
         "runs: {}, per run: {} MiB bulk transfer, {} round trips of 64 bytes, {:?} of new connections (4 at a time)",
         options.runs, options.megabytes, options.round_trips, options.connect_for
     );
-    println!("tunnel binary: {}", common::kubelet::skyport_exe().display());
+    println!("tunnel binary (operator's exit server and client): {}", entry::skyport_build());
     println!("time to ingress IP (median):      {t:.3} s");
     println!("  provider's own create (median): {p:.3} s");
     println!("  skyport overhead (median):      {o:.3} s   target <= 1 s: {}", mark(o <= 1.0));

@@ -38,9 +38,7 @@ where
 /// musl binary the image ships, built with `tests/env/build-musl.sh`), else the one Cargo built
 /// for this benchmark.
 pub fn skyport_exe() -> std::path::PathBuf {
-    std::env::var_os("SKYPORT_BENCH_EXE")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| env!("CARGO_BIN_EXE_skyport").into())
+    crate::common::kubelet::skyport_exe()
 }
 
 /// Which [`skyport_exe`] runs, for the report: path, linking and size.

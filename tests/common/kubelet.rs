@@ -23,9 +23,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 
 /// The skyport binary of this build: the operator image's `/skyport`, the exit server's
-/// `/usr/local/bin/skyport`.
+/// `/usr/local/bin/skyport`. `SKYPORT_BENCH_EXE` replaces it, for the benchmarks to run the
+/// image's static musl build (`tests/env/build-musl.sh`) instead.
 pub fn skyport_exe() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_skyport"))
+    std::env::var_os("SKYPORT_BENCH_EXE").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_skyport")), PathBuf::from)
 }
 
 /// Where the operator image keeps its binary (the Dockerfile's `COPY ... /skyport`).
