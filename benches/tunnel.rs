@@ -22,7 +22,9 @@
 //!    kubelet would). Target (issue 10 §4): ≤ 10 s. A new address or a new host is an error.
 //!
 //! The tunnel runs the skyport binary of the profile the benchmark is built with (the exit server
-//! and the client alike), so `cargo bench` (release) measures a release tunnel. OpenSSH and socat come from tests/env/install-bench-peers.sh.
+//! and the client alike), so `cargo bench` (release) measures a release tunnel; with
+//! `SKYPORT_BENCH_EXE=$(tests/env/build-musl.sh)` it runs the static musl binary exit servers
+//! download. OpenSSH and socat come from tests/env/install-bench-peers.sh.
 //!
 //! Medians of several runs; ratios from the same run. Figures only, no timed assertions: the
 //! exit status is non-zero only when something is broken (no ingress, bytes corrupted).
