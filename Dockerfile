@@ -21,8 +21,8 @@ COPY . .
 # ring and rustls need no system libraries, so the musl build is fully static.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bin skyport \
-    && cp target/release/skyport /skyport
+    cargo build --profile dist --locked --bin skyport \
+    && cp target/dist/skyport /skyport
 
 FROM scratch AS release-binary
 COPY --from=build /skyport /skyport
