@@ -16,10 +16,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec};
 use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
 use k8s_openapi::api::events::v1::Event;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -54,18 +53,7 @@ async fn service_account_client(admin: &Client) -> Client {
 
 /// A client authenticated as the ServiceAccount `namespace/name`, with a short-lived bound token.
 async fn token_client(admin: &Client, namespace: &str, name: &str) -> Client {
-    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), namespace);
-    let request = TokenRequest {
-        spec: TokenRequestSpec { audiences: vec![], expiration_seconds: Some(3600), ..Default::default() },
-        ..Default::default()
-    };
-    let token = accounts
-        .create_token_request(name, &PostParams::default(), &request)
-        .await
-        .unwrap_or_else(|e| panic!("TokenRequest for {namespace}/{name}: {e}"))
-        .status
-        .expect("token in status")
-        .token;
+    let token = service_account_token(admin, namespace, name).await;
     let mut config = kube::Config::infer().await.expect("kubeconfig");
     config.auth_info = serde_json::from_value(json!({ "token": token })).expect("auth info");
     Client::try_from(config).expect("client")

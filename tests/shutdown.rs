@@ -8,7 +8,7 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,7 +16,6 @@ use std::time::Duration;
 
 use common::process::{Lines, spawn_operator};
 use common::*;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Client;
@@ -40,17 +39,7 @@ async fn kubeconfig_as(admin: &Client, ns: &str, name: &str) -> PathBuf {
     let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), ns);
     let account: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
     accounts.create(&PostParams::default(), &account).await.expect("create ServiceAccount");
-    let request = TokenRequest {
-        spec: TokenRequestSpec { audiences: vec![], expiration_seconds: Some(3600), ..Default::default() },
-        ..Default::default()
-    };
-    let token = accounts
-        .create_token_request(name, &PostParams::default(), &request)
-        .await
-        .expect("TokenRequest")
-        .status
-        .expect("token in status")
-        .token;
+    let token = service_account_token(admin, ns, name).await;
     let admin_config = std::env::var("KUBECONFIG").expect("KUBECONFIG");
     let text = std::fs::read_to_string(&admin_config).expect("read KUBECONFIG");
     let mut config: Value = serde_saphyr::from_str(&text).expect("KUBECONFIG is YAML");
@@ -61,6 +50,19 @@ async fn kubeconfig_as(admin: &Client, ns: &str, name: &str) -> PathBuf {
     // JSON is YAML: any kubeconfig reader takes it.
     std::fs::write(&path, serde_json::to_vec(&config).unwrap()).expect("write kubeconfig");
     path
+}
+
+/// Grants the ServiceAccount `name` of the test namespace `rules` there (a Role and its binding).
+async fn grant(ns: &TestNs, name: &str, rules: Value) {
+    let role: Role = serde_json::from_value(json!({"metadata": {"name": name}, "rules": rules})).unwrap();
+    ns.api::<Role>().create(&PostParams::default(), &role).await.expect("create Role");
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns.name}],
+    }))
+    .unwrap();
+    ns.api::<RoleBinding>().create(&PostParams::default(), &binding).await.expect("create RoleBinding");
 }
 
 /// Files and directories a test made outside its namespace, removed however it ends (a
@@ -87,13 +89,14 @@ fn start(ns: &str, extra: &[&str], kubeconfig: Option<&PathBuf>, env: &[(&str, &
     spawn_operator(&args, &env, lines)
 }
 
-/// `--provider local`, so the Tunnel and Service controllers run too.
-fn local_provider(ns: &str) -> (Vec<String>, PathBuf) {
+/// `skyport run` with `--provider local` (so the Tunnel and Service controllers run too), as the
+/// identity of `kubeconfig`; the returned [`Scratch`] removes the kubeconfig and the hosts' state.
+fn start_local(ns: &str, kubeconfig: &Path, env: &[(&str, &str)], lines: &Lines) -> (Child, Scratch) {
     let state = std::env::temp_dir().join(format!("skyport-hosts-{ns}"));
-    let args = ["--provider", "local", "--cluster-id", &format!("shutdown-{ns}"), "--local-state-dir"];
-    let mut args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    args.push(state.to_string_lossy().into_owned());
-    (args, state)
+    let (cluster, dir) = (format!("shutdown-{ns}"), state.to_string_lossy().into_owned());
+    let args = ["--provider", "local", "--cluster-id", &cluster, "--local-state-dir", &dir];
+    let child = start(ns, &args, Some(&kubeconfig.to_path_buf()), env, lines);
+    (child, Scratch(vec![kubeconfig.to_path_buf(), state]))
 }
 
 fn parsed(lines: &Lines) -> Vec<Value> {
@@ -142,6 +145,15 @@ async fn exit_within(child: &mut Child, bound: Duration, lines: &Lines) -> ExitS
     }
 }
 
+/// SIGTERM, then the process must exit 0 within [`EXIT`], having stopped exactly `controllers`
+/// without waiting for their reconciles.
+async fn stops_at_once(child: &mut Child, lines: &Lines, controllers: &[&str]) {
+    sigterm(child).await;
+    let status = exit_within(child, EXIT, lines).await;
+    assert!(status.success(), "{status}");
+    assert_eq!(stopped_unsynced(lines), set(controllers));
+}
+
 /// The controllers the binary stopped without waiting for their reconciles.
 fn stopped_unsynced(lines: &Lines) -> BTreeSet<String> {
     parsed(lines)
@@ -165,10 +177,7 @@ async fn sigterm_exits_at_once_when_the_queue_cache_never_synced() {
     let mut child = start(&ns.name, &[], Some(&kubeconfig), &[("RUST_LOG", "info")], &lines);
     wait_forbidden(&lines, "queue", "queues").await;
 
-    sigterm(&child).await;
-    let status = exit_within(&mut child, EXIT, &lines).await;
-    assert!(status.success(), "{status}");
-    assert_eq!(stopped_unsynced(&lines), set(&["queue"]));
+    stops_at_once(&mut child, &lines, &["queue"]).await;
     ns.cleanup().await;
 }
 
@@ -177,19 +186,13 @@ async fn sigterm_exits_at_once_when_the_queue_cache_never_synced() {
 async fn sigterm_exits_at_once_when_no_controller_cache_synced() {
     let ns = TestNs::new("shutdown").await;
     let kubeconfig = kubeconfig_as(&ns.client, &ns.name, "nobody").await;
-    let (provider, state) = local_provider(&ns.name);
-    let _scratch = Scratch(vec![kubeconfig.clone(), state]);
-    let provider: Vec<&str> = provider.iter().map(String::as_str).collect();
     let lines = Lines::default();
-    let mut child = start(&ns.name, &provider, Some(&kubeconfig), &[("RUST_LOG", "info")], &lines);
+    let (mut child, _scratch) = start_local(&ns.name, &kubeconfig, &[("RUST_LOG", "info")], &lines);
     for (controller, resource) in [("queue", "queues"), ("tunnel", "tunnels"), ("service", "services")] {
         wait_forbidden(&lines, controller, resource).await;
     }
 
-    sigterm(&child).await;
-    let status = exit_within(&mut child, EXIT, &lines).await;
-    assert!(status.success(), "{status}");
-    assert_eq!(stopped_unsynced(&lines), set(&["queue", "service", "tunnel"]));
+    stops_at_once(&mut child, &lines, &["queue", "service", "tunnel"]).await;
     ns.cleanup().await;
 }
 
@@ -200,39 +203,26 @@ async fn sigterm_exits_at_once_when_no_controller_cache_synced() {
 async fn sigterm_exits_at_once_when_service_reconciles_wait_for_a_tunnel_cache_never_synced() {
     let ns = TestNs::new("shutdown").await;
     let kubeconfig = kubeconfig_as(&ns.client, &ns.name, "services-only").await;
-    let role: Role = serde_json::from_value(json!({
-        "metadata": {"name": "services-only"},
-        "rules": [{"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch"]}],
-    }))
-    .unwrap();
-    ns.api::<Role>().create(&PostParams::default(), &role).await.expect("create Role");
-    let binding: RoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "services-only"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "services-only"},
-        "subjects": [{"kind": "ServiceAccount", "name": "services-only", "namespace": ns.name}],
-    }))
-    .unwrap();
-    ns.api::<RoleBinding>().create(&PostParams::default(), &binding).await.expect("create RoleBinding");
+    grant(
+        &ns,
+        "services-only",
+        json!([{"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch"]}]),
+    )
+    .await;
     let service: Service =
         serde_json::from_value(json!({"metadata": {"name": "web"}, "spec": {"ports": [{"port": 80}]}})).unwrap();
     ns.api::<Service>().create(&PostParams::default(), &service).await.expect("create Service");
 
-    let (provider, state) = local_provider(&ns.name);
-    let _scratch = Scratch(vec![kubeconfig.clone(), state]);
-    let provider: Vec<&str> = provider.iter().map(String::as_str).collect();
     let lines = Lines::default();
     // kube-runtime says (at debug) when a controller's cache is ready: here only the Service one.
     let env = [("RUST_LOG", "info,kube_runtime::controller=debug")];
-    let mut child = start(&ns.name, &provider, Some(&kubeconfig), &env, &lines);
+    let (mut child, _scratch) = start_local(&ns.name, &kubeconfig, &env, &lines);
     wait_log(&lines, "kube_runtime::controller", "store is ready, starting runner").await;
     wait_forbidden(&lines, "tunnel", "tunnels").await;
     // The reconcile of `web` starts at once and parks on the Tunnel cache.
     tokio::time::sleep(Duration::from_secs(1)).await;
 
-    sigterm(&child).await;
-    let status = exit_within(&mut child, EXIT, &lines).await;
-    assert!(status.success(), "{status}");
-    assert_eq!(stopped_unsynced(&lines), set(&["queue", "service", "tunnel"]));
+    stops_at_once(&mut child, &lines, &["queue", "service", "tunnel"]).await;
     ns.cleanup().await;
 }
 
@@ -243,23 +233,11 @@ async fn sigterm_exits_at_once_when_service_reconciles_wait_for_a_tunnel_cache_n
 async fn sigterm_exits_at_once_when_queue_reconciles_wait_for_a_configmap_cache_never_synced() {
     let ns = TestNs::new("shutdown").await;
     let kubeconfig = kubeconfig_as(&ns.client, &ns.name, "no-configmaps").await;
-    let role: Role = serde_json::from_value(json!({
-        "metadata": {"name": "no-configmaps"},
-        "rules": [
+    grant(&ns, "no-configmaps", json!([
             {"apiGroups": ["skyport.dev"], "resources": ["queues", "awsaccounts"], "verbs": ["get", "list", "watch", "patch", "update"]},
             {"apiGroups": ["skyport.dev"], "resources": ["queues/status"], "verbs": ["get", "patch", "update"]},
             {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
-        ],
-    }))
-    .unwrap();
-    ns.api::<Role>().create(&PostParams::default(), &role).await.expect("create Role");
-    let binding: RoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "no-configmaps"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "no-configmaps"},
-        "subjects": [{"kind": "ServiceAccount", "name": "no-configmaps", "namespace": ns.name}],
-    }))
-    .unwrap();
-    ns.api::<RoleBinding>().create(&PostParams::default(), &binding).await.expect("create RoleBinding");
+        ])).await;
     let _scratch = Scratch(vec![kubeconfig.clone()]);
     let lines = Lines::default();
     let mut child = start(&ns.name, &[], Some(&kubeconfig), &[("RUST_LOG", "info")], &lines);
@@ -272,10 +250,7 @@ async fn sigterm_exits_at_once_when_queue_reconciles_wait_for_a_configmap_cache_
     })
     .await;
 
-    sigterm(&child).await;
-    let status = exit_within(&mut child, EXIT, &lines).await;
-    assert!(status.success(), "{status}");
-    assert_eq!(stopped_unsynced(&lines), set(&["queue"]));
+    stops_at_once(&mut child, &lines, &["queue"]).await;
 
     // No operator left to run the finalizer: delete the queue and release the Queue by hand.
     sqs().await.delete_queue().queue_url(url).send().await.expect("DeleteQueue");
@@ -291,24 +266,12 @@ async fn sigterm_exits_at_once_when_queue_reconciles_wait_for_a_configmap_cache_
 async fn sigterm_exits_at_once_when_queue_reconciles_wait_for_an_account_cache_never_synced() {
     let ns = TestNs::new("shutdown").await;
     let kubeconfig = kubeconfig_as(&ns.client, &ns.name, "no-accounts").await;
-    let role: Role = serde_json::from_value(json!({
-        "metadata": {"name": "no-accounts"},
-        "rules": [
+    grant(&ns, "no-accounts", json!([
             {"apiGroups": ["skyport.dev"], "resources": ["queues"], "verbs": ["get", "list", "watch", "patch", "update"]},
             {"apiGroups": ["skyport.dev"], "resources": ["queues/status"], "verbs": ["get", "patch", "update"]},
             {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch", "create", "patch"]},
             {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
-        ],
-    }))
-    .unwrap();
-    ns.api::<Role>().create(&PostParams::default(), &role).await.expect("create Role");
-    let binding: RoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "no-accounts"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "no-accounts"},
-        "subjects": [{"kind": "ServiceAccount", "name": "no-accounts", "namespace": ns.name}],
-    }))
-    .unwrap();
-    ns.api::<RoleBinding>().create(&PostParams::default(), &binding).await.expect("create RoleBinding");
+        ])).await;
     let _scratch = Scratch(vec![kubeconfig.clone()]);
     let lines = Lines::default();
     let mut child = start(&ns.name, &[], Some(&kubeconfig), &[("RUST_LOG", "info")], &lines);
@@ -321,10 +284,7 @@ async fn sigterm_exits_at_once_when_queue_reconciles_wait_for_an_account_cache_n
     })
     .await;
 
-    sigterm(&child).await;
-    let status = exit_within(&mut child, EXIT, &lines).await;
-    assert!(status.success(), "{status}");
-    assert_eq!(stopped_unsynced(&lines), set(&["queue"]));
+    stops_at_once(&mut child, &lines, &["queue"]).await;
 
     let release = json!({"metadata": {"finalizers": null}});
     queues.patch("parked", &PatchParams::default(), &Patch::Merge(&release)).await.unwrap();

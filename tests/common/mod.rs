@@ -182,6 +182,24 @@ impl Operator {
     }
 }
 
+/// A bound token (TokenRequest API, one hour) for the ServiceAccount `namespace/name`.
+pub async fn service_account_token(admin: &Client, namespace: &str, name: &str) -> String {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), namespace);
+    let request = TokenRequest {
+        spec: TokenRequestSpec { audiences: vec![], expiration_seconds: Some(3600), ..Default::default() },
+        ..Default::default()
+    };
+    accounts
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .unwrap_or_else(|e| panic!("TokenRequest for {namespace}/{name}: {e}"))
+        .status
+        .expect("token in status")
+        .token
+}
+
 /// An SQS client independent of skyport's adapter, to check and disturb SQS behind its back.
 pub async fn sqs() -> SqsClient {
     require_env();
