@@ -7,7 +7,7 @@ use clap::Parser;
 use futures::FutureExt;
 use kube::runtime::reflector::Store;
 use skyport::config::{Cli, Command, RunArgs, TunnelRole};
-use skyport::controllers::shutdown::{has_synced, run_until_stopped};
+use skyport::controllers::shutdown::run_until_stopped;
 use skyport::http::{self, Phase};
 use skyport::leader::{self, Lease};
 use skyport::metrics::{CloudSnapshot, Metrics, ReadyCounts};
@@ -129,12 +129,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         args.namespace.clone(),
         shutdown.clone(),
     );
-    // A Queue reconcile waits for the AwsAccount cache (with an accountRef) and publishes through
-    // the ConfigMap cache: with either never synced, the ones in flight are parked there and can
-    // only be dropped.
     let queues = run_until_stopped("queue", queues, shutdown.clone(), {
         let ctx = ctx.clone();
-        move || has_synced(&ctx.queues) && has_synced(&ctx.configmaps) && ctx.accounts.synced()
+        move || ctx.caches_synced()
     });
     add_controller(&state, "queue", &ctx, Some(ctx.queues.clone()));
     state.metrics.add_cloud("sqs", move || CloudSnapshot::of(&providers::QueueBackend::limiter(&*sqs).counters));
@@ -219,15 +216,14 @@ async fn start_tunnels(
         shutdown.clone(),
     );
     let tunnels = run_until_stopped("tunnel", tunnels, shutdown.clone(), {
-        let tunnels = ctx.tunnels.clone();
-        move || has_synced(&tunnels)
+        let ctx = ctx.clone();
+        move || ctx.caches_synced()
     });
-    // A Service reconcile first waits for the Tunnel cache. With that never synced, the ones in
-    // flight are parked there, before any write; stopping the Tunnel controller would let them go
-    // on with an empty Tunnel cache, so they are dropped instead.
+    // Service reconciles parked on a Tunnel cache that never synced are dropped too: stopping the
+    // Tunnel controller would let them go on with an empty Tunnel cache.
     let services = run_until_stopped("service", services, shutdown, {
-        let (services, tunnels) = (svc_ctx.services.clone(), ctx.tunnels.clone());
-        move || has_synced(&services) && has_synced(&tunnels)
+        let ctx = svc_ctx.clone();
+        move || ctx.caches_synced()
     });
     add_controller(state, "tunnel", &ctx, Some(ctx.tunnels.clone()));
     add_controller::<skyport::crd::Tunnel, _, _>(state, "service", &svc_ctx, None);

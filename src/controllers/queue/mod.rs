@@ -48,6 +48,7 @@ use tracing::debug;
 
 use crate::config::QueueArgs;
 use crate::controllers::primary_stream;
+use crate::controllers::shutdown::has_synced;
 use crate::controllers::{
     Backoff, api_beside, error_policy, has_finalizer, jittered, managed_selector, object_key, reconcile_with,
     scoped_api, slim,
@@ -87,6 +88,15 @@ pub struct State {
     /// The not-Ready reason last reported per Queue: the follow-up of a new Queue's finalizer
     /// write can start before the cache shows the status, and must not warn a second time.
     pub reported: crate::controllers::memory::OwnWrites<&'static str>,
+}
+
+impl State {
+    /// Whether every cache a reconcile waits for has listed once: its own, the ConfigMaps it
+    /// publishes through and the AwsAccounts (for Queues with an accountRef). Asked at shutdown
+    /// ([`crate::controllers::shutdown`]).
+    pub fn caches_synced(&self) -> bool {
+        has_synced(&self.queues) && has_synced(&self.configmaps) && self.accounts.synced()
+    }
 }
 
 /// Builds the controller. Returns its context (counters, stores) and the future that runs it

@@ -56,6 +56,15 @@ pub struct State {
     pub services: Store<Service>,
 }
 
+impl State {
+    /// Whether every cache a reconcile waits for has listed once: the Services and, before any
+    /// write, the Tunnels. Asked at shutdown ([`crate::controllers::shutdown`]).
+    pub fn caches_synced(&self) -> bool {
+        use crate::controllers::shutdown::has_synced;
+        has_synced(&self.services) && has_synced(&self.tunnels)
+    }
+}
+
 /// Builds the controller; it shares the Tunnel controller's Tunnel cache.
 pub fn controller(
     client: Client,

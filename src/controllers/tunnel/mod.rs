@@ -97,6 +97,14 @@ pub struct State {
     pub probe: Arc<dyn observe::Probe>,
 }
 
+impl State {
+    /// Whether the cache a reconcile waits for has listed once. Asked at shutdown
+    /// ([`crate::controllers::shutdown`]).
+    pub fn caches_synced(&self) -> bool {
+        crate::controllers::shutdown::has_synced(&self.tunnels)
+    }
+}
+
 /// Builds the controller and its orphan sweep. Returns the context and the future running both
 /// until `shutdown` resolves.
 #[allow(clippy::too_many_arguments)]
