@@ -346,4 +346,34 @@ mod tests {
         let gone = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
         assert!(matches!(probe(gone, "t", Duration::from_secs(5)).await, Err(ProbeError::Connect(..))));
     }
+
+    /// Both ends must agree on the Noise pattern, and its cipher must be one snow hands to ring:
+    /// with the portable cipher the tunnel moved 455 MB/s instead of 807 (BENCHMARKS.md).
+    #[tokio::test]
+    async fn both_ends_speak_the_pattern_ring_accelerates() {
+        use snow::resolvers::{CryptoResolver, RingResolver};
+        let dir = std::env::temp_dir().join(format!("skyport-pattern-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let keys = providers::userdata::NoiseKeypair::generate();
+        let server = providers::ExitServer {
+            control_port: 2333,
+            noise_private_key: keys.private_key.clone(),
+            services: vec![health_server_service(9000, "t0k")],
+        };
+        let client = providers::userdata::TunnelClient {
+            remote_addr: "203.0.113.9:2333".into(),
+            server_public_key: keys.public_key.clone(),
+            services: vec![health_client_service(9000, "t0k")],
+        };
+        std::fs::write(dir.join("server.toml"), providers::userdata::render_server_toml(&server).unwrap()).unwrap();
+        std::fs::write(dir.join("client.toml"), providers::userdata::render_client_toml(&client).unwrap()).unwrap();
+        let server = rathole::Config::from_file(&dir.join("server.toml")).await.unwrap().server.unwrap();
+        let client = rathole::Config::from_file(&dir.join("client.toml")).await.unwrap().client.unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(server.transport.noise.unwrap().pattern, providers::userdata::NOISE_PATTERN);
+        assert_eq!(client.transport.noise.unwrap().pattern, providers::userdata::NOISE_PATTERN);
+
+        let params: snow::params::NoiseParams = providers::userdata::NOISE_PATTERN.parse().unwrap();
+        assert!(RingResolver.resolve_cipher(&params.cipher).is_some(), "ring does not implement {:?}", params.cipher);
+    }
 }

@@ -1,7 +1,7 @@
 //! cloud-init user data for the exit server: pure functions, no IO.
 //!
 //! The exit server runs the tunnel server, rathole 0.5.0 (Apache-2.0) built into the skyport
-//! binary (`skyport tunnel server`), with the Noise transport (`Noise_NK_25519_ChaChaPoly_BLAKE2s`:
+//! binary (`skyport tunnel server`), with the Noise transport ([`NOISE_PATTERN`]:
 //! the server holds an X25519 key, each service has its own token). rathole declares public ports
 //! on the server side, one `[server.services.<name>]` per port, so the rendered `server.toml`
 //! lists exactly the Service's ports; it hot-reloads that file when it changes. See
@@ -35,7 +35,8 @@ use crate::push::PUSH_PORT;
 mod rathole;
 
 pub use rathole::{
-    ClientService, NoiseKeypair, TunnelClient, render_client_toml, render_server_toml, render_server_toml_on,
+    ClientService, NOISE_PATTERN, NoiseKeypair, TunnelClient, render_client_toml, render_server_toml,
+    render_server_toml_on,
 };
 
 /// The rathole version built into skyport (the latest stable, 2023-10-01).
