@@ -4,6 +4,7 @@ pub mod account;
 pub mod condition;
 pub mod export;
 pub mod queue;
+pub mod tags;
 pub mod tunnel;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{CustomResourceDefinition, ValidationRule};

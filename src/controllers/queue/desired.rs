@@ -122,7 +122,7 @@ pub fn desired(spec: &QueueSpec, owner: &Owner<'_>, dead_letter_arn: Option<&str
         a.insert("SqsManagedSseEnabled".into(), v.to_string());
     }
     if let Some(v) = &spec.kms_key_id {
-        a.insert("KmsMasterKeyId".into(), v.clone());
+        a.insert("KmsMasterKeyId".into(), v.to_string());
     }
     let redrive = match (&spec.dead_letter, dead_letter_arn) {
         (Some(dl), Some(arn)) => {
@@ -149,7 +149,7 @@ pub fn desired(spec: &QueueSpec, owner: &Owner<'_>, dead_letter_arn: Option<&str
     a.insert("RedriveAllowPolicy".into(), allow);
     a.insert("Policy".into(), spec.policy.as_ref().map(|p| p.to_string()).unwrap_or_default());
 
-    let mut tags: Tags = spec.tags.clone();
+    let mut tags: Tags = spec.tags.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     tags.insert(TAG_MANAGED_BY.into(), "skyport".into());
     tags.insert(TAG_OWNER_UID.into(), owner.uid.into());
     tags.insert(TAG_OWNER_NAMESPACE.into(), owner.namespace.into());
@@ -286,11 +286,11 @@ mod tests {
     #[test]
     fn dead_letter_becomes_a_redrive_policy_with_the_resolved_arn() {
         let spec = QueueSpec {
-            dead_letter: Some(DeadLetter {
+            dead_letter: Some(Box::new(DeadLetter {
                 queue_ref: Some(LocalQueueRef { name: "dlq".into() }),
                 target_arn: None,
                 max_receive_count: 3,
-            }),
+            })),
             ..Default::default()
         };
         let d = desired(&spec, &owner(), Some("arn:aws:sqs:us-east-1:000000000000:shop-dlq"));
@@ -303,10 +303,10 @@ mod tests {
     fn redrive_allow_policy_and_fifo_flag() {
         let spec = QueueSpec {
             fifo: true,
-            redrive_allow_policy: Some(RedriveAllowPolicy {
+            redrive_allow_policy: Some(Box::new(RedriveAllowPolicy {
                 redrive_permission: RedrivePermission::ByQueue,
                 source_queue_arns: Some(vec!["arn:aws:sqs:us-east-1:000000000000:a.fifo".into()]),
-            }),
+            })),
             ..Default::default()
         };
         let d = desired(&spec, &owner(), None);

@@ -130,6 +130,8 @@ pub fn controller(
     // Refused credentials heal with a token refresh or key rotation: retried once per resync.
     let backoff = Backoff::new(settings.backoff_min, settings.backoff_max).with_slow_floor(settings.resync);
     let concurrency = settings.concurrency;
+    // A follow-up is answered from memory for half a resync only (see `reconcile_inner`).
+    let written = crate::controllers::memory::OwnWrites::expiring(settings.resync / 2);
     let state = State {
         sqs,
         accounts: accounts::Accounts::new(account_reader, aws),
@@ -141,7 +143,9 @@ pub fn controller(
         reported: Default::default(),
         dependents: tx,
     };
-    let ctx = Arc::new(Context::new(client, backoff, state));
+    let mut ctx = Context::new(client, backoff, state);
+    ctx.written = written;
+    let ctx = Arc::new(ctx);
     let run = Controller::for_stream(queue_stream, queue_reader)
         .watches_stream(account_stream, move |account| accounts::Accounts::users(&account, &users))
         .reconcile_on(futures::stream::select(cm_changes, rx))

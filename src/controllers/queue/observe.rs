@@ -248,11 +248,11 @@ mod tests {
 
     fn with_dlq(target: &str) -> QueueSpec {
         QueueSpec {
-            dead_letter: Some(DeadLetter {
+            dead_letter: Some(Box::new(DeadLetter {
                 queue_ref: Some(LocalQueueRef { name: target.into() }),
                 target_arn: None,
                 max_receive_count: 5,
-            }),
+            })),
             ..Default::default()
         }
     }

@@ -299,9 +299,9 @@ mod tests {
         let spec = QueueSpec {
             visibility_timeout_seconds: Some(45),
             content_based_deduplication: Some(true),
-            policy: Some(
+            policy: Some(Box::new(
                 serde_json::json!({"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": ["sqs:SendMessage"], "Principal": "*"}]}),
-            ),
+            )),
             ..Default::default()
         };
         let d = want(&spec);

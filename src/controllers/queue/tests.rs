@@ -330,11 +330,11 @@ async fn a_failed_finalizer_release_is_an_error_to_retry() {
 async fn an_unreachable_dead_letter_queue_is_waited_for() {
     let h = harness();
     let spec = QueueSpec {
-        dead_letter: Some(crate::crd::queue::DeadLetter {
+        dead_letter: Some(Box::new(crate::crd::queue::DeadLetter {
             queue_ref: Some(crate::crd::queue::LocalQueueRef { name: "dlq".into() }),
             target_arn: None,
             max_receive_count: 3,
-        }),
+        })),
         ..Default::default()
     };
     let action = h.reconcile(h.put(&queue(spec))).await.unwrap();
