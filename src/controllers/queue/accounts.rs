@@ -89,6 +89,11 @@ impl Accounts {
         Accounts { store, settings, clients: Mutex::default(), budgets: Mutex::default() }
     }
 
+    /// The budgets every (account, region) gets.
+    pub fn settings(&self) -> &SqsSettings {
+        &self.settings
+    }
+
     /// Whether the AwsAccount cache has listed once (Queues with an accountRef wait for it).
     pub fn synced(&self) -> bool {
         crate::controllers::shutdown::has_synced(&self.store)

@@ -38,12 +38,12 @@ pub async fn converge(queue: &Queue, ctx: &Context, sqs: &dyn QueueBackend) -> R
         uid: &uid,
         adopt: queue.spec.adopt,
         adopted,
-        recheck: jittered(ctx.settings.resync),
+        recheck: jittered(ctx.resync()),
     };
     let verified = ctx.verified.lock().unwrap_or_else(|p| p.into_inner()).get(&uid).cloned();
     let tags_due = verified
         .as_ref()
-        .is_none_or(|v| v.generation != queue.metadata.generation || v.at.elapsed() >= ctx.settings.tag_resync);
+        .is_none_or(|v| v.generation != queue.metadata.generation || v.at.elapsed() >= ctx.tag_resync());
     // A Queue never seen in SQS creates first (CreateQueue with its owner tag, then one
     // ListQueueTags proves the queue is ours) instead of looking the name up first.
     let known_foreign = |s: &QueueStatus| {
@@ -129,7 +129,7 @@ async fn observe_only(
                 "managementPolicy Observe: no SQS queue named {:?} exists; skyport does not create it (looking again every resync)",
                 desired.name
             ),
-            retry: Some(jittered(ctx.settings.resync)),
+            retry: Some(jittered(ctx.resync())),
         }),
     }
 }

@@ -25,6 +25,7 @@ mod converge;
 pub mod desired;
 pub mod exports;
 pub mod observe;
+pub mod pace;
 pub mod plan;
 pub mod status;
 #[cfg(test)]
@@ -33,6 +34,7 @@ mod tests;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures::StreamExt;
 use futures::channel::mpsc::{UnboundedSender, unbounded};
@@ -96,6 +98,20 @@ impl State {
     /// ([`crate::controllers::shutdown`]).
     pub fn caches_synced(&self) -> bool {
         has_synced(&self.queues) && has_synced(&self.configmaps) && self.accounts.synced()
+    }
+
+    /// How often a converged Queue reads its attributes: `--queue-resync`, stretched so these
+    /// checks take at most half the SQS budget ([`pace`]). Counted over all Queues, as if they
+    /// shared one budget: Queues spread over several accounts are checked less often than they
+    /// could be, never more.
+    pub fn resync(&self) -> Duration {
+        pace::period(self.settings.resync, self.queues.len(), self.accounts.settings().rate_per_second.get())
+    }
+
+    /// How often, at most, a converged Queue reads its tags: `--queue-tag-resync`, stretched
+    /// against the tagging budget in the same way.
+    pub fn tag_resync(&self) -> Duration {
+        pace::period(self.settings.tag_resync, self.queues.len(), self.accounts.settings().tag_rate_per_second.get())
     }
 }
 
@@ -211,7 +227,7 @@ async fn reconcile_inner(queue: Arc<Queue>, ctx: Arc<Context>) -> Result<Action>
             ctx.written.forget(&key);
             return Ok(Action::requeue(jittered(ctx.settings.resync)));
         }
-        return Ok(Action::requeue(jittered(ctx.settings.resync).saturating_sub(age)));
+        return Ok(Action::requeue(jittered(ctx.resync()).saturating_sub(age)));
     }
 
     match converge::converge(&queue, &ctx, placement.sqs.as_ref()).await {
@@ -241,7 +257,7 @@ async fn reconcile_inner(queue: Arc<Queue>, ctx: Arc<Context>) -> Result<Action>
                 ctx.written.record(key.clone(), (fingerprint, Ready { events: Vec::new(), ..ready }));
             }
             ctx.backoff.reset(&key);
-            Ok(Action::requeue(jittered(ctx.settings.resync)))
+            Ok(Action::requeue(jittered(ctx.resync())))
         }
         Ok(Outcome::Wait { reason, message, retry }) => {
             status::report_problem(&queue, &api, &ctx, reason, &message).await?;

@@ -25,7 +25,7 @@ struct Harness {
     api: FakeApi,
     sqs: Arc<FakeSqs>,
     configmaps: Writer<configmaps::CachedConfigMap>,
-    _queues: Writer<Queue>,
+    queues: Writer<Queue>,
 }
 
 fn harness() -> Harness {
@@ -53,7 +53,7 @@ fn harness() -> Harness {
         api,
         sqs,
         configmaps: cm_writer,
-        _queues: queue_writer,
+        queues: queue_writer,
     }
 }
 
@@ -341,4 +341,26 @@ async fn an_unreachable_dead_letter_queue_is_waited_for() {
     assert_eq!(action, Action::requeue(h.ctx.settings.resync));
     assert_eq!(ready_reason(&h.current()), Some((ConditionStatus::False, "DeadLetterQueueNotReady".into())));
     assert!(h.sqs.calls().is_empty());
+}
+
+/// With 3,000 Queues in the cache and the default budget (48 calls/s), resyncs every 60 s would
+/// take 50 calls/s: all of it, and new Queues would wait behind them. A converged Queue comes
+/// back after 3,000 / 24 = 125 s instead (less up to 10 % jitter).
+#[tokio::test]
+async fn many_converged_queues_stretch_their_resync_to_half_the_budget() {
+    let mut h = harness();
+    let action = h.reconcile(h.put(&queue(QueueSpec::default()))).await.unwrap();
+    let alone = crate::controllers::testing::requeue_secs(&action);
+    assert!((54.0..=60.0).contains(&alone), "one Queue resyncs at --queue-resync: {alone} s");
+    for i in 0..3_000 {
+        let mut other = queue(QueueSpec::default());
+        other.metadata.name = Some(format!("q-{i}"));
+        other.metadata.uid = Some(format!("uid-q-{i}"));
+        h.queues.apply_watcher_event(&watcher::Event::Apply(other));
+    }
+    h.ctx.written.forget(&object_key(&h.current()));
+    let action = h.reconcile(Arc::new(h.current())).await.unwrap();
+    let many = crate::controllers::testing::requeue_secs(&action);
+    assert!((112.0..=125.5).contains(&many), "3,000 Queues resync every 125 s: {many} s");
+    assert_eq!(h.ctx.tag_resync(), Duration::from_secs(600), "3,000 tag reads per 10 min fit half of 24/s");
 }

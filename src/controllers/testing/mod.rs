@@ -237,3 +237,15 @@ fn status_body(code: StatusCode, message: &str) -> Value {
         "code": code.as_u16(),
     })
 }
+
+/// Seconds of a requeue (kube's `Action` has no getter; its Debug shows the duration).
+pub fn requeue_secs(action: &kube::runtime::controller::Action) -> f64 {
+    let shown = format!("{action:?}");
+    let inner = shown.split("Some(").nth(1).unwrap_or_else(|| panic!("not a requeue: {shown}"));
+    let duration = inner.trim_end_matches([')', ' ', '}']);
+    let (number, scale) = match duration.strip_suffix("ms") {
+        Some(ms) => (ms, 0.001),
+        None => (duration.strip_suffix('s').unwrap_or_else(|| panic!("{shown}")), 1.0),
+    };
+    number.parse::<f64>().unwrap_or_else(|_| panic!("{shown}")) * scale
+}

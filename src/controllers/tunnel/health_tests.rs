@@ -13,19 +13,8 @@ use serde_json::json;
 use super::tests::{Harness, SERVICE, harness, ready};
 use super::*;
 use crate::controllers::testing::provider::NAME;
+use crate::controllers::testing::requeue_secs;
 use crate::crd::condition::ConditionStatus;
-
-/// Seconds of a requeue (kube's `Action` has no getter; its Debug shows the duration).
-fn requeue_secs(action: &Action) -> f64 {
-    let shown = format!("{action:?}");
-    let inner = shown.split("Some(").nth(1).unwrap_or_else(|| panic!("not a requeue: {shown}"));
-    let duration = inner.trim_end_matches([')', ' ', '}']);
-    let (number, scale) = match duration.strip_suffix("ms") {
-        Some(ms) => (ms, 0.001),
-        None => (duration.strip_suffix('s').unwrap_or_else(|| panic!("{shown}")), 1.0),
-    };
-    number.parse::<f64>().unwrap_or_else(|_| panic!("{shown}")) * scale
-}
 
 /// A health-poll requeue: 0.5 s at first (less up to 10 % jitter), growing to 5 s; never a hot
 /// loop.
