@@ -146,8 +146,7 @@ pub fn controller(
     // Refused credentials heal with a token refresh or key rotation: retried once per resync.
     let backoff = Backoff::new(settings.backoff_min, settings.backoff_max).with_slow_floor(settings.resync);
     let concurrency = settings.concurrency;
-    // A follow-up is answered from memory for half a resync only (see `reconcile_inner`).
-    let written = crate::controllers::memory::OwnWrites::expiring(settings.resync / 2);
+    let written = crate::controllers::memory::OwnWrites::expiring(follow_up_window(settings.resync));
     let state = State {
         sqs,
         accounts: accounts::Accounts::new(account_reader, aws),
@@ -189,6 +188,12 @@ fn trigger_hash(q: &Queue) -> Option<u64> {
     Some(h.finish())
 }
 
+/// How long after a converge its follow-ups are answered from memory (`Context::written`); the
+/// memory sweeps entries older than this.
+fn follow_up_window(resync: Duration) -> Duration {
+    resync / 2
+}
+
 /// Entry point per object: a span with kind, namespace and name around [`reconcile_inner`].
 pub async fn reconcile(queue: Arc<Queue>, ctx: Arc<Context>) -> Result<Action> {
     reconcile_with(queue, ctx, reconcile_inner).await
@@ -218,7 +223,7 @@ async fn reconcile_inner(queue: Arc<Queue>, ctx: Arc<Context>) -> Result<Action>
         }
     };
     let fingerprint = observe::fingerprint(&queue, &ctx.queues, &placement);
-    let window = ctx.settings.resync / 2;
+    let window = follow_up_window(ctx.settings.resync);
     if let Some(((_, ready), age)) = ctx.written.get(&key, |(seen, _), age| *seen == fingerprint && age < window) {
         // A follow-up of our own writes: SQS was just converged and the status written.
         let published = exports::publish(&queue, &ready, &ctx).await?;
