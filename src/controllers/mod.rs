@@ -5,9 +5,11 @@
 //! types they produce), `act` (all writes), `status` (what the object reports) and `cleanup`
 //! (what deleting it takes). `mod.rs` wires the watches and runs the reconcile spine.
 //! What they share lives here: [`Context`] (client, Events, backoff, metrics, the memory of
-//! their own writes), [`status::StatusWriter`], finalizers and watch helpers.
+//! their own writes), [`status::StatusWriter`], finalizers, and [`caches`]: what the watches keep
+//! of each object, which events wake a reconcile, and whether a cache has synced.
 
 pub mod backoff;
+pub mod caches;
 pub mod changes;
 pub mod context;
 pub mod events;
@@ -28,6 +30,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 pub use backoff::{Backoff, jittered};
+pub use caches::{has_synced, primary_stream, slim, store_synced};
 pub use context::{Context, api_beside, error_policy, reconcile_with, scoped_api};
 
 /// Logs what a controller's stream yields, as `.for_each(log_result!(queue))`: a macro so that the
@@ -98,50 +101,6 @@ pub async fn instrumented<K: Resource>(
     result
 }
 
-/// Drops what the caches never read and what costs the most memory per object: `managedFields`
-/// (every field's owner, often larger than the object) and kubectl's last-applied annotation.
-pub fn slim<K: Resource>(obj: &mut K) {
-    obj.meta_mut().managed_fields = None;
-    if let Some(annotations) = obj.meta_mut().annotations.as_mut() {
-        annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
-    }
-}
-
-/// The watch of a controller's primary objects: a cache fed through `writer` with what `trim`
-/// leaves of each object (at least [`slim`]), and a stream that wakes a reconcile only when
-/// `trigger` changes (skyport's own status writes do not).
-pub fn primary_stream<K>(
-    api: Api<K>,
-    writer: kube::runtime::reflector::store::Writer<K>,
-    trim: fn(&mut K),
-    trigger: fn(&K) -> Option<u64>,
-) -> impl futures::Stream<Item = Result<K, kube::runtime::watcher::Error>> + Send + 'static
-where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone + Default + Send + Sync,
-{
-    use futures::TryStreamExt;
-    use kube::runtime::WatchStreamExt;
-    let mut changes = changes::Changes::new(trigger);
-    kube::runtime::watcher(api, kube::runtime::watcher::Config::default())
-        .default_backoff()
-        .modify(trim)
-        .reflect(writer)
-        .map_ok(move |event| changes.woken(event).map(unversioned))
-        .try_filter_map(futures::future::ok)
-}
-
-/// What the controller keeps of a trigger: the scheduler holds two `ObjectRef`s made from it per
-/// object, for as long as its next resync is due, and an `ObjectRef` copies the uid and the
-/// resourceVersion along with the name. Nothing reads them there (the reconcile gets the cached
-/// object, which keeps both): two allocations fewer per copy, 1.3 MB at 10,000 Queues.
-fn unversioned<K: Resource>(mut obj: K) -> K {
-    let meta = obj.meta_mut();
-    meta.uid = None;
-    meta.resource_version = None;
-    obj
-}
-
 /// Counts writes skyport makes to the API server, so tests and benchmarks can prove that a
 /// converged object costs none.
 #[derive(Debug, Default)]
@@ -185,22 +144,5 @@ where
         Ok(_) => Ok(()),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
         Err(e) => Err(e),
-    }
-}
-
-/// Waits until `store`'s reflector has listed everything once; `false` if it never will.
-///
-/// `Store::wait_until_ready` wakes only the last of several concurrent waiters (a single-waker
-/// oneshot inside kube-runtime), and the controller waits on the same store; so this polls.
-pub async fn store_synced<K>(store: &kube::runtime::reflector::Store<K>) -> bool
-where
-    K: kube::runtime::reflector::Lookup + Clone + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    loop {
-        if let Ok(result) = tokio::time::timeout(std::time::Duration::from_millis(200), store.wait_until_ready()).await
-        {
-            return result.is_ok();
-        }
     }
 }

@@ -11,8 +11,6 @@
 use std::future::Future;
 use std::pin::pin;
 
-use futures::FutureExt;
-use kube::runtime::reflector::{Lookup, Store};
 use tracing::info;
 
 /// Runs `controller` to its end, or only until `shutdown` when `synced` then says that a cache its
@@ -38,31 +36,16 @@ pub async fn run_until_stopped(
     }
 }
 
-/// Whether `store` has finished its first list, without waiting.
-///
-/// Only for after shutdown (see [`run_until_stopped`]): a store that is not ready wakes a single
-/// waiter (see [`super::store_synced`]), and this check would take that place from the controller
-/// while its watch could still make the store ready.
-pub fn has_synced<K>(store: &Store<K>) -> bool
-where
-    K: Lookup + Clone + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    matches!(store.wait_until_ready().now_or_never(), Some(Ok(())))
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
 
-    use k8s_openapi::api::core::v1::ConfigMap;
-    use kube::runtime::reflector;
+    use futures::FutureExt;
     use tokio::sync::oneshot;
 
     use super::*;
-    use crate::controllers::testing::ready_store;
 
     /// A controller that, once `shutdown` fired, still needs `grace` to finish its work in flight,
     /// and then sets `finished`.
@@ -120,18 +103,5 @@ mod tests {
         };
         run_until_stopped("test", async {}, std::future::pending(), synced).await;
         assert!(!asked.load(Ordering::SeqCst), "synced is only asked after shutdown");
-    }
-
-    #[test]
-    fn has_synced_follows_the_first_list() {
-        let (never, _writer) = reflector::store::<ConfigMap>();
-        assert!(!has_synced(&never));
-        let (listed, _writer) = ready_store::<ConfigMap>();
-        assert!(has_synced(&listed));
-        // Asking again gives the same answer (the first answer is remembered by the store).
-        assert!(has_synced(&listed));
-        let (dropped, writer) = reflector::store::<ConfigMap>();
-        drop(writer);
-        assert!(!has_synced(&dropped), "a cache whose watch is gone never synced");
     }
 }

@@ -96,7 +96,7 @@ impl Accounts {
 
     /// Whether the AwsAccount cache has listed once (Queues with an accountRef wait for it).
     pub fn synced(&self) -> bool {
-        crate::controllers::shutdown::has_synced(&self.store)
+        crate::controllers::has_synced(&self.store)
     }
 
     fn get(&self, queue_ns: &str, r: &AccountRef) -> Option<Arc<AwsAccount>> {

@@ -49,8 +49,8 @@ use providers::{QueueBackend, SqsSettings};
 use tracing::debug;
 
 use crate::config::QueueArgs;
+use crate::controllers::has_synced;
 use crate::controllers::primary_stream;
-use crate::controllers::shutdown::has_synced;
 use crate::controllers::{
     Backoff, api_beside, error_policy, has_finalizer, jittered, managed_selector, object_key, reconcile_with,
     scoped_api, slim,

@@ -60,7 +60,7 @@ impl State {
     /// Whether every cache a reconcile waits for has listed once: the Services and, before any
     /// write, the Tunnels. Asked at shutdown ([`crate::controllers::shutdown`]).
     pub fn caches_synced(&self) -> bool {
-        use crate::controllers::shutdown::has_synced;
+        use crate::controllers::has_synced;
         has_synced(&self.services) && has_synced(&self.tunnels)
     }
 }

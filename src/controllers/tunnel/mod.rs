@@ -101,7 +101,7 @@ impl State {
     /// Whether the cache a reconcile waits for has listed once. Asked at shutdown
     /// ([`crate::controllers::shutdown`]).
     pub fn caches_synced(&self) -> bool {
-        crate::controllers::shutdown::has_synced(&self.tunnels)
+        crate::controllers::has_synced(&self.tunnels)
     }
 }
 
