@@ -44,7 +44,7 @@ where
 /// What the controller keeps of a trigger: the scheduler holds two `ObjectRef`s made from it per
 /// object, for as long as its next resync is due, and an `ObjectRef` copies the uid and the
 /// resourceVersion along with the name. Nothing reads them there (the reconcile gets the cached
-/// object, which keeps both): two allocations fewer per copy, 1.3 MB at 10,000 Queues.
+/// object, which keeps both): two allocations fewer per copy, about 1.3 MB at 10,000 Queues.
 fn unversioned<K: Resource>(mut obj: K) -> K {
     let meta = obj.meta_mut();
     meta.uid = None;
@@ -71,9 +71,9 @@ where
 
 /// Whether `store` has finished its first list, without waiting.
 ///
-/// Only for after shutdown (see [`super::shutdown::run_until_stopped`]): a store that is not ready wakes a single
-/// waiter (see [`store_synced`]), and this check would take that place from the controller
-/// while its watch could still make the store ready.
+/// Only for after shutdown (see [`super::shutdown::run_until_stopped`]): a store that is not
+/// ready wakes a single waiter (see [`store_synced`]), and this check would take that place from
+/// the controller while its watch could still make the store ready.
 pub fn has_synced<K>(store: &Store<K>) -> bool
 where
     K: Lookup + Clone + 'static,
