@@ -95,7 +95,8 @@ impl kube::runtime::reflector::Lookup for CachedConfigMap {
     fn namespace(&self) -> Option<Cow<'_, str>> {
         Some(Cow::Borrowed(&self.namespace))
     }
-    // The store's key would copy these two (one allocation each per ConfigMap); no key's are read.
+    // The store's key would copy these two (one allocation each per ConfigMap), and nothing reads
+    // them from a key.
     fn resource_version(&self) -> Option<Cow<'_, str>> {
         None
     }

@@ -49,11 +49,9 @@ use providers::{QueueBackend, SqsSettings};
 use tracing::debug;
 
 use crate::config::QueueArgs;
-use crate::controllers::has_synced;
-use crate::controllers::primary_stream;
 use crate::controllers::{
-    Backoff, api_beside, error_policy, has_finalizer, jittered, managed_selector, object_key, reconcile_with,
-    scoped_api, slim,
+    Backoff, api_beside, error_policy, has_finalizer, has_synced, jittered, managed_selector, object_key,
+    primary_stream, reconcile_with, scoped_api, slim,
 };
 use crate::crd::account::AwsAccount;
 use crate::crd::queue::Queue;
@@ -230,7 +228,7 @@ async fn reconcile_inner(queue: Arc<Queue>, ctx: Arc<Context>) -> Result<Action>
         if let Some((reason, conflict)) = &published.conflict {
             status::report_conflict(&queue, &api, &ctx, reason, conflict, &published.owned).await?;
             ctx.written.forget(&key);
-            return Ok(Action::requeue(jittered(ctx.settings.resync)));
+            return Ok(Action::requeue(jittered(ctx.resync())));
         }
         return Ok(Action::requeue(jittered(ctx.resync()).saturating_sub(age)));
     }
@@ -242,7 +240,7 @@ async fn reconcile_inner(queue: Arc<Queue>, ctx: Arc<Context>) -> Result<Action>
                 // The queue is fine, but apps would read someone else's object: not Ready.
                 status::report_conflict(&queue, &api, &ctx, reason, conflict, &published.owned).await?;
                 ctx.backoff.reset(&key);
-                return Ok(Action::requeue(jittered(ctx.settings.resync)));
+                return Ok(Action::requeue(jittered(ctx.resync())));
             }
             // Events are not part of Ready: sent alongside the status write, not before it.
             let events = async {
