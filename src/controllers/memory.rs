@@ -7,8 +7,42 @@
 //! wrote (so it never sees a Tunnel without the host it recorded).
 
 use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// What a per-object memory keys its entries by: the UID as the 128-bit number it spells, or a
+/// 128-bit hash of any other key (`namespace/name`). 16 bytes and no allocation, where a UID
+/// kept as a `String` takes 24 bytes and a 48-byte allocation in every memory that holds it
+/// (three per Queue).
+pub fn compact_key(key: &str) -> u128 {
+    let mut digits = 0u32;
+    let mut uid = 0u128;
+    for (i, b) in key.bytes().enumerate() {
+        let nibble = match b {
+            b'-' if matches!(i, 8 | 13 | 18 | 23) => continue,
+            b'0'..=b'9' => b - b'0',
+            b'a'..=b'f' => b - b'a' + 10,
+            _ => {
+                digits = 0;
+                break;
+            }
+        };
+        uid = uid << 4 | u128::from(nibble);
+        digits += 1;
+    }
+    if digits == 32 && key.len() == 36 {
+        return uid;
+    }
+    // Two independent 64-bit hashes: a collision between two keys of one memory is as unlikely
+    // as between two UIDs.
+    let half = |salt: u8| {
+        let mut h = DefaultHasher::new();
+        (salt, key).hash(&mut h);
+        h.finish()
+    };
+    u128::from(half(1)) << 64 | u128::from(half(2))
+}
 
 /// Per-object memory of our own writes: key → (when, value).
 #[derive(Debug)]
@@ -20,7 +54,7 @@ pub struct OwnWrites<V> {
 
 #[derive(Debug)]
 struct Entries<V> {
-    map: HashMap<String, (Instant, V)>,
+    map: HashMap<u128, (Instant, V)>,
     /// How many entries the last sweep left.
     swept_to: usize,
 }
@@ -49,9 +83,9 @@ impl<V> OwnWrites<V> {
 const SWEEP_FLOOR: usize = 256;
 
 impl<V: Clone> OwnWrites<V> {
-    pub fn record(&self, key: String, value: V) {
+    pub fn record(&self, key: impl AsRef<str>, value: V) {
         let mut entries = self.lock();
-        entries.map.insert(key, (Instant::now(), value));
+        entries.map.insert(compact_key(key.as_ref()), (Instant::now(), value));
         if let Some(max_age) = self.max_age
             && entries.map.len() >= (2 * entries.swept_to).max(SWEEP_FLOOR)
         {
@@ -63,18 +97,19 @@ impl<V: Clone> OwnWrites<V> {
     /// The value recorded for `key` and its age, if `usable` accepts them; an entry it refuses is
     /// forgotten, so the memory holds only entries still worth asking for.
     pub fn get(&self, key: &str, usable: impl FnOnce(&V, Duration) -> bool) -> Option<(V, Duration)> {
+        let key = compact_key(key);
         let mut entries = self.lock();
-        let (at, value) = entries.map.get(key)?;
+        let (at, value) = entries.map.get(&key)?;
         let age = at.elapsed();
         if usable(value, age) {
             return Some((value.clone(), age));
         }
-        entries.map.remove(key);
+        entries.map.remove(&key);
         None
     }
 
     pub fn forget(&self, key: &str) {
-        self.lock().map.remove(key);
+        self.lock().map.remove(&compact_key(key));
     }
 
     pub fn len(&self) -> usize {
@@ -95,9 +130,22 @@ mod tests {
     }
 
     #[test]
+    fn a_uid_is_its_own_number_and_other_keys_are_hashed() {
+        let uid = "dd598ba2-a35c-4c96-9245-4dc1e850c16a";
+        assert_eq!(compact_key(uid), 0xdd598ba2_a35c_4c96_9245_4dc1e850c16a);
+        assert_eq!(compact_key("dd598ba2-a35c-4c96-9245-4dc1e850c16b") - compact_key(uid), 1);
+        // Not UIDs: hashed, each to its own value and never to what its hex digits spell.
+        let keys = ["ns/q", "ns/r", "dd598ba2a35c4c9692454dc1e850c16a", "DD598BA2-A35C-4C96-9245-4DC1E850C16A", ""];
+        let hashed: std::collections::HashSet<u128> = keys.iter().map(|k| compact_key(k)).collect();
+        assert_eq!(hashed.len(), keys.len());
+        assert!(!hashed.contains(&compact_key(uid)));
+        assert_eq!(compact_key("ns/q"), compact_key("ns/q"), "the same key every time");
+    }
+
+    #[test]
     fn an_entry_answers_only_its_fingerprint_within_the_window() {
         let memory = OwnWrites::default();
-        memory.record("uid".into(), (1, "u"));
+        memory.record("uid", (1, "u"));
         let ((_, got), age) = memory.get("uid", within(Duration::from_secs(60), 1)).expect("fresh entry");
         assert_eq!(got, "u");
         assert!(age < Duration::from_secs(60));
@@ -109,10 +157,10 @@ mod tests {
     #[test]
     fn an_expired_entry_is_dropped() {
         let memory = OwnWrites::default();
-        memory.record("uid".into(), (1, "u"));
+        memory.record("uid", (1, "u"));
         assert!(memory.get("uid", within(Duration::ZERO, 1)).is_none());
         assert!(memory.is_empty());
-        memory.record("uid".into(), (1, "u"));
+        memory.record("uid", (1, "u"));
         memory.forget("uid");
         assert!(memory.get("uid", within(Duration::from_secs(60), 1)).is_none());
     }
@@ -138,7 +186,7 @@ mod tests {
             kept.record(format!("k-{i}"), (1, "u"));
         }
         std::thread::sleep(Duration::from_millis(10));
-        kept.record("last".into(), (1, "u"));
+        kept.record("last", (1, "u"));
         assert_eq!(kept.len(), 2 * SWEEP_FLOOR + 1, "a memory without max age is never swept");
     }
 }

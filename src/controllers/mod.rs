@@ -15,6 +15,7 @@ pub mod context;
 pub mod events;
 pub mod memory;
 pub mod queue;
+pub mod resyncs;
 pub mod service;
 pub mod shutdown;
 pub mod status;

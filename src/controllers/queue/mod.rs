@@ -15,7 +15,9 @@
 //! Queue cache shows the status just written, and would otherwise look the queue up again and
 //! write the same status twice (`benches/queues.rs` measured 5.3 SQS calls and 1.7 status
 //! patches per new Queue instead of 3 and 1). Periodic resyncs come at least 0.9 × resync after
-//! a converge, so they always look at SQS.
+//! a converge, so they always look at SQS. A converged Queue waits for its resync in
+//! [`State::resyncs`] (`crate::controllers::resyncs`), not in kube-runtime's scheduler, which
+//! keeps only what is retried soon.
 
 pub mod accounts;
 pub mod act;
@@ -49,6 +51,7 @@ use providers::{QueueBackend, SqsSettings};
 use tracing::debug;
 
 use crate::config::QueueArgs;
+use crate::controllers::resyncs::{self, Resyncs};
 use crate::controllers::{
     Backoff, api_beside, error_policy, has_finalizer, has_synced, jittered, managed_selector, object_key,
     primary_stream, reconcile_with, scoped_api, slim,
@@ -81,8 +84,11 @@ pub struct State {
     /// Per export Secret (`namespace/name`): a fingerprint of the owner and data last written or
     /// read (Secrets are not watched, see [`exports`]).
     pub secrets: crate::controllers::memory::OwnWrites<u64>,
-    /// Per Queue UID: the queue its owner tag last proved ours, when, and at which generation.
-    verified: Mutex<HashMap<String, observe::Verified>>,
+    /// Per Queue UID ([`crate::controllers::memory::compact_key`]): the queue its owner tag last proved ours, when, and at
+    /// which generation.
+    verified: Mutex<HashMap<u128, observe::Verified>>,
+    /// When each converged Queue is checked again (its periodic resync).
+    pub resyncs: Arc<Resyncs>,
     /// Wakes Queues that use a queue as their dead-letter queue when it changes.
     dependents: UnboundedSender<ObjectRef<Queue>>,
     /// The not-Ready reason last reported per Queue: the follow-up of a new Queue's finalizer
@@ -104,6 +110,13 @@ impl State {
     /// could be, never more.
     pub fn resync(&self) -> Duration {
         pace::period(self.settings.resync, self.queues.len(), self.accounts.settings().rate_per_second.get())
+    }
+
+    /// A converged Queue's next check, after `delay`: kept in [`Resyncs`] (32 bytes) rather than
+    /// in kube-runtime's scheduler (about 440), where every Ready Queue would wait for it.
+    pub fn resync_after(&self, key: &str, delay: Duration) -> Action {
+        self.resyncs.after(key, delay);
+        Action::await_change()
     }
 
     /// How often, at most, a converged Queue reads its tags: `--queue-tag-resync`, stretched
@@ -144,6 +157,8 @@ pub fn controller(
     // Refused credentials heal with a token refresh or key rotation: retried once per resync.
     let backoff = Backoff::new(settings.backoff_min, settings.backoff_max).with_slow_floor(settings.resync);
     let concurrency = settings.concurrency;
+    let resyncs = Arc::new(Resyncs::default());
+    let due = resyncs::sweep(resyncs.clone(), queue_reader.clone(), resyncs::tick(settings.resync));
     let written = crate::controllers::memory::OwnWrites::expiring(follow_up_window(settings.resync));
     let state = State {
         sqs,
@@ -153,6 +168,7 @@ pub fn controller(
         configmaps: cm_reader,
         secrets: Default::default(),
         verified: Mutex::default(),
+        resyncs: resyncs.clone(),
         reported: Default::default(),
         dependents: tx,
     };
@@ -161,7 +177,7 @@ pub fn controller(
     let ctx = Arc::new(ctx);
     let run = Controller::for_stream(queue_stream, queue_reader)
         .watches_stream(account_stream, move |account| accounts::Accounts::users(&account, &users))
-        .reconcile_on(futures::stream::select(cm_changes, rx))
+        .reconcile_on(futures::stream::select(futures::stream::select(cm_changes, rx), due))
         .with_config(ControllerConfig::default().concurrency(concurrency))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx.clone())
@@ -199,6 +215,9 @@ pub async fn reconcile(queue: Arc<Queue>, ctx: Arc<Context>) -> Result<Action> {
 
 async fn reconcile_inner(queue: Arc<Queue>, ctx: Arc<Context>) -> Result<Action> {
     let api: Api<Queue> = api_beside(&ctx.client, &*queue)?;
+    let key = object_key(&*queue);
+    // Reconciled now: the next resync is whatever this pass decides.
+    ctx.resyncs.forget(&key);
     if queue.meta().deletion_timestamp.is_some() {
         return cleanup::cleanup(&queue, &api, &ctx).await;
     }
@@ -209,7 +228,6 @@ async fn reconcile_inner(queue: Arc<Queue>, ctx: Arc<Context>) -> Result<Action>
     } else {
         queue
     };
-    let key = object_key(&*queue);
     let placement = match ctx.accounts.place(&queue, &ctx.sqs).await {
         Ok(placement) => placement,
         Err((reason, message)) => {
@@ -230,7 +248,7 @@ async fn reconcile_inner(queue: Arc<Queue>, ctx: Arc<Context>) -> Result<Action>
             ctx.written.forget(&key);
             return Ok(Action::requeue(jittered(ctx.resync())));
         }
-        return Ok(Action::requeue(jittered(ctx.resync()).saturating_sub(age)));
+        return Ok(ctx.resync_after(&key, jittered(ctx.resync()).saturating_sub(age)));
     }
 
     match converge::converge(&queue, &ctx, placement.sqs.as_ref()).await {
@@ -260,7 +278,7 @@ async fn reconcile_inner(queue: Arc<Queue>, ctx: Arc<Context>) -> Result<Action>
                 ctx.written.record(key.clone(), (fingerprint, Ready { events: Vec::new(), ..ready }));
             }
             ctx.backoff.reset(&key);
-            Ok(Action::requeue(jittered(ctx.resync())))
+            Ok(ctx.resync_after(&key, jittered(ctx.resync())))
         }
         Ok(Outcome::Wait { reason, message, retry }) => {
             status::report_problem(&queue, &api, &ctx, reason, &message).await?;

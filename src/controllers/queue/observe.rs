@@ -118,13 +118,20 @@ pub fn dead_letter_cycle(queue: &Queue, queues: &Store<Queue>) -> Option<Vec<Str
 
 /// What an earlier pass proved from the owner tag: this URL, with this `CreatedTimestamp`, is
 /// ours. A queue deleted and recreated under the same name (by anyone) has the same URL but a
-/// new timestamp, so it has to prove itself again.
+/// new timestamp, so it has to prove itself again. Both are kept as 64-bit hashes: they are
+/// only compared, and one proof is kept per Queue for as long as the Queue exists.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Verified {
-    pub url: String,
-    pub created: Option<String>,
+    url: u64,
+    created: Option<u64>,
     pub at: Instant,
     pub generation: Option<i64>,
+}
+
+fn digest(value: &str) -> u64 {
+    let mut h = DefaultHasher::new();
+    value.hash(&mut h);
+    h.finish()
 }
 
 /// How much later than the proof (by this host's clock) a queue proven right after CreateQueue
@@ -133,14 +140,19 @@ pub struct Verified {
 const CREATED_SKEW_SECS: u64 = 30;
 
 impl Verified {
+    /// `url` proven ours at `at`, made at `created` if that was read.
+    pub fn new(url: &str, created: Option<&str>, at: Instant, generation: Option<i64>) -> Self {
+        Verified { url: digest(url), created: created.map(digest), at, generation }
+    }
+
     /// Whether the queue found now is the one proven.
     pub fn covers(&self, url: &str, attributes: &Attributes) -> bool {
-        if self.url != url {
+        if self.url != digest(url) {
             return false;
         }
         let found = attributes.get("CreatedTimestamp");
-        match &self.created {
-            Some(created) => Some(created) == found,
+        match self.created {
+            Some(created) => found.is_some_and(|found| digest(found) == created),
             // CreateQueue does not say when the queue was made: the queue found now is the one
             // proven if it was made no later than the proof. Without this every new Queue read
             // its tags twice, and tagging has the tightest SQS quota.
@@ -325,13 +337,13 @@ mod tests {
         let url = "http://sqs/000000000000/ns-orders";
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
         let made = |secs: u64| Attributes::from([("CreatedTimestamp".to_string(), secs.to_string())]);
-        let at_create = Verified { url: url.into(), created: None, at: Instant::now(), generation: Some(1) };
+        let at_create = Verified::new(url, None, Instant::now(), Some(1));
         assert!(at_create.covers(url, &made(now)), "the queue CreateQueue made");
         assert!(at_create.covers(url, &made(now - 3600)), "a queue CreateQueue found, made long before");
         assert!(!at_create.covers(url, &made(now + 61)), "made again after SQS's 60 s, by anyone");
         assert!(!at_create.covers("http://sqs/000000000000/other", &made(now)), "another URL");
         assert!(!at_create.covers(url, &Attributes::new()), "no timestamp, no proof");
-        let exact = Verified { created: Some(now.to_string()), ..at_create };
+        let exact = Verified::new(url, Some(&now.to_string()), Instant::now(), Some(1));
         assert!(exact.covers(url, &made(now)));
         assert!(!exact.covers(url, &made(now - 1)), "a known timestamp must match exactly");
     }

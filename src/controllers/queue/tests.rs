@@ -45,6 +45,7 @@ fn harness() -> Harness {
         configmaps,
         secrets: Default::default(),
         verified: Mutex::default(),
+        resyncs: Default::default(),
         dependents: tx,
         reported: Default::default(),
     };
@@ -88,8 +89,11 @@ fn ready_reason(q: &Queue) -> Option<(ConditionStatus, String)> {
 async fn a_new_queue_gets_finalizer_queue_configmap_event_and_ready_status() {
     let h = harness();
     let action = h.reconcile(h.put(&queue(QueueSpec::default()))).await.unwrap();
-    assert!(action != Action::await_change(), "a Ready queue is resynced");
     let q = h.current();
+    // Resynced from skyport's own timers, not kube-runtime's scheduler.
+    assert_eq!(action, Action::await_change());
+    let resync = h.ctx.resyncs.due_in(&object_key(&q)).expect("a Ready queue is resynced");
+    assert!(resync > h.ctx.settings.resync.mul_f64(0.89) && resync <= h.ctx.settings.resync, "{resync:?}");
     assert_eq!(q.metadata.finalizers, Some(vec![FINALIZER.to_string()]));
     assert_eq!(ready_reason(&q), Some((ConditionStatus::True, "Available".into())));
     let status = q.status.unwrap();
@@ -238,6 +242,7 @@ async fn a_permanent_failure_waits_for_a_spec_change() {
     );
     let action = h.reconcile(h.put(&queue(QueueSpec::default()))).await.unwrap();
     assert_eq!(action, Action::await_change());
+    assert!(h.ctx.resyncs.is_empty(), "no periodic retry either");
     let q = h.current();
     let ready = crate::controllers::status::ready_condition(&q).unwrap();
     assert_eq!((ready.status, ready.reason.as_str()), (ConditionStatus::False, "InvalidAttribute"));
@@ -349,8 +354,9 @@ async fn an_unreachable_dead_letter_queue_is_waited_for() {
 #[tokio::test]
 async fn many_converged_queues_stretch_their_resync_to_half_the_budget() {
     let mut h = harness();
-    let action = h.reconcile(h.put(&queue(QueueSpec::default()))).await.unwrap();
-    let alone = crate::controllers::testing::requeue_secs(&action);
+    h.reconcile(h.put(&queue(QueueSpec::default()))).await.unwrap();
+    let resync = |h: &Harness| h.ctx.resyncs.due_in(&object_key(&h.current())).expect("resynced").as_secs_f64();
+    let alone = resync(&h);
     assert!((54.0..=60.0).contains(&alone), "one Queue resyncs at --queue-resync: {alone} s");
     for i in 0..3_000 {
         let mut other = queue(QueueSpec::default());
@@ -359,8 +365,8 @@ async fn many_converged_queues_stretch_their_resync_to_half_the_budget() {
         h.queues.apply_watcher_event(&watcher::Event::Apply(other));
     }
     h.ctx.written.forget(&object_key(&h.current()));
-    let action = h.reconcile(Arc::new(h.current())).await.unwrap();
-    let many = crate::controllers::testing::requeue_secs(&action);
+    h.reconcile(Arc::new(h.current())).await.unwrap();
+    let many = resync(&h);
     assert!((112.0..=125.5).contains(&many), "3,000 Queues resync every 125 s: {many} s");
     assert_eq!(h.ctx.tag_resync(), Duration::from_secs(600), "3,000 tag reads per 10 min fit half of 24/s");
 }
