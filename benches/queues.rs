@@ -939,14 +939,14 @@ async fn baseline_one(api: &Api<Queue>, sqs: &dyn QueueBackend, q: &Queue, write
         .into_iter()
         .map(|(t, reason, message)| Condition {
             observed_generation: q.metadata.generation,
-            last_transition_time: now.clone(),
+            last_transition_time: now.as_str().into(),
             ..Condition::new(t, ConditionStatus::True, reason, message)
         })
         .collect();
     let status = QueueStatus {
         queue_url: Some(url),
         queue_arn: None,
-        queue_name: Some(d.name),
+        queue_name: Some(d.name.into()),
         adopted: false,
         observed_generation: q.metadata.generation,
         conditions,

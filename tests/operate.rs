@@ -158,7 +158,7 @@ async fn two_processes_elect_one_leader_which_a_standby_replaces_after_kill_9() 
     // Only the leader reconciles.
     queues.create(&PostParams::default(), &queue("one", json!({}))).await.unwrap();
     let one = wait_ready(&queues, "one", ConditionStatus::True, "Available", TIMEOUT).await;
-    let sqs_one = one.status.as_ref().and_then(|s| s.queue_name.clone()).unwrap();
+    let sqs_one = one.status.as_ref().and_then(|s| s.queue_name.clone()).unwrap().to_string();
     let m = eventually("leader metrics count the Queue", TIMEOUT, || async {
         let m = leader.metrics().await;
         (m.get(r#"skyport_objects{controller="queue",ready="True"}"#) == Some(&1.0)).then_some(m)
@@ -291,7 +291,7 @@ async fn uninstall_deletes_queues_first_and_a_forgotten_finalizer_can_be_release
     let mut sqs_names = BTreeMap::new();
     for name in ["dropped", "kept", "forgotten"] {
         let q = wait_ready(&queues, name, ConditionStatus::True, "Available", TIMEOUT).await;
-        sqs_names.insert(name, q.status.unwrap().queue_name.unwrap());
+        sqs_names.insert(name, q.status.unwrap().queue_name.unwrap().to_string());
     }
     let sqs = sqs().await;
 

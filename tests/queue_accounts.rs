@@ -48,7 +48,7 @@ fn status(q: &Queue) -> skyport::crd::QueueStatus {
 }
 
 fn message(q: &Queue) -> String {
-    q.status.as_ref().and_then(|s| s.ready()).map(|c| c.message.clone()).unwrap_or_default()
+    q.status.as_ref().and_then(|s| s.ready()).map(|c| c.message.to_string()).unwrap_or_default()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -86,7 +86,7 @@ async fn two_namespaces_use_their_own_accounts_and_regions_at_once() {
 
     // Each queue is in its account, and only there.
     let as_b = sqs_as(ROLE_B, "eu-west-1").await;
-    let name_a = sa.queue_name.clone().unwrap();
+    let name_a = sa.queue_name.clone().unwrap().to_string();
     let url = as_b.get_queue_url().queue_name(&name_a).send().await.expect("queue in team-b's account").queue_url;
     assert_eq!(url.as_deref(), sa.queue_url.as_deref());
     assert!(!queue_exists(&sqs().await, &name_a).await, "not in the operator's own account");
@@ -118,7 +118,7 @@ async fn two_namespaces_use_their_own_accounts_and_regions_at_once() {
     let gone = as_b.get_queue_url().queue_name(&name_a).send().await;
     assert!(gone.is_err(), "the queue in team-b's account was deleted");
     let as_c = sqs_as(ROLE_C, "us-west-2").await;
-    let name_b = sb.queue_name.clone().unwrap();
+    let name_b = sb.queue_name.clone().unwrap().to_string();
     qb.delete("orders", &DeleteParams::default()).await.unwrap();
     wait_gone(&qb, "orders", TIMEOUT).await;
     assert!(as_c.get_queue_url().queue_name(&name_b).send().await.is_err(), "deleted in team-c's account");

@@ -80,7 +80,8 @@ async fn exports_get_the_chosen_keys_follow_edits_and_go_when_dropped() {
     queues.create(&PostParams::default(), &queue("orders", json!({"exports": exports}))).await.unwrap();
     let q = wait_ready(&queues, "orders", ConditionStatus::True, "Available", TIMEOUT).await;
     let status = q.status.clone().unwrap();
-    let (url, arn, name) = (status.queue_url.unwrap(), status.queue_arn.unwrap(), status.queue_name.unwrap());
+    let (url, arn, name) =
+        (status.queue_url.unwrap(), status.queue_arn.unwrap(), status.queue_name.unwrap().to_string());
 
     let secrets: Api<Secret> = ns.api();
     let s = secrets.get("orders-env").await.expect("Secret export");

@@ -29,7 +29,7 @@ fn message(q: &Queue) -> String {
     q.status
         .as_ref()
         .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
-        .map(|c| c.message.clone())
+        .map(|c| c.message.to_string())
         .unwrap_or_default()
 }
 
@@ -99,7 +99,7 @@ async fn a_recorded_url_whose_queue_was_recreated_by_someone_else_is_not_written
     let queues: Api<Queue> = ns.api();
     queues.create(&PostParams::default(), &queue("q", json!({"visibilityTimeoutSeconds": 45}))).await.unwrap();
     let q = wait_ready(&queues, "q", ConditionStatus::True, "Available", READY_TIMEOUT).await;
-    let name = status_of(&q).queue_name.unwrap();
+    let name = status_of(&q).queue_name.unwrap().to_string();
 
     // While skyport cannot reach SQS, someone deletes the queue and makes their own of that name.
     proxy.cut().await;
@@ -132,7 +132,7 @@ async fn deleting_a_queue_whose_name_was_reused_by_someone_else_keeps_their_queu
     let queues: Api<Queue> = ns.api();
     queues.create(&PostParams::default(), &queue("q", json!({}))).await.unwrap();
     let q = wait_ready(&queues, "q", ConditionStatus::True, "Available", READY_TIMEOUT).await;
-    let name = status_of(&q).queue_name.unwrap();
+    let name = status_of(&q).queue_name.unwrap().to_string();
 
     proxy.cut().await;
     let sqs = sqs().await;

@@ -2,13 +2,15 @@
 //!
 //! Every Queue sits in the controller's cache for its whole life. A `BTreeMap` with one entry
 //! allocates a whole eleven-slot leaf (544 bytes, jemalloc's 640-byte class); a vector of the
-//! same entries allocates 48 bytes per tag. The API is the same: a JSON object of strings, the
-//! same schema, iteration sorted by key.
+//! same entries allocates 48 bytes per tag, and keys and values of up to 24 bytes live inside
+//! it (`CompactString`). The API is the same: a JSON object of strings, the same schema,
+//! iteration sorted by key.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
+use compact_str::CompactString;
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::de::{MapAccess, Visitor};
 use serde::ser::SerializeMap;
@@ -16,7 +18,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// String keys to string values, sorted by key, each key once.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub struct TagMap(Vec<(String, String)>);
+pub struct TagMap(Vec<(CompactString, CompactString)>);
 
 impl TagMap {
     pub fn is_empty(&self) -> bool {
@@ -41,10 +43,16 @@ impl TagMap {
 /// Like `BTreeMap`: sorted by key, a later value for the same key wins.
 impl FromIterator<(String, String)> for TagMap {
     fn from_iter<I: IntoIterator<Item = (String, String)>>(entries: I) -> Self {
-        let mut all: Vec<(String, String)> = entries.into_iter().collect();
+        entries.into_iter().map(|(k, v)| (CompactString::from(k), CompactString::from(v))).collect()
+    }
+}
+
+impl FromIterator<(CompactString, CompactString)> for TagMap {
+    fn from_iter<I: IntoIterator<Item = (CompactString, CompactString)>>(entries: I) -> Self {
+        let mut all: Vec<(CompactString, CompactString)> = entries.into_iter().collect();
         // Stable, so equal keys keep their order and the last of them is the one kept.
         all.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut out: Vec<(String, String)> = Vec::with_capacity(all.len());
+        let mut out: Vec<(CompactString, CompactString)> = Vec::with_capacity(all.len());
         for entry in all {
             match out.last_mut() {
                 Some(last) if last.0 == entry.0 => *last = entry,
@@ -64,7 +72,7 @@ impl<const N: usize> From<[(String, String); N]> for TagMap {
 
 impl From<TagMap> for BTreeMap<String, String> {
     fn from(tags: TagMap) -> Self {
-        tags.0.into_iter().collect()
+        tags.0.into_iter().map(|(k, v)| (k.into_string(), v.into_string())).collect()
     }
 }
 
@@ -72,7 +80,7 @@ impl Serialize for TagMap {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut map = serializer.serialize_map(Some(self.0.len()))?;
         for (k, v) in &self.0 {
-            map.serialize_entry(k, v)?;
+            map.serialize_entry(k.as_str(), v.as_str())?;
         }
         map.end()
     }
@@ -88,7 +96,7 @@ impl<'de> Deserialize<'de> for TagMap {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<TagMap, A::Error> {
                 let mut entries = Vec::with_capacity(access.size_hint().unwrap_or(0).min(64));
-                while let Some(entry) = access.next_entry::<String, String>()? {
+                while let Some(entry) = access.next_entry::<CompactString, CompactString>()? {
                     entries.push(entry);
                 }
                 Ok(entries.into_iter().collect())

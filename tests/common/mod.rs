@@ -226,7 +226,7 @@ pub fn queue(name: &str, spec: serde_json::Value) -> Queue {
 /// The Ready condition's (status, reason), if any.
 pub fn ready(q: &Queue) -> Option<(ConditionStatus, String)> {
     let c = q.status.as_ref()?.conditions.iter().find(|c| c.type_ == "Ready")?;
-    Some((c.status, c.reason.clone()))
+    Some((c.status, c.reason.to_string()))
 }
 
 /// Waits until the Queue's Ready condition has `status` and `reason`, returning the object.

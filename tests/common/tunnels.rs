@@ -253,7 +253,7 @@ pub async fn carries(ip: &str, tcp: u16, udp: Option<u16>) {
 
 pub fn ready(t: &Tunnel) -> Option<(ConditionStatus, String, String)> {
     let c = t.status.as_ref()?.conditions.iter().find(|c| c.type_ == "Ready")?;
-    Some((c.status, c.reason.clone(), c.message.clone()))
+    Some((c.status, c.reason.to_string(), c.message.to_string()))
 }
 
 /// Fast settings with an orphan sweep every 2 s.

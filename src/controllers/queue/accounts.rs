@@ -147,7 +147,7 @@ impl Accounts {
             let key = format!("{}/{}", account.namespace().unwrap_or_default(), account.name_any());
             return self.client(&key, &account.spec).await;
         }
-        let spec = AwsAccountSpec { role_arn: role.clone(), region: region.clone(), ..Default::default() };
+        let spec = AwsAccountSpec { role_arn: role.clone(), region: region.to_string(), ..Default::default() };
         self.client(&format!("recorded:{role}:{region}"), &spec).await
     }
 

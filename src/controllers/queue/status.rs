@@ -40,11 +40,11 @@ pub async fn ready(
             ];
             s.queue_url = Some(ready.url.clone());
             s.queue_arn = Some(ready.arn.clone());
-            s.queue_name = Some(ready.name.clone());
+            s.queue_name = Some(ready.name.as_str().into());
             s.adopted = ready.adopted;
             s.exports = exports.to_vec();
-            s.account = Some(placement.account.clone());
-            s.region = placement.region.clone();
+            s.account = Some(placement.account.as_str().into());
+            s.region = placement.region.as_deref().map(Into::into);
             s.role_arn = placement.role_arn.clone();
             s.observed_generation = generation;
         })

@@ -82,7 +82,7 @@ fn queue(spec: QueueSpec) -> Queue {
 }
 
 fn ready_reason(q: &Queue) -> Option<(ConditionStatus, String)> {
-    crate::controllers::status::ready_condition(q).map(|c| (c.status, c.reason.clone()))
+    crate::controllers::status::ready_condition(q).map(|c| (c.status, c.reason.to_string()))
 }
 
 #[tokio::test]

@@ -112,7 +112,7 @@ impl Harness {
 
 pub(super) fn ready(t: &Tunnel) -> (ConditionStatus, String) {
     let c = crate::controllers::status::ready_condition(t).expect("Ready condition");
-    (c.status, c.reason.clone())
+    (c.status, c.reason.to_string())
 }
 
 #[tokio::test]
