@@ -67,7 +67,12 @@ impl Resyncs {
         }
         let mut woken = Vec::new();
         for obj in cache.state() {
-            let key = compact_key(&object_key(&*obj));
+            // `object_key` is the UID when there is one: read in place, not copied, as this
+            // runs over every cached object once per tick while resyncs are due.
+            let key = match obj.meta().uid.as_deref() {
+                Some(uid) => compact_key(uid),
+                None => compact_key(&object_key(&*obj)),
+            };
             if due.get(&key).is_some_and(|at| *at <= now) {
                 due.remove(&key);
                 // Name and namespace only: the reconcile reads the object from the cache.
