@@ -3,8 +3,9 @@
 //!
 //! kube-runtime's `Recorder` does the same, but keeps a full copy of every Event it published in
 //! the last six minutes (about 4 KiB each) and scans all of them on every publish: a create storm
-//! of 10,000 Queues held ~40 MiB of Events (BENCHMARKS.md). This keeps the Event's name and count
-//! per key and expires entries oldest first.
+//! of 10,000 Queues held ~40 MiB of Events (BENCHMARKS.md). This keeps, per key, the time that
+//! names the Event (its name is the object's name and that time) and the count, and expires
+//! entries oldest first.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, VecDeque};
@@ -58,11 +59,11 @@ impl Events {
         let namespace = regarding.namespace.as_deref().unwrap_or("default");
         let api: Api<Event> = Api::namespaced(self.client.clone(), namespace);
         let stamp = MicroTime(k8s_openapi::jiff::Timestamp::now());
-        if let Some((name, count)) = repeat {
+        if let Some((first, count)) = repeat {
             let series = serde_json::json!({"series": {"count": count + 1, "lastObservedTime": stamp}});
-            match api.patch(&name, &PatchParams::default(), &Patch::Merge(&series)).await {
+            match api.patch(&self.name(regarding, first), &PatchParams::default(), &Patch::Merge(&series)).await {
                 Ok(_) => {
-                    self.lock().remember(key, name, count + 1, now);
+                    self.lock().remember(key, first, count + 1, now);
                     return Ok(());
                 }
                 // Deleted meanwhile (its TTL, or by hand): start a new one.
@@ -70,11 +71,17 @@ impl Events {
                 Err(e) => return Err(e),
             }
         }
+        let first = nanos(&stamp);
         let event = self.event(regarding, type_, reason, action, note, stamp);
-        let created = api.create(&PostParams::default(), &event).await?;
-        let name = created.metadata.name.or(event.metadata.name).unwrap_or_default();
-        self.lock().remember(key, name, 1, now);
+        api.create(&PostParams::default(), &event).await?;
+        self.lock().remember(key, first, 1, now);
         Ok(())
+    }
+
+    /// The name of the Event first published on `regarding` at `first` (nanoseconds): made again
+    /// for each repeat rather than kept.
+    fn name(&self, regarding: &ObjectReference, first: u64) -> String {
+        format!("{}.{first:x}", regarding.name.as_deref().unwrap_or(&self.controller))
     }
 
     fn event(
@@ -86,10 +93,9 @@ impl Events {
         note: &str,
         stamp: MicroTime,
     ) -> Event {
-        let base = regarding.name.as_deref().unwrap_or(&self.controller);
         Event {
             metadata: ObjectMeta {
-                name: Some(format!("{base}.{:x}", stamp.0.as_nanosecond())),
+                name: Some(self.name(regarding, nanos(&stamp))),
                 namespace: regarding.namespace.clone(),
                 ..Default::default()
             },
@@ -118,6 +124,11 @@ impl Events {
     }
 }
 
+/// Nanoseconds since 1970 (they fit 64 bits until 2554).
+fn nanos(stamp: &MicroTime) -> u64 {
+    u64::try_from(stamp.0.as_nanosecond()).unwrap_or_default()
+}
+
 /// One hash of everything that makes two Events the same one.
 fn key(regarding: &ObjectReference, type_: EventType, reason: &str, action: &str, note: &str) -> u64 {
     let mut h = DefaultHasher::new();
@@ -135,14 +146,15 @@ struct Recent {
 }
 
 struct Entry {
-    name: String,
+    /// When the series' Event was first published, in nanoseconds: its name's suffix.
+    first: u64,
     count: i32,
     last: Instant,
 }
 
 impl Recent {
     /// The Event `key` to count again, after forgetting those older than the window.
-    fn repeat_of(&mut self, key: u64, now: Instant) -> Option<(String, i32)> {
+    fn repeat_of(&mut self, key: u64, now: Instant) -> Option<(u64, i32)> {
         while let Some(&(at, old)) = self.order.front() {
             if now.duration_since(at) < SERIES_WINDOW {
                 break;
@@ -153,11 +165,11 @@ impl Recent {
                 self.by_key.remove(&old);
             }
         }
-        self.by_key.get(&key).map(|e| (e.name.clone(), e.count))
+        self.by_key.get(&key).map(|e| (e.first, e.count))
     }
 
-    fn remember(&mut self, key: u64, name: String, count: i32, now: Instant) {
-        self.by_key.insert(key, Entry { name, count, last: now });
+    fn remember(&mut self, key: u64, first: u64, count: i32, now: Instant) {
+        self.by_key.insert(key, Entry { first, count, last: now });
         self.order.push_back((now, key));
     }
 }
@@ -171,13 +183,13 @@ mod tests {
         let mut recent = Recent::default();
         let t0 = Instant::now();
         assert_eq!(recent.repeat_of(1, t0), None);
-        recent.remember(1, "q.1".into(), 1, t0);
+        recent.remember(1, 7, 1, t0);
         let t1 = t0 + Duration::from_secs(60);
-        assert_eq!(recent.repeat_of(1, t1), Some(("q.1".into(), 1)));
-        recent.remember(1, "q.1".into(), 2, t1);
+        assert_eq!(recent.repeat_of(1, t1), Some((7, 1)));
+        recent.remember(1, 7, 2, t1);
         // Six minutes after the first, but not after the repeat: still the same series.
         let t2 = t0 + SERIES_WINDOW + Duration::from_secs(1);
-        assert_eq!(recent.repeat_of(1, t2), Some(("q.1".into(), 2)));
+        assert_eq!(recent.repeat_of(1, t2), Some((7, 2)));
         // Six minutes after the last repeat: forgotten, and nothing is left behind.
         let t3 = t1 + SERIES_WINDOW;
         assert_eq!(recent.repeat_of(1, t3), None);
@@ -189,10 +201,10 @@ mod tests {
         let mut recent = Recent::default();
         let t0 = Instant::now();
         for k in 0..1000 {
-            recent.remember(k, format!("q{k}.1"), 1, t0 + Duration::from_millis(k));
+            recent.remember(k, k, 1, t0 + Duration::from_millis(k));
         }
         let later = t0 + SERIES_WINDOW + Duration::from_millis(500);
-        assert_eq!(recent.repeat_of(999, later), Some(("q999.1".into(), 1)));
+        assert_eq!(recent.repeat_of(999, later), Some((999, 1)));
         assert_eq!(recent.by_key.len(), 499, "the 501 published more than six minutes ago are gone");
     }
 
