@@ -84,8 +84,8 @@ pub struct State {
     /// Per export Secret (`namespace/name`): a fingerprint of the owner and data last written or
     /// read (Secrets are not watched, see [`exports`]).
     pub secrets: crate::controllers::memory::OwnWrites<u64>,
-    /// Per Queue UID ([`crate::controllers::memory::compact_key`]): the queue its owner tag last proved ours, when, and at
-    /// which generation.
+    /// Per Queue UID (as [`crate::controllers::memory::compact_key`]): the queue its owner tag
+    /// last proved ours, when, and at which generation.
     verified: Mutex<HashMap<u128, observe::Verified>>,
     /// When each converged Queue is checked again (its periodic resync).
     pub resyncs: Arc<Resyncs>,
