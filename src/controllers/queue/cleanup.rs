@@ -8,7 +8,6 @@ use kube::runtime::events::EventType;
 use tracing::info;
 
 use super::{Context, FINALIZER, observe};
-use crate::controllers::memory::compact_key;
 use crate::controllers::{has_finalizer, object_key, remove_finalizer};
 use crate::crd::queue::{DeletionPolicy, ManagementPolicy, Queue};
 use crate::error::Result;
@@ -57,7 +56,7 @@ pub async fn cleanup(queue: &Queue, api: &Api<Queue>, ctx: &Context) -> Result<A
     let key = object_key(queue);
     ctx.backoff.reset(&key);
     if let Some(uid) = queue.uid() {
-        ctx.verified.lock().unwrap_or_else(|p| p.into_inner()).remove(&compact_key(&uid));
+        ctx.verified.forget(&uid);
     }
     ctx.written.forget(&key);
     ctx.reported.forget(&key);

@@ -11,7 +11,6 @@ use super::plan::{Observed, Outcome, Plan, Ready, Step};
 use super::{Context, act, desired, observe, plan};
 use crate::controllers::context::namespace_of;
 use crate::controllers::jittered;
-use crate::controllers::memory::compact_key;
 use crate::crd::queue::{ManagementPolicy, Queue, QueueStatus};
 use crate::error::{Error, Result};
 
@@ -41,7 +40,7 @@ pub async fn converge(queue: &Queue, ctx: &Context, sqs: &dyn QueueBackend) -> R
         adopted,
         recheck: jittered(ctx.resync()),
     };
-    let verified = ctx.verified.lock().unwrap_or_else(|p| p.into_inner()).get(&compact_key(&uid)).cloned();
+    let verified = ctx.verified.get(&uid);
     let tags_due = verified
         .as_ref()
         .is_none_or(|v| v.generation != queue.metadata.generation || v.at.elapsed() >= ctx.tag_resync());
@@ -102,7 +101,7 @@ fn remember(
         _ => Instant::now(),
     };
     let entry = observe::Verified::new(&ready.url, ready.created.as_deref(), at, generation);
-    ctx.verified.lock().unwrap_or_else(|p| p.into_inner()).insert(compact_key(uid), entry);
+    ctx.verified.remember(uid, entry);
 }
 
 /// managementPolicy Observe: publish an existing queue, never write to SQS.

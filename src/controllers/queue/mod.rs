@@ -33,9 +33,8 @@ pub mod status;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -84,9 +83,8 @@ pub struct State {
     /// Per export Secret (`namespace/name`): a fingerprint of the owner and data last written or
     /// read (Secrets are not watched, see [`exports`]).
     pub secrets: crate::controllers::memory::OwnWrites<u64>,
-    /// Per Queue UID (as [`crate::controllers::memory::compact_key`]): the queue its owner tag
-    /// last proved ours, when, and at which generation.
-    verified: Mutex<HashMap<u128, observe::Verified>>,
+    /// Per Queue: the queue its owner tag last proved ours, when, and at which generation.
+    verified: observe::Proofs,
     /// When each converged Queue is checked again (its periodic resync).
     pub resyncs: Arc<Resyncs>,
     /// Wakes Queues that use a queue as their dead-letter queue when it changes.
@@ -167,7 +165,7 @@ pub fn controller(
         queues: queue_reader.clone(),
         configmaps: cm_reader,
         secrets: Default::default(),
-        verified: Mutex::default(),
+        verified: Default::default(),
         resyncs: resyncs.clone(),
         reported: Default::default(),
         dependents: tx,

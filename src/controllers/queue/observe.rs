@@ -1,6 +1,8 @@
 //! Reads: the dead-letter reference from the local cache, the queue from SQS.
 
+use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -11,6 +13,7 @@ use tracing::debug;
 
 use super::desired::{Desired, TAG_OWNER_NAME, TAG_OWNER_NAMESPACE, TAG_OWNER_UID, queue_name};
 use super::plan::{Existing, Observed, Outcome};
+use crate::controllers::memory::compact_key;
 use crate::controllers::status::ObjectStatus;
 use crate::crd::ConditionStatus;
 use crate::crd::queue::Queue;
@@ -162,6 +165,29 @@ impl Verified {
                 found.and_then(|c| c.parse::<u64>().ok()).is_some_and(|c| c <= proved + CREATED_SKEW_SECS)
             }
         }
+    }
+}
+
+/// The latest [`Verified`] per Queue, by UID. One per Queue for as long as it exists: cleanup
+/// forgets it.
+#[derive(Debug, Default)]
+pub struct Proofs(Mutex<HashMap<u128, Verified>>);
+
+impl Proofs {
+    pub fn get(&self, uid: &str) -> Option<Verified> {
+        self.lock().get(&compact_key(uid)).cloned()
+    }
+
+    pub fn remember(&self, uid: &str, proof: Verified) {
+        self.lock().insert(compact_key(uid), proof);
+    }
+
+    pub fn forget(&self, uid: &str) {
+        self.lock().remove(&compact_key(uid));
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<u128, Verified>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 

@@ -44,7 +44,7 @@ fn harness() -> Harness {
         queues,
         configmaps,
         secrets: Default::default(),
-        verified: Mutex::default(),
+        verified: Default::default(),
         resyncs: Default::default(),
         dependents: tx,
         reported: Default::default(),
