@@ -39,10 +39,9 @@ pub trait QueueBackend: Send + Sync {
     /// The limiter every call of this backend goes through.
     fn limiter(&self) -> &Limiter;
     /// The region calls go to, when known: with the account in a queue's URL it names the
-    /// queue's ARN without another call.
-    fn region(&self) -> Option<String> {
-        None
-    }
+    /// queue's ARN without another call. No default: a wrapper that forgot to forward it would
+    /// silently read every new queue's ARN back and report no region.
+    fn region(&self) -> Option<String>;
 }
 
 /// How to reach SQS. Endpoint and credentials come from the standard AWS chain

@@ -123,4 +123,8 @@ impl QueueBackend for FakeSqs {
     fn limiter(&self) -> &Limiter {
         &self.limiter
     }
+    /// Unknown, as for an endpoint without a region: ARNs are read from the attributes.
+    fn region(&self) -> Option<String> {
+        None
+    }
 }
