@@ -414,16 +414,13 @@ async fn queue_controller_as(
     client: kube::Client,
     ns: &TestNs,
 ) -> (Arc<skyport::controllers::queue::Context>, oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
-    let sqs_provider = providers::SqsProvider::from_env(&providers::SqsSettings {
-        operation_timeout: Duration::from_secs(5),
-        ..Default::default()
-    })
-    .await;
+    let aws = providers::SqsSettings { operation_timeout: Duration::from_secs(5), ..Default::default() };
+    let sqs_provider = providers::SqsProvider::from_env(&aws).await;
     let (stop, stopped) = oneshot::channel::<()>();
     let (ctx, run) = skyport::controllers::queue::controller(
         client,
         Arc::new(sqs_provider),
-        Default::default(),
+        aws,
         fast_settings(),
         Some(ns.name.clone()),
         async {

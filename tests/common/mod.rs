@@ -150,17 +150,18 @@ impl Operator {
 
     /// Like [`Operator::start`], talking to SQS at `endpoint` instead of `AWS_ENDPOINT_URL`.
     pub async fn start_with_endpoint(ns: &TestNs, settings: QueueArgs, endpoint: Option<String>) -> Self {
-        let sqs = providers::SqsProvider::from_env(&providers::SqsSettings {
+        // One budget for the client and the controller, as `skyport run` has: the controller
+        // paces resyncs by it and builds AwsAccounts' clients from it.
+        let aws = providers::SqsSettings {
             endpoint_url: endpoint,
             operation_timeout: Duration::from_secs(5),
             // Tests make Queues faster than SQS's tagging quota allows (tagging is not budgeted
             // by LocalStack); the sub-budget itself has unit tests.
             tag_rate_per_second: std::num::NonZeroU32::new(40).expect("non-zero"),
             ..Default::default()
-        })
-        .await;
+        };
+        let sqs = providers::SqsProvider::from_env(&aws).await;
         let (tx, rx) = oneshot::channel::<()>();
-        let aws = providers::SqsSettings { operation_timeout: Duration::from_secs(5), ..Default::default() };
         let (ctx, run) = controller(ns.client.clone(), Arc::new(sqs), aws, settings, Some(ns.name.clone()), async {
             let _ = rx.await;
         });
