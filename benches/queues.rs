@@ -981,6 +981,14 @@ async fn baseline_one(api: &Api<Queue>, sqs: &dyn QueueBackend, q: &Queue, write
 
 type Versions = HashMap<String, Option<String>>;
 
+async fn versions_of<K>(api: Api<K>) -> anyhow::Result<Versions>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let list = api.list(&ListParams::default()).await?;
+    Ok(list.items.iter().map(|o| (o.name_any(), o.resource_version())).collect())
+}
+
 /// How many objects of `after` are new or have another resourceVersion than in `before`.
 fn changed(before: &Versions, after: &Versions) -> usize {
     after.iter().filter(|(k, v)| before.get(*k) != Some(*v)).count()
@@ -1104,23 +1112,8 @@ impl Bench {
 
     /// resourceVersion per Queue and per ConfigMap in `ns`.
     async fn versions(&self, ns: &str) -> anyhow::Result<(Versions, Versions)> {
-        let queues: Api<Queue> = Api::namespaced(self.driver.clone(), ns);
-        let cms: Api<ConfigMap> = Api::namespaced(self.driver.clone(), ns);
-        let q = queues
-            .list(&ListParams::default())
-            .await?
-            .items
-            .iter()
-            .map(|q| (q.name_any(), q.resource_version()))
-            .collect();
-        let c = cms
-            .list(&ListParams::default())
-            .await?
-            .items
-            .iter()
-            .map(|c| (c.name_any(), c.resource_version()))
-            .collect();
-        Ok((q, c))
+        let queues = versions_of(Api::<Queue>::namespaced(self.driver.clone(), ns)).await?;
+        Ok((queues, versions_of(Api::<ConfigMap>::namespaced(self.driver.clone(), ns)).await?))
     }
 
     /// Events in `ns` by reason, a series counted as its repeats.
