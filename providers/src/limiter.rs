@@ -63,6 +63,8 @@ impl CallCounters {
 #[derive(Debug)]
 pub struct Limiter {
     bucket: DefaultDirectRateLimiter,
+    /// The bucket's sustained rate, for callers that pace themselves by it.
+    per_second: f64,
     /// A tighter budget that some operations spend as well as the shared one (SQS's tagging
     /// actions have a quota of their own).
     sub: Option<SubBudget>,
@@ -73,16 +75,18 @@ pub struct Limiter {
 struct SubBudget {
     operations: &'static [&'static str],
     bucket: DefaultDirectRateLimiter,
+    per_second: f64,
+}
+
+/// Sustained cells per second of `quota`.
+fn rate_of(quota: &Quota) -> f64 {
+    1.0 / quota.replenish_interval().as_secs_f64().max(f64::MIN_POSITIVE)
 }
 
 impl Limiter {
     /// `per_second` sustained calls with bursts of up to `burst`.
     pub fn new(per_second: NonZeroU32, burst: NonZeroU32) -> Self {
-        Limiter {
-            bucket: RateLimiter::direct(Quota::per_second(per_second).allow_burst(burst)),
-            sub: None,
-            counters: CallCounters::default(),
-        }
+        Self::from_quota(Quota::per_second(per_second).allow_burst(burst))
     }
 
     /// Also holds `operations` to `per_second` (bursts of `burst`), within the shared budget.
@@ -92,14 +96,28 @@ impl Limiter {
         per_second: NonZeroU32,
         burst: NonZeroU32,
     ) -> Self {
-        let bucket = RateLimiter::direct(Quota::per_second(per_second).allow_burst(burst));
-        self.sub = Some(SubBudget { operations, bucket });
+        let quota = Quota::per_second(per_second).allow_burst(burst);
+        self.sub = Some(SubBudget { operations, bucket: RateLimiter::direct(quota), per_second: rate_of(&quota) });
         self
     }
 
     /// Any `governor` quota, e.g. one cell per 900 ms with a burst of 60 for an hourly budget.
     pub fn from_quota(quota: Quota) -> Self {
-        Limiter { bucket: RateLimiter::direct(quota), sub: None, counters: CallCounters::default() }
+        Limiter {
+            bucket: RateLimiter::direct(quota),
+            per_second: rate_of(&quota),
+            sub: None,
+            counters: CallCounters::default(),
+        }
+    }
+
+    /// Sustained calls per second `operation` may make: its sub-budget's rate when it has one
+    /// (never more than the shared rate), else the shared rate.
+    pub fn rate_for(&self, operation: &'static str) -> f64 {
+        match &self.sub {
+            Some(sub) if sub.operations.contains(&operation) => sub.per_second.min(self.per_second),
+            _ => self.per_second,
+        }
     }
 
     /// Counts `waited` as time spent waiting before a call, for waits decided outside the
@@ -168,6 +186,18 @@ mod tests {
         limiter.acquire("ListQueueTags").await;
         assert_eq!(limiter.counters.waits().0, 1, "the third tagging call waited for its own budget");
         assert_eq!(limiter.counters.total(), 13);
+    }
+
+    #[test]
+    fn the_sustained_rate_is_known_per_operation() {
+        let n = |v| NonZeroU32::new(v).unwrap();
+        let limiter = Limiter::new(n(48), n(96)).with_sub_budget(&["ListQueueTags"], n(24), n(24));
+        assert!((limiter.rate_for("GetQueueAttributes") - 48.0).abs() < 1e-6);
+        assert!((limiter.rate_for("ListQueueTags") - 24.0).abs() < 1e-6);
+        let capped = Limiter::new(n(10), n(10)).with_sub_budget(&["ListQueueTags"], n(24), n(24));
+        assert!((capped.rate_for("ListQueueTags") - 10.0).abs() < 1e-6, "the shared budget caps a sub-budget");
+        let hourly = Limiter::from_quota(Quota::with_period(Duration::from_millis(900)).unwrap());
+        assert!((hourly.rate_for("GET") - 1.0 / 0.9).abs() < 1e-6);
     }
 
     #[test]

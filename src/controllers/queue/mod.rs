@@ -105,9 +105,10 @@ impl State {
     /// How often a converged Queue reads its attributes: `--queue-resync`, stretched so these
     /// checks take at most half the SQS budget ([`pace`]). Counted over all Queues, as if they
     /// shared one budget: Queues spread over several accounts are checked less often than they
-    /// could be, never more.
+    /// could be, never more. The budget is the one the SQS client really has (its limiter), so
+    /// an operator embedded with other settings than its client's cannot pace by the wrong one.
     pub fn resync(&self) -> Duration {
-        pace::period(self.settings.resync, self.queues.len(), self.accounts.settings().rate_per_second.get())
+        pace::period(self.settings.resync, self.queues.len(), self.sqs.limiter().rate_for("GetQueueAttributes"))
     }
 
     /// A converged Queue's next check, after `delay`: kept in [`Resyncs`] (32 bytes) rather than
@@ -120,7 +121,7 @@ impl State {
     /// How often, at most, a converged Queue reads its tags: `--queue-tag-resync`, stretched
     /// against the tagging budget in the same way.
     pub fn tag_resync(&self) -> Duration {
-        pace::period(self.settings.tag_resync, self.queues.len(), self.accounts.settings().tag_rate_per_second.get())
+        pace::period(self.settings.tag_resync, self.queues.len(), self.sqs.limiter().rate_for("ListQueueTags"))
     }
 }
 

@@ -26,7 +26,7 @@ pub struct FakeSqs {
 impl Default for FakeSqs {
     fn default() -> Self {
         let n = NonZeroU32::new(1000).expect("non-zero");
-        FakeSqs { queues: Mutex::default(), limiter: Limiter::new(n, n) }
+        FakeSqs::with_limiter(Limiter::new(n, n))
     }
 }
 
@@ -37,6 +37,11 @@ fn name_of(url: &str) -> &str {
 }
 
 impl FakeSqs {
+    /// A fake SQS behind `limiter` (the controller paces its resyncs by its client's budget).
+    pub fn with_limiter(limiter: Limiter) -> Self {
+        FakeSqs { queues: Mutex::default(), limiter }
+    }
+
     fn call(&self, op: &'static str) -> Result<std::sync::MutexGuard<'_, Queues>, QueueError> {
         let mut q = self.queues.lock().unwrap_or_else(|p| p.into_inner());
         q.calls.push(op);
