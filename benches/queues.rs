@@ -655,7 +655,8 @@ struct Operator {
 }
 
 impl Operator {
-    /// `aws` must be the budget `sqs` was built with: the controller paces its resyncs by it.
+    /// `aws`: the settings `sqs` was built with, as `skyport run` has them (the controller builds
+    /// AwsAccounts' clients from them).
     async fn start(
         client: Client,
         sqs: Arc<dyn QueueBackend>,

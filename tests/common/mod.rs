@@ -150,8 +150,8 @@ impl Operator {
 
     /// Like [`Operator::start`], talking to SQS at `endpoint` instead of `AWS_ENDPOINT_URL`.
     pub async fn start_with_endpoint(ns: &TestNs, settings: QueueArgs, endpoint: Option<String>) -> Self {
-        // One budget for the client and the controller, as `skyport run` has: the controller
-        // paces resyncs by it and builds AwsAccounts' clients from it.
+        // One set of settings for the client and the controller, as `skyport run` has: the
+        // controller builds AwsAccounts' clients from them.
         let aws = providers::SqsSettings {
             endpoint_url: endpoint,
             operation_timeout: Duration::from_secs(5),
