@@ -84,8 +84,13 @@ fn helm_template(extra: &[&str]) -> String {
 
 /// The install namespace must exist for a server-side dry run of the objects inside it (the
 /// dry run does not create the Namespace). Applying it is what an install does first anyway.
+/// Once per process: two tests applying it at the same moment both find it missing, and the
+/// second create fails with AlreadyExists (it did in CI).
 fn ensure_install_namespace() {
-    run("kubectl", &["apply", "-f", "deploy/namespace.yaml"], None);
+    static APPLIED: std::sync::Once = std::sync::Once::new();
+    APPLIED.call_once(|| {
+        run("kubectl", &["apply", "-f", "deploy/namespace.yaml"], None);
+    });
 }
 
 /// Removes what only Helm adds (its bookkeeping labels), then keys objects by kind/namespace/name.
