@@ -63,6 +63,16 @@ fn harness_with(sqs: FakeSqs) -> Harness {
 }
 
 impl Harness {
+    /// `n` other Queues in the controller's cache, as a large install has.
+    fn cache_others(&mut self, n: usize) {
+        for i in 0..n {
+            let mut other = queue(QueueSpec::default());
+            other.metadata.name = Some(format!("q-{i}"));
+            other.metadata.uid = Some(format!("uid-q-{i}"));
+            self.queues.apply_watcher_event(&watcher::Event::Apply(other));
+        }
+    }
+
     /// Stores `queue` in the fake API and returns it as the API has it.
     fn put(&self, queue: &Queue) -> Arc<Queue> {
         Arc::new(serde_json::from_value(self.api.put(PATH, serde_json::to_value(queue).unwrap())).unwrap())
@@ -362,12 +372,7 @@ async fn many_converged_queues_stretch_their_resync_to_half_the_budget() {
     let resync = |h: &Harness| h.ctx.resyncs.due_in(&object_key(&h.current())).expect("resynced").as_secs_f64();
     let alone = resync(&h);
     assert!((54.0..=60.0).contains(&alone), "one Queue resyncs at --queue-resync: {alone} s");
-    for i in 0..3_000 {
-        let mut other = queue(QueueSpec::default());
-        other.metadata.name = Some(format!("q-{i}"));
-        other.metadata.uid = Some(format!("uid-q-{i}"));
-        h.queues.apply_watcher_event(&watcher::Event::Apply(other));
-    }
+    h.cache_others(3_000);
     h.ctx.written.forget(&object_key(&h.current()));
     h.reconcile(Arc::new(h.current())).await.unwrap();
     let many = resync(&h);
@@ -382,12 +387,7 @@ async fn many_converged_queues_stretch_their_resync_to_half_the_budget() {
 async fn the_resync_is_paced_by_the_sqs_clients_own_budget() {
     // The fake's budget is 1,000 calls/s; the controller's settings say 48.
     let mut h = harness();
-    for i in 0..3_000 {
-        let mut other = queue(QueueSpec::default());
-        other.metadata.name = Some(format!("q-{i}"));
-        other.metadata.uid = Some(format!("uid-q-{i}"));
-        h.queues.apply_watcher_event(&watcher::Event::Apply(other));
-    }
+    h.cache_others(3_000);
     assert_eq!(h.ctx.resync(), h.ctx.settings.resync, "3,000 checks per minute fit half of 1,000/s");
     assert_eq!(h.ctx.tag_resync(), h.ctx.settings.tag_resync);
 }
