@@ -1,223 +1,17 @@
-//! Command line and environment configuration.
+//! Tunnel and LoadBalancer Service controller flags: which Services get a Tunnel, which exit
+//! servers a Tunnel may order, and where those servers get the binary they run.
 
-use std::net::SocketAddr;
-use std::num::NonZeroU32;
 use std::time::Duration;
 
-use clap::{ArgAction, Args, Parser, Subcommand};
+use clap::{ArgAction, Args};
 
-use crate::telemetry::LogFormat;
-
-/// skyport: provisions cloud resources declared as Kubernetes objects.
-#[derive(Debug, Parser)]
-#[command(name = "skyport", version, about, long_about = None)]
-pub struct Cli {
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Run the controllers against the current kubeconfig or the in-cluster config.
-    // A flag given twice takes the last value, so manifests can append overrides.
-    #[command(args_override_self = true)]
-    Run(Box<RunArgs>),
-    /// Run one end of a tunnel (rathole 0.5.0 built in): `server` on an exit server, `client` in
-    /// the cluster's tunnel client Deployment.
-    Tunnel {
-        #[command(subcommand)]
-        role: TunnelRole,
-    },
-    /// Print the CustomResourceDefinitions as YAML (what `crds/` holds).
-    Crds {
-        /// Write one file per CRD (`<singular>.yaml`) into this directory instead of printing.
-        #[arg(long)]
-        dir: Option<std::path::PathBuf>,
-    },
-}
-
-/// The two ends of a tunnel.
-#[derive(Debug, Subcommand)]
-pub enum TunnelRole {
-    /// The exit server: publishes the ports its configuration lists and forwards them to the
-    /// connected client (the configuration is reloaded when the file changes).
-    Server {
-        /// rathole server configuration (`[server]`), as the operator renders it.
-        #[arg(long)]
-        config: std::path::PathBuf,
-        /// TCP port, on the control channel's address, where the operator pushes new
-        /// configurations (sealed with a key derived from the server's Noise key); 0 turns
-        /// pushes off.
-        #[arg(long, default_value_t = providers::push::PUSH_PORT)]
-        push_port: u16,
-    },
-    /// Renders the exit server's nftables ruleset from the ports of a server configuration
-    /// (run as root by the VM's firewall unit after each config push).
-    Firewall {
-        /// rathole server configuration to read the ports from.
-        #[arg(long)]
-        config: std::path::PathBuf,
-        /// Where to write the ruleset (replaced through a rename).
-        #[arg(long)]
-        output: std::path::PathBuf,
-        /// The push port to keep open; 0 for none.
-        #[arg(long, default_value_t = providers::push::PUSH_PORT)]
-        push_port: u16,
-    },
-    /// The in-cluster client: dials the exit server and forwards each service to its
-    /// `local_addr`; also answers the operator's health check on the `skyport-health` service.
-    Client {
-        /// rathole client configuration (`[client]`), as the operator renders it.
-        #[arg(long)]
-        config: std::path::PathBuf,
-    },
-}
+use super::QueueArgs;
 
 /// The operator's own image: the default for the tunnel client, which runs `skyport tunnel client`.
 pub const OWN_IMAGE: &str = concat!("ghcr.io/skyport-dev/skyport:", env!("CARGO_PKG_VERSION"));
 /// Where exit servers download the skyport binary by default: the project's release artifacts.
 pub const DEFAULT_EXIT_SERVER_URL: &str =
     "https://github.com/skyport-dev/skyport/releases/download/v{version}/skyport-{arch}";
-
-/// Settings of `skyport run`. Every flag can also be set through the environment variable shown.
-#[derive(Debug, Clone, Args)]
-pub struct RunArgs {
-    /// Watch only this namespace (default: all namespaces).
-    #[arg(long, env = "SKYPORT_NAMESPACE")]
-    pub namespace: Option<String>,
-
-    /// Log format.
-    #[arg(long, env = "SKYPORT_LOG_FORMAT", value_enum, default_value = "text")]
-    pub log_format: LogFormat,
-
-    /// Address of the HTTP server for /healthz, /readyz and /metrics (port 0 picks a free port;
-    /// the address is logged). Loopback by default; in a Pod the manifests pass 0.0.0.0:8080 so
-    /// the kubelet's probes and Prometheus reach it.
-    #[arg(long, env = "SKYPORT_LISTEN_ADDRESS", default_value = "127.0.0.1:8080")]
-    pub listen_address: SocketAddr,
-
-    #[command(flatten)]
-    pub leader: LeaderArgs,
-
-    #[command(flatten)]
-    pub queue: QueueArgs,
-
-    #[command(flatten)]
-    pub aws: AwsArgs,
-
-    #[command(flatten)]
-    pub tunnel: TunnelArgs,
-}
-
-/// Leader election: with several replicas, only the holder of a coordination.k8s.io Lease runs
-/// the controllers; the others wait and take over when the lease expires.
-#[derive(Debug, Clone, Args)]
-pub struct LeaderArgs {
-    /// Run the controllers only while holding the Lease (needed with more than one replica).
-    #[arg(long = "leader-elect", env = "SKYPORT_LEADER_ELECT", default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    pub enabled: bool,
-
-    /// Name of the Lease.
-    #[arg(long = "lease-name", env = "SKYPORT_LEASE_NAME", default_value = "skyport")]
-    pub lease_name: String,
-
-    /// Namespace of the Lease (default: POD_NAMESPACE, else the kubeconfig's namespace).
-    #[arg(long = "lease-namespace", env = "SKYPORT_LEASE_NAMESPACE")]
-    pub lease_namespace: Option<String>,
-
-    /// How long the Lease stays valid without renewal: a standby takes over within this long
-    /// after the leader's last renewal (plus up to a second). The leader renews half of it
-    /// before expiry.
-    #[arg(long = "lease-duration", env = "SKYPORT_LEASE_DURATION", default_value = "15s", value_parser = parse_lease_duration)]
-    pub lease_duration: Duration,
-}
-
-fn parse_lease_duration(s: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
-    if d < Duration::from_secs(3) || d.subsec_nanos() != 0 {
-        return Err("must be whole seconds, at least 3s".into());
-    }
-    Ok(d)
-}
-
-/// Queue controller settings.
-#[derive(Debug, Clone, Args)]
-pub struct QueueArgs {
-    /// How often a Ready Queue is compared with SQS to catch changes made outside skyport
-    /// (each period is shortened by up to 10% at random so reconciles do not bunch up). With
-    /// more Queues than half of --sqs-rate can check in this period, the period stretches to
-    /// Queues / (--sqs-rate / 2), so new and changed Queues keep the other half.
-    #[arg(long = "queue-resync", env = "SKYPORT_QUEUE_RESYNC", default_value = "60s", value_parser = humantime::parse_duration)]
-    pub resync: Duration,
-
-    /// How often, at most, a converged queue's tags are re-read (attributes are read every
-    /// resync; tags also whenever the spec changes). Stretches like --queue-resync, against
-    /// half of --sqs-tag-rate.
-    #[arg(long = "queue-tag-resync", env = "SKYPORT_QUEUE_TAG_RESYNC", default_value = "10m", value_parser = humantime::parse_duration)]
-    pub tag_resync: Duration,
-
-    /// Queues reconciled in parallel.
-    #[arg(long = "queue-concurrency", env = "SKYPORT_QUEUE_CONCURRENCY", default_value_t = 8)]
-    pub concurrency: u16,
-
-    /// First retry delay after a transient error; doubles per consecutive failure.
-    #[arg(long = "error-backoff-min", env = "SKYPORT_ERROR_BACKOFF_MIN", default_value = "1s", value_parser = humantime::parse_duration)]
-    pub backoff_min: Duration,
-
-    /// Longest retry delay after repeated transient errors.
-    #[arg(long = "error-backoff-max", env = "SKYPORT_ERROR_BACKOFF_MAX", default_value = "5m", value_parser = humantime::parse_duration)]
-    pub backoff_max: Duration,
-
-    /// Retry delay while SQS refuses to reuse a recently deleted queue name (the refusal lasts
-    /// 60 s after the deletion).
-    #[arg(long = "recently-deleted-retry", env = "SKYPORT_RECENTLY_DELETED_RETRY", default_value = "15s", value_parser = humantime::parse_duration)]
-    pub recently_deleted_retry: Duration,
-}
-
-impl Default for QueueArgs {
-    fn default() -> Self {
-        QueueArgs {
-            resync: Duration::from_secs(60),
-            tag_resync: Duration::from_secs(600),
-            concurrency: 8,
-            backoff_min: Duration::from_secs(1),
-            backoff_max: Duration::from_secs(300),
-            recently_deleted_retry: Duration::from_secs(15),
-        }
-    }
-}
-
-/// AWS settings. Credentials and endpoints come from the standard AWS chain: AWS_ACCESS_KEY_ID /
-/// AWS_SECRET_ACCESS_KEY, AWS_PROFILE, web identity (IRSA), EKS Pod Identity; AWS_ENDPOINT_URL or
-/// AWS_ENDPOINT_URL_SQS point at an emulator such as LocalStack.
-#[derive(Debug, Clone, Args)]
-pub struct AwsArgs {
-    /// AWS region (default: AWS_REGION / AWS_DEFAULT_REGION / profile).
-    #[arg(long = "aws-region", env = "SKYPORT_AWS_REGION")]
-    pub region: Option<String>,
-
-    /// Sustained SQS control-plane calls per second, for all Queues of one AWS account and
-    /// region together. SQS publishes no rate quota for the queue-management actions skyport
-    /// makes (CreateQueue, Get/SetQueueAttributes, DeleteQueue); the budget keeps a restart or a
-    /// storm of new Queues from flooding an account other workloads share. The default is twice
-    /// the default --sqs-tag-rate: a new Queue costs one CreateQueue and one ListQueueTags, so a
-    /// storm goes at the pace of SQS's tagging quota, not of this budget.
-    #[arg(long = "sqs-rate", env = "SKYPORT_SQS_RATE", default_value_t = providers::sqs::DEFAULT_RATE, verbatim_doc_comment)]
-    pub sqs_rate: NonZeroU32,
-
-    /// Sustained tagging calls per second (ListQueueTags, TagQueue, UntagQueue) within
-    /// --sqs-rate, and their burst. SQS limits tagging actions to 30 per second per account
-    /// (Amazon SQS Developer Guide, "Quotas related to queues"); the default is 80 % of that, as
-    /// the DigitalOcean and Hetzner budgets are sized. Every new Queue costs one ListQueueTags
-    /// (the proof that the queue is its own), so this also paces a storm of new Queues. Raise
-    /// it once AWS has raised the account's quota.
-    #[arg(long = "sqs-tag-rate", env = "SKYPORT_SQS_TAG_RATE", default_value_t = providers::sqs::DEFAULT_TAG_RATE, verbatim_doc_comment)]
-    pub sqs_tag_rate: NonZeroU32,
-
-    /// SQS calls allowed in a burst above the sustained rate (one second of the default rate).
-    #[arg(long = "sqs-burst", env = "SKYPORT_SQS_BURST", default_value_t = providers::sqs::DEFAULT_RATE)]
-    pub sqs_burst: NonZeroU32,
-}
 
 /// Tunnel settings: which LoadBalancer Services get a Tunnel, and where exit servers run.
 #[derive(Debug, Clone, Args)]
@@ -417,18 +211,6 @@ impl TunnelArgs {
     }
 }
 
-impl AwsArgs {
-    pub fn sqs_settings(&self) -> providers::SqsSettings {
-        providers::SqsSettings {
-            region: self.region.clone(),
-            rate_per_second: self.sqs_rate,
-            burst: self.sqs_burst,
-            tag_rate_per_second: self.sqs_tag_rate,
-            ..Default::default()
-        }
-    }
-}
-
 /// `REGION=AMI` of `--ec2-region-image`.
 fn region_image(text: &str) -> Result<(String, String), String> {
     let (region, ami) = text.split_once('=').ok_or_else(|| format!("{text:?} is not REGION=AMI"))?;
@@ -446,29 +228,10 @@ fn region_image(text: &str) -> Result<(String, String), String> {
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+
     use super::*;
-
-    #[test]
-    fn flags_parse_durations_and_limits() {
-        let cli =
-            Cli::try_parse_from(["skyport", "run", "--queue-resync", "5s", "--sqs-rate", "3", "--namespace", "team-a"])
-                .unwrap();
-        let Command::Run(run) = cli.command else { panic!("expected run") };
-        assert_eq!(run.queue.resync, Duration::from_secs(5));
-        assert_eq!(run.aws.sqs_rate.get(), 3);
-        assert_eq!(run.namespace.as_deref(), Some("team-a"));
-    }
-
-    #[test]
-    fn the_sqs_budget_defaults_stay_under_sqs_tagging_quota() {
-        let Command::Run(run) = Cli::try_parse_from(["skyport", "run"]).unwrap().command else { panic!("run") };
-        let settings = run.aws.sqs_settings();
-        let quota = providers::sqs::TAGGING_QUOTA_PER_SECOND;
-        assert_eq!(settings.tag_rate_per_second.get(), quota * 4 / 5, "80 % of the tagging quota");
-        // A storm of new Queues (CreateQueue + ListQueueTags each) is paced by tagging alone.
-        assert!(settings.rate_per_second.get() >= 2 * settings.tag_rate_per_second.get());
-        assert_eq!(settings.burst, settings.rate_per_second);
-    }
+    use crate::config::{Cli, Command};
 
     #[test]
     fn ec2_region_images_are_region_ami_pairs_repeated_or_comma_separated() {
@@ -488,35 +251,6 @@ mod tests {
             let err = Cli::try_parse_from(["skyport", "run", "--ec2-region-image", bad]).unwrap_err().to_string();
             assert!(err.contains("REGION=AMI") || err.contains("region") || err.contains("AMI"), "{bad}: {err}");
         }
-    }
-
-    #[test]
-    fn leader_election_is_off_by_default_and_takes_a_lease_duration() {
-        let cli = Cli::try_parse_from(["skyport", "run"]).unwrap();
-        let Command::Run(run) = cli.command else { panic!("expected run") };
-        assert!(!run.leader.enabled);
-        assert_eq!(run.leader.lease_name, "skyport");
-        assert_eq!(run.listen_address.to_string(), "127.0.0.1:8080");
-        let cli = Cli::try_parse_from([
-            "skyport",
-            "run",
-            "--leader-elect",
-            "--lease-duration",
-            "5s",
-            "--listen-address",
-            "127.0.0.1:0",
-        ])
-        .unwrap();
-        let Command::Run(run) = cli.command else { panic!("expected run") };
-        assert!(run.leader.enabled);
-        assert_eq!(run.leader.lease_duration, Duration::from_secs(5));
-        let off = Cli::try_parse_from(["skyport", "run", "--leader-elect=false"]).unwrap();
-        let Command::Run(run) = off.command else { panic!("expected run") };
-        assert!(!run.leader.enabled);
-        assert!(Cli::try_parse_from(["skyport", "run", "--lease-duration", "1500ms"]).is_err());
-        let twice = Cli::try_parse_from(["skyport", "run", "--queue-resync=60s", "--queue-resync=30s"]).unwrap();
-        let Command::Run(run) = twice.command else { panic!("expected run") };
-        assert_eq!(run.queue.resync, Duration::from_secs(30), "the last occurrence wins");
     }
 
     #[test]
@@ -547,19 +281,6 @@ mod tests {
     }
 
     #[test]
-    fn the_tunnel_subcommands_take_a_config_file() {
-        let cli = Cli::try_parse_from(["skyport", "tunnel", "client", "--config", "/etc/skyport/client.toml"]).unwrap();
-        let Command::Tunnel { role: TunnelRole::Client { config } } = cli.command else { panic!("expected client") };
-        assert_eq!(config, std::path::Path::new("/etc/skyport/client.toml"));
-        assert!(Cli::try_parse_from(["skyport", "tunnel", "server"]).is_err(), "--config is required");
-        let cli = Cli::try_parse_from(["skyport", "run", "--exit-server-sha256", "aarch64=ab,riscv64=cd"]).unwrap();
-        let Command::Run(run) = cli.command else { panic!("expected run") };
-        assert_eq!(run.tunnel.exit_server_sha256, ["aarch64=ab", "riscv64=cd"]);
-        assert_eq!(run.tunnel.self_exe, std::path::Path::new("/proc/self/exe"));
-        assert_eq!(run.tunnel.client_image, OWN_IMAGE);
-    }
-
-    #[test]
     fn allowed_sizes_and_regions_are_comma_lists_empty_by_default() {
         let cli = Cli::try_parse_from(["skyport", "run"]).unwrap();
         let Command::Run(run) = cli.command else { panic!("expected run") };
@@ -575,10 +296,5 @@ mod tests {
         let Command::Run(run) = cli.command else { panic!("expected run") };
         assert_eq!(run.tunnel.allowed_sizes, ["t3.nano", "t3.micro"]);
         assert_eq!(run.tunnel.allowed_regions, ["fra1"]);
-    }
-
-    #[test]
-    fn a_zero_rate_is_refused() {
-        assert!(Cli::try_parse_from(["skyport", "run", "--sqs-rate", "0"]).is_err());
     }
 }
