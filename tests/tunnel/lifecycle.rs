@@ -1,0 +1,275 @@
+//! A Tunnel's life with the local provider: real bytes through its exit server, port changes on
+//! the same server, a fresh server when the Tunnel is deleted, a lost server replaced, cleanup
+//! when the Service goes, and the sweep of hosts no Tunnel owns.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Secret, Service};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use providers::HostProvider;
+use providers::hosts::{MANAGED_BY_VALUE, TAG_CLUSTER, TAG_MANAGED_BY};
+use skyport::crd::{ConditionStatus, Tunnel, TunnelPhase};
+
+use crate::NEEDS_ENV;
+use crate::common::kubelet::{Backends, ClientRunner, udp_echo};
+use crate::common::{TestNs, eventually};
+use crate::tunnels::{
+    self, TunnelOperator, active, carries, events, fast_tunnel_settings, finish_tunnels, host_id, host_ip, ingress_ip,
+    web,
+};
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn a_load_balancer_service_gets_an_exit_server_and_real_bytes_flow_through_it() {
+    let _ = NEEDS_ENV;
+    let ns = TestNs::new("tun-bytes").await;
+    let op = TunnelOperator::start(&ns, fast_tunnel_settings()).await;
+    let services: Api<Service> = ns.api();
+    let tunnels: Api<Tunnel> = ns.api();
+    services.create(&PostParams::default(), &web("web")).await.unwrap();
+    // The tunnel client runs (as a kubelet would run its Deployment): Active needs it.
+    let kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
+
+    let tunnel = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+    let ip = host_ip(&tunnel);
+    let status = tunnel.status.clone().unwrap();
+    assert_eq!(status.provider.as_deref(), Some("local"));
+    let ready = status.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!((ready.status, ready.reason.as_str()), (ConditionStatus::True, "Active"));
+    assert_eq!(status.observed_generation, tunnel.metadata.generation);
+    let owner = &tunnel.owner_references()[0];
+    assert_eq!((owner.kind.as_str(), owner.controller), ("Service", Some(true)));
+
+    // The Service shows the exit server's address, ipMode Proxy, with its ports.
+    let svc = eventually("Service ingress set", Duration::from_secs(20), || async {
+        let s = services.get("web").await.ok()?;
+        (ingress_ip(&s)? == ip).then_some(s)
+    })
+    .await;
+    let ingress = &svc.status.unwrap().load_balancer.unwrap().ingress.unwrap()[0];
+    assert_eq!(ingress.ip_mode.as_deref(), Some("Proxy"));
+    let ports: Vec<_> = ingress.ports.clone().unwrap().into_iter().map(|p| (p.port, p.protocol)).collect();
+    assert_eq!(ports, [(5353, "UDP".to_string()), (8080, "TCP".to_string())]);
+    assert!(svc.spec.unwrap().external_ips.is_none(), "spec.externalIPs is never touched");
+
+    // The client Deployment is hardened, single, recreated on change; secrets stay in the Secret.
+    let deployment: Deployment = ns.api().get("web-tunnel-client").await.unwrap();
+    let spec = deployment.spec.clone().unwrap();
+    assert_eq!(spec.replicas, Some(1));
+    assert_eq!(spec.strategy.unwrap().type_.as_deref(), Some("Recreate"));
+    let pod = spec.template.spec.unwrap();
+    assert_eq!(pod.security_context.unwrap().run_as_non_root, Some(true));
+    let container = &pod.containers[0];
+    assert!(container.resources.as_ref().unwrap().limits.is_some());
+    let secret: Secret = ns.api().get("web-tunnel-credentials").await.unwrap();
+    let token = String::from_utf8(secret.data.unwrap()["token"].0.clone()).unwrap();
+    let visible =
+        serde_json::to_string(&(&tunnel, &deployment, events(&ns.client, &ns.name, "web-tunnel").await)).unwrap();
+    assert!(!visible.contains(&token), "the tunnel token leaked into status, the Deployment or Events");
+
+    // Real bytes: the real rathole client (run from the Deployment) and server carry TCP and UDP.
+    carries(&ip, 8080, Some(5353)).await;
+    // Steady state: another resync changes nothing.
+    let writes = op.ctx.api_writes.get();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(op.ctx.api_writes.get(), writes, "an Active Tunnel costs no API writes");
+
+    // The client's pod dies and is started again: bytes flow again through the same exit server.
+    let host = host_id(&tunnel);
+    let pid = kubelet.pid.load(Ordering::Relaxed);
+    assert!(std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
+    eventually("the client started again", Duration::from_secs(20), || async {
+        (kubelet.starts.load(Ordering::Relaxed) == 2).then_some(())
+    })
+    .await;
+    carries(&ip, 8080, Some(5353)).await;
+    let after = active(&tunnels, "web-tunnel", Duration::from_secs(30)).await;
+    assert_eq!((host_id(&after), host_ip(&after)), (host, ip), "a client restart keeps the exit server");
+    finish_tunnels(op, ns).await;
+}
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn service_port_changes_follow_on_the_same_exit_server() {
+    let ns = TestNs::new("tun-ports").await;
+    let op = TunnelOperator::start(&ns, fast_tunnel_settings()).await;
+    let services: Api<Service> = ns.api();
+    let tunnels: Api<Tunnel> = ns.api();
+    services.create(&PostParams::default(), &web("web")).await.unwrap();
+    // The tunnel client runs (as a kubelet would run its Deployment): Active needs it.
+    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
+    let before = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+    carries(&host_ip(&before), 8080, None).await;
+
+    // Add a TCP port and drop the UDP one.
+    let patch = serde_json::json!({"spec": {"ports": [
+        {"name": "http", "port": 8080, "protocol": "TCP"}, {"name": "admin", "port": 9090, "protocol": "TCP"}]}});
+    services.patch("web", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    let after = eventually("Tunnel exposes 8080 and 9090", Duration::from_secs(30), || async {
+        let t = tunnels.get("web-tunnel").await.ok()?;
+        let ports: Vec<i32> = t.status.as_ref()?.ports.iter().map(|p| p.port).collect();
+        (ports == [8080, 9090] && t.status.as_ref()?.phase == Some(TunnelPhase::Active)).then_some(t)
+    })
+    .await;
+    assert_eq!(host_id(&after), host_id(&before), "no new exit server for a port change");
+    assert_eq!(host_ip(&after), host_ip(&before), "the address stays");
+    // Through a config push to the running server, as on a cloud VM: it persisted the push's
+    // generation beside its config.
+    let generation = std::fs::read_to_string(op.local.host_dir(&host_id(&after)).join("server.toml.generation"));
+    assert!(generation.is_ok_and(|g| g.trim().parse::<u64>().is_ok_and(|g| g >= 1)), "no push reached the server");
+    carries(&host_ip(&after), 9090, None).await;
+    carries(&host_ip(&after), 8080, None).await;
+    eventually("UDP 5353 closed", Duration::from_secs(20), || async {
+        udp_echo(&host_ip(&after), 5353, b"x").await.is_none().then_some(())
+    })
+    .await;
+    eventually("Service ingress lists 8080 and 9090", Duration::from_secs(20), || async {
+        let s = services.get("web").await.ok()?;
+        let ports: Vec<i32> =
+            s.status?.load_balancer?.ingress?.first()?.ports.clone()?.iter().map(|p| p.port).collect();
+        (ports == [8080, 9090]).then_some(())
+    })
+    .await;
+    let reasons: Vec<String> = events(&ns.client, &ns.name, "web-tunnel").await.into_iter().map(|e| e.0).collect();
+    assert!(reasons.contains(&"PortsChanged".to_string()), "{reasons:?}");
+    finish_tunnels(op, ns).await;
+}
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn deleting_the_tunnel_gives_a_fresh_exit_server_with_a_new_address() {
+    let ns = TestNs::new("tun-fresh").await;
+    let op = TunnelOperator::start(&ns, fast_tunnel_settings()).await;
+    let services: Api<Service> = ns.api();
+    let tunnels: Api<Tunnel> = ns.api();
+    services.create(&PostParams::default(), &web("web")).await.unwrap();
+    // The tunnel client runs (as a kubelet would run its Deployment): Active needs it.
+    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
+    let old = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+    tunnels.delete("web-tunnel", &DeleteParams::default()).await.unwrap();
+
+    let new = eventually("a new Tunnel, Active", Duration::from_secs(60), || async {
+        let t = tunnels.get("web-tunnel").await.ok()?;
+        (t.uid() != old.uid() && t.status.as_ref()?.phase == Some(TunnelPhase::Active)).then_some(t)
+    })
+    .await;
+    assert_eq!(op.local.get(&host_id(&old)).await.unwrap(), None, "the old exit server is gone");
+    assert_ne!(host_id(&new), host_id(&old));
+    assert_ne!(host_ip(&new), host_ip(&old), "a new address");
+    eventually("Service shows the new address", Duration::from_secs(20), || async {
+        (ingress_ip(&services.get("web").await.ok()?)? == host_ip(&new)).then_some(())
+    })
+    .await;
+    carries(&host_ip(&new), 8080, None).await;
+    finish_tunnels(op, ns).await;
+}
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn an_exit_server_killed_out_of_band_is_replaced_at_the_next_resync() {
+    let ns = TestNs::new("tun-kill").await;
+    let op = TunnelOperator::start(&ns, fast_tunnel_settings()).await;
+    let services: Api<Service> = ns.api();
+    let tunnels: Api<Tunnel> = ns.api();
+    services.create(&PostParams::default(), &web("web")).await.unwrap();
+    // The tunnel client runs (as a kubelet would run its Deployment): Active needs it.
+    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
+    let old = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+
+    tunnels::kill_exit_server(&op, &host_id(&old));
+    // Resync is 2 s: replaced well within a few periods, the Service following.
+    let new = tunnels::active_elsewhere(&tunnels, "web-tunnel", &host_id(&old)).await;
+    assert_eq!(op.local.get(&host_id(&old)).await.unwrap(), None, "the dead host is deleted, not left");
+    eventually("Service shows the replacement's address", Duration::from_secs(20), || async {
+        (ingress_ip(&services.get("web").await.ok()?)? == host_ip(&new)).then_some(())
+    })
+    .await;
+    let reasons: Vec<String> = events(&ns.client, &ns.name, "web-tunnel").await.into_iter().map(|e| e.0).collect();
+    assert!(reasons.contains(&"ExitServerLost".to_string()), "{reasons:?}");
+    carries(&host_ip(&new), 8080, None).await;
+    finish_tunnels(op, ns).await;
+}
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn deleting_the_service_deletes_the_tunnel_and_its_exit_server() {
+    let ns = TestNs::new("tun-svcdel").await;
+    let op = TunnelOperator::start(&ns, fast_tunnel_settings()).await;
+    let services: Api<Service> = ns.api();
+    let tunnels: Api<Tunnel> = ns.api();
+    services.create(&PostParams::default(), &web("web")).await.unwrap();
+    // The tunnel client runs (as a kubelet would run its Deployment): Active needs it.
+    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
+    let tunnel = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+    services.delete("web", &DeleteParams::default()).await.unwrap();
+
+    // The garbage collector deletes the owned Tunnel; its finalizer deletes the host.
+    tunnels::gone(&tunnels, "web-tunnel").await;
+    assert_eq!(op.local.get(&host_id(&tunnel)).await.unwrap(), None);
+    let left = op.local.list_by_tag(TAG_MANAGED_BY, MANAGED_BY_VALUE).await.unwrap();
+    assert!(left.is_empty(), "nothing leaked: {left:?}");
+    finish_tunnels(op, ns).await;
+}
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn the_orphan_sweep_deletes_tagged_hosts_without_a_tunnel_and_keeps_the_rest() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let ns = TestNs::new("tun-sweep").await;
+
+    // Hosts as a crashed or finalizer-less skyport could leave them, made before the operator
+    // starts (a host made while a sweep runs may be swept halfway through its own creation):
+    // one of this cluster and namespace with no Tunnel, one of another cluster, one of another
+    // namespace.
+    let make = |cluster: &str, namespace: &str| {
+        let mut tags = providers::owner_tags(&tunnels::uuid(), namespace, "gone-tunnel");
+        tags.insert(TAG_CLUSTER.to_string(), cluster.to_string());
+        providers::HostRequest {
+            name: "skyport-orphan".into(),
+            region: None,
+            size: None,
+            user_data: String::new(),
+            server: providers::ExitServer {
+                control_port: 2333,
+                noise_private_key: providers::userdata::NoiseKeypair::generate().private_key,
+                services: vec![providers::TunnelService {
+                    name: "tcp-8080".into(),
+                    protocol: providers::Protocol::Tcp,
+                    port: 8080,
+                    token: "t".into(),
+                }],
+            },
+            tags,
+        }
+    };
+    let leftovers = tunnels::local_provider(&ns);
+    let cluster = tunnels::test_cluster_id(&ns);
+    let orphan = leftovers.create(&make(&cluster, &ns.name)).await.unwrap();
+    let foreign = leftovers.create(&make("another-cluster", &ns.name)).await.unwrap();
+    let elsewhere = leftovers.create(&make(&cluster, "another-namespace")).await.unwrap();
+
+    let op = TunnelOperator::start(&ns, tunnels::sweeping_settings()).await;
+    assert_eq!(op.ctx.cluster_id, cluster);
+    let services: Api<Service> = ns.api();
+    let tunnels: Api<Tunnel> = ns.api();
+    services.create(&PostParams::default(), &web("web")).await.unwrap();
+    // The tunnel client runs (as a kubelet would run its Deployment): Active needs it.
+    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
+    let live = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+
+    eventually("orphan deleted by the sweep", Duration::from_secs(20), || async {
+        op.local.get(&orphan.id).await.unwrap().is_none().then_some(())
+    })
+    .await;
+    tunnels::two_more_sweeps(&op).await;
+    assert_eq!(op.ctx.orphans_deleted.load(Relaxed), 1, "only the orphan is deleted");
+    assert!(op.local.get(&foreign.id).await.unwrap().is_some(), "another cluster's host is kept");
+    assert!(op.local.get(&elsewhere.id).await.unwrap().is_some(), "a host outside the namespace is kept");
+    assert!(op.local.get(&host_id(&live)).await.unwrap().is_some(), "a live Tunnel's host is kept");
+    op.local.delete(&foreign.id).await.unwrap();
+    op.local.delete(&elsewhere.id).await.unwrap();
+    finish_tunnels(op, ns).await;
+}

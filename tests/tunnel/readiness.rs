@@ -1,0 +1,127 @@
+//! Ready means the tunnel is through, not only that the exit server runs: no address on the
+//! Service until a client is connected, withdrawn when it goes, and a host that never gets one
+//! replaced in time.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Secret, Service};
+use kube::api::{Api, PostParams};
+use providers::HostProvider;
+use skyport::crd::{ConditionStatus, Tunnel, TunnelPhase};
+
+use crate::common::kubelet::{Backends, ClientRunner};
+use crate::common::{TestNs, eventually};
+use crate::tunnels::{
+    TunnelOperator, active, carries, events, fast_tunnel_settings, finish_tunnels, host_id, host_ip, ingress_ip, ready,
+    web,
+};
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn without_a_connected_client_a_tunnel_is_never_ready_and_its_host_is_replaced_in_time() {
+    let ns = TestNs::new("tun-noclient").await;
+    let mut settings = fast_tunnel_settings();
+    settings.boot_timeout = Duration::from_secs(4);
+    settings.replace_after = Duration::from_secs(12);
+    let op = TunnelOperator::start(&ns, settings).await;
+    let services: Api<Service> = ns.api();
+    let tunnels: Api<Tunnel> = ns.api();
+    services.create(&PostParams::default(), &web("web")).await.unwrap();
+    let no_ingress =
+        || async { assert_eq!(ingress_ip(&services.get("web").await.unwrap()), None, "address published") };
+
+    // The exit server runs, but no client is connected: Provisioning, WaitingForTunnel, with the
+    // probe's reason; nothing on the Service.
+    let waiting = eventually("Ready=False WaitingForTunnel", Duration::from_secs(60), || async {
+        let t = tunnels.get("web-tunnel").await.ok()?;
+        (ready(&t)?.1 == "WaitingForTunnel" && t.status.as_ref()?.host_id.is_some()).then_some(t)
+    })
+    .await;
+    let (status, _, message) = ready(&waiting).unwrap();
+    assert_eq!(status, ConditionStatus::False);
+    assert_eq!(waiting.status.as_ref().unwrap().phase, Some(TunnelPhase::Provisioning));
+    assert!(message.contains(&format!("{}:2334", host_ip(&waiting))), "{message}");
+    no_ingress().await;
+    let secret: Secret = ns.api().get("web-tunnel-credentials").await.unwrap();
+    let token = String::from_utf8(secret.data.unwrap()["token"].0.clone()).unwrap();
+    assert!(!message.contains(&token));
+
+    // Past the boot timeout: TunnelNotEstablished, one Warning Event on the Tunnel and the Service.
+    eventually("Ready=False TunnelNotEstablished", Duration::from_secs(30), || async {
+        (ready(&tunnels.get("web-tunnel").await.ok()?)?.1 == "TunnelNotEstablished").then_some(())
+    })
+    .await;
+    no_ingress().await;
+    for involved in ["web-tunnel", "web"] {
+        let warned =
+            eventually(&format!("TunnelNotEstablished Event on {involved}"), Duration::from_secs(10), || async {
+                let events = events(&ns.client, &ns.name, involved).await;
+                let n = events.iter().filter(|(r, _)| r == "TunnelNotEstablished").count();
+                (n > 0).then_some(n)
+            })
+            .await;
+        assert!(warned <= 2, "one Event per state change, not one per probe: {warned}");
+    }
+
+    // Past the replace time: the host is replaced, the clock restarts with the new one.
+    let old = host_id(&waiting);
+    let replaced = eventually("a new exit server", Duration::from_secs(60), || async {
+        let t = tunnels.get("web-tunnel").await.ok()?;
+        (t.status.as_ref()?.host_id.as_deref().is_some_and(|id| id != old)).then_some(t)
+    })
+    .await;
+    assert_eq!(op.local.get(&old).await.unwrap(), None, "the old exit server is deleted");
+    no_ingress().await;
+    assert_ne!(ready(&replaced).map(|r| r.0), Some(ConditionStatus::True));
+
+    // Once the client runs, the probe passes: Active, and only now the address on the Service.
+    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
+    let live = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+    assert_eq!(ready(&live).unwrap().0, ConditionStatus::True);
+    eventually("Service shows the address", Duration::from_secs(20), || async {
+        (ingress_ip(&services.get("web").await.ok()?)? == host_ip(&live)).then_some(())
+    })
+    .await;
+    carries(&host_ip(&live), 8080, None).await;
+    finish_tunnels(op, ns).await;
+}
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn a_tunnel_whose_client_stops_is_no_longer_ready_and_its_address_is_withdrawn() {
+    let ns = TestNs::new("tun-clientdown").await;
+    let op = TunnelOperator::start(&ns, fast_tunnel_settings()).await;
+    let services: Api<Service> = ns.api();
+    let tunnels: Api<Tunnel> = ns.api();
+    services.create(&PostParams::default(), &web("web")).await.unwrap();
+    let kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
+    let live = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+    eventually("Service shows the address", Duration::from_secs(20), || async {
+        (ingress_ip(&services.get("web").await.ok()?)? == host_ip(&live)).then_some(())
+    })
+    .await;
+
+    // The client process is killed (the pod is gone): at the next probe Ready goes False and
+    // the address leaves the Service.
+    drop(kubelet);
+    eventually("Ready=False WaitingForTunnel", Duration::from_secs(30), || async {
+        let t = tunnels.get("web-tunnel").await.ok()?;
+        let (status, reason, _) = ready(&t)?;
+        (status == ConditionStatus::False && reason == "WaitingForTunnel").then_some(())
+    })
+    .await;
+    eventually("ingress withdrawn", Duration::from_secs(20), || async {
+        ingress_ip(&services.get("web").await.ok()?).is_none().then_some(())
+    })
+    .await;
+
+    // The client back: Ready again, on the same exit server.
+    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
+    let again = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+    assert_eq!(host_id(&again), host_id(&live));
+    eventually("Service shows the address again", Duration::from_secs(20), || async {
+        (ingress_ip(&services.get("web").await.ok()?)? == host_ip(&live)).then_some(())
+    })
+    .await;
+    finish_tunnels(op, ns).await;
+}
