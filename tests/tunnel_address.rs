@@ -16,7 +16,8 @@ use providers::HostProvider;
 use providers::hosts::{TAG_CLUSTER, TAG_DELETION_POLICY, TAG_TUNNEL_UID};
 use skyport::crd::Tunnel;
 use tunnels::{
-    TunnelOperator, active, carries, fast_tunnel_settings, finish_tunnels, host_id, host_ip, ingress_ip, ready, service,
+    TunnelOperator, WebTunnel, active, carries, fast_tunnel_settings, finish_tunnels, host_id, host_ip, ingress_ip,
+    ready, service,
 };
 
 fn reserved_web(annotations: serde_json::Value) -> Service {
@@ -43,15 +44,9 @@ fn address_id(t: &Tunnel) -> String {
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn a_reserved_address_survives_a_killed_exit_server_and_is_released_with_the_tunnel() {
-    let ns = TestNs::new("tun-addr").await;
-    let op = TunnelOperator::start(&ns, fast_tunnel_settings()).await;
-    let services: Api<Service> = ns.api();
-    let tunnels: Api<Tunnel> = ns.api();
-    services
-        .create(&PostParams::default(), &reserved_web(serde_json::json!({"skyport.dev/address": "reserved"})))
-        .await
-        .unwrap();
-    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
+    let service = reserved_web(serde_json::json!({"skyport.dev/address": "reserved"}));
+    let WebTunnel { ns, op, services, tunnels, kubelet: _kubelet } =
+        WebTunnel::start_with(TestNs::new("tun-addr").await, fast_tunnel_settings(), service).await;
     let old = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
     let uid = old.metadata.uid.clone().unwrap();
     let ip = host_ip(&old);

@@ -154,6 +154,39 @@ impl TunnelOperator {
     }
 }
 
+/// Where most Tunnel tests start: an operator for `ns`, a LoadBalancer Service of skyport's
+/// class, and its tunnel client running as a kubelet would run the client Deployment (a Tunnel
+/// is Active only once its client connects).
+pub struct WebTunnel {
+    pub ns: TestNs,
+    pub op: TunnelOperator,
+    pub services: Api<Service>,
+    pub tunnels: Api<Tunnel>,
+    pub kubelet: kubelet::ClientRunner,
+}
+
+impl WebTunnel {
+    /// With the Service [`web`]`("web")`.
+    pub async fn start(ns: TestNs, settings: skyport::config::TunnelArgs) -> Self {
+        Self::start_with(ns, settings, web("web")).await
+    }
+
+    /// With `service`, which must be named `web`: the client runner is for `web-tunnel`.
+    pub async fn start_with(ns: TestNs, settings: skyport::config::TunnelArgs, service: Service) -> Self {
+        let op = TunnelOperator::start(&ns, settings).await;
+        let services: Api<Service> = ns.api();
+        let tunnels: Api<Tunnel> = ns.api();
+        services.create(&Default::default(), &service).await.unwrap();
+        let kubelet = kubelet::ClientRunner::start(
+            ns.client.clone(),
+            &ns.name,
+            "web-tunnel-client",
+            kubelet::Backends::default(),
+        );
+        WebTunnel { ns, op, services, tunnels, kubelet }
+    }
+}
+
 /// Ends a Tunnel test: deletes every Tunnel (and Service) while the controllers still run, so
 /// their exit servers go too; checks none is left; stops the controllers; deletes the namespace.
 pub async fn finish_tunnels(op: TunnelOperator, ns: TestNs) {

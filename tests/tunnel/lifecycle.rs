@@ -6,32 +6,26 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams};
 use providers::HostProvider;
 use providers::hosts::{MANAGED_BY_VALUE, TAG_CLUSTER, TAG_MANAGED_BY};
-use skyport::crd::{ConditionStatus, Tunnel, TunnelPhase};
+use skyport::crd::{ConditionStatus, TunnelPhase};
 
 use crate::NEEDS_ENV;
-use crate::common::kubelet::{Backends, ClientRunner, udp_echo};
+use crate::common::kubelet::udp_echo;
 use crate::common::{TestNs, eventually};
 use crate::tunnels::{
-    self, TunnelOperator, active, carries, events, fast_tunnel_settings, finish_tunnels, host_id, host_ip, ingress_ip,
-    web,
+    self, WebTunnel, active, carries, events, fast_tunnel_settings, finish_tunnels, host_id, host_ip, ingress_ip,
 };
 
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn a_load_balancer_service_gets_an_exit_server_and_real_bytes_flow_through_it() {
     let _ = NEEDS_ENV;
-    let ns = TestNs::new("tun-bytes").await;
-    let op = TunnelOperator::start(&ns, fast_tunnel_settings()).await;
-    let services: Api<Service> = ns.api();
-    let tunnels: Api<Tunnel> = ns.api();
-    services.create(&PostParams::default(), &web("web")).await.unwrap();
-    // The tunnel client runs (as a kubelet would run its Deployment): Active needs it.
-    let kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
+    let WebTunnel { ns, op, services, tunnels, kubelet } =
+        WebTunnel::start(TestNs::new("tun-bytes").await, fast_tunnel_settings()).await;
 
     let tunnel = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
     let ip = host_ip(&tunnel);
@@ -94,13 +88,8 @@ async fn a_load_balancer_service_gets_an_exit_server_and_real_bytes_flow_through
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn service_port_changes_follow_on_the_same_exit_server() {
-    let ns = TestNs::new("tun-ports").await;
-    let op = TunnelOperator::start(&ns, fast_tunnel_settings()).await;
-    let services: Api<Service> = ns.api();
-    let tunnels: Api<Tunnel> = ns.api();
-    services.create(&PostParams::default(), &web("web")).await.unwrap();
-    // The tunnel client runs (as a kubelet would run its Deployment): Active needs it.
-    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
+    let WebTunnel { ns, op, services, tunnels, kubelet: _kubelet } =
+        WebTunnel::start(TestNs::new("tun-ports").await, fast_tunnel_settings()).await;
     let before = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
     carries(&host_ip(&before), 8080, None).await;
 
@@ -141,13 +130,8 @@ async fn service_port_changes_follow_on_the_same_exit_server() {
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn deleting_the_tunnel_gives_a_fresh_exit_server_with_a_new_address() {
-    let ns = TestNs::new("tun-fresh").await;
-    let op = TunnelOperator::start(&ns, fast_tunnel_settings()).await;
-    let services: Api<Service> = ns.api();
-    let tunnels: Api<Tunnel> = ns.api();
-    services.create(&PostParams::default(), &web("web")).await.unwrap();
-    // The tunnel client runs (as a kubelet would run its Deployment): Active needs it.
-    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
+    let WebTunnel { ns, op, services, tunnels, kubelet: _kubelet } =
+        WebTunnel::start(TestNs::new("tun-fresh").await, fast_tunnel_settings()).await;
     let old = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
     tunnels.delete("web-tunnel", &DeleteParams::default()).await.unwrap();
 
@@ -170,13 +154,8 @@ async fn deleting_the_tunnel_gives_a_fresh_exit_server_with_a_new_address() {
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn an_exit_server_killed_out_of_band_is_replaced_at_the_next_resync() {
-    let ns = TestNs::new("tun-kill").await;
-    let op = TunnelOperator::start(&ns, fast_tunnel_settings()).await;
-    let services: Api<Service> = ns.api();
-    let tunnels: Api<Tunnel> = ns.api();
-    services.create(&PostParams::default(), &web("web")).await.unwrap();
-    // The tunnel client runs (as a kubelet would run its Deployment): Active needs it.
-    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
+    let WebTunnel { ns, op, services, tunnels, kubelet: _kubelet } =
+        WebTunnel::start(TestNs::new("tun-kill").await, fast_tunnel_settings()).await;
     let old = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
 
     tunnels::kill_exit_server(&op, &host_id(&old));
@@ -196,13 +175,8 @@ async fn an_exit_server_killed_out_of_band_is_replaced_at_the_next_resync() {
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn deleting_the_service_deletes_the_tunnel_and_its_exit_server() {
-    let ns = TestNs::new("tun-svcdel").await;
-    let op = TunnelOperator::start(&ns, fast_tunnel_settings()).await;
-    let services: Api<Service> = ns.api();
-    let tunnels: Api<Tunnel> = ns.api();
-    services.create(&PostParams::default(), &web("web")).await.unwrap();
-    // The tunnel client runs (as a kubelet would run its Deployment): Active needs it.
-    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
+    let WebTunnel { ns, op, services, tunnels, kubelet: _kubelet } =
+        WebTunnel::start(TestNs::new("tun-svcdel").await, fast_tunnel_settings()).await;
     let tunnel = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
     services.delete("web", &DeleteParams::default()).await.unwrap();
 
@@ -251,13 +225,8 @@ async fn the_orphan_sweep_deletes_tagged_hosts_without_a_tunnel_and_keeps_the_re
     let foreign = leftovers.create(&make("another-cluster", &ns.name)).await.unwrap();
     let elsewhere = leftovers.create(&make(&cluster, "another-namespace")).await.unwrap();
 
-    let op = TunnelOperator::start(&ns, tunnels::sweeping_settings()).await;
+    let WebTunnel { ns, op, tunnels, kubelet: _kubelet, .. } = WebTunnel::start(ns, tunnels::sweeping_settings()).await;
     assert_eq!(op.ctx.cluster_id, cluster);
-    let services: Api<Service> = ns.api();
-    let tunnels: Api<Tunnel> = ns.api();
-    services.create(&PostParams::default(), &web("web")).await.unwrap();
-    // The tunnel client runs (as a kubelet would run its Deployment): Active needs it.
-    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
     let live = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
 
     eventually("orphan deleted by the sweep", Duration::from_secs(20), || async {

@@ -12,8 +12,8 @@ use skyport::crd::{ConditionStatus, Tunnel, TunnelPhase};
 use crate::common::kubelet::{Backends, ClientRunner};
 use crate::common::{TestNs, eventually};
 use crate::tunnels::{
-    TunnelOperator, active, carries, events, fast_tunnel_settings, finish_tunnels, host_id, host_ip, ingress_ip, ready,
-    web,
+    TunnelOperator, WebTunnel, active, carries, events, fast_tunnel_settings, finish_tunnels, host_id, host_ip,
+    ingress_ip, ready, web,
 };
 
 #[tokio::test]
@@ -89,12 +89,8 @@ async fn without_a_connected_client_a_tunnel_is_never_ready_and_its_host_is_repl
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn a_tunnel_whose_client_stops_is_no_longer_ready_and_its_address_is_withdrawn() {
-    let ns = TestNs::new("tun-clientdown").await;
-    let op = TunnelOperator::start(&ns, fast_tunnel_settings()).await;
-    let services: Api<Service> = ns.api();
-    let tunnels: Api<Tunnel> = ns.api();
-    services.create(&PostParams::default(), &web("web")).await.unwrap();
-    let kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
+    let WebTunnel { ns, op, services, tunnels, kubelet } =
+        WebTunnel::start(TestNs::new("tun-clientdown").await, fast_tunnel_settings()).await;
     let live = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
     eventually("Service shows the address", Duration::from_secs(20), || async {
         (ingress_ip(&services.get("web").await.ok()?)? == host_ip(&live)).then_some(())

@@ -14,7 +14,7 @@ use skyport::crd::{ConditionStatus, Tunnel, TunnelPhase};
 use crate::common::kubelet::{Backends, ClientRunner};
 use crate::common::{TestNs, eventually};
 use crate::tunnels::{
-    TunnelOperator, active, events, fast_tunnel_settings, finish_tunnels, host_id, ingress_ip, service, web,
+    TunnelOperator, WebTunnel, active, events, fast_tunnel_settings, finish_tunnels, host_id, ingress_ip, service,
 };
 
 #[tokio::test]
@@ -209,12 +209,7 @@ async fn provider_failures_are_reported_on_the_tunnel_and_the_service_and_backed
     let mut settings = fast_tunnel_settings();
     // The local provider cannot start its exit server: every create fails (Unavailable).
     settings.self_exe = "/nonexistent/skyport".into();
-    let op = TunnelOperator::start(&ns, settings).await;
-    let services: Api<Service> = ns.api();
-    let tunnels: Api<Tunnel> = ns.api();
-    services.create(&PostParams::default(), &web("web")).await.unwrap();
-    // The tunnel client runs (as a kubelet would run its Deployment): Active needs it.
-    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
+    let WebTunnel { ns, op, tunnels, kubelet: _kubelet, .. } = WebTunnel::start(ns, settings).await;
 
     let message = eventually("Ready=False ProviderUnavailable", Duration::from_secs(60), || async {
         let t = tunnels.get("web-tunnel").await.ok()?;
