@@ -19,12 +19,19 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use governor::Quota;
-use reqwest::header::{ACCEPT, HeaderMap, RETRY_AFTER};
+use reqwest::header::ACCEPT;
 use reqwest::{Method, StatusCode, Url};
 use serde::de::DeserializeOwned;
 
 use crate::error::HostError;
 use crate::limiter::Limiter;
+
+mod errors;
+mod rate_limit;
+
+use errors::error_fields;
+pub use errors::map_error;
+pub use rate_limit::{RateLimitInfo, RefillModel, parse_retry_after};
 
 /// The longest wait the adapter sits out itself (a short `Retry-After`, or the time until the
 /// provider's quota admits the next request). Anything longer is returned as `RateLimited`.
@@ -73,128 +80,6 @@ impl Budget {
     pub fn quota(&self) -> Quota {
         Quota::with_period(self.period.max(Duration::from_nanos(1))).expect("non-zero period").allow_burst(self.burst)
     }
-}
-
-/// How a provider's `RateLimit-Reset` relates to the next admitted request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RefillModel {
-    /// Each request counts for one hour; `reset` is when the oldest one expires, i.e. when the
-    /// next request is admitted (DigitalOcean).
-    SlidingHour,
-    /// `remaining` grows by `limit / 3600` every second; `reset` is when the bucket is full
-    /// again, so the next request is admitted after `3600 / limit` seconds (Hetzner Cloud).
-    GradualPerHour,
-}
-
-/// The rate-limit headers of one response.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct RateLimitInfo {
-    pub limit: Option<u64>,
-    pub remaining: Option<u64>,
-    /// `RateLimit-Reset` (Unix seconds).
-    pub reset: Option<SystemTime>,
-}
-
-impl RateLimitInfo {
-    /// Reads `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` (names are
-    /// case-insensitive; DigitalOcean writes them lower-case, Hetzner capitalised).
-    pub fn from_headers(headers: &HeaderMap) -> Self {
-        let num = |name: &str| headers.get(name)?.to_str().ok()?.trim().parse::<u64>().ok();
-        RateLimitInfo {
-            limit: num("ratelimit-limit"),
-            remaining: num("ratelimit-remaining"),
-            reset: num("ratelimit-reset").map(|s| SystemTime::UNIX_EPOCH + Duration::from_secs(s)),
-        }
-    }
-
-    /// How long until the provider admits the next request, when `remaining` is 0.
-    pub fn wait_for_next(&self, model: RefillModel, now: SystemTime) -> Option<Duration> {
-        if self.remaining != Some(0) {
-            return None;
-        }
-        let until_reset = self.reset.map(|r| r.duration_since(now).unwrap_or_default());
-        match model {
-            RefillModel::SlidingHour => until_reset,
-            RefillModel::GradualPerHour => {
-                let slot = self.limit.filter(|l| *l > 0).map(|l| Duration::from_secs_f64(3600.0 / l as f64));
-                match (slot, until_reset) {
-                    (Some(s), Some(r)) => Some(s.min(r)),
-                    (s, r) => s.or(r),
-                }
-            }
-        }
-    }
-}
-
-/// `Retry-After` as delay-seconds or an HTTP-date (RFC 9110 §10.2.3).
-pub fn parse_retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
-    let raw = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
-    if let Ok(secs) = raw.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
-    }
-    let at = httpdate::parse_http_date(raw).ok()?;
-    Some(at.duration_since(now).unwrap_or_default())
-}
-
-/// Maps a failed response to a [`HostError`]: the provider's machine-readable code first
-/// (Hetzner `error.code`, DigitalOcean `id`), the HTTP status otherwise.
-pub fn map_error(provider: &'static str, status: StatusCode, code: Option<&str>, message: String) -> HostError {
-    match code.unwrap_or_default() {
-        "unauthorized" | "forbidden" | "token_readonly" => HostError::Unauthorized { provider, message },
-        "invalid_input"
-        | "json_error"
-        | "unprocessable_entity"
-        | "bad_request"
-        | "protected"
-        | "unsupported_error"
-        | "deprecated_api_endpoint"
-        | "primary_ip_assigned"
-        | "primary_ip_datacenter_mismatch"
-        | "primary_ip_version_mismatch" => HostError::Invalid { provider, message },
-        "not_found" => HostError::NotFound { provider, message },
-        "uniqueness_error" => HostError::AlreadyExists { provider, message },
-        "resource_limit_exceeded" => HostError::Quota { provider, message },
-        "rate_limit_exceeded" | "too_many_requests" => HostError::RateLimited { provider, retry_after: None },
-        "locked"
-        | "conflict"
-        | "maintenance"
-        | "timeout"
-        | "unavailable"
-        | "resource_unavailable"
-        | "placement_error"
-        | "server_error"
-        | "service_error" => HostError::Unavailable { provider, message },
-        _ => match status.as_u16() {
-            400 | 422 => HostError::Invalid { provider, message },
-            401 | 403 => HostError::Unauthorized { provider, message },
-            404 | 410 => HostError::NotFound { provider, message },
-            409 => HostError::AlreadyExists { provider, message },
-            429 => HostError::RateLimited { provider, retry_after: None },
-            // Other 4xx are our request's fault, except timeouts and locks, which pass.
-            s if (400..500).contains(&s) && s != 408 && s != 423 => HostError::Invalid { provider, message },
-            _ => HostError::Unavailable { provider, message },
-        },
-    }
-}
-
-/// `(code, message)` from either error shape: Hetzner `{"error": {"code", "message"}}`,
-/// DigitalOcean `{"id", "message"}`. A body that is neither yields the status text and the
-/// start of the body.
-fn error_fields(status: StatusCode, body: &[u8]) -> (Option<String>, String) {
-    let text = |v: &serde_json::Value, k: &str| v.get(k).and_then(|s| s.as_str()).map(str::to_string);
-    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) {
-        let inner = v.get("error").filter(|e| e.is_object()).unwrap_or(&v);
-        let code = text(inner, "code").or_else(|| text(inner, "id"));
-        if let Some(message) = text(inner, "message") {
-            return (code, message);
-        }
-        if code.is_some() {
-            return (code, format!("HTTP {status}"));
-        }
-    }
-    let snippet: String = String::from_utf8_lossy(body).chars().take(200).collect();
-    let snippet = snippet.trim();
-    (None, if snippet.is_empty() { format!("HTTP {status}") } else { format!("HTTP {status}: {snippet}") })
 }
 
 /// A successful response.
@@ -405,15 +290,6 @@ impl RestClient {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use reqwest::header::HeaderValue;
-
-    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.insert(*k, HeaderValue::from_str(v).unwrap());
-        }
-        h
-    }
 
     #[test]
     fn the_token_never_shows_in_debug_output() {
@@ -427,69 +303,5 @@ mod tests {
         };
         assert!(!format!("{settings:?}").contains("supersecret"));
         assert_eq!(settings.token.scrub("echo: Bearer dop_v1_supersecret"), "echo: Bearer <redacted>");
-    }
-
-    #[test]
-    fn retry_after_accepts_seconds_and_http_dates() {
-        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-        assert_eq!(parse_retry_after(&headers(&[("retry-after", "29")]), now), Some(Duration::from_secs(29)));
-        let later = httpdate::fmt_http_date(now + Duration::from_secs(90));
-        assert_eq!(parse_retry_after(&headers(&[("retry-after", &later)]), now), Some(Duration::from_secs(90)));
-        assert_eq!(parse_retry_after(&headers(&[("retry-after", "soon")]), now), None);
-        assert_eq!(parse_retry_after(&HeaderMap::new(), now), None);
-    }
-
-    #[test]
-    fn an_exhausted_quota_waits_per_the_providers_refill_model() {
-        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-        let info = RateLimitInfo::from_headers(&headers(&[
-            ("RateLimit-Limit", "3600"),
-            ("RateLimit-Remaining", "0"),
-            ("RateLimit-Reset", "1700003600"),
-        ]));
-        assert_eq!(info.limit, Some(3600));
-        // DigitalOcean: the next request is admitted when the oldest expires (the reset time).
-        assert_eq!(info.wait_for_next(RefillModel::SlidingHour, now), Some(Duration::from_secs(3600)));
-        // Hetzner: one request comes back every 3600/limit seconds.
-        assert_eq!(info.wait_for_next(RefillModel::GradualPerHour, now), Some(Duration::from_secs(1)));
-        let left = RateLimitInfo { remaining: Some(3), ..info };
-        assert_eq!(left.wait_for_next(RefillModel::SlidingHour, now), None);
-    }
-
-    #[test]
-    fn provider_codes_win_over_statuses() {
-        let p = "test";
-        let e = map_error(p, StatusCode::FORBIDDEN, Some("resource_limit_exceeded"), "server limit".into());
-        assert!(matches!(e, HostError::Quota { .. }), "{e:?}");
-        let e = map_error(p, StatusCode::BAD_REQUEST, Some("invalid_input"), "bad".into());
-        assert!(matches!(e, HostError::Invalid { .. }));
-        let e = map_error(p, StatusCode::CONFLICT, Some("uniqueness_error"), "name taken".into());
-        assert!(matches!(e, HostError::AlreadyExists { .. }));
-        let e = map_error(p, StatusCode::UNPROCESSABLE_ENTITY, Some("unprocessable_entity"), "x".into());
-        assert!(matches!(e, HostError::Invalid { .. }));
-        let e = map_error(p, StatusCode::LOCKED, Some("locked"), "x".into());
-        assert!(matches!(e, HostError::Unavailable { .. }));
-        let e = map_error(p, StatusCode::SERVICE_UNAVAILABLE, None, "x".into());
-        assert!(matches!(e, HostError::Unavailable { .. }));
-        let e = map_error(p, StatusCode::UNAUTHORIZED, Some("something_new"), "x".into());
-        assert!(matches!(e, HostError::Unauthorized { .. }));
-    }
-
-    #[test]
-    fn both_error_body_shapes_are_read() {
-        let hz = br#"{"error":{"code":"invalid_input","message":"invalid input in field 'name'","details":{}}}"#;
-        assert_eq!(
-            error_fields(StatusCode::BAD_REQUEST, hz),
-            (Some("invalid_input".into()), "invalid input in field 'name'".into())
-        );
-        let dg = br#"{"id":"unprocessable_entity","message":"request payload validation failed","request_id":"x"}"#;
-        assert_eq!(
-            error_fields(StatusCode::UNPROCESSABLE_ENTITY, dg),
-            (Some("unprocessable_entity".into()), "request payload validation failed".into())
-        );
-        assert_eq!(
-            error_fields(StatusCode::BAD_GATEWAY, b"<html>oops</html>").1,
-            "HTTP 502 Bad Gateway: <html>oops</html>"
-        );
     }
 }
