@@ -10,7 +10,7 @@
 //!   while its instance runs: AWS's `DependencyViolation` during shutdown cannot happen here
 //!   (the transient error `delete` returns for it is covered by the mapping's unit tests).
 //! - Any AMI id and any instance type are accepted, so "bad AMI" and "invalid instance type" are
-//!   unit tests of the error mapping (`providers/src/ec2.rs`), not tests here. Subnets are
+//!   unit tests of the error mapping (`providers/src/ec2/tests.rs`), not tests here. Subnets are
 //!   checked, which is how a refused launch is tested.
 
 mod contract;

@@ -2,7 +2,7 @@
 //!
 //! Each fake serves the few endpoints the adapters use with the published paths, status codes,
 //! JSON shapes, error bodies and rate-limit headers (see the doc comments at the top of
-//! `src/digitalocean.rs` and `src/hetzner.rs` for the pages they follow). A host becomes
+//! `src/digitalocean/mod.rs` and `src/hetzner/mod.rs` for the pages they follow). A host becomes
 //! `active` / `running` with a public IP after a few reads, as a real VM does after booting.
 //!
 //! One contract suite runs against both adapters; provider-specific tests cover 429 handling,

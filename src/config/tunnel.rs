@@ -17,9 +17,10 @@ pub const DEFAULT_EXIT_SERVER_URL: &str =
 #[derive(Debug, Clone, Args)]
 pub struct TunnelArgs {
     /// Default provider for exit servers (`local`, `ec2`, `digitalocean`, `hetzner`); a Tunnel's
-    /// spec.provider overrides it. Without it the Tunnel controllers do not run. Credentials come
-    /// from the provider's standard environment: the AWS chain for ec2, DIGITALOCEAN_TOKEN,
-    /// HCLOUD_TOKEN; providers whose credentials are present are configured too.
+    /// spec.provider overrides it. Without it, and with no cloud token or --ec2-image-id, the
+    /// Tunnel controllers do not run. Credentials come from the provider's standard environment:
+    /// the AWS chain for ec2, DIGITALOCEAN_TOKEN, HCLOUD_TOKEN; providers whose credentials are
+    /// present are configured too (without --provider, a single configured one is the default).
     #[arg(long, env = "SKYPORT_PROVIDER", value_parser = clap::builder::PossibleValuesParser::new(crate::clouds::NAMES))]
     pub provider: Option<String>,
 
