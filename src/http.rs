@@ -2,7 +2,7 @@
 //!
 //! | path | answer |
 //! |---|---|
-//! | `/healthz` | `200 ok` while the process serves requests (liveness) |
+//! | `/healthz`, `/livez` | `200 ok` while the process serves requests (liveness) |
 //! | `/readyz` | `200` when running with synced caches, or waiting as a leader-election standby; `503` while starting, syncing or shutting down (readiness) |
 //! | `/metrics` | OpenMetrics text, see [`crate::metrics`] |
 //!

@@ -12,6 +12,8 @@
 //! | `skyport_reconcile_duration_seconds` (histogram) | `controller` |
 //! | `skyport_objects` (gauge) | `controller`, `ready` (`True`, `False`, `Unknown`) |
 //! | `skyport_kube_api_writes_total` | `controller` |
+//! | `skyport_orphan_hosts_deleted_total` (while the Tunnel controllers run) | |
+//! | `skyport_orphan_addresses_released_total` (while the Tunnel controllers run) | |
 //! | `skyport_cloud_api_calls_total` | `provider`, `operation`, `outcome` (`success` or an error label) |
 //! | `skyport_rate_limiter_waits_total` | `provider` |
 //! | `skyport_rate_limiter_wait_seconds_total` | `provider` |
