@@ -4,8 +4,10 @@
 //! its own namespace, on the same N Queues (same attributes and tag):
 //!
 //! - time until every Queue is Ready (skyport: `Ready=True`; ACK: `ACK.ResourceSynced=True` and
-//!   `status.queueURL`), ACK at its defaults (1 worker, 10 h resync) and at skyport's settings
-//!   (8 workers, 60 s resync);
+//!   `status.queueURL`), skyport at its defaults and with its SQS budgets open, ACK at its
+//!   defaults (1 worker, 10 h resync) and at skyport's settings (8 workers, 60 s resync), and the
+//!   floor: the least any controller can do (`ack/floor.rs`), which shows how much room each
+//!   target leaves;
 //! - RSS after all are Ready and peak RSS (`VmHWM`) of the operator process;
 //! - CPU seconds per idle minute once everything is Ready, and the SQS calls in that window;
 //! - time to delete all Queue objects, and SQS queues left behind (must be 0);
@@ -35,6 +37,8 @@
 //! is broken (a Queue never Ready or never deleted, a queue left behind, an operator that exited).
 
 mod entry;
+#[path = "entry/minimal.rs"]
+mod minimal;
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -43,6 +47,8 @@ mod common;
 #[path = "../tests/common/sqs_faults.rs"]
 mod sqs_faults;
 
+#[path = "ack/floor.rs"]
+mod floor;
 #[path = "ack/measure.rs"]
 mod measure;
 #[path = "ack/objects.rs"]
@@ -113,7 +119,7 @@ async fn run(o: Opts) -> anyhow::Result<bool> {
             a.install_crds(&bench.driver).await?;
         }
         None => println!(
-            "  no ACK checkout given (SKYPORT_ACK_SRC): skyport's arms only, no comparison (see BENCHMARKS.md)"
+            "  no ACK checkout given (SKYPORT_ACK_SRC): skyport's arms and the floor only, no comparison with ACK (see BENCHMARKS.md)"
         ),
     }
     let arms = arms(&o, bench.ack.as_ref());
@@ -136,5 +142,11 @@ async fn run(o: Opts) -> anyhow::Result<bool> {
 }
 
 fn main() -> std::process::ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let [flag, ns] = args.as_slice()
+        && flag == floor::FLAG
+    {
+        return floor::main(ns);
+    }
     entry::main("ack", parse_args, run)
 }

@@ -28,6 +28,8 @@
 //! (`SKYPORT_STATE=... tests/env.sh up`, see BENCHMARKS.md) for figures worth recording.
 
 mod entry;
+#[path = "entry/minimal.rs"]
+mod minimal;
 
 #[path = "../tests/common/mod.rs"]
 mod common;

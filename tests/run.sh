@@ -42,13 +42,13 @@ cargo test --workspace --all-targets --no-fail-fast "$@" -- --include-ignored --
 
 # The benchmarks' quick modes, so they cannot rot: benches/queues.rs (10 Queues, one run, ~2 min,
 # most of it SQS's 60 s recreate rule), benches/tunnel.rs (2 runs, ~20 s) and benches/ack.rs
-# (~1 min). The dev profile reuses the build above; the figures worth reading come from the full
+# (~1 min per run: skyport at its defaults and with its budgets open, and the floor). The dev profile reuses the build above; the figures worth reading come from the full
 # runs (BENCHMARKS.md). Skipped when arguments select some of the tests.
 if [[ $# == 0 ]]; then
   cargo bench --profile dev --bench queues -- --quick
   cargo bench --profile dev --bench tunnel -- --quick
-  # skyport side by side with ACK (10 Queues); skyport's arm only, and it says so, without
-  # SKYPORT_ACK_SRC.
+  # skyport side by side with ACK (10 Queues); without SKYPORT_ACK_SRC skyport's arms and the
+  # floor only, and it says so.
   cargo bench --profile dev --bench ack -- --quick
   # The same behind the proxy that enforces SQS's tagging quota, as AWS does and LocalStack not.
   cargo bench --profile dev --bench ack -- --quick --sqs-quota

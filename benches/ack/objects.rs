@@ -17,7 +17,7 @@ use crate::operators::Kind;
 
 pub(crate) fn resource(kind: Kind) -> ApiResource {
     match kind {
-        Kind::Skyport => {
+        Kind::Skyport | Kind::Floor => {
             ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("skyport.dev", "v1alpha1", "Queue"), "queues")
         }
         Kind::Ack => ApiResource::from_gvk_with_plural(
@@ -31,7 +31,7 @@ pub(crate) fn resource(kind: Kind) -> ApiResource {
 /// queue `<namespace>_<name>`; ACK's is given the same name.
 pub(crate) fn object(kind: Kind, ar: &ApiResource, ns: &str, name: &str) -> DynamicObject {
     let spec = match kind {
-        Kind::Skyport => {
+        Kind::Skyport | Kind::Floor => {
             json!({"visibilityTimeoutSeconds": 45, "messageRetentionSeconds": 3600, "tags": {"bench": "queues"}})
         }
         Kind::Ack => json!({"queueName": format!("{ns}_{name}"), "visibilityTimeout": "45",
@@ -48,7 +48,7 @@ fn condition_true(o: &DynamicObject, type_: &str) -> bool {
 
 fn is_ready(kind: Kind, o: &DynamicObject) -> bool {
     match kind {
-        Kind::Skyport => condition_true(o, "Ready"),
+        Kind::Skyport | Kind::Floor => condition_true(o, "Ready"),
         Kind::Ack => {
             condition_true(o, "ACK.ResourceSynced")
                 && o.data["status"]["queueURL"].as_str().is_some_and(|u| !u.is_empty())

@@ -1,5 +1,6 @@
-//! The two operators: the arms (skyport, ACK at its defaults, ACK at skyport's settings), the
-//! ACK binary and CRDs from a checkout, and running either operator as a process.
+//! The operators: the arms (skyport at its defaults and with its budgets open, ACK at its defaults
+//! and at skyport's settings, the floor), the ACK binary and CRDs from a checkout, and running any
+//! of them as a process.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -17,6 +18,8 @@ use crate::{SKYPORT_CONCURRENCY, SKYPORT_RESYNC_S, entry};
 pub(crate) enum Kind {
     Skyport,
     Ack,
+    /// The least a Queue controller can do ([`crate::floor`]).
+    Floor,
 }
 
 #[derive(Debug, Clone)]
@@ -27,7 +30,12 @@ pub(crate) struct Arm {
     /// ACK's `--reconcile-default-max-concurrent-syncs` and `--reconcile-default-resync-seconds`.
     pub(crate) ack_workers: Option<u32>,
     pub(crate) ack_resync_s: Option<u32>,
+    /// Arguments for `skyport run` beyond `--skyport-arg`'s.
+    pub(crate) skyport_args: &'static [&'static str],
 }
+
+/// skyport's budgets opened: LocalStack enforces no quota, so this is its pace without one.
+const OPEN_BUDGETS: &[&str] = &["--sqs-rate=100000", "--sqs-burst=100000", "--sqs-tag-rate=100000"];
 
 pub(crate) fn arms(o: &Opts, ack: Option<&Ack>) -> Vec<Arm> {
     let mut v = vec![];
@@ -43,6 +51,7 @@ pub(crate) fn arms(o: &Opts, ack: Option<&Ack>) -> Vec<Arm> {
                 kind: Kind::Skyport,
                 ack_workers: None,
                 ack_resync_s: None,
+                skyport_args: &[],
             }),
             "ack" if ack.is_some() => v.push(Arm {
                 key: "ack",
@@ -50,6 +59,7 @@ pub(crate) fn arms(o: &Opts, ack: Option<&Ack>) -> Vec<Arm> {
                 kind: Kind::Ack,
                 ack_workers: None,
                 ack_resync_s: None,
+                skyport_args: &[],
             }),
             "ack-c" if ack.is_some() => v.push(Arm {
                 key: "ack-c",
@@ -57,6 +67,23 @@ pub(crate) fn arms(o: &Opts, ack: Option<&Ack>) -> Vec<Arm> {
                 kind: Kind::Ack,
                 ack_workers: Some(SKYPORT_CONCURRENCY),
                 ack_resync_s: Some(SKYPORT_RESYNC_S),
+                skyport_args: &[],
+            }),
+            "skyport-open" => v.push(Arm {
+                key: "skyport-open",
+                label: "skyport (budgets open)".into(),
+                kind: Kind::Skyport,
+                ack_workers: None,
+                ack_resync_s: None,
+                skyport_args: OPEN_BUDGETS,
+            }),
+            "floor" => v.push(Arm {
+                key: "floor",
+                label: format!("floor ({SKYPORT_CONCURRENCY} workers, 3 calls per Queue, no budget)"),
+                kind: Kind::Floor,
+                ack_workers: None,
+                ack_resync_s: None,
+                skyport_args: &[],
             }),
             _ => {}
         }
@@ -152,7 +179,15 @@ impl OperatorProcess {
             Kind::Skyport => {
                 let mut c = tokio::process::Command::new(entry::skyport_exe());
                 c.args(["run", "--namespace", ns, "--log-format", "json", "--listen-address", "127.0.0.1:0"]);
-                c.args(skyport_args);
+                c.args(arm.skyport_args).args(skyport_args);
+                if let Some(url) = sqs {
+                    c.env("AWS_ENDPOINT_URL_SQS", url);
+                }
+                c
+            }
+            Kind::Floor => {
+                let mut c = tokio::process::Command::new(std::env::current_exe()?);
+                c.args([crate::floor::FLAG, ns]);
                 if let Some(url) = sqs {
                     c.env("AWS_ENDPOINT_URL_SQS", url);
                 }

@@ -9,13 +9,21 @@ const USAGE: &str = "\
 usage: cargo bench --bench ack -- [--quick] [options]
   --quick            N = 10, 10 s idle window, every arm once (CI)
   --n LIST           Queue counts (default 100,1000)
-  --arms LIST        from skyport,ack,ack-c (default all; ack arms need SKYPORT_ACK_SRC or SKYPORT_ACK)
+  --arms LIST        from skyport,skyport-open,ack,ack-c,floor (default all; ack arms need
+                     SKYPORT_ACK_SRC or SKYPORT_ACK)
+                     skyport = skyport at its defaults (8 workers, SQS budget 48/s, tagging 24/s);
+                     skyport-open = skyport with its SQS budgets open (LocalStack has no quota);
                      ack = ACK at its defaults (1 worker, 10 h resync);
-                     ack-c = ACK at skyport's settings (8 workers, 60 s resync)
+                     ack-c = ACK at skyport's settings (8 workers, 60 s resync);
+                     floor = the least a controller can do: finalizer patch, CreateQueue, status
+                     patch per Queue, 8 workers, no budget, no ownership proof (a yardstick)
   --idle DURATION    idle window after all are Ready (default 120s: two of skyport's resyncs)
   --sqs-quota        both operators reach SQS through a proxy that enforces SQS's tagging quota
                      (30/s per account, RequestThrottled beyond), which LocalStack does not
   --skyport-arg ARG  extra argument for `skyport run` (repeatable), e.g. --skyport-arg=--sqs-rate=500";
+
+/// Every arm, in the order they run.
+const ARMS: &[&str] = &["skyport", "skyport-open", "ack", "ack-c", "floor"];
 
 #[derive(Debug, Clone)]
 pub(crate) struct Opts {
@@ -32,7 +40,7 @@ pub(crate) fn parse_args(args: &[String]) -> anyhow::Result<Opts> {
     let mut o = Opts {
         quick,
         n: if quick { vec![10] } else { vec![100, 1000] },
-        arms: vec!["skyport".into(), "ack".into(), "ack-c".into()],
+        arms: ARMS.iter().map(|a| a.to_string()).collect(),
         idle: Duration::from_secs(if quick { 10 } else { 120 }),
         skyport_args: vec![],
         sqs_quota: false,
@@ -59,7 +67,7 @@ pub(crate) fn parse_args(args: &[String]) -> anyhow::Result<Opts> {
         }
     }
     for a in &o.arms {
-        if !["skyport", "ack", "ack-c"].contains(&a.as_str()) {
+        if !ARMS.contains(&a.as_str()) {
             bail!("unknown arm {a:?}\n{USAGE}");
         }
     }

@@ -58,6 +58,32 @@ pub(crate) fn report(n: usize, rows: &[(Arm, Figures)], idle: Duration, quota: b
         }
     }
     let get = |k: &str| rows.iter().find(|(a, _)| a.key == k).map(|(_, f)| f);
+    // No target: how much room each target leaves, from the floor's time measured in this run.
+    if let Some(fl) = get("floor") {
+        for (key, what) in [
+            ("ack-c", "ACK at equal concurrency (target for skyport <= 0.5)"),
+            ("ack", "ACK at its defaults (target for skyport <= 1.0)"),
+        ] {
+            if let Some(a) = get(key) {
+                println!("   time to Ready, floor / {what}: {:.2}", fl.ready_s / a.ready_s);
+            }
+        }
+        for key in ["skyport", "skyport-open"] {
+            if let Some(s) = get(key) {
+                println!("   time to Ready, {key} / floor: {:.2}", s.ready_s / fl.ready_s);
+            }
+        }
+    }
+    if let Some(s) = get("skyport-open") {
+        for (key, what) in [("ack-c", "ACK at equal concurrency"), ("ack", "ACK at its defaults")] {
+            if let Some(a) = get(key) {
+                println!(
+                    "   time to Ready, skyport-open / {what}: {:.2} (no target: skyport not at its defaults)",
+                    s.ready_s / a.ready_s
+                );
+            }
+        }
+    }
     if let Some(s) = get("skyport") {
         if let Some(a) = get("ack-c") {
             let r = s.ready_s / a.ready_s;

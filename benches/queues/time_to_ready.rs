@@ -9,16 +9,13 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use futures::channel::mpsc;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use providers::{QueueBackend, SqsProvider, SqsSettings};
-use serde_json::json;
 use skyport::config::QueueArgs;
-use skyport::controllers::add_finalizer;
-use skyport::controllers::queue::FINALIZER;
-use skyport::controllers::queue::desired::{Owner, desired};
-use skyport::crd::{Condition, ConditionStatus, Queue, QueueStatus};
+use skyport::crd::Queue;
 
 use crate::harness::{Bench, CREATE_CONCURRENCY, Operator, provider, sqs_settings};
+use crate::minimal::make_ready;
 use crate::options::Opts;
 use crate::profile;
 use crate::ready_watch::ReadyWatch;
@@ -92,7 +89,7 @@ impl Bench {
                 async move {
                     // Retried like a controller would, so a hiccup costs time instead of the run.
                     for attempt in 0..5 {
-                        match baseline_one(&api, sqs.as_ref(), &q, &writes).await {
+                        match make_ready(&api, sqs.as_ref(), &q, &writes).await {
                             Ok(()) => return,
                             Err(e) => {
                                 errors.fetch_add(1, Ordering::Relaxed);
@@ -198,39 +195,4 @@ impl Bench {
         }
         Ok(())
     }
-}
-
-async fn baseline_one(api: &Api<Queue>, sqs: &dyn QueueBackend, q: &Queue, writes: &AtomicU64) -> anyhow::Result<()> {
-    let q = if q.finalizers().iter().any(|f| f == FINALIZER) {
-        q.clone()
-    } else {
-        writes.fetch_add(1, Ordering::Relaxed);
-        add_finalizer(api, q, FINALIZER).await?
-    };
-    let ns = q.namespace().unwrap_or_default();
-    let uid = q.uid().unwrap_or_default();
-    let name = q.name_any();
-    let d = desired(&q.spec, &Owner { namespace: &ns, name: &name, uid: &uid, recorded_name: None }, None);
-    let url = sqs.create_queue(&d.name, &d.create_attributes(q.spec.fifo), &d.tags).await?;
-    let now = k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
-    let conditions = [("Ready", "Available", "the SQS queue exists"), ("Synced", "ReconcileSuccess", "")]
-        .into_iter()
-        .map(|(t, reason, message)| Condition {
-            observed_generation: q.metadata.generation,
-            last_transition_time: now.as_str().into(),
-            ..Condition::new(t, ConditionStatus::True, reason, message)
-        })
-        .collect();
-    let status = QueueStatus {
-        queue_url: Some(url),
-        queue_arn: None,
-        queue_name: Some(d.name.into()),
-        adopted: false,
-        observed_generation: q.metadata.generation,
-        conditions,
-        ..Default::default()
-    };
-    writes.fetch_add(1, Ordering::Relaxed);
-    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(json!({ "status": status }))).await?;
-    Ok(())
 }
