@@ -311,8 +311,18 @@ async fn a_launch_ec2_refuses_is_a_permanent_error_and_leaves_no_security_group(
     assert_eq!(e.class(), ErrorClass::Permanent);
     assert!(e.to_string().contains("InvalidSubnetID.NotFound"), "{e}");
 
+    // LocalStack's EC2 sometimes answers a describe with a 500 ("dictionary changed size during
+    // iteration") while other tests change its state; that says nothing about the group.
     let named = Filter::builder().name("tag:Name").values(&request.name).build();
-    let left = p.client().describe_security_groups().filters(named).send().await.unwrap();
+    let mut attempt = 0;
+    let left = loop {
+        match p.client().describe_security_groups().filters(named.clone()).send().await {
+            Ok(out) => break out,
+            Err(e) if attempt < 3 && e.raw_response().is_some_and(|r| r.status().is_server_error()) => attempt += 1,
+            Err(e) => panic!("DescribeSecurityGroups: {e:?}"),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
     assert!(left.security_groups().is_empty(), "the group made for the launch is deleted again: {left:?}");
     let outcomes = p.limiter().counters.outcomes();
     assert_eq!(outcomes.get(&("RunInstances", "invalid")), Some(&1), "{outcomes:?}");
