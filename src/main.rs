@@ -121,11 +121,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         "starting skyport"
     );
     let client_for_tunnels = client.clone();
+    let cluster_id = skyport::clouds::cluster_id(&client, &args.tunnel).await?;
+    let queue_settings = skyport::config::QueueArgs { cluster_id: cluster_id.clone(), ..args.queue.clone() };
     let (ctx, queues) = controllers::queue::controller(
         client,
         sqs.clone(),
         args.aws.sqs_settings(),
-        args.queue.clone(),
+        queue_settings,
         args.namespace.clone(),
         shutdown.clone(),
     );
@@ -147,7 +149,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     });
 
-    let tunnels = start_tunnels(&args, client_for_tunnels, &state, shutdown.clone()).await?;
+    let tunnels = start_tunnels(&args, client_for_tunnels, cluster_id, &state, shutdown.clone()).await?;
     let controllers = async move {
         tokio::join!(queues, tunnels);
     };
@@ -175,6 +177,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 async fn start_tunnels(
     args: &RunArgs,
     client: kube::Client,
+    cluster_id: String,
     state: &http::State,
     shutdown: futures::future::Shared<futures::future::BoxFuture<'static, ()>>,
 ) -> anyhow::Result<futures::future::BoxFuture<'static, ()>> {
@@ -186,7 +189,6 @@ async fn start_tunnels(
     let t = &args.tunnel;
     controllers::tunnel::plan::check_health_settings(t.control_port, t.health_port, t.boot_timeout, t.replace_after)
         .map_err(anyhow::Error::msg)?;
-    let cluster_id = skyport::clouds::cluster_id(&client, &args.tunnel).await?;
     // Fail at start, not at the first Tunnel, when exit servers could not be checked.
     if registry.names().iter().any(|name| *name != "local") {
         let artifacts = args.tunnel.exit_server_artifacts().context("exit-server binary (--exit-server-url)")?;

@@ -36,6 +36,68 @@ pub struct QueueArgs {
     /// 60 s after the deletion).
     #[arg(long = "recently-deleted-retry", env = "SKYPORT_RECENTLY_DELETED_RETRY", default_value = "15s", value_parser = humantime::parse_duration)]
     pub recently_deleted_retry: Duration,
+
+    /// Existing SQS queues that carry no skyport owner tag (made outside skyport) which Queues of
+    /// a namespace may adopt, and explicit `spec.queueName`s reserved for that namespace, as
+    /// NAMESPACE=PATTERN (`*` matches any run of characters, e.g. `payments=legacy-payments-*`);
+    /// repeat the flag or separate with commas. Without a grant no namespace adopts a queue
+    /// skyport did not create, and a name matching another namespace's pattern is refused.
+    #[arg(long = "queue-name-grant", env = "SKYPORT_QUEUE_NAME_GRANTS", value_delimiter = ',', value_parser = name_grant, value_name = "NAMESPACE=PATTERN")]
+    pub name_grants: Vec<NameGrant>,
+
+    /// This cluster's identity (`--cluster-id`, else the kube-system namespace's UID), tagged on
+    /// every queue so that clusters sharing an AWS account never take each other's queues.
+    #[arg(skip)]
+    pub cluster_id: String,
+}
+
+/// SQS queue names granted to one namespace (see `--queue-name-grant`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NameGrant {
+    pub namespace: String,
+    pub pattern: String,
+}
+
+impl NameGrant {
+    /// Whether `name` matches the pattern, where `*` stands for any run of characters.
+    pub fn matches(&self, name: &str) -> bool {
+        glob_match(&self.pattern, name)
+    }
+}
+
+fn glob_match(pattern: &str, name: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or_default();
+    let Some(mut rest) = name.strip_prefix(first) else { return false };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else { return rest.is_empty() };
+    for part in middle {
+        match rest.find(part) {
+            Some(i) => rest = &rest[i + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
+}
+
+fn name_grant(s: &str) -> Result<NameGrant, String> {
+    let (namespace, pattern) =
+        s.split_once('=').ok_or_else(|| format!("{s:?}: expected NAMESPACE=PATTERN, e.g. payments=legacy-payments-*"))?;
+    let label = |n: &str| {
+        !n.is_empty()
+            && n.len() <= 63
+            && n.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !n.starts_with('-')
+            && !n.ends_with('-')
+    };
+    if !label(namespace) {
+        return Err(format!("{namespace:?} is not a namespace name"));
+    }
+    let valid = |c: char| c.is_ascii_alphanumeric() || "-_.*".contains(c);
+    if pattern.is_empty() || pattern.len() > 80 || !pattern.chars().all(valid) {
+        return Err(format!("{pattern:?}: a pattern is 1-80 characters of letters, digits, '-', '_', '.' and '*'"));
+    }
+    Ok(NameGrant { namespace: namespace.into(), pattern: pattern.into() })
 }
 
 impl Default for QueueArgs {
@@ -47,6 +109,38 @@ impl Default for QueueArgs {
             backoff_min: Duration::from_secs(1),
             backoff_max: Duration::from_secs(300),
             recently_deleted_retry: Duration::from_secs(15),
+            name_grants: Vec::new(),
+            cluster_id: String::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_grant_names_a_namespace_and_a_pattern() {
+        let grant = name_grant("payments=legacy-*-q").unwrap();
+        assert_eq!(grant.namespace, "payments");
+        assert!(grant.matches("legacy-orders-q"));
+        assert!(grant.matches("legacy--q"));
+        assert!(!grant.matches("legacy-orders"));
+        assert!(!grant.matches("new-legacy-orders-q"));
+        assert!(name_grant("payments").is_err());
+        assert!(name_grant("Payments=x").is_err());
+        assert!(name_grant("payments=a/b").is_err());
+    }
+
+    #[test]
+    fn a_pattern_without_a_star_matches_only_itself() {
+        let exact = NameGrant { namespace: "a".into(), pattern: "orders".into() };
+        assert!(exact.matches("orders"));
+        assert!(!exact.matches("orders2"));
+        let all = NameGrant { namespace: "a".into(), pattern: "*".into() };
+        assert!(all.matches("anything"));
+        let ends = NameGrant { namespace: "a".into(), pattern: "a*a".into() };
+        assert!(!ends.matches("a"), "the two ends cannot share a character");
+        assert!(ends.matches("aa"));
     }
 }

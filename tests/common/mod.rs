@@ -131,6 +131,9 @@ pub struct Operator {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// The cluster id in-process operators tag their queues with.
+pub const TEST_CLUSTER: &str = "skyport-test-cluster";
+
 /// Settings for fast tests: short resync and backoff.
 pub fn fast_settings() -> QueueArgs {
     QueueArgs {
@@ -140,6 +143,8 @@ pub fn fast_settings() -> QueueArgs {
         backoff_min: Duration::from_millis(200),
         backoff_max: Duration::from_secs(2),
         recently_deleted_retry: Duration::from_secs(5),
+        name_grants: Vec::new(),
+        cluster_id: TEST_CLUSTER.into(),
     }
 }
 

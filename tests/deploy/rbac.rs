@@ -131,11 +131,11 @@ fn namespaced_installs_grant_only_roles_in_the_watched_namespace() {
     require_env();
     let overlay = documents(&run("kubectl", &["kustomize", "examples/namespaced/"], None));
     assert_namespaced_install(&overlay, "apps", "skyport", "examples/namespaced (kustomize)");
-    let chart = documents(&helm_template(&["--set", "watchNamespace=apps"]));
+    let chart = documents(&helm_template(&["--set", "watchNamespace=apps,tunnel.clusterId=apps-cluster"]));
     assert_namespaced_install(&chart, "apps", "skyport", "the Helm chart with watchNamespace");
-    // Tunnels need a cluster id the operator can no longer read: the chart says so.
+    // Queues and Tunnels need a cluster id the operator can no longer read: the chart says so.
     let out = Command::new(helm())
-        .args(["template", "skyport", "deploy/helm/skyport", "--set", "watchNamespace=apps,tunnel.provider=hetzner"])
+        .args(["template", "skyport", "deploy/helm/skyport", "--set", "watchNamespace=apps"])
         .current_dir(root())
         .output()
         .unwrap();
