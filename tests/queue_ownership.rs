@@ -191,37 +191,37 @@ async fn two_queues_racing_for_one_name_end_with_exactly_one_owner() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn adopt_refuses_a_queue_another_live_queue_owns_and_takes_it_once_that_owner_is_gone() {
-    let a = TestNs::new("own-adopt-a").await;
-    let b = TestNs::new("own-adopt-b").await;
-    let name = format!("shared-{}", &a.name[12..]);
-    let (opa, opb) = (Operator::start(&a, fast_settings()).await, Operator::start(&b, fast_settings()).await);
-    let (qa, qb): (Api<Queue>, Api<Queue>) = (a.api(), b.api());
-    qa.create(&PostParams::default(), &queue("first", json!({"queueName": name, "deletionPolicy": "Retain"})))
+    let ns = TestNs::new("own-adopt").await;
+    let name = format!("shared-{}", &ns.name[10..]);
+    let op = Operator::start(&ns, fast_settings()).await;
+    let queues: Api<Queue> = ns.api();
+    queues
+        .create(&PostParams::default(), &queue("first", json!({"queueName": name, "deletionPolicy": "Retain"})))
         .await
         .unwrap();
-    let first = wait_ready(&qa, "first", ConditionStatus::True, "Available", READY_TIMEOUT).await;
-    qb.create(
-        &PostParams::default(),
-        &queue("second", json!({"queueName": name, "adopt": true, "visibilityTimeoutSeconds": 77})),
-    )
-    .await
-    .unwrap();
-    let second = wait_ready(&qb, "second", ConditionStatus::False, "OwnedByAnotherQueue", READY_TIMEOUT).await;
+    let first = wait_ready(&queues, "first", ConditionStatus::True, "Available", READY_TIMEOUT).await;
+    queues
+        .create(
+            &PostParams::default(),
+            &queue("second", json!({"queueName": name, "adopt": true, "visibilityTimeoutSeconds": 77})),
+        )
+        .await
+        .unwrap();
+    let second = wait_ready(&queues, "second", ConditionStatus::False, "OwnedByAnotherQueue", READY_TIMEOUT).await;
     let text = message(&second);
-    assert!(text.contains(&format!("{}/first", a.name)), "the reason names the owner: {text}");
+    assert!(text.contains("Queue first"), "the reason names the owner of its own namespace: {text}");
     let url = url_for(&name).await;
     assert_eq!(tags(&url).await.get(OWNER_UID), first.metadata.uid.as_ref(), "still the first Queue's");
     assert_ne!(attributes(&sqs().await, &url).await["VisibilityTimeout"], "77");
 
     // The owner goes away (its queue is retained): the periodic recheck lets the adopter in.
-    qa.delete("first", &DeleteParams::default()).await.unwrap();
-    wait_gone(&qa, "first", READY_TIMEOUT).await;
-    let second = wait_ready(&qb, "second", ConditionStatus::True, "Available", READY_TIMEOUT).await;
-    assert!(adopted(&qb, "second").await);
+    queues.delete("first", &DeleteParams::default()).await.unwrap();
+    wait_gone(&queues, "first", READY_TIMEOUT).await;
+    let second = wait_ready(&queues, "second", ConditionStatus::True, "Available", READY_TIMEOUT).await;
+    assert!(adopted(&queues, "second").await);
     assert_eq!(tags(&url).await.get(OWNER_UID), second.metadata.uid.as_ref());
     assert_eq!(attributes(&sqs().await, &url).await["VisibilityTimeout"], "77");
-    finish(opa, a).await;
-    finish(opb, b).await;
+    finish(op, ns).await;
     delete_sqs_queue(&name).await;
 }
 
@@ -362,7 +362,7 @@ async fn adoption_writes_only_declared_fields_and_keeps_the_queue_by_default() {
         &[("cost-center", "42")],
     )
     .await;
-    let op = Operator::start(&ns, fast_settings()).await;
+    let op = Operator::start(&ns, granting(&ns.name, "existing-*")).await;
     let queues: Api<Queue> = ns.api();
     queues
         .create(

@@ -37,7 +37,7 @@ pub async fn make_ready(
     let ns = q.namespace().unwrap_or_default();
     let uid = q.uid().unwrap_or_default();
     let name = q.name_any();
-    let d = desired(&q.spec, &Owner { namespace: &ns, name: &name, uid: &uid, recorded_name: None }, None);
+    let d = desired(&q.spec, &Owner { namespace: &ns, name: &name, uid: &uid, cluster: "", recorded_name: None }, None);
     let url = sqs.create_queue(&d.name, &d.create_attributes(q.spec.fifo), &d.tags).await?;
     let now = k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
     let conditions = [("Ready", "Available", "the SQS queue exists"), ("Synced", "ReconcileSuccess", "")]

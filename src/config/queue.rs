@@ -81,8 +81,9 @@ fn glob_match(pattern: &str, name: &str) -> bool {
 }
 
 fn name_grant(s: &str) -> Result<NameGrant, String> {
-    let (namespace, pattern) =
-        s.split_once('=').ok_or_else(|| format!("{s:?}: expected NAMESPACE=PATTERN, e.g. payments=legacy-payments-*"))?;
+    let (namespace, pattern) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected NAMESPACE=PATTERN, e.g. payments=legacy-payments-*"))?;
     let label = |n: &str| {
         !n.is_empty()
             && n.len() <= 63

@@ -136,9 +136,10 @@ pub struct QueueSpec {
     pub kms_data_key_reuse_period_seconds: Option<i32>,
 
     /// Tags on the SQS queue. skyport adds its own `skyport.dev/*` tags (owner UID, namespace,
-    /// name) and removes tags that are in neither set.
+    /// name, cluster, and `adopted` on an adopted queue) and removes tags that are in neither set.
+    /// At most 44: SQS allows 50 tags per queue and skyport's take the rest.
     #[serde(default, skip_serializing_if = "TagMap::is_empty")]
-    #[schemars(extend("maxProperties" = 45))]
+    #[schemars(extend("maxProperties" = 44))]
     #[x_kube(validation = Rule::new("self.all(k, !k.startsWith('skyport.dev/') && !k.startsWith('aws:'))").message("tag keys starting with 'skyport.dev/' are reserved for skyport and 'aws:' for AWS"))]
     #[x_kube(validation = Rule::new("self.all(k, size(k) <= 128 && size(self[k]) <= 256)").message("tag keys are at most 128 characters and values at most 256"))]
     pub tags: TagMap,

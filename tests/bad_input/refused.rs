@@ -97,7 +97,7 @@ pub fn cases() -> Vec<Case> {
             q("b20", json!({"redriveAllowPolicy": {"redrivePermission": "byQueue", "sourceQueueArns": arns(11)}})),
             Refused(&["sourceQueueArns", "at most 10"]),
         ),
-        case("46 tags", q("b21", json!({"tags": many_tags(46)})), Refused(&["spec.tags", "at most 45"])),
+        case("45 tags", q("b21", json!({"tags": many_tags(45)})), Refused(&["spec.tags", "at most 44"])),
         // Queue: every enum.
         case(
             "deduplicationScope not an SQS value",

@@ -148,6 +148,13 @@ pub fn fast_settings() -> QueueArgs {
     }
 }
 
+/// [`fast_settings`] with the platform granting namespace `namespace` the queues made outside
+/// skyport whose names match `pattern` (`--queue-name-grant`).
+pub fn granting(namespace: &str, pattern: &str) -> QueueArgs {
+    let grant = skyport::config::NameGrant { namespace: namespace.into(), pattern: pattern.into() };
+    QueueArgs { name_grants: vec![grant], ..fast_settings() }
+}
+
 impl Operator {
     pub async fn start(ns: &TestNs, settings: QueueArgs) -> Self {
         Self::start_with_endpoint(ns, settings, None).await

@@ -5,16 +5,14 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use skyport::crd::{ConditionStatus, Queue};
 
-use crate::common::{
-    Operator, TestNs, attributes, eventually, fast_settings, finish, queue, queue_exists, sqs, wait_ready,
-};
+use crate::common::{Operator, TestNs, attributes, eventually, finish, granting, queue, queue_exists, sqs, wait_ready};
 use crate::{READY_TIMEOUT, tags, url_of};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn foreign_queue_is_untouched_without_adopt_and_managed_with_it() {
     let ns = TestNs::new("sq-adopt").await;
-    let op = Operator::start(&ns, fast_settings()).await;
+    let op = Operator::start(&ns, granting(&ns.name, "legacy-*")).await;
     let queues: Api<Queue> = ns.api();
     let sqs = sqs().await;
     let name = format!("legacy-{}", ns.name);

@@ -50,7 +50,8 @@ pub async fn apply(
         ),
         Observed::Absent => (String::new(), String::new(), None),
     };
-    let mut adopted = adopted || adopting;
+    let marked = matches!(observed, Observed::Present(e) if e.marked_adopted());
+    let mut adopted = adopted || adopting || marked;
     let mut events = Vec::new();
     if adopting {
         events.push(("Adopted", format!("adopted existing SQS queue {url}")));

@@ -32,8 +32,11 @@ pub async fn cleanup(queue: &Queue, api: &Api<Queue>, ctx: &Context) -> Result<A
     let url = queue.status.as_ref().and_then(|s| s.queue_url.clone()).unwrap_or_default();
     match deletion_policy(queue) {
         // In the account the queue was created in, whatever its AwsAccount says now.
-        DeletionPolicy::Delete => match observe::owned_queue_url(queue, sqs_of(queue, ctx).await.as_ref()).await? {
-            Some(url) => {
+        DeletionPolicy::Delete => match observe::owned_queue(queue, sqs_of(queue, ctx).await.as_ref()).await? {
+            // Adopted, by the marker on the queue, though status never said so (the status write
+            // after the adoption was lost): kept unless deletionPolicy says Delete.
+            Some((url, true)) if queue.spec.deletion_policy.is_none() => retained(queue, ctx, &url).await,
+            Some((url, _)) => {
                 sqs_of(queue, ctx).await.delete_queue(&url).await?;
                 info!(url, "deleted SQS queue");
                 ctx.publish(queue, EventType::Normal, "Deleted", format!("deleted SQS queue {url}")).await;
@@ -45,11 +48,7 @@ pub async fn cleanup(queue: &Queue, api: &Api<Queue>, ctx: &Context) -> Result<A
             }
             None => {}
         },
-        DeletionPolicy::Retain => {
-            info!(url, "SQS queue kept");
-            let note = format!("SQS queue {url} kept (deletionPolicy Retain, adopted or observe-only)");
-            ctx.publish(queue, EventType::Normal, "Retained", note).await;
-        }
+        DeletionPolicy::Retain => retained(queue, ctx, &url).await,
     }
     ctx.api_writes.inc();
     remove_finalizer(api, queue, FINALIZER).await?;
@@ -61,6 +60,12 @@ pub async fn cleanup(queue: &Queue, api: &Api<Queue>, ctx: &Context) -> Result<A
     ctx.written.forget(&key);
     ctx.reported.forget(&key);
     Ok(Action::await_change())
+}
+
+async fn retained(queue: &Queue, ctx: &Context, url: &str) {
+    info!(url, "SQS queue kept");
+    let note = format!("SQS queue {url} kept (deletionPolicy Retain, adopted or observe-only)");
+    ctx.publish(queue, EventType::Normal, "Retained", note).await;
 }
 
 async fn sqs_of(queue: &Queue, ctx: &Context) -> std::sync::Arc<dyn providers::QueueBackend> {

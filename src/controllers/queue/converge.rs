@@ -8,7 +8,7 @@ use providers::QueueBackend;
 use tracing::debug;
 
 use super::plan::{Observed, Outcome, Plan, Ready, Step};
-use super::{Context, act, desired, observe, plan};
+use super::{Context, act, desired, observe, plan, tenancy};
 use crate::controllers::context::namespace_of;
 use crate::controllers::jittered;
 use crate::crd::queue::{ManagementPolicy, Queue, QueueStatus};
@@ -20,9 +20,17 @@ pub async fn converge(queue: &Queue, ctx: &Context, sqs: &dyn QueueBackend) -> R
     let uid = queue.uid().ok_or(Error::MissingObjectKey("uid"))?;
     let status = queue.status.as_ref();
     let recorded_name = status.and_then(|s| s.queue_name.as_deref());
-    let owner = desired::Owner { namespace: &ns, name: &queue.name_any(), uid: &uid, recorded_name };
+    let cluster = ctx.settings.cluster_id.as_str();
+    let owner = desired::Owner { namespace: &ns, name: &queue.name_any(), uid: &uid, cluster, recorded_name };
     if let Some(problem) = queue.spec.problem() {
         return Ok(Outcome::Wait { reason: "InvalidSpec", message: problem, retry: None });
+    }
+    let grants = ctx.settings.name_grants.as_slice();
+    if let Some(name) = &queue.spec.queue_name
+        && let Some((reason, message)) = tenancy::name_refusal(&ns, name, grants)
+    {
+        // queueName is immutable: nothing but a new Queue changes this.
+        return Ok(Outcome::Wait { reason, message, retry: None });
     }
     let dead_letter_arn = match observe::dead_letter_arn(queue, &ctx.queues) {
         Ok(arn) => arn,
@@ -36,6 +44,9 @@ pub async fn converge(queue: &Queue, ctx: &Context, sqs: &dyn QueueBackend) -> R
     let intent = plan::Intent {
         fifo: queue.spec.fifo,
         uid: &uid,
+        namespace: &ns,
+        cluster,
+        grants,
         adopt: queue.spec.adopt,
         adopted,
         recheck: jittered(ctx.resync()),
@@ -55,17 +66,20 @@ pub async fn converge(queue: &Queue, ctx: &Context, sqs: &dyn QueueBackend) -> R
     let mut observed = if first_look {
         Observed::Absent
     } else {
-        observe::observe(queue, &desired, sqs, &ctx.client, verified.as_ref(), tags_due).await?
+        observe::observe(queue, &desired, sqs, &ctx.client, cluster, verified.as_ref(), tags_due).await?
     };
     let mut tags_read = matches!(&observed, Observed::Present(e) if e.tags.is_some());
     let mut plan = plan::plan(&desired, &intent, &observed);
     for _ in 0..2 {
         if plan == Plan::NeedTags {
-            observed = observe::observe(queue, &desired, sqs, &ctx.client, None, true).await?;
+            observed = observe::observe(queue, &desired, sqs, &ctx.client, cluster, None, true).await?;
             tags_read = true;
             plan = plan::plan(&desired, &intent, &observed);
         }
         debug!(?plan, "planned");
+        if let Some(refusal) = dead_letter_refusal(queue, &plan, &ns, ctx, sqs).await? {
+            return Ok(refusal);
+        }
         match act::apply(queue, &desired, &observed, plan.clone(), adopted, ctx, sqs).await? {
             act::Applied::Done(outcome) => {
                 if let Outcome::Ready(ready) = &outcome {
@@ -81,6 +95,36 @@ pub async fn converge(queue: &Queue, ctx: &Context, sqs: &dyn QueueBackend) -> R
         "the SQS queue {:?} appeared and disappeared while it was being created; retrying",
         desired.name
     ))))
+}
+
+/// Why the redrive policy this plan writes may not name `deadLetter.targetArn`, if it may not:
+/// checked whenever it is written, since SQS moves dead letters into the target without asking
+/// its access policy.
+async fn dead_letter_refusal(
+    queue: &Queue,
+    plan: &Plan,
+    ns: &str,
+    ctx: &Context,
+    sqs: &dyn QueueBackend,
+) -> Result<Option<Outcome>> {
+    let Some(arn) = queue.spec.dead_letter.as_ref().and_then(|d| d.target_arn.as_deref()) else { return Ok(None) };
+    let Plan::Apply { steps, .. } = plan else { return Ok(None) };
+    let writes_redrive = steps.iter().any(|s| match s {
+        Step::Create { attributes, .. } | Step::SetAttributes(attributes) => {
+            attributes.get("RedrivePolicy").is_some_and(|v| !v.is_empty())
+        }
+        _ => false,
+    });
+    if !writes_redrive {
+        return Ok(None);
+    }
+    let grants = &ctx.settings.name_grants;
+    let refusal = match observe::dead_letter_holder(arn, ns, &ctx.settings.cluster_id, sqs).await? {
+        Err(refusal) => Some(refusal),
+        Ok((name, holder)) => tenancy::dead_letter_refusal(&holder, ns, &name, grants),
+    };
+    let retry = Some(jittered(ctx.resync()));
+    Ok(refusal.map(|(reason, message)| Outcome::Wait { reason, message, retry }))
 }
 
 fn plan_created(plan: &Plan) -> bool {
@@ -104,32 +148,44 @@ fn remember(
     ctx.verified.remember(uid, entry);
 }
 
-/// managementPolicy Observe: publish an existing queue, never write to SQS.
+/// managementPolicy Observe: publish an existing queue, never write to SQS. A queue another
+/// namespace's (or cluster's) Queue owns is not published: its URL is that tenant's.
 async fn observe_only(
     queue: &Queue,
     desired: &desired::Desired,
     ctx: &Context,
     sqs: &dyn QueueBackend,
 ) -> Result<Outcome> {
-    match observe::observe_only(queue, desired, sqs).await? {
-        Some((url, attributes)) => {
-            let arn = attributes.get("QueueArn").cloned().unwrap_or_default();
-            Ok(Outcome::Ready(Ready {
-                url,
-                arn,
-                name: desired.name.clone(),
-                adopted: false,
-                created: attributes.get("CreatedTimestamp").cloned(),
-                events: Vec::new(),
-            }))
-        }
-        None => Ok(Outcome::Wait {
+    let Some((url, attributes)) = observe::observe_only(queue, desired, sqs).await? else {
+        return Ok(Outcome::Wait {
             reason: "NotFound",
             message: format!(
                 "managementPolicy Observe: no SQS queue named {:?} exists; skyport does not create it (looking again every resync)",
                 desired.name
             ),
             retry: Some(jittered(ctx.resync())),
-        }),
+        });
+    };
+    let uid = queue.uid().ok_or(Error::MissingObjectKey("uid"))?;
+    let created = attributes.get("CreatedTimestamp").cloned();
+    // Whose queue it is was read once for this very queue (same URL and creation time).
+    if !ctx.verified.get(&uid).is_some_and(|v| v.covers(&url, &attributes)) {
+        let ns = namespace_of(queue)?;
+        match tenancy::holder(&sqs.tags(&url).await?, &ns, &ctx.settings.cluster_id) {
+            tenancy::Holder::Untagged | tenancy::Holder::SameNamespace { .. } => {}
+            _ => {
+                return Ok(Outcome::Wait {
+                    reason: "OwnedByAnotherNamespace",
+                    message: format!(
+                        "managementPolicy Observe: the SQS queue {:?} belongs to a Queue of another namespace or cluster; skyport publishes only queues of this namespace or made outside skyport",
+                        desired.name
+                    ),
+                    retry: Some(jittered(ctx.resync())),
+                });
+            }
+        }
+        ctx.verified.remember(&uid, observe::Verified::new(&url, created.as_deref(), Instant::now(), None));
     }
+    let arn = attributes.get("QueueArn").cloned().unwrap_or_default();
+    Ok(Outcome::Ready(Ready { url, arn, name: desired.name.clone(), adopted: false, created, events: Vec::new() }))
 }

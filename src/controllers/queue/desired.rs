@@ -17,6 +17,13 @@ pub const TAG_MANAGED_BY: &str = "skyport.dev/managed-by";
 pub const TAG_OWNER_UID: &str = "skyport.dev/owner-uid";
 pub const TAG_OWNER_NAMESPACE: &str = "skyport.dev/owner-namespace";
 pub const TAG_OWNER_NAME: &str = "skyport.dev/owner-name";
+/// The cluster of the owning Queue: clusters sharing an AWS account never take each other's
+/// queues, even between namespaces of the same name.
+pub const TAG_CLUSTER: &str = "skyport.dev/cluster";
+/// `true` on a queue that existed before skyport took it over. Written in the same TagQueue call
+/// as the owner tag, so a queue skyport claimed is never without it, whatever interrupts the
+/// adoption: what the spec does not declare stays, and the queue is kept on delete by default.
+pub const TAG_ADOPTED: &str = "skyport.dev/adopted";
 
 /// SQS's limit on queue names, `.fifo` included.
 pub const MAX_QUEUE_NAME: usize = 80;
@@ -82,6 +89,8 @@ pub struct Owner<'a> {
     pub namespace: &'a str,
     pub name: &'a str,
     pub uid: &'a str,
+    /// This cluster's id (`--cluster-id`); empty: not tagged.
+    pub cluster: &'a str,
     /// `status.queueName`, the name this Queue's queue was given before.
     pub recorded_name: Option<&'a str>,
 }
@@ -154,6 +163,9 @@ pub fn desired(spec: &QueueSpec, owner: &Owner<'_>, dead_letter_arn: Option<&str
     tags.insert(TAG_OWNER_UID.into(), owner.uid.into());
     tags.insert(TAG_OWNER_NAMESPACE.into(), owner.namespace.into());
     tags.insert(TAG_OWNER_NAME.into(), owner.name.into());
+    if !owner.cluster.is_empty() {
+        tags.insert(TAG_CLUSTER.into(), owner.cluster.into());
+    }
 
     Desired { name: queue_name(owner.namespace, owner.name, spec, owner.recorded_name), attributes: a, tags }
 }
@@ -215,7 +227,7 @@ mod tests {
     use crate::crd::queue::{DeadLetter, LocalQueueRef, RedriveAllowPolicy};
 
     fn owner() -> Owner<'static> {
-        Owner { namespace: "shop", name: "orders", uid: "u-1", recorded_name: None }
+        Owner { namespace: "shop", name: "orders", uid: "u-1", cluster: "c-1", recorded_name: None }
     }
 
     fn name(namespace: &str, name: &str, spec: &QueueSpec) -> String {
@@ -321,6 +333,7 @@ mod tests {
         assert_eq!(d.tags[TAG_OWNER_UID], "u-1");
         assert_eq!(d.tags[TAG_OWNER_NAMESPACE], "shop");
         assert_eq!(d.tags[TAG_OWNER_NAME], "orders");
+        assert_eq!(d.tags[TAG_CLUSTER], "c-1");
         assert_eq!(d.tags["team"], "shop");
     }
 

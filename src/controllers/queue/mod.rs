@@ -30,6 +30,7 @@ pub mod observe;
 pub mod pace;
 pub mod plan;
 pub mod status;
+pub mod tenancy;
 #[cfg(test)]
 mod tests;
 

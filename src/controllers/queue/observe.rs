@@ -7,12 +7,13 @@ use std::time::{Duration, Instant};
 
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, ResourceExt};
-use providers::sqs::{Attributes, Tags};
+use providers::sqs::Attributes;
 use providers::{QueueBackend, QueueError};
 use tracing::debug;
 
-use super::desired::{Desired, TAG_OWNER_NAME, TAG_OWNER_NAMESPACE, TAG_OWNER_UID, queue_name};
+use super::desired::{Desired, TAG_ADOPTED, TAG_OWNER_UID, queue_name};
 use super::plan::{Existing, Observed, Outcome};
+use super::tenancy::{self, Holder};
 use crate::controllers::memory::compact_key;
 use crate::controllers::status::ObjectStatus;
 use crate::crd::ConditionStatus;
@@ -203,13 +204,15 @@ async fn find(queue: &Queue, name: &str, sqs: &dyn QueueBackend) -> Result<Optio
 }
 
 /// Finds the queue and reads its attributes. Tags (the owner) are read when `tags_due`, or
-/// unless `verified` proves this very queue ours; a foreign owner's liveness is looked up only
-/// when the Queue asks to adopt.
+/// unless `verified` proves this very queue ours; when the Queue asks to adopt a queue another
+/// Queue of its own namespace owns, whether that Queue still exists (other namespaces' queues are
+/// never adopted, so their Queues are never looked up).
 pub async fn observe(
     queue: &Queue,
     desired: &Desired,
     sqs: &dyn QueueBackend,
     client: &Client,
+    cluster: &str,
     verified: Option<&Verified>,
     tags_due: bool,
 ) -> Result<Observed> {
@@ -218,21 +221,21 @@ pub async fn observe(
     let verified = verified.is_some_and(|v| v.covers(&url, &attributes));
     let tags = if tags_due || !verified { Some(sqs.tags(&url).await?) } else { None };
     let mut existing = Existing { url, attributes, tags, verified, owner_live: None };
-    let uid = queue.uid().unwrap_or_default();
+    let (uid, ns) = (queue.uid().unwrap_or_default(), queue.namespace().unwrap_or_default());
     if queue.spec.adopt
-        && let Some((owner_uid, _)) = existing.foreign_owner(&uid)
+        && let Some(tags) = &existing.tags
+        && let Holder::SameNamespace { uid: owner_uid, name } = tenancy::holder(tags, &ns, cluster)
+        && owner_uid != uid
     {
-        existing.owner_live = owner_live(client, existing.tags.as_ref(), &owner_uid).await;
+        existing.owner_live = owner_live(client, &ns, &name, &owner_uid).await;
     }
     Ok(Observed::Present(existing))
 }
 
-/// Whether the Queue an owner tag names still exists (the same object: same UID). `None` when
-/// it cannot be told (no namespace/name tags, or the API refused the read).
-async fn owner_live(client: &Client, tags: Option<&Tags>, owner_uid: &str) -> Option<bool> {
-    let tags = tags?;
-    let (ns, name) = (tags.get(TAG_OWNER_NAMESPACE)?, tags.get(TAG_OWNER_NAME)?);
-    let api: Api<Queue> = Api::namespaced(client.clone(), ns);
+/// Whether the Queue `namespace/name` an owner tag names still exists (the same object: same
+/// UID). `None` when it cannot be told (the API refused the read).
+async fn owner_live(client: &Client, namespace: &str, name: &str, owner_uid: &str) -> Option<bool> {
+    let api: Api<Queue> = Api::namespaced(client.clone(), namespace);
     match api.get_opt(name).await {
         Ok(found) => Some(found.and_then(|q| q.uid()).as_deref() == Some(owner_uid)),
         Err(e) => {
@@ -240,6 +243,41 @@ async fn owner_live(client: &Client, tags: Option<&Tags>, owner_uid: &str) -> Op
             None
         }
     }
+}
+
+/// Whose queue `deadLetter.targetArn` names, read from its owner tags in this Queue's account.
+/// Err((reason, message)) when it is not in this account and region, or does not exist.
+pub async fn dead_letter_holder(
+    arn: &str,
+    namespace: &str,
+    cluster: &str,
+    sqs: &dyn QueueBackend,
+) -> Result<Result<(String, Holder), tenancy::Refusal>> {
+    let name = arn.rsplit(':').next().unwrap_or_default().to_string();
+    let Some(url) = sqs.queue_url(&name).await? else {
+        let message =
+            format!("the dead-letter target {name:?} does not exist in this Queue's account; create it first");
+        return Ok(Err(("DeadLetterQueueNotFound", message)));
+    };
+    // SQS moves dead letters only within one account and region: a queue of that name here is
+    // the target only if its ARN is the one given.
+    let here = sqs.region().and_then(|region| super::desired::queue_arn(&url, &region));
+    if here.as_deref().is_some_and(|here| here != arn) {
+        let message = format!(
+            "deadLetter.targetArn {arn:?} is not in this Queue's account and region; SQS requires the dead-letter queue beside the source queue"
+        );
+        return Ok(Err(("DeadLetterNotAllowed", message)));
+    }
+    let tags = match sqs.tags(&url).await {
+        Ok(tags) => tags,
+        Err(QueueError::NotFound) => {
+            let message =
+                format!("the dead-letter target {name:?} does not exist in this Queue's account; create it first");
+            return Ok(Err(("DeadLetterQueueNotFound", message)));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    Ok(Ok((name, tenancy::holder(&tags, namespace, cluster))))
 }
 
 /// Observe-only: the queue of that name and its attributes, never its tags and never a write.
@@ -252,10 +290,10 @@ pub async fn observe_only(
     Ok(sqs.attributes(&url).await?.map(|a| (url, a)))
 }
 
-/// The URL of this Queue's SQS queue for deletion, only if its owner tag names this Queue now
-/// (a recorded URL is not proof: the name may have been reused). `None` when there is no such
-/// queue or it belongs to someone else.
-pub async fn owned_queue_url(queue: &Queue, sqs: &dyn QueueBackend) -> Result<Option<String>> {
+/// This Queue's SQS queue, for deletion, only if its owner tag names this Queue now (a recorded
+/// URL is not proof: the name may have been reused): its URL, and whether it carries the
+/// adoption marker. `None` when there is no such queue or it belongs to someone else.
+pub async fn owned_queue(queue: &Queue, sqs: &dyn QueueBackend) -> Result<Option<(String, bool)>> {
     let ns = queue.namespace().ok_or(Error::MissingObjectKey("namespace"))?;
     let recorded_name = queue.status.as_ref().and_then(|s| s.queue_name.as_deref());
     let name = queue_name(&ns, &queue.name_any(), &queue.spec, recorded_name);
@@ -266,7 +304,8 @@ pub async fn owned_queue_url(queue: &Queue, sqs: &dyn QueueBackend) -> Result<Op
         Err(e) => return Err(e.into()),
     };
     let ours = tags.get(TAG_OWNER_UID).map(String::as_str) == queue.uid().as_deref();
-    Ok(ours.then_some(url))
+    let adopted = tags.get(TAG_ADOPTED).is_some_and(|v| v == "true");
+    Ok(ours.then_some((url, adopted)))
 }
 
 #[cfg(test)]

@@ -5,7 +5,9 @@ use std::time::Duration;
 use providers::sqs::{Attributes, Tags};
 use serde_json::Value;
 
-use super::desired::{Desired, TAG_OWNER_NAME, TAG_OWNER_NAMESPACE, TAG_OWNER_UID};
+use super::desired::{Desired, TAG_ADOPTED, TAG_OWNER_UID};
+use super::tenancy::{self, Holder};
+use crate::config::NameGrant;
 
 /// What observation found under the queue's name.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,13 +33,9 @@ pub struct Existing {
 }
 
 impl Existing {
-    /// The Queue its owner tag names, when that is not `uid`: (uid, namespace/name).
-    pub fn foreign_owner(&self, uid: &str) -> Option<(String, String)> {
-        let tags = self.tags.as_ref()?;
-        let owner = tags.get(TAG_OWNER_UID).filter(|u| u.as_str() != uid)?;
-        let ns = tags.get(TAG_OWNER_NAMESPACE).map(String::as_str).unwrap_or("?");
-        let name = tags.get(TAG_OWNER_NAME).map(String::as_str).unwrap_or("?");
-        Some((owner.clone(), format!("{ns}/{name}")))
+    /// Whether skyport's adoption marker is on the queue (read this pass).
+    pub fn marked_adopted(&self) -> bool {
+        self.tags.as_ref().is_some_and(|t| t.get(TAG_ADOPTED).is_some_and(|v| v == "true"))
     }
 }
 
@@ -76,6 +74,11 @@ pub enum Outcome {
 pub struct Intent<'a> {
     pub fifo: bool,
     pub uid: &'a str,
+    /// The Queue's namespace and this cluster's id: whose queues it may take.
+    pub namespace: &'a str,
+    pub cluster: &'a str,
+    /// `--queue-name-grant`: queue names made outside skyport that namespaces may adopt.
+    pub grants: &'a [NameGrant],
     /// `spec.adopt`.
     pub adopt: bool,
     /// `status.adopted`: the queue existed before skyport took it over.
@@ -121,8 +124,14 @@ pub fn plan(desired: &Desired, intent: &Intent<'_>, observed: &Observed) -> Plan
         return refusal;
     }
     // An adopted queue keeps what the spec does not mention: unset documents are not cleared
-    // and tags that are not in the spec stay.
-    let gentle = !ours || intent.adopted;
+    // and tags that are not in the spec stay. The marker on the queue says so even when the
+    // status write after the adoption was lost.
+    let adopting = !ours;
+    let gentle = adopting || intent.adopted || existing.marked_adopted();
+    let mut want_tags = desired.tags.clone();
+    if gentle {
+        want_tags.insert(TAG_ADOPTED.into(), "true".into());
+    }
 
     let mut steps = Vec::new();
     let changed: Attributes = desired
@@ -136,15 +145,14 @@ pub fn plan(desired: &Desired, intent: &Intent<'_>, observed: &Observed) -> Plan
         steps.push(Step::SetAttributes(changed));
     }
     if let Some(observed_tags) = &existing.tags {
-        let add: Tags = desired
-            .tags
+        let add: Tags = want_tags
             .iter()
             .filter(|(k, v)| observed_tags.get(k.as_str()) != Some(v))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         let remove: Vec<String> = observed_tags
             .keys()
-            .filter(|k| !desired.tags.contains_key(k.as_str()) && (!gentle || k.starts_with("skyport.dev/")))
+            .filter(|k| !want_tags.contains_key(k.as_str()) && (!gentle || k.starts_with("skyport.dev/")))
             .cloned()
             .collect();
         // Untag first: SQS allows 50 tags, and replacing many at once must not pass through
@@ -153,51 +161,44 @@ pub fn plan(desired: &Desired, intent: &Intent<'_>, observed: &Observed) -> Plan
             steps.push(Step::Untag(remove));
         }
         if !add.is_empty() {
-            steps.push(Step::Tag(add));
+            // Taking a queue over claims it before anything else is written: the owner tag and
+            // the adoption marker in one call, so no interruption leaves a changed queue
+            // unclaimed or a claimed one unmarked.
+            if adopting {
+                steps.insert(0, Step::Tag(add));
+            } else {
+                steps.push(Step::Tag(add));
+            }
         }
     }
     if !steps.is_empty() && existing.tags.is_none() {
         return Plan::NeedTags;
     }
-    Plan::Apply { steps, adopting: !ours }
+    Plan::Apply { steps, adopting }
 }
 
-/// Why a queue that is not ours is left alone, if it is.
+/// Why a queue that is not ours is left alone, if it is (see [`tenancy`]).
 fn refuse(desired: &Desired, intent: &Intent<'_>, existing: &Existing) -> Option<Plan> {
     let retry = Some(intent.recheck);
     let name = &desired.name;
-    match (existing.foreign_owner(intent.uid), intent.adopt) {
-        (None, true) => None,
-        (Some((_, owner)), true) => match existing.owner_live {
-            Some(false) => None,
-            Some(true) => Some(Plan::Wait {
-                reason: "OwnedByAnotherQueue",
-                message: format!(
-                    "the SQS queue {name:?} belongs to Queue {owner}, which still exists; adopt only takes queues no live Queue owns. Delete that Queue (with deletionPolicy Retain to keep the queue) or choose another spec.queueName"
-                ),
-                retry,
-            }),
-            None => Some(Plan::Wait {
-                reason: "OwnedByAnotherQueue",
-                message: format!(
-                    "the SQS queue {name:?} is tagged as belonging to Queue {owner}, and skyport could not check whether that Queue still exists; retrying"
-                ),
-                retry,
-            }),
-        },
-        (owner, false) => Some(Plan::Wait {
-            reason: "AlreadyExists",
-            message: match owner {
-                Some((_, owner)) => format!(
-                    "an SQS queue named {name:?} already exists and belongs to Queue {owner}; choose another spec.queueName"
-                ),
-                None => format!(
-                    "an SQS queue named {name:?} already exists and was not created by this Queue; set spec.adopt: true to manage it, or choose another spec.queueName"
-                ),
-            },
-            retry,
-        }),
+    let holder =
+        existing.tags.as_ref().map_or(Holder::Untagged, |t| tenancy::holder(t, intent.namespace, intent.cluster));
+    if !intent.adopt {
+        let message = match &holder {
+            Holder::Untagged => format!(
+                "an SQS queue named {name:?} already exists and was not created by this Queue; set spec.adopt: true to manage it (the platform team must grant this namespace its name), or choose another spec.queueName"
+            ),
+            Holder::SameNamespace { name: owner, .. } => format!(
+                "an SQS queue named {name:?} already exists and belongs to Queue {owner}; choose another spec.queueName"
+            ),
+            _ => format!(
+                "an SQS queue named {name:?} already exists and belongs to another Queue; choose another spec.queueName"
+            ),
+        };
+        return Some(Plan::Wait { reason: "AlreadyExists", message, retry });
     }
+    tenancy::adoption_refusal(&holder, intent.namespace, name, intent.grants, existing.owner_live)
+        .map(|(reason, message)| Plan::Wait { reason, message, retry })
 }
 
 /// Compares one attribute by meaning: numbers as numbers, booleans case-insensitively, policy
@@ -253,19 +254,34 @@ fn normalize(v: Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controllers::queue::desired::{Owner, desired};
+    use crate::controllers::queue::desired::{Owner, TAG_CLUSTER, TAG_OWNER_NAME, TAG_OWNER_NAMESPACE, desired};
     use crate::crd::queue::QueueSpec;
 
     const UID: &str = "uid-1";
 
     fn want(spec: &QueueSpec) -> Desired {
-        desired(spec, &Owner { namespace: "ns", name: "q", uid: UID, recorded_name: None }, None)
+        desired(spec, &Owner { namespace: "ns", name: "q", uid: UID, cluster: "c-1", recorded_name: None }, None)
     }
 
     const RECHECK: Duration = Duration::from_secs(60);
 
+    /// The platform grants namespace `ns` every name made outside skyport.
+    fn grant_all() -> &'static [NameGrant] {
+        static GRANTS: std::sync::OnceLock<Vec<NameGrant>> = std::sync::OnceLock::new();
+        GRANTS.get_or_init(|| vec![NameGrant { namespace: "ns".into(), pattern: "*".into() }])
+    }
+
     fn intent(fifo: bool, adopt: bool) -> Intent<'static> {
-        Intent { fifo, uid: UID, adopt, adopted: false, recheck: RECHECK }
+        Intent {
+            fifo,
+            uid: UID,
+            namespace: "ns",
+            cluster: "c-1",
+            grants: grant_all(),
+            adopt,
+            adopted: false,
+            recheck: RECHECK,
+        }
     }
 
     fn existing(attrs: &[(&str, &str)], tags: Option<&[(&str, &str)]>, verified: bool) -> Observed {
@@ -394,35 +410,101 @@ mod tests {
         );
         let Plan::Apply { steps, adopting } = plan(&d, &intent(false, true), &observed) else { panic!() };
         assert!(adopting);
-        assert_eq!(steps[0], Step::SetAttributes([("VisibilityTimeout".to_string(), "50".to_string())].into()));
-        assert!(steps.iter().any(|s| matches!(s, Step::Tag(t) if t[TAG_OWNER_UID] == UID)));
+        let Step::Tag(claim) = &steps[0] else { panic!("the claim comes before any other write: {steps:?}") };
+        assert_eq!((claim[TAG_OWNER_UID].as_str(), claim[TAG_ADOPTED].as_str()), (UID, "true"));
+        assert_eq!(steps[1], Step::SetAttributes([("VisibilityTimeout".to_string(), "50".to_string())].into()));
         assert!(!steps.iter().any(|s| matches!(s, Step::Untag(_))), "foreign tags stay: {steps:?}");
-        // Later passes treat it the same way: status.adopted.
-        let mine = converged_tags(&d);
-        let mut tags = mine.clone();
+        // Later passes treat it the same way: the marker on the queue, or status.adopted.
+        let mut tags = converged_tags(&d);
         tags.push(("owner", "someone-else"));
+        tags.push((TAG_ADOPTED, "true"));
         let observed = existing(&[("VisibilityTimeout", "50"), ("Policy", "{}")], Some(&tags), true);
+        assert_eq!(plan(&d, &intent(false, true), &observed), Plan::Apply { steps: vec![], adopting: false });
         let adopted = Intent { adopted: true, ..intent(false, true) };
         assert_eq!(plan(&d, &adopted, &observed), Plan::Apply { steps: vec![], adopting: false });
     }
 
     #[test]
-    fn a_queue_another_live_queue_owns_is_never_adopted() {
+    fn an_adoption_whose_status_write_was_lost_stays_gentle() {
+        // TagQueue claimed the queue, then the status write never happened: status.adopted is
+        // unset, but the marker on the queue keeps its policy, redrive settings and tags.
+        let d = want(&QueueSpec { visibility_timeout_seconds: Some(50), ..Default::default() });
+        let mut tags = converged_tags(&d);
+        tags.push(("cost-center", "legacy"));
+        tags.push((TAG_ADOPTED, "true"));
+        let policy = r#"{"Version":"2012-10-17","Statement":[]}"#;
+        let observed = existing(&[("VisibilityTimeout", "50"), ("Policy", policy)], Some(&tags), false);
+        assert_eq!(plan(&d, &intent(false, true), &observed), Plan::Apply { steps: vec![], adopting: false });
+        // Without the marker the same queue would be treated as one skyport made.
+        tags.retain(|(k, _)| *k != TAG_ADOPTED);
+        let observed = existing(&[("VisibilityTimeout", "50"), ("Policy", policy)], Some(&tags), false);
+        let Plan::Apply { steps, .. } = plan(&d, &intent(false, true), &observed) else { panic!() };
+        assert!(steps.contains(&Step::SetAttributes([("Policy".to_string(), String::new())].into())), "{steps:?}");
+    }
+
+    #[test]
+    fn a_queue_adopted_before_the_marker_existed_gets_it() {
         let d = want(&QueueSpec::default());
-        let theirs = [(TAG_OWNER_UID, "uid-2"), (TAG_OWNER_NAMESPACE, "other"), (TAG_OWNER_NAME, "q")];
+        let observed = existing(&[], Some(&converged_tags(&d)), true);
+        let adopted = Intent { adopted: true, ..intent(false, true) };
+        let Plan::Apply { steps, .. } = plan(&d, &adopted, &observed) else { panic!() };
+        assert_eq!(steps, vec![Step::Tag([(TAG_ADOPTED.to_string(), "true".to_string())].into())]);
+    }
+
+    #[test]
+    fn a_queue_another_live_queue_of_this_namespace_owns_is_never_adopted() {
+        let d = want(&QueueSpec::default());
+        let theirs =
+            [(TAG_OWNER_UID, "uid-2"), (TAG_OWNER_NAMESPACE, "ns"), (TAG_OWNER_NAME, "first"), (TAG_CLUSTER, "c-1")];
         let Observed::Present(mut e) = existing(&[], Some(&theirs), false) else { unreachable!() };
         for live in [Some(true), None] {
             e.owner_live = live;
             let p = plan(&d, &intent(false, true), &Observed::Present(e.clone()));
             let Plan::Wait { reason, message, retry } = p else { panic!("{p:?}") };
             assert_eq!((reason, retry), ("OwnedByAnotherQueue", Some(RECHECK)));
-            assert!(message.contains("other/q"), "{message}");
+            assert!(message.contains("first"), "{message}");
         }
         e.owner_live = Some(false);
         let p = plan(&d, &intent(false, true), &Observed::Present(e.clone()));
         assert!(matches!(p, Plan::Apply { adopting: true, .. }), "its owner is gone: {p:?}");
         let p = plan(&d, &intent(false, false), &Observed::Present(e));
         assert!(matches!(p, Plan::Wait { reason: "AlreadyExists", .. }), "never without adopt: {p:?}");
+    }
+
+    #[test]
+    fn another_namespaces_or_clusters_queue_is_never_adopted_nor_named() {
+        let d = want(&QueueSpec::default());
+        let cases = [
+            ("theirs", "c-1", "OwnedByAnotherNamespace"),
+            ("ns", "c-2", "OwnedByAnotherCluster"),
+            ("theirs", "c-2", "OwnedByAnotherCluster"),
+        ];
+        for (ns, cluster, want_reason) in cases {
+            let theirs = [
+                (TAG_OWNER_UID, "uid-2"),
+                (TAG_OWNER_NAMESPACE, ns),
+                (TAG_OWNER_NAME, "secret-name"),
+                (TAG_CLUSTER, cluster),
+            ];
+            let Observed::Present(mut e) = existing(&[], Some(&theirs), false) else { unreachable!() };
+            e.owner_live = Some(false);
+            let p = plan(&d, &intent(false, true), &Observed::Present(e.clone()));
+            let Plan::Wait { reason, message, .. } = p else { panic!("{p:?}") };
+            assert_eq!(reason, want_reason);
+            assert!(!message.contains("secret-name") && !message.contains("theirs"), "{message}");
+            let Plan::Wait { message, .. } = plan(&d, &intent(false, false), &Observed::Present(e)) else { panic!() };
+            assert!(!message.contains("secret-name") && !message.contains("theirs"), "{message}");
+        }
+    }
+
+    #[test]
+    fn a_queue_made_outside_skyport_is_adopted_only_where_the_platform_granted_it() {
+        let d = want(&QueueSpec::default());
+        let observed = existing(&[], Some(&[("team", "legacy")]), false);
+        let no_grant = Intent { grants: &[], ..intent(false, true) };
+        let p = plan(&d, &no_grant, &observed);
+        assert!(matches!(p, Plan::Wait { reason: "AdoptionNotAllowed", .. }), "{p:?}");
+        assert!(matches!(plan(&d, &intent(false, true), &observed), Plan::Apply { adopting: true, .. }));
     }
 
     #[test]
