@@ -5,7 +5,9 @@
 //! every tunnel client running: every live Queue is Ready with its latest spec in SQS, exactly
 //! one SQS queue per live Queue and none owned by a deleted one; every live Service's Tunnel is
 //! Active and its ingress carries bytes to the Service's current port, exactly one exit server
-//! per live Tunnel and none without one once the orphan sweep ran; no finalizer stuck, no panic.
+//! per live Tunnel and none without one once the orphan sweep ran; no finalizer stuck, no panic;
+//! and no steal: Queues created along the way to adopt, or send dead letters to, queues of another
+//! namespace, another cluster or made outside skyport stay refused, and those queues unchanged.
 //! The figures and the seed are printed; `SKYPORT_CRASH_SEED` replays a run.
 //!
 //! CI runs a small loop. The full run (figures in RELIABILITY.md; ~200 Queues and ~20 Tunnels):
@@ -56,7 +58,9 @@ async fn sigkill_at_random_points_loses_leaks_and_duplicates_nothing() {
     let state = std::env::temp_dir().join(format!("skyport-crash-hosts-{}", ns.name));
     let state_arg = state.to_string_lossy().into_owned();
     let local = LocalProvider::new(LocalSettings::new(&state, common::kubelet::skyport_exe())).unwrap();
-    let mut queues = Queues::new(ns.api());
+    // Another tenant's queues, which the churn keeps trying to adopt or send dead letters to.
+    let bait = common::bait::Bait::lay(&format!("bait-{}", ns.name), &ns.name, &cluster).await;
+    let mut queues = Queues::new(ns.api()).with_bait(bait);
     let mut tunnels = Tunnels::new(ns.api(), ns.api());
     let output = Lines::default();
 
@@ -95,7 +99,8 @@ async fn sigkill_at_random_points_loses_leaks_and_duplicates_nothing() {
     let panics = panics(&output);
     println!(
         "crash loop: kills survived {kills}; Queues created {} / edited {} / deleted {}, live {}, converged after the last \
-         restart in {queue_time:?}, leaks {}, duplicates {}, missing {}, stuck finalizers {}; Services created {} / edited {} \
+         restart in {queue_time:?}, leaks {}, duplicates {}, missing {}, stuck finalizers {}, refused steals {} (steals {}); \
+         Services created {} / edited {} \
          / deleted {}, live {} (carrying bytes {carried}), converged in {tunnel_time:?}, exit servers {}, leaks {}, \
          duplicates {}, stuck finalizers {}; panics {panics}; whole run {:?}",
         queues.counts.created,
@@ -106,6 +111,8 @@ async fn sigkill_at_random_points_loses_leaks_and_duplicates_nothing() {
         q.duplicates,
         q.missing,
         q.stuck,
+        queues.refused.len(),
+        q.steals,
         tunnels.counts.created,
         tunnels.counts.edited,
         tunnels.counts.deleted,
@@ -116,7 +123,7 @@ async fn sigkill_at_random_points_loses_leaks_and_duplicates_nothing() {
         t.stuck,
         started.elapsed(),
     );
-    assert_eq!(q, QueueAudit { leaks: 0, duplicates: 0, missing: 0, stuck: 0 }, "seed {seed}");
+    assert_eq!(q, QueueAudit { leaks: 0, duplicates: 0, missing: 0, stuck: 0, steals: 0 }, "seed {seed}");
     assert_eq!(
         (t.leaks, t.duplicates, t.stuck, panics),
         (0, 0, 0, 0),
@@ -126,6 +133,7 @@ async fn sigkill_at_random_points_loses_leaks_and_duplicates_nothing() {
 
     // Clean up with the operator running: every SQS queue and exit server goes with its owner.
     queues.remove_all().await;
+    queues.remove_bait().await;
     let left = tunnels.remove_all(&local, &cluster).await;
     let _ = child.start_kill();
     let _ = child.wait().await;

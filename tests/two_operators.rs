@@ -1,7 +1,8 @@
 //! Fault suite, two operators by mistake: two sets of controllers (leader election off on both)
 //! serve the same namespace against the same SQS and the same exit-server provider. Owner tags
 //! and idempotent creates must still give exactly one SQS queue per Queue and one exit server per
-//! Tunnel, and the two must not keep replacing each other's work. The figures are printed.
+//! Tunnel, and the two must not keep replacing each other's work; Queues aimed at another tenant's
+//! queues stay refused by both, and those queues unchanged (no steal). The figures are printed.
 
 mod common;
 #[path = "common/tunnels.rs"]
@@ -10,6 +11,7 @@ mod tunnels;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use common::bait::Attempt;
 use common::*;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, ListParams, PostParams};
@@ -37,6 +39,16 @@ async fn two_operators_without_leader_election_make_one_queue_per_queue_and_one_
     for i in 0..QUEUES {
         queues.create(&PostParams::default(), &queue(&format!("q{i}"), json!({"delaySeconds": 1}))).await.unwrap();
     }
+    // Both operators also see Queues aimed at another tenant's queues: neither may take them.
+    let bait = common::bait::Bait::lay(&format!("bait-{}", ns.name), &ns.name, TEST_CLUSTER).await;
+    let mut aimed = Vec::new();
+    for (i, attempt) in
+        [Attempt::Adopt, Attempt::DeadLetter].into_iter().cycle().take(2 * bait.queues.len()).enumerate()
+    {
+        let (spec, reason) = bait.spec(i / 2, attempt);
+        queues.create(&PostParams::default(), &queue(&format!("steal{i}"), spec)).await.unwrap();
+        aimed.push((format!("steal{i}"), reason));
+    }
     let services: Api<Service> = ns.api();
     for i in 0..TUNNELS {
         let svc: Service = serde_json::from_value(json!({
@@ -48,6 +60,9 @@ async fn two_operators_without_leader_election_make_one_queue_per_queue_and_one_
     }
     for i in 0..QUEUES {
         wait_ready(&queues, &format!("q{i}"), ConditionStatus::True, "Available", TIMEOUT).await;
+    }
+    for (name, reason) in &aimed {
+        wait_ready(&queues, name, ConditionStatus::False, reason, TIMEOUT).await;
     }
     let tunnels_api: Api<Tunnel> = ns.api();
     let active = || async {
@@ -99,6 +114,14 @@ async fn two_operators_without_leader_election_make_one_queue_per_queue_and_one_
         hosts.len()
     );
     assert_eq!((urls.len(), queue_dupes), (QUEUES, 0), "{per_owner:?}");
+    for (name, _) in &aimed {
+        queues.delete(name, &Default::default()).await.unwrap();
+        wait_gone(&queues, name, TIMEOUT).await;
+    }
+    let steals = bait.steals().await;
+    println!("two operators: {} Queues aimed at another tenant's queues, steals {steals}", aimed.len());
+    assert_eq!(steals, 0, "another tenant's queues changed");
+    bait.remove().await;
     // Known defect (RELIABILITY.md): both Tunnel operators pass find_host before either records
     // its host, each creates one, the last status write wins, and the other host carries a live
     // Tunnel's UID, so neither find_host (it stops at the recorded host) nor the orphan sweep

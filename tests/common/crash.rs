@@ -17,6 +17,7 @@ use rand::rngs::StdRng;
 use serde_json::json;
 use skyport::crd::{ConditionStatus, Queue, Tunnel, TunnelPhase};
 
+use crate::common::bait::{Attempt, Bait};
 use crate::common::kubelet::{Backends, ClientRunner, tcp_echo};
 use crate::common::{attributes, eventually, queue, ready, sqs};
 
@@ -69,33 +70,58 @@ where
         .count()
 }
 
-/// Queues, each with a visibility timeout the end state must show in SQS.
+/// Queues, each with a visibility timeout the end state must show in SQS, and Queues aimed at
+/// another tenant's queues (adopting them, or sending them dead letters) that must stay refused.
 pub struct Queues {
     api: Api<Queue>,
     /// Name → the visibility timeout last written to its spec.
     pub live: BTreeMap<String, i32>,
     pub gone: BTreeSet<String>,
     pub counts: Counts,
+    bait: Option<Bait>,
+    /// Queues aimed at bait: name → the reason each must be refused with.
+    pub refused: BTreeMap<String, &'static str>,
 }
 
 /// The end state of the Queues: (leaked SQS queues, duplicates, live Queues missing their queue
-/// or their latest spec, stuck finalizers).
+/// or their latest spec, stuck finalizers, bait queues changed by anyone: steals).
 #[derive(Debug, PartialEq, Eq)]
 pub struct QueueAudit {
     pub leaks: usize,
     pub duplicates: usize,
     pub missing: usize,
     pub stuck: usize,
+    pub steals: usize,
 }
 
 impl Queues {
     pub fn new(api: Api<Queue>) -> Self {
-        Queues { api, live: BTreeMap::new(), gone: BTreeSet::new(), counts: Counts::default() }
+        Queues {
+            api,
+            live: BTreeMap::new(),
+            gone: BTreeSet::new(),
+            counts: Counts::default(),
+            bait: None,
+            refused: BTreeMap::new(),
+        }
+    }
+
+    /// One create in four aims at one of `bait`'s queues instead.
+    pub fn with_bait(self, bait: Bait) -> Self {
+        Queues { bait: Some(bait), ..self }
     }
 
     pub async fn step(&mut self, rng: &mut StdRng) {
         let timeout = rng.random_range(10..100);
         match pick(rng, &self.live, 3, &mut self.counts) {
+            Step::Create(n) if self.bait.is_some() && rng.random_range(0..4) == 0 => {
+                let attempt = if rng.random_bool(0.5) { Attempt::Adopt } else { Attempt::DeadLetter };
+                let bait = self.bait.as_ref().expect("bait");
+                let (spec, reason) = bait.spec(rng.random_range(0..bait.queues.len()), attempt);
+                let name = format!("steal{n}");
+                self.api.create(&PostParams::default(), &queue(&name, spec)).await.unwrap();
+                self.refused.insert(name, reason);
+            }
             Step::Create(n) => {
                 let name = format!("q{n}");
                 let spec = json!({"visibilityTimeoutSeconds": timeout});
@@ -103,7 +129,13 @@ impl Queues {
                 self.live.insert(name, timeout);
             }
             Step::Edit(name) => {
-                let patch = json!({"spec": {"visibilityTimeoutSeconds": timeout}});
+                // Exports come and go with the edits: more writes per reconcile to interrupt.
+                let exports = if rng.random_bool(0.5) {
+                    json!([{"kind": "ConfigMap", "name": format!("{name}-export"), "keys": {"url": "URL"}}])
+                } else {
+                    json!([])
+                };
+                let patch = json!({"spec": {"visibilityTimeoutSeconds": timeout, "exports": exports}});
                 self.api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
                 self.live.insert(name, timeout);
             }
@@ -129,7 +161,10 @@ impl Queues {
                 })
             });
             let all_gone = self.gone.iter().all(|n| !by_name.contains_key(n));
-            (all_ready && all_gone).then_some(())
+            let all_refused = self.refused.iter().all(|(n, reason)| {
+                by_name.get(n).is_some_and(|q| ready(q) == Some((ConditionStatus::False, reason.to_string())))
+            });
+            (all_ready && all_gone && all_refused).then_some(())
         })
         .await;
         since.elapsed()
@@ -158,7 +193,11 @@ impl Queues {
         }
         let leaks = owners.iter().filter(|(uid, _)| !live_uids.contains(*uid)).map(|(_, n)| n).sum();
         let duplicates = owners.iter().filter(|(uid, _)| live_uids.contains(*uid)).map(|(_, n)| n - 1).sum();
-        QueueAudit { leaks, duplicates, missing, stuck: stuck(&self.api).await }
+        let steals = match &self.bait {
+            Some(bait) => bait.steals().await,
+            None => 0,
+        };
+        QueueAudit { leaks, duplicates, missing, stuck: stuck(&self.api).await, steals }
     }
 
     /// Deletes every Queue and waits until they are gone (an operator must run).
@@ -168,6 +207,14 @@ impl Queues {
             self.api.list(&ListParams::default()).await.ok()?.items.is_empty().then_some(())
         })
         .await;
+    }
+
+    /// After [`Queues::remove_all`]: deleting the Queues aimed at the bait left it as it was too.
+    /// Then the bait goes.
+    pub async fn remove_bait(&self) {
+        let Some(bait) = &self.bait else { return };
+        assert_eq!(bait.steals().await, 0, "deleting the Queues that aimed at another tenant's queues changed them");
+        bait.remove().await;
     }
 }
 

@@ -21,6 +21,7 @@ use skyport::controllers::queue::{Context, controller};
 use skyport::crd::{ConditionStatus, Queue};
 use tokio::sync::{OnceCell, oneshot};
 
+pub mod bait;
 pub mod kubelet;
 pub mod private_env;
 pub mod process;
