@@ -28,14 +28,17 @@ pub struct BaitQueue {
     adopt_reason: &'static str,
 }
 
+/// A queue's tags and its attributes but the message counters (they move by themselves).
+type Snapshot = (BTreeMap<String, String>, BTreeMap<String, String>);
+
 /// The bait queues of one workload namespace, with what each held when laid.
 pub struct Bait {
     pub queues: Vec<BaitQueue>,
-    before: BTreeMap<String, (BTreeMap<String, String>, BTreeMap<String, String>)>,
+    before: BTreeMap<String, Snapshot>,
 }
 
-/// Tags and attributes that a steal would change (the message counters move by themselves).
-async fn snapshot(url: &str) -> Option<(BTreeMap<String, String>, BTreeMap<String, String>)> {
+/// What a steal would change.
+async fn snapshot(url: &str) -> Option<Snapshot> {
     let sqs = sqs().await;
     let tags = sqs.list_queue_tags().queue_url(url).send().await.ok()?.tags.unwrap_or_default();
     let attrs = attributes(&sqs, url).await;
