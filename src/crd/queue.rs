@@ -46,7 +46,9 @@ use compact_str::CompactString;
     validation = Rule::new("!has(self.managementPolicy) || self.managementPolicy != 'Observe' || !has(self.deletionPolicy) || self.deletionPolicy != 'Delete'").message("managementPolicy Observe never deletes the queue: remove deletionPolicy Delete")
 )]
 pub struct QueueSpec {
-    /// Name of the SQS queue. Optional and immutable; defaults to `<namespace>_<name>` made
+    /// Name of the SQS queue. Optional and immutable. Another namespace's default form
+    /// (`<other-namespace>_...`) and names the platform granted only to other namespaces are
+    /// refused (QueueNameReserved). Defaults to `<namespace>_<name>` made
     /// valid for SQS (dots become `_`; at most 80 characters of letters, digits, `-` and `_`,
     /// shortened with a hash when too long), plus `.fifo` for FIFO queues. The `_` cannot occur
     /// in a namespace, so two Queues never get the same default (`team`/`a-orders` and
@@ -152,18 +154,22 @@ pub struct QueueSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deletion_policy: Option<DeletionPolicy>,
 
-    /// Take over an existing SQS queue of the same name that skyport did not create. Without
+    /// Take over an existing SQS queue of the same name that this Queue did not create. Without
     /// it such a queue is never touched and the Queue reports Ready=False, reason AlreadyExists.
-    /// A queue whose owner tag names another Queue that still exists is never taken
-    /// (reason OwnedByAnotherQueue). Adopting writes only the fields this spec sets: an access
-    /// policy, redrive settings and tags of the existing queue that the spec does not mention
-    /// are kept.
+    /// Only queues this namespace may take are adopted: one made outside skyport whose name the
+    /// platform granted this namespace (`--queue-name-grant`; else AdoptionNotAllowed), or one
+    /// whose owner tag names a Queue of this namespace and cluster that no longer exists (a
+    /// retained queue; while that Queue exists, OwnedByAnotherQueue). Queues of other namespaces
+    /// or clusters are never taken (OwnedByAnotherNamespace, OwnedByAnotherCluster). Adopting
+    /// tags the queue `skyport.dev/adopted` first, then writes only the fields this spec sets: an
+    /// access policy, redrive settings and tags that the spec does not mention are kept.
     #[serde(default)]
     pub adopt: bool,
 
     /// `Manage` (default): skyport creates, updates and deletes the queue. `Observe`: skyport
     /// only reads an existing queue of that name and publishes its URL and ARN in `status` and
-    /// the ConfigMap; it never writes to SQS and never deletes the queue.
+    /// the ConfigMap; it never writes to SQS and never deletes the queue. A queue owned by a
+    /// Queue of another namespace or cluster is not published (OwnedByAnotherNamespace).
     #[serde(default)]
     pub management_policy: ManagementPolicy,
 
@@ -263,7 +269,8 @@ pub enum DeletionPolicy {
     Retain,
 }
 
-/// The dead-letter target: another Queue in this namespace, or any SQS queue by ARN.
+/// The dead-letter target: another Queue in this namespace, or an SQS queue of this namespace by
+/// ARN.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.queueRef) != has(self.targetArn)").message("deadLetter needs exactly one of queueRef and targetArn"))]
@@ -271,7 +278,11 @@ pub struct DeadLetter {
     /// A Queue in the same namespace; skyport waits until it is Ready and follows its ARN.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_ref: Option<LocalQueueRef>,
-    /// ARN of an existing SQS queue, e.g. `arn:aws:sqs:eu-west-1:123456789012:orders-dlq`.
+    /// ARN of an existing SQS queue in the same account and region, e.g.
+    /// `arn:aws:sqs:eu-west-1:123456789012:orders-dlq`. It must belong to a Queue of this
+    /// namespace and cluster, or be a queue made outside skyport whose name the platform granted
+    /// this namespace (`--queue-name-grant`): SQS moves dead letters without asking the target's
+    /// access policy. Otherwise Ready=False, reason DeadLetterNotAllowed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^arn:aws[a-zA-Z-]*:sqs:[a-z0-9-]+:[0-9]{12}:[A-Za-z0-9_-]{1,80}(\.fifo)?$"))]
     pub target_arn: Option<String>,
