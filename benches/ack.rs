@@ -1,5 +1,5 @@
 //! skyport side by side with the ACK SQS controller (github.com/aws-controllers-k8s/sqs-controller),
-//! the system a user would pick instead (issue 13, item 2). Both run as real processes against
+//! the system a user would pick instead. Both run as real processes against
 //! the same kube-apiserver and LocalStack, one after the other in one benchmark run, each watching
 //! its own namespace, on the same N Queues (same attributes and tag):
 //!

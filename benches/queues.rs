@@ -1,4 +1,4 @@
-//! Benchmarks of the Queue controller against the real test environment (issue 5): how fast and
+//! Benchmarks of the Queue controller against the real test environment: how fast and
 //! how cheaply skyport converges, measured against a minimal baseline and against the limits.
 //!
 //! 1. time to Ready for N Queues created at once, vs a baseline loop making only the minimal
@@ -115,7 +115,7 @@ async fn run(o: Opts) -> anyhow::Result<bool> {
     if wants("memory") {
         bench.memory(&o).await?;
     }
-    println!("\n(Tunnel figures, issue 5 item 5: `cargo bench --bench tunnel`, benches/tunnel.rs.)");
+    println!("\n(Tunnel figures: `cargo bench --bench tunnel`, benches/tunnel.rs.)");
     let failures = bench.failures.lock().unwrap_or_else(|p| p.into_inner()).clone();
     println!(
         "done in {:.0} s; {}",

@@ -1,4 +1,4 @@
-//! Benchmarks of the Tunnel path against the real test environment (issue 5, item 5), with the
+//! Benchmarks of the Tunnel path against the real test environment, with the
 //! local provider and the real tunnel server and client (`skyport tunnel server|client`, rathole
 //! built in; in `--profile dev` runs that is the dev build of skyport):
 //!
@@ -19,7 +19,7 @@
 //! 3. **a Service port change**: from patching a port onto the Service (9002/TCP) to the first
 //!    bytes echoed through the new port, at the same address and on the same exit server (the
 //!    config pushed to the running server, as on cloud VMs; the client pod rolled, as the
-//!    kubelet would). Target (issue 10 §4): ≤ 10 s. A new address or a new host is an error.
+//!    kubelet would). Target: ≤ 10 s. A new address or a new host is an error.
 //!
 //! The tunnel runs the skyport binary of the profile the benchmark is built with (the exit server
 //! and the client alike), so `cargo bench` (release) measures a release tunnel; with

@@ -16,5 +16,5 @@ pub mod tunnel;
 
 pub use error::{Error, Result};
 
-/// The module's former name, kept so that existing callers (the integration tests) still build.
+/// `skyport::hosts` is another name for [`clouds`], used by the integration tests.
 pub use clouds as hosts;

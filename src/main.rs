@@ -24,15 +24,24 @@ async fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
     match cli.command {
-        Command::Crds { dir: None } => {
+        Command::Crds { dir: None, write_all: false } => {
             print!("{}", crd::to_yaml(&crd::all())?);
             Ok(())
         }
-        Command::Crds { dir: Some(dir) } => {
-            for c in crd::all() {
-                let path = dir.join(crd::file_name(&c));
-                std::fs::write(&path, crd::to_yaml(std::slice::from_ref(&c))?)
-                    .with_context(|| format!("writing {}", path.display()))?;
+        Command::Crds { dir, write_all } => {
+            // Every copy of the generated YAML; tests/crds.rs checks each against the types.
+            const COPIES: [&str; 3] = ["crds", "deploy/crds", "deploy/helm/skyport/crds"];
+            let dirs: Vec<std::path::PathBuf> = if write_all {
+                COPIES.iter().map(std::path::PathBuf::from).collect()
+            } else {
+                dir.into_iter().collect()
+            };
+            for dir in dirs {
+                for c in crd::all() {
+                    let path = dir.join(crd::file_name(&c));
+                    std::fs::write(&path, crd::to_yaml(std::slice::from_ref(&c))?)
+                        .with_context(|| format!("writing {}", path.display()))?;
+                }
             }
             Ok(())
         }

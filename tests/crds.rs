@@ -1,24 +1,28 @@
-//! The checked-in CRDs in `crds/` must be exactly what the Rust types generate.
+//! Every checked-in copy of the CRDs (`crds/`, and the kustomize and Helm copies under
+//! `deploy/`) must be exactly what the Rust types generate: `skyport crds --write-all` writes them.
 
 #[test]
 fn checked_in_crds_match_the_rust_types() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
-    let mut expected: Vec<String> = Vec::new();
-    for crd in skyport::crd::all() {
-        let name = skyport::crd::file_name(&crd);
-        let generated = skyport::crd::to_yaml(std::slice::from_ref(&crd)).expect("CRDs serialize");
-        let on_disk = std::fs::read_to_string(dir.join(&name)).unwrap_or_default();
-        assert!(
-            generated == on_disk,
-            "crds/{name} is stale or missing: regenerate with `cargo run -- crds --dir crds`"
-        );
-        expected.push(name);
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for copy in ["crds", "deploy/crds", "deploy/helm/skyport/crds"] {
+        let dir = root.join(copy);
+        let mut expected: Vec<String> = Vec::new();
+        for crd in skyport::crd::all() {
+            let name = skyport::crd::file_name(&crd);
+            let generated = skyport::crd::to_yaml(std::slice::from_ref(&crd)).expect("CRDs serialize");
+            let on_disk = std::fs::read_to_string(dir.join(&name)).unwrap_or_default();
+            assert!(
+                generated == on_disk,
+                "{copy}/{name} is stale or missing: regenerate with `cargo run -- crds --write-all`"
+            );
+            expected.push(name);
+        }
+        let mut present: Vec<String> =
+            std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        present.sort();
+        expected.sort();
+        assert_eq!(present, expected, "{copy}/ holds exactly one file per CRD");
     }
-    let mut present: Vec<String> =
-        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
-    present.sort();
-    expected.sort();
-    assert_eq!(present, expected, "crds/ holds exactly one file per CRD");
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! The exit server's user data, proven by a real boot (issue 10 §2): a Debian guest with systemd
+//! The exit server's user data, proven by a real boot: a Debian guest with systemd
 //! and cloud-init (`common::guest`) boots with the exact `#cloud-config` the Tunnel controller
 //! hands every cloud provider, rendered by the same functions from a Service's ports and fresh
 //! credentials. Nothing in it is special-cased: the download URL is the operator's URL template

@@ -1,4 +1,4 @@
-//! The end-to-end health check (issue 10 §3) through a real tunnel: `skyport tunnel server` and
+//! The end-to-end health check through a real tunnel: `skyport tunnel server` and
 //! `skyport tunnel client` processes on loopback addresses, the health service rendered by
 //! `skyport::tunnel`. The probe passes only while that server serves that client: not before the
 //! client connects, not with another tunnel's token, not after the client is gone.

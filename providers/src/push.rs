@@ -274,7 +274,7 @@ pub async fn reconfigure_running<P: HostProvider + ?Sized>(
 
 /// Pushes `config` (the host's rendered `server.toml`, sealed with the key derived from
 /// `server`'s Noise key) to the host at `ip`. `Ok(false)` when the host cannot take this push
-/// and only a new one can serve `server`, so the controller replaces it as before: nothing takes
+/// and only a new one can serve `server`, so the controller replaces it instead: nothing takes
 /// pushes there (a host made by a skyport without them, one that cannot be reached, or something
 /// else answering on the port), the host
 /// holds another Noise key (the Tunnel's Secret was re-created), or the config moves the control

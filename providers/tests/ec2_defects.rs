@@ -1,4 +1,4 @@
-//! EC2 defects from issue 10, each against the LocalStack that tests/env.sh starts: security
+//! EC2 behaviours that once broke, each against the LocalStack that tests/env.sh starts: security
 //! groups that outlived their instance, `spec.region`, IMDSv2, and Elastic IPs.
 //!
 //! AWS refuses to delete a security group while its instance shuts down (`DependencyViolation`,

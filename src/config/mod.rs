@@ -42,8 +42,13 @@ pub enum Command {
     /// Print the CustomResourceDefinitions as YAML (what `crds/` holds).
     Crds {
         /// Write one file per CRD (`<singular>.yaml`) into this directory instead of printing.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "write_all")]
         dir: Option<std::path::PathBuf>,
+        /// Write one file per CRD into every directory of the repository that holds them
+        /// (`crds/`, `deploy/crds/` for kustomize, `deploy/helm/skyport/crds/` for Helm), relative
+        /// to the current directory: kustomize and Helm cannot read files outside their roots.
+        #[arg(long)]
+        write_all: bool,
     },
 }
 

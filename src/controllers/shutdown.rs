@@ -5,7 +5,7 @@
 //! (kube-runtime 5.0.0, `Runner::poll_next`: a finished scheduler is `Poll::Pending` while the
 //! store is not ready). A list that keeps failing (the CRD not installed: 404; RBAC: 403) would
 //! keep `skyport run` alive after SIGTERM until the kubelet kills it. Such a controller never
-//! started a reconcile, so it can stop at once; one whose cache synced stops as before, after the
+//! started a reconcile, so it can stop at once; one whose cache synced stops after the
 //! reconciles in flight.
 
 use std::future::Future;

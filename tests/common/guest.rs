@@ -5,7 +5,7 @@
 //! namespace of its own joined to the host by a veth pair whose two addresses (10.213.x.1 on the
 //! host, 10.213.x.2 in the guest) exist only on that pair: the guest's "public IP" is x.2.
 //!
-//! Two workarounds this machine needs (../shared/research/guest-boot.md): PID 1 here is not
+//! Two workarounds for hosts that need them: PID 1 here may not be
 //! systemd, so nspawn runs with `--register=no`; and nspawn wants a tmpfs at
 //! /run/systemd/nspawn, mounted once if missing.
 #![allow(dead_code)]

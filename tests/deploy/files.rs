@@ -20,7 +20,7 @@ fn deploy_crds_are_copies_of_the_generated_crds() {
             .map(|e| e.expect("entry").path())
             .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read_to_string(&p).unwrap()))
             .collect();
-        assert!(copies == canonical, "{dir}/ differs from crds/: refresh it with `cp crds/*.yaml {dir}/`");
+        assert!(copies == canonical, "{dir}/ differs from crds/: regenerate both with `cargo run -- crds --write-all`");
     }
 }
 

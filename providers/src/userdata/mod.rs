@@ -4,8 +4,8 @@
 //! binary (`skyport tunnel server`), with the Noise transport ([`NOISE_PATTERN`]:
 //! the server holds an X25519 key, each service has its own token). rathole declares public ports
 //! on the server side, one `[server.services.<name>]` per port, so the rendered `server.toml`
-//! lists exactly the Service's ports; it hot-reloads that file when it changes. See
-//! `../shared/research/tunnel.md` for why rathole and for the measured behaviour.
+//! lists exactly the Service's ports; it hot-reloads that file when it changes. Why rathole:
+//! docs/tunnel.md, *Tunnel software*; its measured behaviour: BENCHMARKS.md, *Tunnel*.
 //!
 //! The rendered `#cloud-config`:
 //! - downloads the skyport binary for the VM's architecture from an [`Artifact`] URL and refuses

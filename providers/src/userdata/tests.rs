@@ -205,7 +205,7 @@ fn bad_input_is_refused_without_revealing_secrets() {
 
 #[test]
 fn noise_keys_match_what_rathole_genkey_prints() {
-    // `rathole --genkey` (0.5.0) printed this pair on this machine.
+    // A pair printed by `rathole --genkey` (0.5.0).
     let pair = NoiseKeypair::from_private(GENKEY_PRIVATE).unwrap();
     assert_eq!(pair.public_key, GENKEY_PUBLIC);
     assert_eq!(pair.private_key, GENKEY_PRIVATE);

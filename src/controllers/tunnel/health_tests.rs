@@ -1,4 +1,4 @@
-//! Ready means traffic can flow (issue 10 §3), against the fakes: the health check decides Active,
+//! Ready means traffic can flow, against the fakes: the health check decides Active,
 //! the boot timeout and the replacement, and the Service never advertises an address that is about
 //! to be released.
 

@@ -178,7 +178,7 @@ pub fn credentials_digest(credentials: &Credentials) -> String {
 /// The ports the running exit server may be trusted to have: those in status, unless its
 /// credentials are not the Secret's (the Secret was re-created, in this reconcile or an earlier
 /// one that then failed): then none, which makes [`host_step`] reconfigure or replace it. No
-/// recorded digest (a Tunnel from before digests were kept) trusts status, as before.
+/// recorded digest (a Tunnel whose status predates `credentialsDigest`) trusts status.
 pub fn configured_ports(current: &TunnelStatus, fresh: bool, digest: &str) -> Vec<TunnelPort> {
     let other_keys = current.credentials_digest.as_deref().is_some_and(|d| d != digest);
     if fresh || other_keys { Vec::new() } else { current.ports.clone() }

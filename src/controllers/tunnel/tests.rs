@@ -323,7 +323,7 @@ async fn the_client_config_is_applied_with_the_secrets_labels_and_owner() {
     assert_eq!(meta["ownerReferences"][0]["uid"], json!("tunnel-uid"));
 }
 
-/// Issue 10 §5: the Secret is deleted and re-created with new keys, and the reconcile that did it
+/// The Secret is deleted and re-created with new keys, and the reconcile that did it
 /// fails before the host got them. The next reconcile must still hand the host the new keys (it
 /// found the Secret existing, so only status can tell it the host has others).
 #[tokio::test]
