@@ -215,7 +215,7 @@ async fn a_transient_sqs_failure_is_reported_once_and_returned_for_backoff() {
     assert_eq!(h.ctx.backoff.failures(&object_key(&h.current())), 1);
 }
 
-/// Issue 12 §3: the finalizer this reconcile wrote wakes the Queue again while its SQS call
+/// The finalizer this reconcile wrote wakes the Queue again while its SQS call
 /// fails; kube-runtime runs that wake-up right after, ahead of the error policy's delay. The
 /// retry must wait out the backoff (no second SQS call) unless the user edited the Queue.
 #[tokio::test]
