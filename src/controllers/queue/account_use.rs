@@ -174,13 +174,14 @@ async fn reconcile_inner(account: Arc<AwsAccount>, ctx: Arc<Context>) -> Result<
     if users.is_empty() && held {
         ctx.api_writes.inc();
         remove_finalizer(&api, &*account, ACCOUNT_FINALIZER).await?;
-        if deleting {
-            usage.seen.lock().unwrap_or_else(|p| p.into_inner()).remove(&account.uid().unwrap_or_default());
-            return Ok(Action::await_change());
-        }
     } else if !users.is_empty() && !held && !deleting {
         ctx.api_writes.inc();
         add(&api, &account).await?;
+    }
+    if deleting && users.is_empty() {
+        // Gone once other finalizers (not ours) are released: nothing left to show or wait for.
+        usage.seen.lock().unwrap_or_else(|p| p.into_inner()).remove(&account.uid().unwrap_or_default());
+        return Ok(Action::await_change());
     }
     let namespace = account.namespace().unwrap_or_default();
     let (status, reason, message) = match unusable(&account, ctx.accounts.allow_http()) {
@@ -214,4 +215,35 @@ async fn reconcile_inner(account: Arc<AwsAccount>, ctx: Arc<Context>) -> Result<
 
 fn api(ctx: &Context, account: &AwsAccount) -> Api<AwsAccount> {
     Api::namespaced(ctx.client.clone(), &account.namespace().unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::runtime::{reflector, watcher};
+
+    use super::*;
+
+    #[test]
+    fn a_queue_holds_its_account_until_its_cleanup_released_it() {
+        let (queues, mut writer) = reflector::store::<Queue>();
+        let queue: Queue = serde_json::from_value(json!({"apiVersion": "skyport.dev/v1alpha1", "kind": "Queue",
+            "metadata": {"name": "q", "namespace": "a", "uid": "queue-1"},
+            "spec": {"accountRef": {"name": "team"}}}))
+        .unwrap();
+        writer.apply_watcher_event(&watcher::Event::Apply(queue));
+        let mut account = AwsAccount::new("team", Default::default());
+        account.metadata.namespace = Some("a".into());
+        account.metadata.uid = Some("account-1".into());
+        let mut other = account.clone();
+        other.metadata.name = Some("other".into());
+        let (usage, _wakes) = Usage::new();
+        assert_eq!(usage.users(&account, &queues).len(), 1);
+        assert!(usage.users(&other, &queues).is_empty(), "only the account it names");
+        usage.released.lock().unwrap().insert("queue-1".into());
+        assert!(usage.users(&account, &queues).is_empty(), "released, though still cached");
+        assert!(usage.changed(&account), "new");
+        assert!(!usage.changed(&account), "the same");
+        account.metadata.generation = Some(2);
+        assert!(usage.changed(&account), "its spec changed");
+    }
 }
