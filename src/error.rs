@@ -44,6 +44,7 @@ impl Error {
                 QueueError::Invalid { .. } => "InvalidAttribute",
                 QueueError::AccessDenied { .. } => "AccessDenied",
                 QueueError::CredentialsRejected { .. } => "CredentialsRejected",
+                QueueError::AssumeRoleRefused { .. } => "AssumeRoleDenied",
                 QueueError::Throttled { .. } => "Throttled",
                 QueueError::Unavailable(_) => "SqsUnavailable",
                 QueueError::Other { .. } => "SqsError",
@@ -63,7 +64,7 @@ impl Error {
     /// Failures that heal on the scale of token refreshes and key rotations, not seconds (refused
     /// credentials): retried no faster than the controller's slow floor (one resync).
     pub fn heals_slowly(&self) -> bool {
-        matches!(self, Error::Queue(QueueError::CredentialsRejected { .. }))
+        matches!(self, Error::Queue(QueueError::CredentialsRejected { .. } | QueueError::AssumeRoleRefused { .. }))
     }
 
     /// How long the cloud asked us to wait before the next call, when it said so.

@@ -1,14 +1,25 @@
 //! AwsAccount: per-namespace AWS identity and region, against a real kube-apiserver and real
 //! LocalStack (which implements STS: a queue created with an assumed role's credentials lives
 //! in the role's account, so the account number in a queue's ARN proves whose identity made it).
+//! The operator assumes roles through an STS stand-in (`tests/common/sts.rs`) that enforces the
+//! roles' trust (external id, session name) as AWS does and LocalStack does not.
 //!
 //! Run with `tests/run.sh`, or `eval "$(tests/env.sh up)" && cargo test --test queue_accounts -- --include-ignored`.
 
 mod common;
+#[path = "queue_accounts/lifecycle.rs"]
+mod lifecycle;
+// Records which SQS endpoint each call went through.
+#[allow(dead_code)]
+#[path = "common/sqs_faults.rs"]
+mod sqs_faults;
+#[path = "queue_accounts/trust.rs"]
+mod trust;
 
 use std::time::Duration;
 
 use aws_sdk_sqs::Client as SqsClient;
+use common::sts::{Sts, external_id};
 use common::*;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -16,6 +27,9 @@ use skyport::controllers::status::ObjectStatus;
 use skyport::crd::{AwsAccount, ConditionStatus, Queue};
 
 const TIMEOUT: Duration = Duration::from_secs(40);
+
+/// The finalizer that keeps an AwsAccount while Queues use it.
+const IN_USE: &str = "awsaccounts.skyport.dev/in-use";
 
 fn account(name: &str, role: &str, region: &str, extra: serde_json::Value) -> AwsAccount {
     let mut spec = json!({"roleArn": role, "region": region});
@@ -43,6 +57,18 @@ async fn sqs_as(role: &str, region: &str) -> SqsClient {
     SqsClient::from_conf(aws_sdk_sqs::config::Builder::from(&base).credentials_provider(provider).build())
 }
 
+/// Whether SQS as `role` has a queue whose name starts with `prefix`.
+async fn any_queue_with_prefix(sqs: &SqsClient, prefix: &str) -> bool {
+    let listed = sqs.list_queues().queue_name_prefix(prefix).send().await.expect("ListQueues");
+    !listed.queue_urls.unwrap_or_default().is_empty()
+}
+
+/// The AwsAccount's Ready condition as (status, reason), once it has one.
+fn account_ready(a: &AwsAccount) -> Option<(ConditionStatus, String)> {
+    let c = a.status.as_ref()?.conditions.iter().find(|c| c.type_ == "Ready")?;
+    Some((c.status, c.reason.to_string()))
+}
+
 fn status(q: &Queue) -> skyport::crd::QueueStatus {
     q.status.clone().expect("status")
 }
@@ -57,9 +83,15 @@ async fn two_namespaces_use_their_own_accounts_and_regions_at_once() {
     const ROLE_B: &str = "arn:aws:iam::000000000002:role/team-b";
     const ROLE_C: &str = "arn:aws:iam::000000000003:role/team-c";
     let (a, b) = (TestNs::new("acct-a").await, TestNs::new("acct-b").await);
-    let (op_a, op_b) = (Operator::start(&a, fast_settings()).await, Operator::start(&b, fast_settings()).await);
-    let extra = json!({"externalId": "team-b-external"});
-    a.api::<AwsAccount>().create(&PostParams::default(), &account("team", ROLE_B, "eu-west-1", extra)).await.unwrap();
+    let sts = Sts::start().await;
+    sts.trust(ROLE_B, &external_id(&a.name));
+    sts.trust(ROLE_C, &external_id(&b.name));
+    let op_a = Operator::start_with_sts(&a, fast_settings(), &sts, false).await;
+    let op_b = Operator::start_with_sts(&b, fast_settings(), &sts, false).await;
+    a.api::<AwsAccount>()
+        .create(&PostParams::default(), &account("team", ROLE_B, "eu-west-1", json!({})))
+        .await
+        .unwrap();
     b.api::<AwsAccount>()
         .create(&PostParams::default(), &account("team", ROLE_C, "us-west-2", json!({})))
         .await
@@ -111,12 +143,28 @@ async fn two_namespaces_use_their_own_accounts_and_regions_at_once() {
     a.api::<AwsAccount>().patch("team", &PatchParams::default(), &Patch::Merge(&back)).await.unwrap();
     wait_ready(&qa, "orders", ConditionStatus::True, "Available", TIMEOUT).await;
 
-    // Deleting the Queue deletes its queue in its account, even with the AwsAccount gone.
-    a.api::<AwsAccount>().delete("team", &DeleteParams::default()).await.unwrap();
+    // Deleting the AwsAccount first: it stays, serving only the cleanup of the Queues using it.
+    let accounts_a: Api<AwsAccount> = a.api();
+    assert!(accounts_a.get("team").await.unwrap().metadata.finalizers.unwrap_or_default().contains(&IN_USE.into()));
+    accounts_a.delete("team", &DeleteParams::default()).await.unwrap();
+    wait_ready(&qa, "orders", ConditionStatus::False, "AccountDeleting", TIMEOUT).await;
+    qa.create(&PostParams::default(), &queue("late", json!({"accountRef": {"name": "team"}}))).await.unwrap();
+    let late = wait_ready(&qa, "late", ConditionStatus::False, "AccountDeleting", TIMEOUT).await;
+    assert!(message(&late).contains("being deleted"), "{}", message(&late));
+    let team = accounts_a.get("team").await.expect("kept while Queues use it");
+    assert_eq!(account_ready(&team), Some((ConditionStatus::False, "Deleting".into())));
     qa.delete("orders", &DeleteParams::default()).await.unwrap();
     wait_gone(&qa, "orders", TIMEOUT).await;
     let gone = as_b.get_queue_url().queue_name(&name_a).send().await;
     assert!(gone.is_err(), "the queue in team-b's account was deleted");
+    assert!(accounts_a.get("team").await.is_ok(), "late still names it");
+    qa.delete("late", &DeleteParams::default()).await.unwrap();
+    wait_gone(&qa, "late", TIMEOUT).await;
+    eventually("AwsAccount team gone with its last Queue", TIMEOUT, || async {
+        matches!(accounts_a.get("team").await, Err(kube::Error::Api(e)) if e.code == 404).then_some(())
+    })
+    .await;
+    assert!(sts.calls().iter().all(|c| c.allowed), "{:?}", sts.calls());
     let as_c = sqs_as(ROLE_C, "us-west-2").await;
     let name_b = sb.queue_name.clone().unwrap().to_string();
     qb.delete("orders", &DeleteParams::default()).await.unwrap();
@@ -131,13 +179,17 @@ async fn two_namespaces_use_their_own_accounts_and_regions_at_once() {
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn a_namespace_cannot_use_an_account_it_may_not_and_waits_for_a_missing_one() {
     const ROLE: &str = "arn:aws:iam::000000000005:role/owner";
+    const MINE: &str = "arn:aws:iam::000000000006:role/mine";
     let (owner, other) = (TestNs::new("acct-own").await, TestNs::new("acct-other").await);
+    let sts = Sts::start().await;
+    sts.trust(ROLE, &external_id(&owner.name));
+    sts.trust(MINE, &external_id(&other.name));
     owner
         .api::<AwsAccount>()
         .create(&PostParams::default(), &account("shared", ROLE, "eu-west-1", json!({})))
         .await
         .unwrap();
-    let op = Operator::start(&other, fast_settings()).await;
+    let op = Operator::start_with_sts(&other, fast_settings(), &sts, false).await;
     let queues: Api<Queue> = other.api();
 
     // Another namespace's account, not allowed: refused, and nothing is created anywhere.
@@ -152,6 +204,7 @@ async fn a_namespace_cannot_use_an_account_it_may_not_and_waits_for_a_missing_on
     assert!(message(&q).contains(&format!("{}/shared", owner.name)), "{}", message(&q));
     assert_eq!(op.sqs_calls().values().sum::<u64>(), 0, "no SQS call as the operator either");
     assert!(op.ctx.accounts.budgets().is_empty(), "the role was never assumed");
+    assert!(sts.calls().is_empty(), "{:?}", sts.calls());
 
     // A missing account: AccountNotFound with one Warning, until it appears (the watch wakes it).
     queues.create(&PostParams::default(), &queue("later", json!({"accountRef": {"name": "mine"}}))).await.unwrap();
@@ -161,7 +214,7 @@ async fn a_namespace_cannot_use_an_account_it_may_not_and_waits_for_a_missing_on
     let refusals = [Some("AccountNotFound"), Some("AccountNotAllowed")];
     let warnings = events.iter().filter(|e| refusals.contains(&e.reason.as_deref())).count();
     assert_eq!(warnings, 2, "one Warning per Queue (stolen and later), not one per resync");
-    let mine = account("mine", "arn:aws:iam::000000000006:role/mine", "eu-central-1", json!({}));
+    let mine = account("mine", MINE, "eu-central-1", json!({}));
     other.api::<AwsAccount>().create(&PostParams::default(), &mine).await.unwrap();
     let q = wait_ready(&queues, "later", ConditionStatus::True, "Available", TIMEOUT).await;
     assert!(status(&q).queue_arn.unwrap().starts_with("arn:aws:sqs:eu-central-1:000000000006:"));
@@ -186,6 +239,12 @@ async fn bad_accounts_are_refused_at_admission() {
             "allowedNamespaces",
         ),
         ("arn:aws:iam::000000000002:role/x", "eu-west-1", json!({"endpointUrl": "localhost:4566"}), "endpointUrl"),
+        (
+            "arn:aws:iam::000000000002:role/x",
+            "eu-west-1",
+            json!({"externalId": "chosen-by-the-tenant"}),
+            "externalId is derived by skyport (status.externalId)",
+        ),
     ] {
         let err = api.create(&PostParams::default(), &account("bad", role, region, extra)).await.expect_err("refused");
         assert!(err.to_string().contains(needle), "expected {needle:?} in {err}");

@@ -27,6 +27,13 @@ pub enum QueueError {
     /// web-identity token, a rotated Secret reaching the pod), so it is retried, slowly.
     #[error("AWS refused the credentials ({code}): {message}")]
     CredentialsRejected { code: String, message: String },
+    /// STS refused to let the operator assume an AwsAccount's role: its trust policy does not
+    /// name the operator's identity, or requires another external id or session name. Fixed in
+    /// IAM, outside the cluster, so it is retried, slowly.
+    #[error(
+        "STS refused AssumeRole ({code}): {message}; the role's trust policy must allow the operator's identity with the condition sts:ExternalId equal to the AwsAccount's status.externalId"
+    )]
+    AssumeRoleRefused { code: String, message: String },
     #[error("SQS throttled the request ({code}): {message}")]
     Throttled { code: String, message: String },
     #[error("SQS endpoint unreachable or failing: {0}")]
@@ -44,6 +51,7 @@ impl QueueError {
             | QueueError::AlreadyExists(_)
             | QueueError::Throttled { .. }
             | QueueError::CredentialsRejected { .. }
+            | QueueError::AssumeRoleRefused { .. }
             | QueueError::Unavailable(_)
             | QueueError::Other { .. } => ErrorClass::Transient,
         }
@@ -58,6 +66,7 @@ impl QueueError {
             QueueError::Invalid { .. } => "invalid",
             QueueError::AccessDenied { .. } => "access_denied",
             QueueError::CredentialsRejected { .. } => "credentials_rejected",
+            QueueError::AssumeRoleRefused { .. } => "assume_role_refused",
             QueueError::Throttled { .. } => "throttled",
             QueueError::Unavailable(_) => "unavailable",
             QueueError::Other { .. } => "other",

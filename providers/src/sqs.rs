@@ -62,6 +62,13 @@ pub struct SqsSettings {
     /// Overrides the endpoint from the standard chain (tests point single controllers at a
     /// proxy this way; operators normally use `AWS_ENDPOINT_URL_SQS`).
     pub endpoint_url: Option<String>,
+    /// Overrides the STS endpoint of [`SqsProvider::assuming`] (tests put a stand-in that
+    /// enforces trust policies in front of one controller this way; operators normally use
+    /// `AWS_ENDPOINT_URL_STS`).
+    pub sts_endpoint_url: Option<String>,
+    /// Whether an assumed role's own SQS endpoint may be plain `http://` (test servers). Off by
+    /// default: requests signed with the role's session token would cross the network in clear.
+    pub allow_http_endpoints: bool,
 }
 
 impl Default for SqsSettings {
@@ -73,6 +80,8 @@ impl Default for SqsSettings {
             tag_rate_per_second: DEFAULT_TAG_RATE,
             operation_timeout: Duration::from_secs(20),
             endpoint_url: None,
+            sts_endpoint_url: None,
+            allow_http_endpoints: false,
         }
     }
 }
@@ -114,7 +123,8 @@ impl SqsSettings {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AssumeRole {
     pub role_arn: String,
-    pub external_id: Option<String>,
+    /// Sent with every AssumeRole (`sts:ExternalId` in the role's trust policy).
+    pub external_id: String,
     /// Shows in the role's CloudTrail entries (2-64 characters of `[\w+=,.@-]`).
     pub session_name: String,
     pub region: String,
@@ -145,18 +155,20 @@ impl SqsProvider {
     /// shared by every role there: SQS quotas are per account).
     pub async fn assuming(settings: &SqsSettings, role: &AssumeRole, limiter: Arc<Limiter>) -> Self {
         let region = aws_config::Region::new(role.region.clone());
-        let base =
-            crate::aws::sdk_config(Some(&role.region), settings.endpoint_url.as_deref(), settings.operation_timeout)
-                .await;
-        let mut assume = aws_config::sts::AssumeRoleProvider::builder(role.role_arn.clone())
+        let timeout = settings.operation_timeout;
+        let base = crate::aws::sdk_config(Some(&role.region), settings.endpoint_url.as_deref(), timeout).await;
+        let sts = match &settings.sts_endpoint_url {
+            Some(endpoint) => crate::aws::sdk_config(Some(&role.region), Some(endpoint), timeout).await,
+            None => base.clone(),
+        };
+        let assume = aws_config::sts::AssumeRoleProvider::builder(role.role_arn.clone())
             .session_name(role.session_name.clone())
+            .external_id(role.external_id.clone())
             .region(region.clone())
-            .configure(&base);
-        if let Some(id) = &role.external_id {
-            assume = assume.external_id(id.clone());
-        }
-        let mut config =
-            aws_sdk_sqs::config::Builder::from(&base).credentials_provider(assume.build().await).region(region);
+            .configure(&sts)
+            .build()
+            .await;
+        let mut config = aws_sdk_sqs::config::Builder::from(&base).credentials_provider(assume).region(region);
         if let Some(endpoint) = &role.endpoint_url {
             config = config.endpoint_url(endpoint.clone());
         }
@@ -172,12 +184,35 @@ impl SqsProvider {
 fn map_err<E, R>(err: SdkError<E, R>) -> QueueError
 where
     E: ProvideErrorMetadata + std::error::Error + 'static,
-    R: std::fmt::Debug,
+    R: std::fmt::Debug + 'static,
 {
+    if let Some(refusal) = assume_role_refusal(&err) {
+        return refusal;
+    }
     match crate::aws::failure(err) {
         crate::aws::Failure::Service { code, message } => QueueError::from_code(&code, message),
         crate::aws::Failure::Transport(message) => QueueError::Unavailable(message),
     }
+}
+
+/// STS's answer when the credentials of an assumed role could not be had: the SQS call then fails
+/// before it is sent, with STS's error deep in its source chain.
+fn assume_role_refusal(err: &(dyn std::error::Error + 'static)) -> Option<QueueError> {
+    type StsError =
+        SdkError<aws_sdk_sts::operation::assume_role::AssumeRoleError, aws_sdk_sts::config::http::HttpResponse>;
+    let mut cause = Some(err);
+    while let Some(e) = cause {
+        if let Some(SdkError::ServiceError(service)) = e.downcast_ref::<StsError>() {
+            let e = service.err();
+            let (code, message) = (e.code().unwrap_or("Unknown"), e.message().unwrap_or_default());
+            return Some(match QueueError::from_code(code, message.to_string()) {
+                QueueError::AccessDenied { code, message } => QueueError::AssumeRoleRefused { code, message },
+                other => other,
+            });
+        }
+        cause = e.source();
+    }
+    None
 }
 
 fn to_sdk_attributes(attributes: &Attributes) -> std::collections::HashMap<QueueAttributeName, String> {

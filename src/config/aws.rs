@@ -35,6 +35,13 @@ pub struct AwsArgs {
     /// SQS calls allowed in a burst above the sustained rate (one second of the default rate).
     #[arg(long = "sqs-burst", env = "SKYPORT_SQS_BURST", default_value_t = providers::sqs::DEFAULT_RATE)]
     pub sqs_burst: NonZeroU32,
+
+    /// Let AwsAccounts name a plain `http://` SQS endpoint (`spec.endpointUrl`), e.g. an emulator
+    /// in a test cluster. Off: such an AwsAccount is refused (Queues report `InsecureEndpoint`),
+    /// since requests signed with the assumed role's session token would cross the network in
+    /// clear, to wherever the AwsAccount's author points them.
+    #[arg(long = "allow-http-account-endpoints", env = "SKYPORT_ALLOW_HTTP_ACCOUNT_ENDPOINTS")]
+    pub allow_http_account_endpoints: bool,
 }
 
 impl AwsArgs {
@@ -44,6 +51,7 @@ impl AwsArgs {
             rate_per_second: self.sqs_rate,
             burst: self.sqs_burst,
             tag_rate_per_second: self.sqs_tag_rate,
+            allow_http_endpoints: self.allow_http_account_endpoints,
             ..Default::default()
         }
     }
@@ -64,6 +72,16 @@ mod tests {
         // A storm of new Queues (CreateQueue + ListQueueTags each) is paced by tagging alone.
         assert!(settings.rate_per_second.get() >= 2 * settings.tag_rate_per_second.get());
         assert_eq!(settings.burst, settings.rate_per_second);
+    }
+
+    #[test]
+    fn http_account_endpoints_are_refused_unless_the_platform_allows_them() {
+        let parse = |args: &[&str]| match Cli::try_parse_from(args).unwrap().command {
+            Command::Run(run) => run.aws.sqs_settings().allow_http_endpoints,
+            _ => panic!("run"),
+        };
+        assert!(!parse(&["skyport", "run"]));
+        assert!(parse(&["skyport", "run", "--allow-http-account-endpoints"]));
     }
 
     #[test]

@@ -9,6 +9,7 @@ use serde_json::json;
 use super::ApiWrites;
 use super::memory::OwnWrites;
 use super::object_key;
+use crate::crd::account::{AwsAccount, AwsAccountStatus};
 use crate::crd::condition::{self, Condition, ConditionStatus};
 use crate::crd::queue::{Queue, QueueStatus};
 use crate::crd::tunnel::{Tunnel, TunnelStatus};
@@ -53,6 +54,22 @@ impl ObjectStatus for QueueStatus {
 impl WithStatus for Queue {
     type Status = QueueStatus;
     fn status(&self) -> Option<&QueueStatus> {
+        self.status.as_ref()
+    }
+}
+
+impl ObjectStatus for AwsAccountStatus {
+    fn conditions(&self) -> &[Condition] {
+        &self.conditions
+    }
+    fn conditions_mut(&mut self) -> &mut Vec<Condition> {
+        &mut self.conditions
+    }
+}
+
+impl WithStatus for AwsAccount {
+    type Status = AwsAccountStatus;
+    fn status(&self) -> Option<&AwsAccountStatus> {
         self.status.as_ref()
     }
 }

@@ -350,7 +350,11 @@ pub struct QueueStatus {
     /// The IAM role the queue was created and is managed as (unset for the operator's own
     /// identity). Deletion uses this role even if the AwsAccount changed since.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub role_arn: Option<String>,
+    pub role_arn: Option<Box<str>>,
+    /// The AwsAccount's own SQS endpoint the queue was created at, if it named one. Deletion
+    /// goes through this endpoint, never through one the AwsAccount names later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint_url: Option<Box<String>>,
     /// The ConfigMaps and Secrets of `spec.exports` this Queue has written and owns.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exports: Vec<ExportRef>,
@@ -382,7 +386,8 @@ mod tests {
     /// Every Queue lives in the controller's cache as an `Arc<Queue>`: 16 bytes of counts plus
     /// the struct, in jemalloc's 768-byte size class. One more inline field would move all of
     /// them to the 896-byte class (1.25 MB more at 10,000 Queues): box fields most Queues leave
-    /// unset, as `deadLetter`, `policy` and `accountRef` are.
+    /// unset, as `deadLetter`, `policy` and `accountRef` are (`status.endpointUrl` behind a thin
+    /// pointer).
     #[test]
     fn a_cached_queue_fits_the_768_byte_class() {
         let arc = 16 + std::mem::size_of::<Queue>();

@@ -26,6 +26,7 @@ pub mod kubelet;
 pub mod private_env;
 pub mod process;
 pub mod proxy;
+pub mod sts;
 
 static SETUP: OnceCell<()> = OnceCell::const_new();
 

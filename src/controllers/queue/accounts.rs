@@ -3,9 +3,12 @@
 //!
 //! One SQS client per AwsAccount, rebuilt when its spec changes; one rate-limit budget per AWS
 //! account and region (SQS quotas are per account), shared by every AwsAccount naming it. A
-//! Queue keeps the account it was created in: the role and region are recorded in its status,
-//! a Queue whose AwsAccount now points elsewhere is refused (`AccountChanged`) rather than
-//! moved, and cleanup deletes in the recorded account.
+//! Queue keeps the account it was created in: the role, region and endpoint are recorded in its
+//! status, a Queue whose AwsAccount now points elsewhere is refused (`AccountChanged`) rather
+//! than moved, and cleanup deletes in the recorded account, through the recorded endpoint. The
+//! external id and session name are derived from the cluster and the AwsAccount's namespace
+//! ([`external_id`], [`session_name`]), never read from the spec, so cleanup can assume the
+//! recorded role even after the AwsAccount changed.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -14,7 +17,7 @@ use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 use providers::{AssumeRole, Limiter, QueueBackend, SqsProvider, SqsSettings};
 
-use crate::crd::account::{AccountRef, AwsAccount, AwsAccountSpec, account_id};
+use crate::crd::account::{AccountRef, AwsAccount, AwsAccountSpec, account_id, external_id, session_name};
 use crate::crd::queue::Queue;
 
 /// `status.account` of a Queue using the operator's own identity.
@@ -29,6 +32,10 @@ pub struct Placement {
     pub region: Option<String>,
     /// The assumed role; `None` for the operator's own identity.
     pub role_arn: Option<String>,
+    /// The AwsAccount's own SQS endpoint, if it names one.
+    pub endpoint_url: Option<String>,
+    /// The AwsAccount used, which must keep its finalizer while this Queue exists.
+    pub holder: Option<Arc<AwsAccount>>,
 }
 
 /// Why a Queue cannot use the account it names: (reason, message).
@@ -38,6 +45,10 @@ pub type Refusal = (&'static str, String);
 pub struct Accounts {
     pub store: Store<AwsAccount>,
     settings: SqsSettings,
+    /// This cluster's id, part of every external id.
+    cluster: String,
+    /// Which Queues still hold which AwsAccounts.
+    pub usage: super::account_use::Usage,
     clients: Mutex<HashMap<String, (AwsAccountSpec, Arc<SqsProvider>)>>,
     budgets: Mutex<HashMap<(String, String), Arc<Limiter>>>,
 }
@@ -69,16 +80,51 @@ pub fn check(queue_ns: &str, r: &AccountRef, account: Option<&AwsAccount>) -> Re
     Ok(())
 }
 
-/// A Queue created under one role or region whose AwsAccount now says another (pure).
+/// Why no Queue may use `account` now, whoever asks (pure); the account's own status says the same.
+pub fn unusable(account: &AwsAccount, allow_http: bool) -> Option<Refusal> {
+    let name = account.metadata.name.as_deref().unwrap_or_default();
+    insecure(account, allow_http).or_else(|| {
+        account.metadata.deletion_timestamp.is_some().then(|| {
+            (
+                "AccountDeleting",
+                format!(
+                    "AwsAccount {name} is being deleted: it serves only the cleanup of the Queues that used it; use another AwsAccount"
+                ),
+            )
+        })
+    })
+}
+
+/// An `http://` endpoint the operator does not allow (pure): refused even for cleanups.
+fn insecure(account: &AwsAccount, allow_http: bool) -> Option<Refusal> {
+    let name = account.metadata.name.as_deref().unwrap_or_default();
+    let endpoint = account.spec.endpoint_url.as_deref()?;
+    (!allow_http && !endpoint.starts_with("https://")).then(|| {
+        (
+            "InsecureEndpoint",
+            format!(
+                "AwsAccount {name} names the SQS endpoint {endpoint}, which is not https://: requests signed with the role's session token would cross the network in clear; use an https:// endpoint (the operator allows http:// only with --allow-http-account-endpoints)"
+            ),
+        )
+    })
+}
+
+/// A Queue created under one role, region or endpoint whose AwsAccount now says another (pure).
 pub fn moved(queue: &Queue, spec: &AwsAccountSpec) -> Option<Refusal> {
     let status = queue.status.as_ref()?;
     let (role, region) = (status.role_arn.as_deref()?, status.region.as_deref()?);
-    (role != spec.role_arn || region != spec.region).then(|| {
+    let endpoint = status.endpoint_url.as_deref().map(String::as_str);
+    let changed = role != spec.role_arn || region != spec.region || endpoint != spec.endpoint_url.as_deref();
+    let at = |e: Option<&str>| e.map(|e| format!(" at {e}")).unwrap_or_default();
+    changed.then(|| {
         (
             "AccountChanged",
             format!(
-                "the SQS queue lives in {region} as {role}, but the AwsAccount now says {} as {}; skyport does not move queues: restore the AwsAccount, or delete this Queue (its queue is deleted as {role}) and create a new one",
-                spec.region, spec.role_arn
+                "the SQS queue lives in {region} as {role}{}, but the AwsAccount now says {} as {}{}; skyport does not move queues: restore the AwsAccount, or delete this Queue (its queue is deleted where it lives) and create a new one",
+                at(endpoint),
+                spec.region,
+                spec.role_arn,
+                at(spec.endpoint_url.as_deref())
             ),
         )
     })
@@ -86,7 +132,24 @@ pub fn moved(queue: &Queue, spec: &AwsAccountSpec) -> Option<Refusal> {
 
 impl Accounts {
     pub fn new(store: Store<AwsAccount>, settings: SqsSettings) -> Self {
-        Accounts { store, settings, clients: Mutex::default(), budgets: Mutex::default() }
+        let (usage, _) = super::account_use::Usage::new();
+        let (clients, budgets) = (Mutex::default(), Mutex::default());
+        Accounts { store, settings, cluster: String::new(), usage, clients, budgets }
+    }
+
+    /// In the cluster `cluster`, with `usage` (whose wakes reach the AwsAccount reconciler).
+    pub fn within(self, cluster: String, usage: super::account_use::Usage) -> Self {
+        Accounts { cluster, usage, ..self }
+    }
+
+    /// The external id AwsAccounts of `namespace` send.
+    pub fn external_id(&self, namespace: &str) -> String {
+        external_id(&self.cluster, namespace)
+    }
+
+    /// Whether AwsAccounts may name `http://` SQS endpoints.
+    pub fn allow_http(&self) -> bool {
+        self.settings.allow_http_endpoints
     }
 
     /// The budgets every (account, region) gets.
@@ -111,48 +174,72 @@ impl Accounts {
         crate::controllers::store_synced(&self.store).await;
         let account = self.get(&queue_ns, r);
         check(&queue_ns, r, account.as_deref())?;
-        let account = account.expect("checked");
+        let Some(account) = account else { unreachable!("check refuses a missing account") };
+        if let Some(refusal) = unusable(&account, self.allow_http()) {
+            return Err(refusal);
+        }
         if let Some(refusal) = moved(queue, &account.spec) {
             return Err(refusal);
         }
-        let key = format!("{}/{}", account.namespace().unwrap_or_default(), account.name_any());
-        let sqs = self.client(&key, &account.spec).await;
-        let shown = if account.namespace().as_deref() == Some(queue_ns.as_str()) { r.name.clone() } else { key };
+        let account_ns = account.namespace().unwrap_or_default();
+        let key = format!("{account_ns}/{}", account.name_any());
+        let sqs = self.client(&key, &account_ns, &account.spec).await;
+        let shown = if account_ns == queue_ns { r.name.clone() } else { key };
         Ok(Placement {
             sqs,
             account: shown,
             region: Some(account.spec.region.clone()),
             role_arn: Some(account.spec.role_arn.clone()),
+            endpoint_url: account.spec.endpoint_url.clone(),
+            holder: Some(account),
         })
     }
 
-    /// Where `queue`'s SQS queue was created, for deleting it: the recorded role and region, through
-    /// the AwsAccount when it still says the same (its external id and endpoint), else directly.
+    /// Where `queue`'s SQS queue was created, for deleting it: the recorded role, region and
+    /// endpoint, through the AwsAccount's client when it still says the same, else a client of
+    /// its own; never through an endpoint the queue was not created at.
     pub async fn for_cleanup(&self, queue: &Queue, default: &Arc<dyn QueueBackend>) -> Arc<dyn QueueBackend> {
         let status = queue.status.as_ref();
-        let recorded = status.and_then(|s| Some((s.role_arn.clone()?, s.region.clone()?)));
-        let Some((role, region)) = recorded else {
-            // Never created anywhere but (at most) the default account: the owner tag decides.
-            return match self.place(queue, default).await {
-                Ok(p) => p.sqs,
-                Err(_) => default.clone(),
+        let recorded = status.and_then(|s| Some((s.role_arn.clone()?, s.region.clone()?, s.endpoint_url.clone())));
+        let ns = queue.namespace().unwrap_or_default();
+        let Some((role, region, endpoint)) = recorded else {
+            // Not recorded as created anywhere, yet a create may have been cut short before its
+            // status write: look where it would have gone (the owner tag decides), also through
+            // an account being deleted.
+            let Some(r) = &queue.spec.account_ref else { return default.clone() };
+            crate::controllers::store_synced(&self.store).await;
+            let account = self.get(&ns, r);
+            return match account {
+                Some(account)
+                    if check(&ns, r, Some(&account)).is_ok() && insecure(&account, self.allow_http()).is_none() =>
+                {
+                    let account_ns = account.namespace().unwrap_or_default();
+                    let key = format!("{account_ns}/{}", account.name_any());
+                    self.client(&key, &account_ns, &account.spec).await
+                }
+                _ => default.clone(),
             };
         };
-        let ns = queue.namespace().unwrap_or_default();
+        let account_ns = queue.spec.account_ref.as_ref().map_or(ns.as_str(), |r| target(&ns, r).0).to_string();
+        let endpoint = endpoint.map(|e| *e);
         if let Some(r) = &queue.spec.account_ref
             && let Some(account) = self.get(&ns, r)
-            && account.spec.role_arn == role
+            && *account.spec.role_arn == *role
             && account.spec.region == region
+            && account.spec.endpoint_url == endpoint
         {
-            let key = format!("{}/{}", account.namespace().unwrap_or_default(), account.name_any());
-            return self.client(&key, &account.spec).await;
+            let key = format!("{account_ns}/{}", account.name_any());
+            return self.client(&key, &account_ns, &account.spec).await;
         }
-        let spec = AwsAccountSpec { role_arn: role.clone(), region: region.to_string(), ..Default::default() };
-        self.client(&format!("recorded:{role}:{region}"), &spec).await
+        let key = format!("recorded:{account_ns}:{role}:{region}:{}", endpoint.as_deref().unwrap_or_default());
+        let (role_arn, region) = (role.to_string(), region.to_string());
+        let spec = AwsAccountSpec { role_arn, region, endpoint_url: endpoint, ..Default::default() };
+        self.client(&key, &account_ns, &spec).await
     }
 
-    /// The client for the AwsAccount `key` with `spec`, built again when the spec changed.
-    async fn client(&self, key: &str, spec: &AwsAccountSpec) -> Arc<dyn QueueBackend> {
+    /// The client for the AwsAccount `key` of `namespace` with `spec`, built again when the spec
+    /// changed.
+    async fn client(&self, key: &str, namespace: &str, spec: &AwsAccountSpec) -> Arc<dyn QueueBackend> {
         if let Some((seen, client)) = self.clients.lock().unwrap_or_else(|p| p.into_inner()).get(key)
             && seen == spec
         {
@@ -161,8 +248,8 @@ impl Accounts {
         let budget = self.budget(spec);
         let role = AssumeRole {
             role_arn: spec.role_arn.clone(),
-            external_id: spec.external_id.clone(),
-            session_name: "skyport".into(),
+            external_id: self.external_id(namespace),
+            session_name: session_name(namespace),
             region: spec.region.clone(),
             endpoint_url: spec.endpoint_url.clone(),
         };
@@ -183,24 +270,17 @@ impl Accounts {
         let budgets = self.budgets.lock().unwrap_or_else(|p| p.into_inner());
         budgets.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
     }
-
-    /// Queues (from `queues`) whose accountRef names `account`: they look again when it changes.
-    pub fn users(account: &AwsAccount, queues: &Store<Queue>) -> Vec<ObjectRef<Queue>> {
-        let (ns, name) = (account.namespace().unwrap_or_default(), account.name_any());
-        queues
-            .state()
-            .into_iter()
-            .filter(|q| {
-                let queue_ns = q.namespace().unwrap_or_default();
-                q.spec.account_ref.as_ref().is_some_and(|r| target(&queue_ns, r) == (ns.as_str(), name.as_str()))
-            })
-            .map(|q| ObjectRef::from_obj(&*q))
-            .collect()
-    }
 }
 
 fn own(default: &Arc<dyn QueueBackend>) -> Placement {
-    Placement { sqs: default.clone(), account: DEFAULT_ACCOUNT.into(), region: default.region(), role_arn: None }
+    Placement {
+        sqs: default.clone(),
+        account: DEFAULT_ACCOUNT.into(),
+        region: default.region(),
+        role_arn: None,
+        endpoint_url: None,
+        holder: None,
+    }
 }
 
 #[cfg(test)]
@@ -244,14 +324,31 @@ mod tests {
         let spec = account("a", &[]).spec;
         assert_eq!(moved(&q, &spec), None, "nothing recorded yet");
         q.status = Some(QueueStatus {
-            role_arn: Some(spec.role_arn.clone()),
+            role_arn: Some(spec.role_arn.as_str().into()),
             region: Some("eu-west-1".into()),
             ..Default::default()
         });
         assert_eq!(moved(&q, &spec), None);
         let elsewhere = AwsAccountSpec { region: "us-east-2".into(), ..spec.clone() };
         assert_eq!(moved(&q, &elsewhere).map(|r| r.0), Some("AccountChanged"));
-        let other_role = AwsAccountSpec { role_arn: "arn:aws:iam::000000000003:role/x".into(), ..spec };
+        let other_role = AwsAccountSpec { role_arn: "arn:aws:iam::000000000003:role/x".into(), ..spec.clone() };
         assert_eq!(moved(&q, &other_role).map(|r| r.0), Some("AccountChanged"));
+        let other_endpoint = AwsAccountSpec { endpoint_url: Some("https://sqs.example".into()), ..spec };
+        let refused = moved(&q, &other_endpoint).expect("a new endpoint is a move");
+        assert!(refused.1.contains("https://sqs.example"), "{}", refused.1);
+    }
+
+    #[test]
+    fn plain_http_endpoints_and_deleting_accounts_are_refused() {
+        let mut a = account("a", &[]);
+        a.spec.endpoint_url = Some("http://10.0.0.1:4566".into());
+        let refused = unusable(&a, false).expect("refused");
+        assert_eq!(refused.0, "InsecureEndpoint");
+        assert!(refused.1.contains("--allow-http-account-endpoints"), "{}", refused.1);
+        assert_eq!(unusable(&a, true), None);
+        a.spec.endpoint_url = Some("https://sqs.vpce.example".into());
+        assert_eq!(unusable(&a, false), None);
+        a.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()));
+        assert_eq!(unusable(&a, false).map(|r| r.0), Some("AccountDeleting"));
     }
 }

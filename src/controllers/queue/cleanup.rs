@@ -32,7 +32,13 @@ pub async fn cleanup(queue: &Queue, api: &Api<Queue>, ctx: &Context) -> Result<A
     let url = queue.status.as_ref().and_then(|s| s.queue_url.clone()).unwrap_or_default();
     match deletion_policy(queue) {
         // In the account the queue was created in, whatever its AwsAccount says now.
-        DeletionPolicy::Delete => match observe::owned_queue(queue, sqs_of(queue, ctx).await.as_ref()).await? {
+        DeletionPolicy::Delete => match super::account_use::unless_never_trusted(
+            queue,
+            observe::owned_queue(queue, sqs_of(queue, ctx).await.as_ref()).await,
+            ctx,
+        )
+        .await?
+        {
             // Adopted, by the marker on the queue, though status never said so (the status write
             // after the adoption was lost): kept unless deletionPolicy says Delete.
             Some((url, true)) if queue.spec.deletion_policy.is_none() => retained(queue, ctx, &url).await,
@@ -52,6 +58,7 @@ pub async fn cleanup(queue: &Queue, api: &Api<Queue>, ctx: &Context) -> Result<A
     }
     ctx.api_writes.inc();
     remove_finalizer(api, queue, FINALIZER).await?;
+    super::account_use::released(queue, ctx);
     let key = object_key(queue);
     ctx.backoff.reset(&key);
     if let Some(uid) = queue.uid() {

@@ -19,6 +19,7 @@
 //! [`State::resyncs`] (`crate::controllers::resyncs`), not in kube-runtime's scheduler, which
 //! keeps only what is retried soon.
 
+pub mod account_use;
 pub mod accounts;
 pub mod act;
 pub mod cleanup;
@@ -38,8 +39,8 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use futures::channel::mpsc::{UnboundedSender, unbounded};
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
@@ -145,14 +146,15 @@ pub fn controller(
     // A ConfigMap's change wakes its controlling Queue, as `owns` would.
     let cm_changes =
         configmaps::watch(scoped_api::<ConfigMap>(&client, namespace.as_deref()), &managed_selector(), cm_writer);
-    // An AwsAccount's change (or deletion) wakes the Queues that use it.
+    // AwsAccounts have a reconciler of their own (account_use), which wakes the Queues that use
+    // one when it changes.
     let (account_reader, account_writer) = reflector::store();
     let account_stream = watcher(scoped_api::<AwsAccount>(&client, namespace.as_deref()), watcher::Config::default())
         .default_backoff()
         .modify(slim)
         .reflect(account_writer)
         .touched_objects();
-    let users = queue_reader.clone();
+    let (usage, account_wakes) = account_use::Usage::new();
     let (tx, rx) = unbounded();
     // Refused credentials heal with a token refresh or key rotation: retried once per resync.
     let backoff = Backoff::new(settings.backoff_min, settings.backoff_max).with_slow_floor(settings.resync);
@@ -162,7 +164,7 @@ pub fn controller(
     let written = crate::controllers::memory::OwnWrites::expiring(follow_up_window(settings.resync));
     let state = State {
         sqs,
-        accounts: accounts::Accounts::new(account_reader, aws),
+        accounts: accounts::Accounts::new(account_reader.clone(), aws).within(settings.cluster_id.clone(), usage),
         settings,
         queues: queue_reader.clone(),
         configmaps: cm_reader,
@@ -175,13 +177,17 @@ pub fn controller(
     let mut ctx = Context::new(client, backoff, state);
     ctx.written = written;
     let ctx = Arc::new(ctx);
-    let run = Controller::for_stream(queue_stream, queue_reader)
-        .watches_stream(account_stream, move |account| accounts::Accounts::users(&account, &users))
+    let shutdown = shutdown.shared();
+    let queues = Controller::for_stream(queue_stream, queue_reader)
         .reconcile_on(futures::stream::select(futures::stream::select(cm_changes, rx), due))
         .with_config(ControllerConfig::default().concurrency(concurrency))
-        .graceful_shutdown_on(shutdown)
+        .graceful_shutdown_on(shutdown.clone())
         .run(reconcile, error_policy, ctx.clone())
         .for_each(crate::log_result!(queue));
+    let accounts = account_use::controller(account_stream, account_reader, account_wakes, shutdown, ctx.clone());
+    let run = async move {
+        futures::join!(queues, accounts);
+    };
     (ctx, run)
 }
 
@@ -229,7 +235,10 @@ async fn reconcile_inner(queue: Arc<Queue>, ctx: Arc<Context>) -> Result<Action>
         queue
     };
     let placement = match ctx.accounts.place(&queue, &ctx.sqs).await {
-        Ok(placement) => placement,
+        Ok(placement) => {
+            account_use::hold(&placement, &ctx).await?;
+            placement
+        }
         Err((reason, message)) => {
             // Waits for the AwsAccount to change (its watch wakes this Queue); the resync is a net.
             status::report_problem(&queue, &api, &ctx, reason, &message).await?;

@@ -45,7 +45,8 @@ pub async fn ready(
             s.exports = exports.to_vec();
             s.account = Some(placement.account.as_str().into());
             s.region = placement.region.as_deref().map(Into::into);
-            s.role_arn = placement.role_arn.clone();
+            s.role_arn = placement.role_arn.as_deref().map(Into::into);
+            s.endpoint_url = placement.endpoint_url.clone().map(Box::new);
             s.observed_generation = generation;
         })
         .await?;

@@ -9,10 +9,14 @@
     resources: ["queues/status"]
     verbs: ["patch"]
   # AwsAccounts (the IAM role and region of a Queue's spec.accountRef), watched: a change wakes
-  # the Queues that use it. Never written.
+  # the Queues that use it. Patched only for the finalizer that keeps one while Queues use it
+  # (their cleanup needs its role), and status for the external id skyport derives.
   - apiGroups: ["skyport.dev"]
     resources: ["awsaccounts"]
-    verbs: ["list", "watch"]
+    verbs: ["list", "watch", "patch"]
+  - apiGroups: ["skyport.dev"]
+    resources: ["awsaccounts/status"]
+    verbs: ["patch"]
   # The ConfigMaps each Queue owns (`<name>-sqs` and spec.exports; created, then server-side
   # apply), watched by label; get only to tell a ConfigMap of the same name that skyport does not
   # own, which it never writes; delete for an export removed from a Queue's spec (only one the

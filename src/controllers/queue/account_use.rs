@@ -1,0 +1,245 @@
+//! AwsAccounts while Queues use them: a finalizer keeps an AwsAccount until the last Queue using
+//! it has deleted its SQS queue (a namespace being deleted removes both at once, and a Queue's
+//! cleanup must still reach the queue), and its status shows what skyport sends to STS.
+//!
+//! A Queue adds the finalizer ([`hold`]) before its first SQS call with the account. A small
+//! reconciler of AwsAccounts, sharing the Queue cache rather than watching Queues again, removes
+//! it once no Queue names the account; a Queue's cleanup wakes it ([`released`]), since the
+//! Queue cache may still show that Queue when the wake arrives. It also writes the account's
+//! status and wakes the Queues using an account whose spec changed or whose deletion began.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender, unbounded};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use super::Context;
+use super::accounts::{Placement, target, unusable};
+use crate::controllers::status::StatusWriter;
+use crate::controllers::{error_policy, has_finalizer, jittered, reconcile_with, remove_finalizer};
+use crate::crd::account::{AwsAccount, session_name};
+use crate::crd::condition::{Condition, ConditionStatus};
+use crate::crd::queue::Queue;
+use crate::error::Result;
+
+/// Keeps an AwsAccount while Queues use it.
+pub const ACCOUNT_FINALIZER: &str = "awsaccounts.skyport.dev/in-use";
+
+/// Adds the finalizer to the account `placement` uses, before the Queue's first SQS call with it.
+pub async fn hold(placement: &Placement, ctx: &Context) -> Result<()> {
+    let Some(account) = &placement.holder else { return Ok(()) };
+    if has_finalizer(&**account, ACCOUNT_FINALIZER) {
+        return Ok(());
+    }
+    ctx.api_writes.inc();
+    add(&api(ctx, account), account).await
+}
+
+/// Adds the finalizer without overwriting one added meanwhile: conditional on the finalizer
+/// list (not the resourceVersion, which every status write moves) when there is one.
+async fn add(api: &Api<AwsAccount>, account: &AwsAccount) -> Result<()> {
+    let name = account.name_any();
+    let finalizers = account.finalizers();
+    if finalizers.is_empty() {
+        crate::controllers::add_finalizer(api, account, ACCOUNT_FINALIZER).await?;
+    } else {
+        let ops = json!([
+            {"op": "test", "path": "/metadata/finalizers", "value": finalizers},
+            {"op": "add", "path": "/metadata/finalizers/-", "value": ACCOUNT_FINALIZER},
+        ]);
+        let patch: json_patch::Patch =
+            serde_json::from_value(ops).map_err(|e| crate::Error::InvalidSpec(e.to_string()))?;
+        api.patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch)).await?;
+    }
+    Ok(())
+}
+
+/// What a cleanup's look for the queue found (`owned`), unless STS refused the role of a Queue
+/// that never recorded creating anything with it: then nothing can exist there (creating needs
+/// the same role), and waiting for a trust policy that may never change would keep the Queue,
+/// and its namespace, from ever being deleted.
+pub async fn unless_never_trusted<T>(queue: &Queue, owned: Result<Option<T>>, ctx: &Context) -> Result<Option<T>> {
+    let created = queue.status.as_ref().is_some_and(|s| s.role_arn.is_some());
+    match owned {
+        Err(crate::Error::Queue(providers::QueueError::AssumeRoleRefused { .. })) if !created => {
+            let note = "STS refused the AwsAccount's role and this Queue never created an SQS queue with it: nothing to delete";
+            ctx.publish(queue, kube::runtime::events::EventType::Normal, "NothingCreated", note.into()).await;
+            Ok(None)
+        }
+        other => other,
+    }
+}
+
+/// Called when `queue`'s cleanup has released its finalizer: its account no longer waits for it.
+pub fn released(queue: &Queue, ctx: &Context) {
+    let Some(r) = &queue.spec.account_ref else { return };
+    let queue_ns = queue.namespace().unwrap_or_default();
+    let (ns, name) = super::accounts::target(&queue_ns, r);
+    let usage = &ctx.accounts.usage;
+    if let Some(uid) = queue.uid() {
+        usage.released.lock().unwrap_or_else(|p| p.into_inner()).insert(uid);
+    }
+    let _ = usage.wakes.unbounded_send(ObjectRef::new(name).within(ns));
+}
+
+/// What the AwsAccount reconciler remembers between its runs.
+pub struct Usage {
+    wakes: UnboundedSender<ObjectRef<AwsAccount>>,
+    /// UIDs of Queues whose cleanup finished, until the Queue cache drops them.
+    released: Mutex<HashSet<String>>,
+    /// Per AwsAccount UID: its generation and whether it is being deleted, when last reconciled.
+    seen: Mutex<HashMap<String, u64>>,
+}
+
+impl Usage {
+    /// A memory, and the wakes its [`released`] sends, for [`controller`].
+    pub fn new() -> (Self, UnboundedReceiver<ObjectRef<AwsAccount>>) {
+        let (wakes, rx) = unbounded();
+        (Usage { wakes, released: Mutex::default(), seen: Mutex::default() }, rx)
+    }
+
+    /// The Queues that name `account`, except those whose cleanup has finished.
+    fn users(&self, account: &AwsAccount, queues: &Store<Queue>) -> Vec<ObjectRef<Queue>> {
+        let (ns, name) = (account.namespace().unwrap_or_default(), account.name_any());
+        let mut released = self.released.lock().unwrap_or_else(|p| p.into_inner());
+        let mut users = Vec::new();
+        let mut cached = HashSet::new();
+        for q in queues.state() {
+            let uid = q.uid().unwrap_or_default();
+            let queue_ns = q.namespace().unwrap_or_default();
+            let names =
+                q.spec.account_ref.as_ref().is_some_and(|r| target(&queue_ns, r) == (ns.as_str(), name.as_str()));
+            if names && !released.contains(&uid) {
+                users.push(ObjectRef::from_obj(&*q));
+            }
+            cached.insert(uid);
+        }
+        // A release is needed only while the cache still shows the Queue.
+        released.retain(|uid| cached.contains(uid));
+        users
+    }
+
+    /// Whether `account`'s spec or deletion changed since it was last looked at (or it is new):
+    /// then the Queues using it look again.
+    fn changed(&self, account: &AwsAccount) -> bool {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (account.meta().generation, account.meta().deletion_timestamp.is_some()).hash(&mut h);
+        let uid = account.uid().unwrap_or_default();
+        self.seen.lock().unwrap_or_else(|p| p.into_inner()).insert(uid, h.finish()) != Some(h.finish())
+    }
+}
+
+/// Runs the AwsAccount reconciler on `accounts` (the AwsAccount watch) and the wakes of
+/// [`released`], until `shutdown`.
+pub fn controller(
+    accounts: impl futures::Stream<Item = std::result::Result<AwsAccount, kube::runtime::watcher::Error>> + Send + 'static,
+    store: Store<AwsAccount>,
+    wakes: UnboundedReceiver<ObjectRef<AwsAccount>>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+    ctx: Arc<Context>,
+) -> impl std::future::Future<Output = ()> + Send {
+    Controller::for_stream(accounts, store)
+        .reconcile_on(wakes)
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(crate::log_result!(awsaccount))
+}
+
+async fn reconcile(account: Arc<AwsAccount>, ctx: Arc<Context>) -> Result<Action> {
+    reconcile_with(account, ctx, reconcile_inner).await
+}
+
+async fn reconcile_inner(account: Arc<AwsAccount>, ctx: Arc<Context>) -> Result<Action> {
+    let usage = &ctx.accounts.usage;
+    let users = usage.users(&account, &ctx.queues);
+    if usage.changed(&account) {
+        for queue in &users {
+            let _ = ctx.dependents.unbounded_send(queue.clone());
+        }
+    }
+    let api = api(&ctx, &account);
+    let deleting = account.meta().deletion_timestamp.is_some();
+    let held = has_finalizer(&*account, ACCOUNT_FINALIZER);
+    if users.is_empty() && held {
+        ctx.api_writes.inc();
+        remove_finalizer(&api, &*account, ACCOUNT_FINALIZER).await?;
+    } else if !users.is_empty() && !held && !deleting {
+        ctx.api_writes.inc();
+        add(&api, &account).await?;
+    }
+    if deleting && users.is_empty() {
+        // Gone once other finalizers (not ours) are released: nothing left to show or wait for.
+        usage.seen.lock().unwrap_or_else(|p| p.into_inner()).remove(&account.uid().unwrap_or_default());
+        return Ok(Action::await_change());
+    }
+    let namespace = account.namespace().unwrap_or_default();
+    let (status, reason, message) = match unusable(&account, ctx.accounts.allow_http()) {
+        Some(("AccountDeleting", _)) => (
+            ConditionStatus::False,
+            "Deleting",
+            format!("waiting for {} Queue(s) using this account to delete their SQS queues", users.len()),
+        ),
+        Some((reason, message)) => (ConditionStatus::False, reason, message),
+        None => (
+            ConditionStatus::True,
+            "Usable",
+            format!("Queues assume {} with the external id in status.externalId", account.spec.role_arn),
+        ),
+    };
+    let written = StatusWriter::new(&*account, &api, &ctx.api_writes, None)
+        .write(|s| {
+            s.external_id = Some(ctx.accounts.external_id(&namespace));
+            s.role_session_name = Some(session_name(&namespace));
+            s.conditions = vec![Condition::new("Ready", status, reason, message)];
+        })
+        .await;
+    match written {
+        Err(crate::Error::Kube(kube::Error::Api(e))) if e.code == 404 => return Ok(Action::await_change()),
+        other => other?,
+    }
+    ctx.backoff.reset(&crate::controllers::object_key(&*account));
+    // The wakes of cleanups are the trigger; this is the net under them.
+    Ok(if deleting { Action::requeue(jittered(ctx.settings.resync)) } else { Action::await_change() })
+}
+
+fn api(ctx: &Context, account: &AwsAccount) -> Api<AwsAccount> {
+    Api::namespaced(ctx.client.clone(), &account.namespace().unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::runtime::{reflector, watcher};
+
+    use super::*;
+
+    #[test]
+    fn a_queue_holds_its_account_until_its_cleanup_released_it() {
+        let (queues, mut writer) = reflector::store::<Queue>();
+        let queue: Queue = serde_json::from_value(json!({"apiVersion": "skyport.dev/v1alpha1", "kind": "Queue",
+            "metadata": {"name": "q", "namespace": "a", "uid": "queue-1"},
+            "spec": {"accountRef": {"name": "team"}}}))
+        .unwrap();
+        writer.apply_watcher_event(&watcher::Event::Apply(queue));
+        let mut account = AwsAccount::new("team", Default::default());
+        account.metadata.namespace = Some("a".into());
+        account.metadata.uid = Some("account-1".into());
+        let mut other = account.clone();
+        other.metadata.name = Some("other".into());
+        let (usage, _wakes) = Usage::new();
+        assert_eq!(usage.users(&account, &queues).len(), 1);
+        assert!(usage.users(&other, &queues).is_empty(), "only the account it names");
+        usage.released.lock().unwrap().insert("queue-1".into());
+        assert!(usage.users(&account, &queues).is_empty(), "released, though still cached");
+        assert!(usage.changed(&account), "new");
+        assert!(!usage.changed(&account), "the same");
+        account.metadata.generation = Some(2);
+        assert!(usage.changed(&account), "its spec changed");
+    }
+}
