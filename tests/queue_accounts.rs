@@ -19,7 +19,7 @@ mod trust;
 use std::time::Duration;
 
 use aws_sdk_sqs::Client as SqsClient;
-use common::sts::{Sts, external_id};
+use common::sts::{Sts, external_id, sqs_as};
 use common::*;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -37,24 +37,6 @@ fn account(name: &str, role: &str, region: &str, extra: serde_json::Value) -> Aw
     serde_json::from_value(json!({"apiVersion": "skyport.dev/v1alpha1", "kind": "AwsAccount",
         "metadata": {"name": name}, "spec": spec}))
     .expect("valid AwsAccount")
-}
-
-/// SQS as `role` in `region`, assumed independently of skyport's adapter.
-async fn sqs_as(role: &str, region: &str) -> SqsClient {
-    let _ = sqs().await; // checks the environment
-    let http = aws_smithy_http_client::Builder::new()
-        .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
-            aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
-        ))
-        .build_https();
-    let base = aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .http_client(http)
-        .region(aws_config::Region::new(region.to_string()))
-        .load()
-        .await;
-    let provider =
-        aws_config::sts::AssumeRoleProvider::builder(role).session_name("skyport-test").configure(&base).build().await;
-    SqsClient::from_conf(aws_sdk_sqs::config::Builder::from(&base).credentials_provider(provider).build())
 }
 
 /// Whether SQS as `role` has a queue whose name starts with `prefix`.

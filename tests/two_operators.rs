@@ -18,17 +18,32 @@ use kube::api::{Api, ListParams, PostParams};
 use providers::HostProvider;
 use providers::hosts::{MANAGED_BY_VALUE, TAG_MANAGED_BY, TAG_TUNNEL_UID};
 use serde_json::json;
-use skyport::crd::{ConditionStatus, Queue, Tunnel, TunnelPhase};
+use skyport::crd::{AwsAccount, ConditionStatus, Queue, Tunnel, TunnelPhase};
 
 const QUEUES: usize = 10;
 const TUNNELS: usize = 3;
 const TIMEOUT: Duration = Duration::from_secs(180);
+const ACCOUNT_QUEUES: usize = 3;
+const OUR_ROLE: &str = "arn:aws:iam::000000000011:role/two-ops";
+const THEIR_ROLE: &str = "arn:aws:iam::000000000012:role/neighbour";
+
+/// SQS queues named `<ns>_…` in the account of `role`.
+async fn queues_in_account_of(role: &str, ns: &str) -> usize {
+    let sqs = common::sts::sqs_as(role, "us-east-1").await;
+    let listed = sqs.list_queues().queue_name_prefix(format!("{ns}_")).send().await.expect("ListQueues as the role");
+    listed.queue_urls.unwrap_or_default().len()
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn two_operators_without_leader_election_make_one_queue_per_queue_and_one_host_per_tunnel() {
     let ns = TestNs::new("two-ops").await;
-    let (a, b) = (Operator::start(&ns, fast_settings()).await, Operator::start(&ns, fast_settings()).await);
+    // Both assume roles through one STS that trusts this namespace for one role only.
+    let sts = common::sts::Sts::start().await;
+    sts.trust(OUR_ROLE, &common::sts::external_id(&ns.name));
+    sts.trust(THEIR_ROLE, &common::sts::external_id(&format!("{}-neighbour", ns.name)));
+    let a = Operator::start_with_sts(&ns, fast_settings(), &sts, false).await;
+    let b = Operator::start_with_sts(&ns, fast_settings(), &sts, false).await;
     // Both Tunnel operators use the same local provider state: one "cloud account".
     let ta = tunnels::TunnelOperator::start(&ns, tunnels::fast_tunnel_settings()).await;
     let tb = tunnels::TunnelOperator::start(&ns, tunnels::fast_tunnel_settings()).await;
@@ -39,6 +54,19 @@ async fn two_operators_without_leader_election_make_one_queue_per_queue_and_one_
     for i in 0..QUEUES {
         queues.create(&PostParams::default(), &queue(&format!("q{i}"), json!({"delaySeconds": 1}))).await.unwrap();
     }
+    // Queues in another AWS account, through an AwsAccount of this namespace; and one through an
+    // AwsAccount naming a role that trusts another namespace only.
+    let accounts: Api<AwsAccount> = ns.api();
+    for (name, role) in [("ours", OUR_ROLE), ("borrowed", THEIR_ROLE)] {
+        let account = json!({"apiVersion": "skyport.dev/v1alpha1", "kind": "AwsAccount", "metadata": {"name": name},
+                             "spec": {"roleArn": role, "region": "us-east-1"}});
+        accounts.create(&PostParams::default(), &serde_json::from_value(account).unwrap()).await.unwrap();
+    }
+    for i in 0..ACCOUNT_QUEUES {
+        let spec = json!({"accountRef": {"name": "ours"}, "delaySeconds": 1});
+        queues.create(&PostParams::default(), &queue(&format!("acct{i}"), spec)).await.unwrap();
+    }
+    queues.create(&PostParams::default(), &queue("borrow", json!({"accountRef": {"name": "borrowed"}}))).await.unwrap();
     // Both operators also see Queues aimed at another tenant's queues: neither may take them.
     let bait = common::bait::Bait::lay(&format!("bait-{}", ns.name), &ns.name, TEST_CLUSTER).await;
     let mut aimed = Vec::new();
@@ -64,6 +92,10 @@ async fn two_operators_without_leader_election_make_one_queue_per_queue_and_one_
     for (name, reason) in &aimed {
         wait_ready(&queues, name, ConditionStatus::False, reason, TIMEOUT).await;
     }
+    for i in 0..ACCOUNT_QUEUES {
+        wait_ready(&queues, &format!("acct{i}"), ConditionStatus::True, "Available", TIMEOUT).await;
+    }
+    wait_ready(&queues, "borrow", ConditionStatus::False, "AssumeRoleDenied", TIMEOUT).await;
     let tunnels_api: Api<Tunnel> = ns.api();
     let active = || async {
         let list = tunnels_api.list(&ListParams::default()).await.ok()?;
@@ -118,9 +150,20 @@ async fn two_operators_without_leader_election_make_one_queue_per_queue_and_one_
         queues.delete(name, &Default::default()).await.unwrap();
         wait_gone(&queues, name, TIMEOUT).await;
     }
-    let steals = bait.steals().await;
-    println!("two operators: {} Queues aimed at another tenant's queues, steals {steals}", aimed.len());
-    assert_eq!(steals, 0, "another tenant's queues changed");
+    // In the other account: one queue per Queue of the trusted role, none through the borrowed one.
+    let in_account =
+        |calls: &[common::sts::Assumed], role: &str| calls.iter().filter(|c| c.allowed && c.role_arn == role).count();
+    let borrowed = in_account(&sts.calls(), THEIR_ROLE);
+    let account_queues = queues_in_account_of(OUR_ROLE, &ns.name).await;
+    let steals = bait.steals().await + borrowed;
+    println!(
+        "two operators: {} Queues aimed at another tenant's queues, {ACCOUNT_QUEUES} Queues in another account → {} queues there, \
+         {borrowed} AssumeRole calls granted for another namespace's role; steals {steals}",
+        aimed.len(),
+        account_queues
+    );
+    assert_eq!(account_queues, ACCOUNT_QUEUES, "one queue per Queue in the assumed account");
+    assert_eq!(steals, 0, "another tenant's queues changed, or its role was assumed");
     bait.remove().await;
     // Known defect (RELIABILITY.md): both Tunnel operators pass find_host before either records
     // its host, each creates one, the last status write wins, and the other host carries a live

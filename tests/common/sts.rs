@@ -100,6 +100,24 @@ pub fn external_id(namespace: &str) -> String {
     skyport::crd::account::external_id(super::TEST_CLUSTER, namespace)
 }
 
+/// SQS as `role` in `region`, assumed independently of skyport's adapter.
+pub async fn sqs_as(role: &str, region: &str) -> aws_sdk_sqs::Client {
+    let _ = super::sqs().await; // checks the environment
+    let http = aws_smithy_http_client::Builder::new()
+        .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
+            aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
+        ))
+        .build_https();
+    let base = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .http_client(http)
+        .region(aws_config::Region::new(region.to_string()))
+        .load()
+        .await;
+    let provider =
+        aws_config::sts::AssumeRoleProvider::builder(role).session_name("skyport-test").configure(&base).build().await;
+    aws_sdk_sqs::Client::from_conf(aws_sdk_sqs::config::Builder::from(&base).credentials_provider(provider).build())
+}
+
 impl Operator {
     /// A Queue controller for `ns` whose AssumeRole calls go through `sts`, allowing `http://`
     /// AwsAccount endpoints when `allow_http` (LocalStack and the test proxies speak plain HTTP).
