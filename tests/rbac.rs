@@ -8,14 +8,18 @@
 //! environment runs no Deployment controller, scheduler or kubelet).
 
 mod common;
+#[path = "rbac/escalations.rs"]
+mod escalations;
+#[path = "rbac/install.rs"]
+mod install;
 #[path = "common/tunnels.rs"]
 mod tunnels;
 
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
+use install::{INSTALL_NS, helm_render, install_deploy_once, kubectl_apply, service_account_client, token_client};
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec};
 use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
@@ -26,38 +30,7 @@ use serde_json::json;
 use skyport::crd::{ConditionStatus, Queue};
 use tokio::sync::oneshot;
 
-const INSTALL_NS: &str = "skyport-system";
 const TIMEOUT: Duration = Duration::from_secs(30);
-
-/// `kubectl apply -k deploy/` against the test API server.
-fn install_deploy() {
-    let out = Command::new("kubectl")
-        .args(["apply", "-k", "deploy/"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("run kubectl (is the test environment's PATH set?)");
-    assert!(out.status.success(), "kubectl apply -k deploy/ failed:\n{}", String::from_utf8_lossy(&out.stderr));
-}
-
-/// [`install_deploy`] once per test process: the tests run in parallel, and two concurrent
-/// `kubectl apply` of a fresh install race on creating the same objects.
-async fn install_deploy_once() {
-    static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
-    INSTALLED.get_or_init(|| async { tokio::task::spawn_blocking(install_deploy).await.unwrap() }).await;
-}
-
-/// A client authenticated as the deploy ServiceAccount, with a short-lived bound token.
-async fn service_account_client(admin: &Client) -> Client {
-    token_client(admin, INSTALL_NS, "skyport").await
-}
-
-/// A client authenticated as the ServiceAccount `namespace/name`, with a short-lived bound token.
-async fn token_client(admin: &Client, namespace: &str, name: &str) -> Client {
-    let token = service_account_token(admin, namespace, name).await;
-    let mut config = kube::Config::infer().await.expect("kubeconfig");
-    config.auth_info = serde_json::from_value(json!({ "token": token })).expect("auth info");
-    Client::try_from(config).expect("client")
-}
 
 fn forbidden<T: std::fmt::Debug>(result: Result<T, kube::Error>, what: &str) {
     match result {
@@ -116,6 +89,7 @@ async fn queue_controller_works_with_the_deploy_service_account_and_nothing_else
         list.items.iter().any(|e| e.reason.as_deref() == Some("Created")).then_some(())
     })
     .await;
+    exports_work_as_the_service_account(&queues, &ns).await;
     // delete → SQS queue and finalizer gone
     queues.delete("orders", &DeleteParams::default()).await.unwrap();
     wait_gone(&queues, "orders", TIMEOUT).await;
@@ -170,6 +144,53 @@ async fn queue_controller_works_with_the_deploy_service_account_and_nothing_else
     let released = Api::<LeaseObject>::namespaced(admin.clone(), INSTALL_NS).get("skyport").await.unwrap();
     assert_eq!(released.spec.and_then(|s| s.holder_identity), None, "the Lease is free again");
 
+    ns.cleanup().await;
+}
+
+/// Export Secrets are written, compared and deleted without ever reading one that is not the
+/// Queue's: a Secret someone else holds under an export's name is a conflict, left alone.
+async fn exports_work_as_the_service_account(queues: &Api<Queue>, ns: &TestNs) {
+    use kube::api::{Patch, PatchParams};
+    let exports = |names: &[(&str, &str)]| {
+        let list: Vec<_> =
+            names.iter().map(|(kind, name)| json!({"kind": kind, "name": name, "keys": {"url": "URL"}})).collect();
+        json!({"spec": {"exports": list}})
+    };
+    let patch = exports(&[("Secret", "orders-env"), ("ConfigMap", "orders-cm")]);
+    queues.patch("orders", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    let secrets: Api<Secret> = ns.api();
+    let secret = eventually("Secret export", TIMEOUT, || async { secrets.get("orders-env").await.ok() }).await;
+    assert!(secret.data.unwrap()["URL"].0.starts_with(b"http"), "the export holds the queue's URL");
+    let taken: Secret =
+        serde_json::from_value(json!({"metadata": {"name": "taken"}, "stringData": {"URL": "mine"}})).unwrap();
+    secrets.create(&PostParams::default(), &taken).await.unwrap();
+    queues.patch("orders", &PatchParams::default(), &Patch::Merge(exports(&[("Secret", "taken")]))).await.unwrap();
+    wait_ready(queues, "orders", ConditionStatus::False, "ExportConflict", TIMEOUT).await;
+    eventually("dropped exports deleted", TIMEOUT, || async {
+        let gone = secrets.get_opt("orders-env").await.ok()?.is_none()
+            && ns.api::<ConfigMap>().get_opt("orders-cm").await.ok()?.is_none();
+        gone.then_some(())
+    })
+    .await;
+    assert_eq!(
+        secrets.get("taken").await.unwrap().data.unwrap()["URL"].0,
+        b"mine",
+        "someone else's Secret is left alone"
+    );
+    queues.patch("orders", &PatchParams::default(), &Patch::Merge(exports(&[]))).await.unwrap();
+    wait_ready(queues, "orders", ConditionStatus::True, "Available", TIMEOUT).await;
+}
+
+/// Each way a stolen token could reach beyond skyport's own objects is refused by the shipped
+/// RBAC and admission policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn a_stolen_service_account_token_reaches_nothing_beyond_skyports_objects() {
+    let admin = client().await;
+    install_deploy_once().await;
+    let sa = service_account_client(&admin).await;
+    let ns = TestNs::new("rbac-esc").await;
+    escalations::escalations_are_refused(&admin, &sa, &ns.name).await;
     ns.cleanup().await;
 }
 
@@ -306,6 +327,7 @@ async fn controllers_work_with_only_the_namespaced_role_of_a_watch_namespace_ins
     assert!(!rendered.contains("kind: ClusterRole"), "no ClusterRole with watchNamespace:\n{rendered}");
     kubectl_apply(&rendered);
     let sa = token_client(&admin, RELEASE_NS, "skyport-ns").await;
+    install::until_the_policy_applies(&sa, &ns.name).await;
 
     // The Queue controller: create → Ready, ConfigMap, Event; delete → gone.
     let (ctx, stop, task) = queue_controller_as(sa.clone(), &ns).await;
@@ -318,6 +340,7 @@ async fn controllers_work_with_only_the_namespaced_role_of_a_watch_namespace_ins
     assert!(ctx.metrics.errors().is_empty(), "Queue reconciles failed with the Role: {:?}", ctx.metrics.errors());
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
+    escalations::escalations_are_refused(&admin, &sa, &ns.name).await;
 
     // The Tunnel and Service controllers, with the cluster id from the chart's value.
     let mut settings = tunnels::fast_tunnel_settings();
@@ -376,37 +399,6 @@ async fn controllers_work_with_only_the_namespaced_role_of_a_watch_namespace_ins
     unrelated_writes_are_refused(&admin, &sa, &ns.name).await;
     elsewhere.cleanup().await;
     tunnels::finish_tunnels(op, ns).await;
-}
-
-/// `helm template` of the chart (no CRDs: the tests install them from crds/).
-fn helm_render(args: &[&str]) -> String {
-    let helm = std::env::var("SKYPORT_HELM").unwrap_or_else(|_| {
-        let out = Command::new("tests/env/build-helm.sh").current_dir(env!("CARGO_MANIFEST_DIR")).output().unwrap();
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    });
-    let out = Command::new(helm)
-        .args(["template", "skyport-ns", "deploy/helm/skyport"])
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("run helm");
-    assert!(out.status.success(), "helm template: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// `kubectl apply` of rendered manifests (every namespaced object names its namespace).
-fn kubectl_apply(manifests: &str) {
-    use std::io::Write;
-    let mut child = Command::new("kubectl")
-        .args(["apply", "-f", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("kubectl");
-    child.stdin.take().unwrap().write_all(manifests.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "kubectl apply: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// The Queue controller for `ns` with `client`'s identity: its context, its stop switch, its task.

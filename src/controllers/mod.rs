@@ -14,6 +14,7 @@ pub mod changes;
 pub mod context;
 pub mod events;
 pub mod memory;
+pub mod owned;
 pub mod queue;
 pub mod resyncs;
 pub mod service;

@@ -57,9 +57,8 @@ fn rbac_grants_exactly_the_calls_the_controllers_make() {
         "/services:list",                       // Service watch (both controllers)
         "/services:watch",                      //
         "/services/status:patch",               // status.loadBalancer.ingress
-        "/secrets:get",                         // a Tunnel's credentials, a Queue's Secret exports
         "/secrets:create",                      // generated once; a new Secret export
-        "/secrets:patch",                       // client config, Queue exports (server-side apply)
+        "/secrets:patch",                       // client config, exports; reading its own back
         "/secrets:delete",                      // a Secret export removed from a Queue's spec
         "apps/deployments:get",                 // compare before applying
         "apps/deployments:list",                // client Deployments watch (by label)
@@ -109,22 +108,50 @@ fn assert_namespaced_install(docs: &[Value], watched: &str, role: &str, what: &s
     assert!(args.contains(&format!("--namespace={watched}")), "{what}: the operator watches {watched}: {args:?}");
 }
 
-/// The admission policy narrows the ServiceAccount's writes to the objects skyport labels.
+/// The admission policies narrow the ServiceAccount's writes: Secrets, ConfigMaps and
+/// Deployments to those a skyport object controls, Services' status to skyport's class, Queues and
+/// Tunnels to anything but their spec. Each applies to skyport's ServiceAccount only, and denies.
 #[test]
-fn admission_policy_limits_the_service_accounts_writes_to_labelled_objects() {
+fn admission_policies_narrow_the_service_accounts_writes() {
     let docs = documents(&read("deploy/admission.yaml"));
-    let policy = find(&docs, "ValidatingAdmissionPolicy", "skyport-writes-only-its-own-objects");
-    let condition = policy["spec"]["matchConditions"][0]["expression"].as_str().unwrap();
-    assert!(condition.contains("'system:serviceaccount:skyport-system:skyport'"), "{condition}");
-    let resources: Vec<&str> = policy["spec"]["matchConstraints"]["resourceRules"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|r| r["resources"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()))
-        .collect();
-    assert_eq!(resources, ["secrets", "configmaps", "deployments"]);
-    let binding = find(&docs, "ValidatingAdmissionPolicyBinding", "skyport-writes-only-its-own-objects");
-    assert_eq!(binding["spec"]["validationActions"], serde_json::json!(["Deny"]));
+    let resources = |policy: &Value| -> Vec<String> {
+        let rules = policy["spec"]["matchConstraints"]["resourceRules"].as_array().unwrap();
+        rules.iter().flat_map(|r| r["resources"].as_array().unwrap().iter().map(|v| v.to_string())).collect()
+    };
+    for (name, expected) in [
+        ("skyport-writes-only-its-own-objects", vec!["secrets", "configmaps", "deployments"]),
+        ("skyport-publishes-only-its-own-load-balancers", vec!["services/status"]),
+        ("skyport-never-writes-specs", vec!["queues", "tunnels", "tunnels"]),
+    ] {
+        let policy = find(&docs, "ValidatingAdmissionPolicy", name);
+        let condition = policy["spec"]["matchConditions"][0]["expression"].as_str().unwrap();
+        assert!(condition.contains("'system:serviceaccount:skyport-system:skyport'"), "{name}: {condition}");
+        assert_eq!(policy["spec"]["failurePolicy"], "Fail", "{name}");
+        let quoted: Vec<String> = expected.iter().map(|r| format!("\"{r}\"")).collect();
+        assert_eq!(resources(policy), quoted, "{name}");
+        let binding = find(&docs, "ValidatingAdmissionPolicyBinding", name);
+        assert_eq!(binding["spec"]["policyName"], name);
+        assert_eq!(binding["spec"]["validationActions"], serde_json::json!(["Deny"]), "{name}");
+    }
+    // Class-less Services are skyport's only when it is the default load balancer: the chart
+    // follows tunnel.defaultLoadBalancer, the base says false like its Deployment's flag.
+    let status = find(&docs, "ValidatingAdmissionPolicy", "skyport-publishes-only-its-own-load-balancers");
+    assert_eq!(
+        status["spec"]["variables"][0],
+        serde_json::json!({"name": "defaultLoadBalancer", "expression": "false"})
+    );
+    let deployment = documents(&read("deploy/deployment.yaml"));
+    let deployment = serde_json::to_string(find(&deployment, "Deployment", "skyport")).unwrap();
+    assert!(deployment.contains("--default-load-balancer=false"), "{deployment}");
+}
+
+#[test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+fn the_charts_service_status_policy_follows_its_default_load_balancer_value() {
+    require_env();
+    let chart = documents(&helm_template(&["--set", "tunnel.defaultLoadBalancer=true"]));
+    let status = find(&chart, "ValidatingAdmissionPolicy", "skyport-publishes-only-its-own-load-balancers");
+    assert_eq!(status["spec"]["variables"][0]["expression"], "true");
 }
 
 #[test]

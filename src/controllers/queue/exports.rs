@@ -4,8 +4,10 @@
 //! reference, skyport's label, which the admission policy requires of its writes), never written
 //! when someone else holds the name, written only when its data differs, deleted when its entry
 //! leaves the spec. ConfigMaps are compared with the watch cache. Secrets are not watched (that
-//! would need list/watch on every Secret of the cluster): what skyport last wrote or read is
-//! remembered per Secret and read again by name at most once per `--queue-tag-resync`.
+//! would need list/watch on every Secret of the cluster), nor ever read with `get`: a Secret is
+//! read back only when the Queue controls it ([`owned`]), so one that is someone else's is never
+//! seen. What skyport last wrote or read is remembered per Secret and read again at most once per
+//! `--queue-tag-resync`.
 
 use std::collections::BTreeMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -22,6 +24,7 @@ use super::desired::configmap_name;
 use super::plan::Ready;
 use super::{Context, configmaps};
 use crate::controllers::MANAGED_BY;
+use crate::controllers::owned::{self, Guarded};
 use crate::crd::export::{Export, ExportKind, ExportRef};
 use crate::crd::queue::Queue;
 use crate::error::{Error, Result};
@@ -145,9 +148,13 @@ async fn ensure_secret(queue: &Queue, want: Secret, ctx: &Context) -> Result<boo
         return Ok(true);
     }
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-    let existing = match api.get_opt(&name).await? {
-        Some(existing) => existing,
-        None => {
+    let existing = match read_if_controlled(queue, &ns, &name, ctx).await? {
+        Guarded::Ours(existing) => existing,
+        Guarded::NotOurs => {
+            ctx.secrets.forget(&key);
+            return Ok(false);
+        }
+        Guarded::Missing => {
             ctx.api_writes.inc();
             match api.create(&PostParams::default(), &want).await {
                 Ok(_) => {
@@ -155,15 +162,19 @@ async fn ensure_secret(queue: &Queue, want: Secret, ctx: &Context) -> Result<boo
                     ctx.secrets.record(key, wanted);
                     return Ok(true);
                 }
-                Err(kube::Error::Api(e)) if e.code == 409 => api.get(&name).await?,
+                Err(kube::Error::Api(e)) if e.code == 409 => match read_if_controlled(queue, &ns, &name, ctx).await? {
+                    Guarded::Ours(existing) => existing,
+                    Guarded::NotOurs => {
+                        ctx.secrets.forget(&key);
+                        return Ok(false);
+                    }
+                    // Created and deleted again since: the next reconcile starts over.
+                    Guarded::Missing => return Err(kube::Error::Api(e).into()),
+                },
                 Err(e) => return Err(e.into()),
             }
         }
     };
-    if !controlled_by(&existing, queue) {
-        ctx.secrets.forget(&key);
-        return Ok(false);
-    }
     if existing.data != want.data {
         ctx.api_writes.inc();
         api.patch(&name, &PatchParams::default(), &Patch::Merge(data_patch(&existing, &existing.data, &want.data)))
@@ -172,6 +183,12 @@ async fn ensure_secret(queue: &Queue, want: Secret, ctx: &Context) -> Result<boo
     }
     ctx.secrets.record(key, wanted);
     Ok(true)
+}
+
+/// The Secret `name` if `queue` controls it; one that it does not control is not read.
+async fn read_if_controlled(queue: &Queue, ns: &str, name: &str, ctx: &Context) -> Result<Guarded<Secret>> {
+    let uid = queue.uid().ok_or(Error::MissingObjectKey("uid"))?;
+    Ok(owned::json_patch(&ctx.client, ns, name, &owned::owner_tests(&[("uid", &uid)])).await?)
 }
 
 /// Deletes an export's object if this Queue controls it (the UID precondition makes sure the one
@@ -188,8 +205,10 @@ async fn remove(queue: &Queue, target: &ExportRef, ctx: &Context) -> Result<()> 
         },
         ExportKind::Secret => {
             ctx.secrets.forget(&format!("{ns}/{}", target.name));
-            let secret = Api::<Secret>::namespaced(ctx.client.clone(), &ns).get_opt(&target.name).await?;
-            secret.filter(|s| controlled_by(s, queue)).and_then(|s| s.uid())
+            match read_if_controlled(queue, &ns, &target.name, ctx).await? {
+                Guarded::Ours(secret) => secret.uid(),
+                Guarded::NotOurs | Guarded::Missing => None,
+            }
         }
     };
     let Some(uid) = uid else { return Ok(()) };

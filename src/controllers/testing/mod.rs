@@ -4,8 +4,8 @@
 //! ([`probe::FakeProbe`]).
 //!
 //! The fake API keeps objects by path and understands what skyport sends: GET, POST (create),
-//! merge patches (conditional on `metadata.resourceVersion` when one is given), server-side
-//! apply, status patches, DELETE and Events. Failures are injected per method and path.
+//! merge patches (conditional on `metadata.resourceVersion` when one is given), JSON patches
+//! of `test` operations, server-side apply, status patches, DELETE and Events. Failures are injected per method and path.
 
 pub mod probe;
 pub mod provider;
@@ -111,9 +111,10 @@ impl FakeApi {
         self.lock().calls.clone()
     }
 
-    /// The requests that changed something (all but GET).
+    /// The requests that changed something: all but GET, and but JSON patches made only of
+    /// `test` operations (reads that need no `get`, see `controllers::owned`).
     pub fn writes(&self) -> Vec<Call> {
-        self.calls().into_iter().filter(|c| c.method != Method::GET).collect()
+        self.calls().into_iter().filter(|c| c.method != Method::GET && !only_tests(&c.body)).collect()
     }
 
     /// Reasons of the Events published, in order (a repeat is a patch of the first's series,
@@ -167,6 +168,26 @@ impl Inner {
                 obj["metadata"]["uid"] = json!(format!("uid-{name}"));
                 (StatusCode::CREATED, self.store(key, obj))
             }
+            Method::PATCH if body.is_array() => match self.objects.get(&key) {
+                None => not_found(),
+                Some(_) if !only_tests(body) => {
+                    (StatusCode::BAD_REQUEST, status_body(StatusCode::BAD_REQUEST, "only test operations are faked"))
+                }
+                Some(obj) => {
+                    let failed = body
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|op| obj.pointer(op["path"].as_str().unwrap_or_default()) != Some(&op["value"]));
+                    match failed {
+                        true => (
+                            StatusCode::UNPROCESSABLE_ENTITY,
+                            status_body(StatusCode::UNPROCESSABLE_ENTITY, "test failed"),
+                        ),
+                        false => (StatusCode::OK, obj.clone()),
+                    }
+                }
+            },
             Method::PATCH => {
                 let existing = self.objects.get(&key).cloned();
                 let is_apply = body.get("apiVersion").is_some() && body.get("kind").is_some();
@@ -201,6 +222,11 @@ impl Inner {
         self.objects.insert(key, obj.clone());
         obj
     }
+}
+
+/// A JSON patch whose operations are all `test`s.
+fn only_tests(body: &Value) -> bool {
+    body.as_array().is_some_and(|ops| ops.iter().all(|op| op["op"] == "test"))
 }
 
 /// RFC 7386 JSON merge patch.

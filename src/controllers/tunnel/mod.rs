@@ -289,8 +289,7 @@ async fn converge(
     let provider = plan::provider_for(tunnel, status.current(), &ctx.providers).map_err(Failure::Blocked)?;
 
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-    let secret_name = desired::secret_name(tunnel);
-    let secret = observe::credentials(&secrets, &secret_name, &uid).await?;
+    let secret = observe::credentials(&ctx.client, tunnel).await?;
     if let SecretState::Stale { secret_uid } = &secret {
         act::delete_stale_secret(tunnel, &secrets, secret_uid.as_deref(), ctx).await?;
     }
@@ -299,7 +298,7 @@ async fn converge(
         SecretState::Missing | SecretState::Stale { .. } => match act::create_secret(tunnel, &secrets, ctx).await? {
             Some(created) => (created, None, true),
             // Another run made it meanwhile: use what it stored.
-            None => match observe::credentials(&secrets, &secret_name, &uid).await? {
+            None => match observe::credentials(&ctx.client, tunnel).await? {
                 SecretState::Stored(stored) => (stored.credentials, stored.client_toml, false),
                 _ => return Err(Error::MissingObjectKey("Secret").into()),
             },

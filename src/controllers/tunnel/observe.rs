@@ -6,15 +6,16 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::Api;
+use kube::{Client, Resource, ResourceExt};
 use providers::hosts::TAG_TUNNEL_UID;
 use providers::userdata::NoiseKeypair;
 use providers::{Address, Host, HostProvider};
 use tracing::info;
 
-use super::desired::{Credentials, KEY_CLIENT, KEY_PRIVATE, KEY_TOKEN};
+use super::desired::{Credentials, KEY_CLIENT, KEY_PRIVATE, KEY_TOKEN, secret_name};
 use crate::controllers::MANAGED_BY;
-use crate::crd::tunnel::TunnelStatus;
+use crate::controllers::owned::{self, Guarded};
+use crate::crd::tunnel::{Tunnel, TunnelStatus};
 use crate::error::{Error, Result};
 
 /// The Tunnel's exit server, chosen so that every operator looking at the same cloud picks the same
@@ -97,13 +98,26 @@ pub enum SecretState {
     Stored(Stored),
 }
 
-/// The credentials in the Tunnel's Secret. A Secret skyport labelled that a Tunnel other than
-/// `tunnel_uid` controls is [`SecretState::Stale`]; one without an owner is read as it is (it may
-/// predate owner references, and skyport deletes nothing it cannot prove it made).
-pub async fn credentials(secrets: &Api<Secret>, name: &str, tunnel_uid: &str) -> Result<SecretState> {
-    let Some(secret) = secrets.get_opt(name).await? else { return Ok(SecretState::Missing) };
-    if stale(&secret, tunnel_uid) {
+/// The credentials in the Tunnel's Secret, read only if a Tunnel of this name controls it
+/// ([`owned`]: skyport has no `get` on Secrets). A Secret skyport labelled that another Tunnel of
+/// this name controls (an earlier one, deleted) is [`SecretState::Stale`]; any other Secret of
+/// that name is someone else's: not read, not replaced, reported.
+pub async fn credentials(client: &Client, tunnel: &Tunnel) -> Result<SecretState> {
+    let (ns, name) = (tunnel.namespace().ok_or(Error::MissingObjectKey("namespace"))?, secret_name(tunnel));
+    let tunnel_uid = tunnel.uid().ok_or(Error::MissingObjectKey("uid"))?;
+    let (api_version, tunnel_name) = (Tunnel::api_version(&()), tunnel.name_any());
+    let tests = owned::owner_tests(&[("apiVersion", &api_version), ("kind", "Tunnel"), ("name", &tunnel_name)]);
+    let secret = match owned::json_patch::<Secret>(client, &ns, &name, &tests).await? {
+        Guarded::Missing => return Ok(SecretState::Missing),
+        Guarded::Ours(secret) => secret,
+        Guarded::NotOurs => return Err(not_this_tunnels(&name)),
+    };
+    if stale(&secret, &tunnel_uid) {
         return Ok(SecretState::Stale { secret_uid: secret.metadata.uid.clone() });
+    }
+    let controller = secret.metadata.owner_references.iter().flatten().find(|o| o.controller == Some(true));
+    if controller.is_none_or(|o| o.uid != tunnel_uid) {
+        return Err(not_this_tunnels(&name));
     }
     let data = secret.data.unwrap_or_default();
     let read = |key: &str| data.get(key).and_then(|v| String::from_utf8(v.0.clone()).ok());
@@ -121,6 +135,12 @@ pub async fn credentials(secrets: &Api<Secret>, name: &str, tunnel_uid: &str) ->
             "Secret {name} lacks {KEY_PRIVATE} or {KEY_TOKEN}; delete the Secret and the Tunnel to start over"
         ))),
     }
+}
+
+fn not_this_tunnels(name: &str) -> Error {
+    Error::InvalidSpec(format!(
+        "Secret {name} exists and is not this Tunnel's (not made by skyport for it); skyport neither reads nor replaces it: delete or rename it"
+    ))
 }
 
 /// Labelled by skyport and controlled by a Tunnel, but not by this one.

@@ -376,14 +376,28 @@ async fn a_new_tunnel_never_runs_on_the_keys_of_a_deleted_one_of_the_same_name()
     assert_eq!(ready(&h.current()), (ConditionStatus::True, "Active".into()));
 }
 
-/// A Secret of that name that skyport did not make (no label, no owner) is neither deleted nor
-/// replaced.
+/// A Secret of that name that skyport did not make (no label, no owner) is neither read, deleted
+/// nor replaced: the Tunnel says so.
 #[tokio::test]
 async fn a_credentials_secret_skyport_did_not_label_is_never_deleted() {
     use k8s_openapi::api::core::v1::Secret;
-    let foreign: Secret = serde_json::from_value(json!({"metadata": {"name": "web-tunnel-credentials"}})).unwrap();
+    const SECRET: &str = "/api/v1/namespaces/ns/secrets/web-tunnel-credentials";
+    let foreign = json!({"metadata": {"name": "web-tunnel-credentials"}, "data": {"token": "c2VjcmV0"}});
+    let mut h = harness();
+    h.add_service();
+    let stored = h.api.put(SECRET, foreign.clone());
+    h.reconcile(h.new_tunnel()).await.unwrap();
+    let t = h.current();
+    let ready = crate::controllers::status::ready_condition(&t).expect("Ready condition");
+    assert!(ready.message.contains("is not this Tunnel's"), "{ready:?}");
+    assert_eq!(h.api.get(SECRET), Some(stored), "left as it was");
+    let touched: Vec<_> = h.api.calls().into_iter().filter(|c| c.path == SECRET).collect();
+    assert!(
+        touched.iter().all(|c| c.method == hyper::Method::PATCH && c.status == 422),
+        "only a refused test: {touched:?}"
+    );
+    let foreign: Secret = serde_json::from_value(foreign).unwrap();
     assert!(!observe::stale(&foreign, "tunnel-uid"));
-    let h = harness();
     let mut earlier = h.new_tunnel().as_ref().clone();
     earlier.metadata.uid = Some("deleted-tunnel-uid".into());
     let mut ours = desired::secret(&earlier, &desired::Credentials::generate()).unwrap();

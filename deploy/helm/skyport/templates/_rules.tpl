@@ -20,7 +20,7 @@
   # The ConfigMaps each Queue owns (`<name>-sqs` and spec.exports; created, then server-side
   # apply), watched by label; get only to tell a ConfigMap of the same name that skyport does not
   # own, which it never writes; delete for an export removed from a Queue's spec (only one the
-  # Queue controls, by UID precondition; the admission policy allows only labelled ones).
+  # Queue controls, by UID precondition; the admission policy allows only Queue-owned ones).
   - apiGroups: [""]
     resources: ["configmaps"]
     verbs: ["get", "list", "watch", "create", "patch", "delete"]
@@ -41,11 +41,13 @@
     resources: ["services/status"]
     verbs: ["patch"]
   # Each Tunnel's credentials Secret: created once, client config written by server-side apply.
-  # Queue Secret exports (spec.exports): read by name, created, applied, and deleted when removed
-  # from the spec. Never list or watch: that would read every Secret in scope.
+  # Queue Secret exports (spec.exports): created, updated, and deleted when removed from the spec.
+  # Never get, list or watch: a Secret is read back only as the answer to a patch whose tests
+  # prove skyport's object controls it, and the admission policy refuses any write to a Secret
+  # that none does, so no other Secret can be read.
   - apiGroups: [""]
     resources: ["secrets"]
-    verbs: ["get", "create", "patch", "delete"]
+    verbs: ["create", "patch", "delete"]
   # Each Tunnel's client Deployment (server-side apply), watched by label.
   - apiGroups: ["apps"]
     resources: ["deployments"]

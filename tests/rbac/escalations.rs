@@ -1,0 +1,221 @@
+//! What a stolen token of skyport's ServiceAccount must not reach, each tried for real against
+//! the installed RBAC and admission policy: a ServiceAccount token minted through a Secret,
+//! privileged or token-carrying pods, reading Secrets skyport did not make, publishing an
+//! address on another load balancer's Service, rewriting a Queue's spec, making a Tunnel for no Service.
+//!
+//! Every refusal must come back as 403 (RBAC, or the admission policy's reason Forbidden). An
+//! object the server wrongly admits is deleted with the admin client before the test fails, so a
+//! failing run leaves nothing behind in kube-system.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Client, Resource};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use skyport::controllers::tunnel::desired;
+use skyport::crd::{Queue, Tunnel};
+
+use crate::common::queue;
+use crate::forbidden;
+
+const MANAGED: (&str, &str) = ("app.kubernetes.io/managed-by", "skyport");
+
+/// Creates `obj` as the ServiceAccount and expects 403; anything admitted is removed first.
+async fn create_refused<K>(sa: &Client, admin: &Client, ns: &str, obj: Value, what: &str)
+where
+    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Serialize
+        + std::fmt::Debug,
+{
+    let obj: K = serde_json::from_value(obj).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let result = Api::<K>::namespaced(sa.clone(), ns).create(&PostParams::default(), &obj).await;
+    if let Ok(made) = &result {
+        let name = made.meta().name.clone().unwrap_or_default();
+        let _ = Api::<K>::namespaced(admin.clone(), ns).delete(&name, &DeleteParams::background()).await;
+    }
+    forbidden(result, what);
+}
+
+fn owner(api_version: &str, kind: &str, name: &str, uid: &str) -> Value {
+    json!({"apiVersion": api_version, "kind": kind, "name": name, "uid": uid, "controller": true})
+}
+
+/// Checks every escalation of a stolen token in `ns` (a namespace the ServiceAccount works in).
+pub async fn escalations_are_refused(admin: &Client, sa: &Client, ns: &str) {
+    let queues: Api<Queue> = Api::namespaced(admin.clone(), ns);
+    let q = queues.create(&PostParams::default(), &queue("escalation", json!({}))).await.unwrap();
+    let queue_owner = owner("skyport.dev/v1alpha1", "Queue", "escalation", q.meta().uid.as_deref().unwrap());
+    let tunnel: Tunnel = serde_json::from_value(json!({
+        "apiVersion": "skyport.dev/v1alpha1", "kind": "Tunnel",
+        "metadata": {"name": "escalation"}, "spec": {"serviceRef": {"name": "nothing"}},
+    }))
+    .unwrap();
+    let tunnel = Api::<Tunnel>::namespaced(admin.clone(), ns).create(&PostParams::default(), &tunnel).await.unwrap();
+
+    secrets_are_limited_to_opaque_owned_ones(admin, sa, ns, &queue_owner).await;
+    deployments_are_limited_to_unprivileged_tunnel_clients(admin, sa, ns, &tunnel).await;
+    service_status_is_limited_to_skyports_class(admin, sa, ns).await;
+    specs_are_never_written(admin, sa, ns).await;
+
+    // Nothing of this is left for controllers that run in `ns` next.
+    let gone = DeleteParams::default();
+    for service in ["other-class", "no-class", "ours"] {
+        Api::<Service>::namespaced(admin.clone(), ns).delete(service, &gone).await.unwrap();
+    }
+    Api::<Tunnel>::namespaced(admin.clone(), ns).delete("escalation", &gone).await.unwrap();
+    queues.delete("escalation", &gone).await.unwrap();
+}
+
+async fn secrets_are_limited_to_opaque_owned_ones(admin: &Client, sa: &Client, ns: &str, queue_owner: &Value) {
+    // The token controller fills such a Secret with a token of whichever ServiceAccount its
+    // annotation names.
+    let token_secret = |owners: Value| {
+        json!({
+            "metadata": {
+                "name": "stolen-token",
+                "labels": {MANAGED.0: MANAGED.1},
+                "annotations": {"kubernetes.io/service-account.name": "default"},
+                "ownerReferences": owners,
+            },
+            "type": "kubernetes.io/service-account-token",
+        })
+    };
+    let what = "a labelled service-account-token Secret";
+    create_refused::<Secret>(sa, admin, ns, token_secret(json!([])), what).await;
+    let what = "a service-account-token Secret owned by a Queue";
+    create_refused::<Secret>(sa, admin, ns, token_secret(json!([queue_owner])), what).await;
+    let opaque = |name: &str, owners: Value| {
+        json!({"metadata": {"name": name, "labels": {MANAGED.0: MANAGED.1}, "ownerReferences": owners},
+               "type": "Opaque", "stringData": {"k": "v"}})
+    };
+    let what = "a labelled Secret without an owner";
+    create_refused::<Secret>(sa, admin, ns, opaque("no-owner", json!([])), what).await;
+    let foreign = owner("v1", "ConfigMap", "x", "00000000-0000-0000-0000-000000000000");
+    let what = "a Secret owned by something other than a Queue or Tunnel";
+    create_refused::<Secret>(sa, admin, ns, opaque("foreign-owner", json!([foreign])), what).await;
+    let what = "a labelled ConfigMap without an owner";
+    let cm = json!({"metadata": {"name": "no-owner", "labels": {MANAGED.0: MANAGED.1}}, "data": {"k": "v"}});
+    create_refused::<ConfigMap>(sa, admin, ns, cm, what).await;
+
+    // Secrets skyport did not make cannot be read: not by name, not as the answer to a write.
+    let secret: Secret =
+        serde_json::from_value(json!({"metadata": {"name": "someone-elses"}, "stringData": {"k": "v"}})).unwrap();
+    Api::<Secret>::namespaced(admin.clone(), ns).create(&PostParams::default(), &secret).await.unwrap();
+    let as_sa: Api<Secret> = Api::namespaced(sa.clone(), ns);
+    forbidden(as_sa.get("someone-elses").await, "get an unrelated Secret");
+    forbidden(
+        as_sa.patch("someone-elses", &PatchParams::default(), &Patch::Merge(json!({}))).await,
+        "read an unrelated Secret back from a no-op patch",
+    );
+    forbidden(as_sa.get("no-such-secret").await, "probe Secret names (403 before 404)");
+}
+
+async fn deployments_are_limited_to_unprivileged_tunnel_clients(admin: &Client, sa: &Client, ns: &str, t: &Tunnel) {
+    let exact = serde_json::to_value(desired::deployment(t, "example.com/skyport:test", "0").unwrap()).unwrap();
+    let pod = "/spec/template/spec";
+    let variants: [(&str, &str, Value); 12] = [
+        ("a privileged container", "/containers/0/securityContext", json!({"privileged": true})),
+        ("a container allowed to escalate", "/containers/0/securityContext/allowPrivilegeEscalation", json!(true)),
+        ("an added capability", "/containers/0/securityContext/capabilities/add", json!(["NET_ADMIN"])),
+        ("the host network", "/hostNetwork", json!(true)),
+        ("the host PID namespace", "/hostPID", json!(true)),
+        ("the host IPC namespace", "/hostIPC", json!(true)),
+        ("another ServiceAccount", "/serviceAccountName", json!("admin")),
+        ("a ServiceAccount token", "/automountServiceAccountToken", json!(true)),
+        ("a root user", "/securityContext/runAsNonRoot", json!(false)),
+        ("a hostPath volume", "/volumes/0", json!({"name": "config", "hostPath": {"path": "/etc/kubernetes"}})),
+        ("another Secret mounted", "/volumes/0/secret/secretName", json!("someone-elses")),
+        ("a second container", "/containers/1", json!({"name": "extra", "image": "busybox"})),
+    ];
+    for (what, path, value) in variants {
+        let mut d = exact.clone();
+        set(&mut d, &format!("{pod}{path}"), value);
+        let what = format!("a Tunnel's client Deployment with {what}");
+        create_refused::<Deployment>(sa, admin, ns, d, &what).await;
+    }
+    let mut unowned = exact.clone();
+    unowned["metadata"]["ownerReferences"] = json!([]);
+    create_refused::<Deployment>(sa, admin, ns, unowned, "a labelled Deployment without an owner").await;
+
+    // The classic: a labelled privileged pod on the host network in kube-system.
+    let mut privileged = exact.clone();
+    privileged["metadata"]["name"] = json!(format!("skyport-escalation-{ns}"));
+    set(&mut privileged, &format!("{pod}/hostNetwork"), json!(true));
+    set(&mut privileged, &format!("{pod}/containers/0/securityContext"), json!({"privileged": true}));
+    let what = "a labelled privileged Deployment in kube-system";
+    create_refused::<Deployment>(sa, admin, "kube-system", privileged, what).await;
+}
+
+/// Sets the JSON pointer `path` in `doc`, creating objects on the way and appending to arrays.
+fn set(doc: &mut Value, path: &str, value: Value) {
+    let (parent, last) = path.rsplit_once('/').unwrap();
+    let mut at = doc;
+    for part in parent.split('/').skip(1) {
+        at = match at {
+            Value::Array(items) => &mut items[part.parse::<usize>().unwrap()],
+            other => other.as_object_mut().unwrap().entry(part).or_insert_with(|| json!({})),
+        };
+    }
+    match at {
+        Value::Array(items) => match last.parse::<usize>().unwrap() {
+            i if i < items.len() => items[i] = value,
+            _ => items.push(value),
+        },
+        other => {
+            other.as_object_mut().unwrap().insert(last.to_string(), value);
+        }
+    }
+}
+
+async fn service_status_is_limited_to_skyports_class(admin: &Client, sa: &Client, ns: &str) {
+    let services: Api<Service> = Api::namespaced(admin.clone(), ns);
+    let ingress = json!({"status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.66"}]}}});
+    for (name, class) in [("other-class", Some("example.com/other")), ("no-class", None)] {
+        let svc: Service = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"type": "LoadBalancer", "loadBalancerClass": class, "ports": [{"port": 80}]},
+        }))
+        .unwrap();
+        services.create(&PostParams::default(), &svc).await.unwrap();
+        let result = Api::<Service>::namespaced(sa.clone(), ns)
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&ingress))
+            .await;
+        forbidden(result, &format!("publish an address on a Service of class {class:?}"));
+    }
+    // On skyport's own Services only the load balancer's part of status is skyport's.
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": "ours"},
+        "spec": {"type": "LoadBalancer", "loadBalancerClass": "skyport.dev/tunnel", "ports": [{"port": 80}]},
+    }))
+    .unwrap();
+    services.create(&PostParams::default(), &svc).await.unwrap();
+    let conditions = json!({"status": {"conditions": [{"type": "Owned", "status": "True", "reason": "Stolen",
+        "message": "", "lastTransitionTime": "2020-01-01T00:00:00Z"}]}});
+    forbidden(
+        Api::<Service>::namespaced(sa.clone(), ns)
+            .patch_status("ours", &PatchParams::default(), &Patch::Merge(&conditions))
+            .await,
+        "write a Service's status conditions",
+    );
+}
+
+async fn specs_are_never_written(admin: &Client, sa: &Client, ns: &str) {
+    let spec = json!({"spec": {"deletionPolicy": "Delete", "policy": {"Statement": [{"Effect": "Allow"}]}}});
+    forbidden(
+        Api::<Queue>::namespaced(sa.clone(), ns)
+            .patch("escalation", &PatchParams::default(), &Patch::Merge(&spec))
+            .await,
+        "patch a Queue's spec",
+    );
+    // (A Tunnel's spec is immutable for everyone: the CRD's validation refuses before admission.)
+    // Tunnels are made only for a Service, owned by it.
+    let loose = json!({
+        "apiVersion": "skyport.dev/v1alpha1", "kind": "Tunnel",
+        "metadata": {"name": "loose", "labels": {MANAGED.0: MANAGED.1}}, "spec": {"serviceRef": {"name": "ours"}},
+    });
+    create_refused::<Tunnel>(sa, admin, ns, loose, "a Tunnel no Service owns").await;
+}
