@@ -149,6 +149,11 @@ pub struct TunnelArgs {
     #[arg(long = "ec2-region-image", env = "SKYPORT_EC2_REGION_IMAGES", value_delimiter = ',', value_parser = region_image, value_name = "REGION=AMI")]
     pub ec2_region_images: Vec<(String, String)>,
 
+    /// hetzner provider: location of exit servers and primary IPs when a Tunnel names no region
+    /// (an unassigned primary IP must have one, and is assigned only within it).
+    #[arg(long = "hetzner-location", env = "SKYPORT_HETZNER_LOCATION", default_value = providers::hetzner::DEFAULT_LOCATION)]
+    pub hetzner_location: String,
+
     /// Identity of this cluster, tagged on every exit server so that orphan sweeps of clusters
     /// sharing a cloud account leave each other's hosts alone (default: the UID of the
     /// kube-system namespace).
@@ -183,6 +188,7 @@ impl Default for TunnelArgs {
             local_state_dir: "/tmp/skyport-local-hosts".into(),
             ec2_image_id: None,
             ec2_region_images: Vec::new(),
+            hetzner_location: providers::hetzner::DEFAULT_LOCATION.into(),
             cluster_id: None,
         }
     }
