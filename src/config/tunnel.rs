@@ -133,6 +133,12 @@ pub struct TunnelArgs {
     #[arg(long = "tunnel-replace-after", env = "SKYPORT_TUNNEL_REPLACE_AFTER", default_value = "15m", value_parser = humantime::parse_duration)]
     pub replace_after: Duration,
 
+    /// How long an exit server must fail the health check before its address is taken off the
+    /// Service, so that a single failed probe does not flap the address (and DNS built on it);
+    /// 0 withdraws it at the first failure. A replaced host's address always goes first.
+    #[arg(long = "tunnel-withdraw-after", env = "SKYPORT_TUNNEL_WITHDRAW_AFTER", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub withdraw_after: Duration,
+
     /// local provider: directory holding one folder per exit server process.
     #[arg(long = "local-state-dir", env = "SKYPORT_LOCAL_STATE_DIR", default_value = "/tmp/skyport-local-hosts")]
     pub local_state_dir: std::path::PathBuf,
@@ -185,6 +191,7 @@ impl Default for TunnelArgs {
             health_port: 2334,
             boot_timeout: Duration::from_secs(600),
             replace_after: Duration::from_secs(900),
+            withdraw_after: Duration::from_secs(30),
             local_state_dir: "/tmp/skyport-local-hosts".into(),
             ec2_image_id: None,
             ec2_region_images: Vec::new(),
