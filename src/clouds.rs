@@ -67,7 +67,8 @@ pub async fn configure(args: &TunnelArgs, aws_region: Option<&str>) -> anyhow::R
     }
     match token(&["HCLOUD_TOKEN"]) {
         Some(t) => {
-            let settings = providers::HetznerSettings::new(ApiToken::new(t));
+            let mut settings = providers::HetznerSettings::new(ApiToken::new(t));
+            settings.default_location = Some(args.hetzner_location.clone());
             list.push(Arc::new(providers::HetznerProvider::new(settings).context("hetzner provider")?));
         }
         None if default == Some(HETZNER) => bail!("--provider hetzner needs HCLOUD_TOKEN"),

@@ -212,6 +212,11 @@ pub trait HostProvider: Send + Sync {
     async fn release_address(&self, _id: &str) -> Result<(), HostError> {
         Err(no_addresses(self.name()))
     }
+    /// The region a reserved address is bound to, where a host must be created to take it;
+    /// `None` where any host of the provider's region can (the default).
+    async fn address_region(&self, _id: &str) -> Result<Option<String>, HostError> {
+        Ok(None)
+    }
     /// All reserved addresses carrying the canonical tag `key=value`, across every page.
     async fn list_addresses_by_tag(&self, _key: &str, _value: &str) -> Result<Vec<Address>, HostError> {
         Err(no_addresses(self.name()))

@@ -133,6 +133,12 @@ pub struct TunnelArgs {
     #[arg(long = "tunnel-replace-after", env = "SKYPORT_TUNNEL_REPLACE_AFTER", default_value = "15m", value_parser = humantime::parse_duration)]
     pub replace_after: Duration,
 
+    /// How long an exit server must fail the health check before its address is taken off the
+    /// Service, so that a single failed probe does not flap the address (and DNS built on it);
+    /// 0 withdraws it at the first failure. A replaced host's address always goes first.
+    #[arg(long = "tunnel-withdraw-after", env = "SKYPORT_TUNNEL_WITHDRAW_AFTER", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub withdraw_after: Duration,
+
     /// local provider: directory holding one folder per exit server process.
     #[arg(long = "local-state-dir", env = "SKYPORT_LOCAL_STATE_DIR", default_value = "/tmp/skyport-local-hosts")]
     pub local_state_dir: std::path::PathBuf,
@@ -148,6 +154,11 @@ pub struct TunnelArgs {
     /// are also swept for orphans.
     #[arg(long = "ec2-region-image", env = "SKYPORT_EC2_REGION_IMAGES", value_delimiter = ',', value_parser = region_image, value_name = "REGION=AMI")]
     pub ec2_region_images: Vec<(String, String)>,
+
+    /// hetzner provider: location of exit servers and primary IPs when a Tunnel names no region
+    /// (an unassigned primary IP must have one, and is assigned only within it).
+    #[arg(long = "hetzner-location", env = "SKYPORT_HETZNER_LOCATION", default_value = providers::hetzner::DEFAULT_LOCATION)]
+    pub hetzner_location: String,
 
     /// Identity of this cluster, tagged on every exit server so that orphan sweeps of clusters
     /// sharing a cloud account leave each other's hosts alone (default: the UID of the
@@ -180,9 +191,11 @@ impl Default for TunnelArgs {
             health_port: 2334,
             boot_timeout: Duration::from_secs(600),
             replace_after: Duration::from_secs(900),
+            withdraw_after: Duration::from_secs(30),
             local_state_dir: "/tmp/skyport-local-hosts".into(),
             ec2_image_id: None,
             ec2_region_images: Vec::new(),
+            hetzner_location: providers::hetzner::DEFAULT_LOCATION.into(),
             cluster_id: None,
         }
     }

@@ -56,12 +56,14 @@ pub fn local_provider(ns: &TestNs) -> providers::local::LocalProvider {
     .expect("local provider")
 }
 
-/// Tunnel settings for fast tests: local provider, 2 s resync, no orphan sweep.
+/// Tunnel settings for fast tests: local provider, 2 s resync, no orphan sweep, the address
+/// withdrawn after 2 s of failed probes.
 pub fn fast_tunnel_settings() -> skyport::config::TunnelArgs {
     skyport::config::TunnelArgs {
         provider: Some("local".into()),
         resync: Duration::from_secs(2),
         orphan_sweep_interval: Duration::ZERO,
+        withdraw_after: Duration::from_secs(2),
         ..Default::default()
     }
 }

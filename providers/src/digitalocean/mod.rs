@@ -279,6 +279,10 @@ impl HostProvider for DigitalOceanProvider {
         self.release(id).await
     }
 
+    async fn address_region(&self, id: &str) -> Result<Option<String>, HostError> {
+        self.reserved_ip_region(id).await
+    }
+
     async fn list_addresses_by_tag(&self, key: &str, value: &str) -> Result<Vec<Address>, HostError> {
         self.reserved_ips_by_tag(key, value).await
     }

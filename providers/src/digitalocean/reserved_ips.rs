@@ -30,6 +30,13 @@ pub(super) struct ReservedIp {
     ip: String,
     #[serde(default)]
     droplet: Option<Droplet>,
+    #[serde(default)]
+    region: Option<Region>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Region {
+    slug: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -84,6 +91,21 @@ impl super::DigitalOceanProvider {
         match self.rest.send("GetReservedIp", Method::GET, &path, &[], None).await {
             Ok(response) => {
                 Ok(Some(self.rest.decode::<ReservedIpBody>("GetReservedIp", &response)?.reserved_ip.into()))
+            }
+            Err(HostError::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Reserved IPs "are region-specific resources and can only be assigned to Droplets within
+    /// the same datacenter" (product docs, "Reserved IP Availability"), and a droplet created
+    /// without `region` lands wherever DigitalOcean chooses: a replacement is made in this one.
+    pub(super) async fn reserved_ip_region(&self, id: &str) -> Result<Option<String>, HostError> {
+        let path = format!("/v2/reserved_ips/{}", ip(id)?);
+        match self.rest.send("GetReservedIp", Method::GET, &path, &[], None).await {
+            Ok(response) => {
+                let body: ReservedIpBody = self.rest.decode("GetReservedIp", &response)?;
+                Ok(body.reserved_ip.region.map(|r| r.slug))
             }
             Err(HostError::NotFound { .. }) => Ok(None),
             Err(e) => Err(e),

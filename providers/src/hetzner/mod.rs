@@ -58,13 +58,20 @@ pub fn default_budget() -> Budget {
     Budget { period: Duration::from_millis(1250), burst: NonZeroU32::new(60).expect("non-zero") }
 }
 
+/// Location of exit servers and primary IPs when neither the Tunnel nor the operator names one.
+/// Creating an unassigned primary IP needs a location (API reference, "Create a Primary IP":
+/// "If not assigned to a resource the location key needs to be provided"), and a primary IP
+/// "can only be assigned to resource in the same Location" — so one fixed default serves both.
+pub const DEFAULT_LOCATION: &str = "fsn1";
+
 /// How to reach Hetzner Cloud and what to create.
 #[derive(Debug, Clone)]
 pub struct HetznerSettings {
     pub rest: RestSettings,
     /// Image name of every exit server.
     pub image: String,
-    /// Location used when a request names none; `None` lets Hetzner choose.
+    /// Location used when a request names none ([`DEFAULT_LOCATION`]); `None` lets Hetzner
+    /// choose servers' locations, and then a primary IP needs the Tunnel's region.
     pub default_location: Option<String>,
     /// Server type used when a request names none: the smallest shared x86 type. `cx23`
     /// replaced `cx22` (inlets-operator's choice); current tooling uses it, e.g. Pulumi's hcloud
@@ -84,7 +91,7 @@ impl HetznerSettings {
                 timeout: Duration::from_secs(30),
             },
             image: "ubuntu-24.04".into(),
-            default_location: None,
+            default_location: Some(DEFAULT_LOCATION.into()),
             default_server_type: "cx23".into(),
             page_size: MAX_PAGE_SIZE,
         }

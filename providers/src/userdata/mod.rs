@@ -255,6 +255,7 @@ pub fn render_unit() -> String {
         "[Unit]\n\
          Description=skyport exit server (tunnel server, rathole {RATHOLE_VERSION})\n\
          After=network-online.target nftables.service\n\
+         Requires=nftables.service\n\
          Wants=network-online.target\n\
          \n\
          [Service]\n\
@@ -340,9 +341,10 @@ struct WriteFile {
     content: LitString,
 }
 
-/// The install script: picks the artifact for the machine's architecture, downloads it beside
-/// its final path, and installs it only if the digest matches; otherwise it fails, so the unit is
-/// never enabled (fail closed). Values are validated before they are quoted.
+/// The install script: loads the firewall, picks the artifact for the machine's architecture,
+/// downloads it beside its final path, and installs it only if the digest matches; when the
+/// ruleset does not load or the digest differs it fails, so the unit is never enabled (fail
+/// closed). Values are validated before they are quoted.
 pub fn render_install(artifacts: &[Artifact]) -> Result<String, UserDataError> {
     if artifacts.is_empty() {
         return Err(UserDataError::NoArtifact);
@@ -363,6 +365,7 @@ pub fn render_install(artifacts: &[Artifact]) -> Result<String, UserDataError> {
     let download = format!("{BINARY_PATH}.download");
     Ok(format!(
         "set -eu\n\
+         nft -f {NFTABLES_PATH}\n\
          arch=\"$(uname -m)\"\n\
          case \"$arch\" in\n\
          {cases}  \
@@ -434,11 +437,11 @@ pub fn render_cloud_config(server: &ExitServer, artifacts: &[Artifact]) -> Resul
                 content: LitString(server_toml),
             },
         ],
-        // The firewall first, so the tunnel's ports are never open without it; one script for
-        // the install so nothing after a failed check runs.
+        // cloud-init runs each `runcmd` line whatever the previous one returned, so the ruleset
+        // is loaded inside the install script: a firewall that fails to load stops it before the
+        // server is downloaded or enabled.
         runcmd: vec![
             argv(&["systemctl", "enable", "--now", "nftables.service"]),
-            argv(&["nft", "-f", NFTABLES_PATH]),
             vec!["sh".into(), "-c".into(), install],
         ],
     };

@@ -84,7 +84,7 @@ fn the_output_is_a_cloud_config_that_parses_as_yaml() {
     assert_eq!(file(&doc, FIREWALL_UNIT_PATH), render_firewall_unit());
     assert_eq!(file(&doc, FIREWALL_PATH_PATH), render_firewall_path());
     assert!(render_unit().contains(&format!("ReadWritePaths={CONFIG_DIR}\n")), "the server can replace its config");
-    assert_eq!(doc["runcmd"][2][2].as_str().unwrap(), render_install(&artifacts()).unwrap());
+    assert_eq!(doc["runcmd"][1][2].as_str().unwrap(), render_install(&artifacts()).unwrap());
 }
 
 #[test]
@@ -267,4 +267,39 @@ fn many_services_still_fit_the_smallest_user_data_limit() {
         (0..100).map(|i| service(&format!("ns.svc.{i}-tcp"), Protocol::Tcp, 10000 + i, &"t".repeat(64))).collect();
     let out = render_cloud_config(&ExitServer { services, ..sample() }, &artifacts()).unwrap();
     assert!(out.len() < crate::hetzner::MAX_USER_DATA, "{} bytes", out.len());
+}
+
+/// The user data's commands run as cloud-init runs `runcmd` (each line on its own, a failing one
+/// does not stop the next), with `nft` failing: nothing is downloaded and no unit is enabled.
+#[cfg(unix)]
+#[test]
+fn a_firewall_that_does_not_load_keeps_the_tunnel_server_from_starting() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("skyport-failclosed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("calls");
+    let stub = |name: &str, body: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\necho \"{name} $*\" >> '{}'\n{body}\n", log.display())).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    stub("nft", "exit 1");
+    stub("systemctl", "exit 0");
+    // Fails too, so that even a script that went on would stop before touching the machine.
+    stub("curl", "exit 22");
+    stub("uname", "echo x86_64");
+    stub("chown", "exit 0");
+    let doc = parse(&render_cloud_config(&sample(), &artifacts()).unwrap());
+    let path = format!("{}:/usr/bin:/bin", dir.display());
+    for argv in doc["runcmd"].as_array().unwrap() {
+        let argv: Vec<&str> = argv.as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+        let program = if argv[0].contains('/') { argv[0].to_string() } else { dir.join(argv[0]).display().to_string() };
+        let program = if std::path::Path::new(&program).exists() { program } else { argv[0].to_string() };
+        let _ = std::process::Command::new(program).args(&argv[1..]).env("PATH", &path).status().unwrap();
+    }
+    let calls = std::fs::read_to_string(&log).unwrap_or_default();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(calls.contains("nft -f"), "{calls}");
+    assert!(!calls.contains("curl"), "downloaded with no firewall: {calls}");
+    assert!(!calls.contains(UNIT_NAME) && !calls.contains(FIREWALL_PATH_NAME), "{calls}");
 }

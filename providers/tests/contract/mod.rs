@@ -176,7 +176,13 @@ pub async fn run_addresses(provider: &dyn HostProvider, base: &HostRequest, regi
 
     // The host is replaced: the next one gets the same address.
     provider.delete(&first.id).await.expect("delete the first host");
-    let second = running(provider, &host_request("skyport-addr-2"), expect).await;
+    // Where the address is bound to a region, the replacement is made there (as the controller
+    // does); a region the request names already holds both.
+    let mut replacement = host_request("skyport-addr-2");
+    if replacement.region.is_none() {
+        replacement.region = provider.address_region(&address.id).await.expect("the address's region");
+    }
+    let second = running(provider, &replacement, expect).await;
     provider.assign_address(&address.id, &second.id).await.expect("assign to the replacement");
     let got = provider.get_address(&address.id).await.unwrap().expect("kept across the replacement");
     assert_eq!((got.ip.as_str(), got.host_id.as_deref()), (address.ip.as_str(), Some(second.id.as_str())));

@@ -33,7 +33,7 @@ impl Fake {
                 "status": if running { "active" } else { "new" },
                 "created_at": "2026-11-22T06:00:00Z", "features": [], "backup_ids": [], "snapshot_ids": [],
                 "image": {"slug": "ubuntu-24-04-x64"}, "size_slug": "s-1vcpu-1gb",
-                "networks": {"v4": v4, "v6": []}, "region": {"slug": "fra1"},
+                "networks": {"v4": v4, "v6": []}, "region": {"slug": h.location},
                 "tags": h.tags, "vpc_uuid": "760e09ef-dc84-11e8-981e-3cfdfeaae000"
             })
         };
@@ -54,6 +54,12 @@ impl Fake {
                 state.create_bodies.push(body.clone());
                 state.next_id += 1;
                 let id = state.next_id;
+                // Without `region` DigitalOcean picks one ("region" is optional in
+                // `droplet_create.yml`); which one is not promised, so the fake varies it.
+                let location = body["region"]
+                    .as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| ["nyc3", "fra1", "ams3"][(id % 3) as usize].to_string());
                 let tags = body["tags"].as_array().into_iter().flatten().filter_map(|t| t.as_str()).map(str::to_string);
                 let host = FakeHost {
                     name: body["name"].as_str().unwrap().into(),
@@ -61,7 +67,7 @@ impl Fake {
                     tags: tags.collect(),
                     labels: BTreeMap::new(),
                     primary_ip: None,
-                    location: "fra1".into(),
+                    location,
                 };
                 let out = json!({
                     "droplet": droplet(id, &host, false),
@@ -210,6 +216,16 @@ impl Fake {
                         let Some(d) = body["droplet_id"].as_u64().filter(|d| state.hosts.contains_key(d)) else {
                             return self.error(422, "unprocessable_entity", "droplet_id is invalid");
                         };
+                        // Product docs, "Reserved IP Availability": reserved IPs "are
+                        // region-specific resources and can only be assigned to Droplets within
+                        // the same datacenter".
+                        if state.hosts[&d].location != state.addresses[&k].location {
+                            return self.error(
+                                422,
+                                "unprocessable_entity",
+                                "The reserved IP and the Droplet must be in the same region.",
+                            );
+                        }
                         state.addresses.get_mut(&k).unwrap().host = Some(d);
                     }
                     "unassign" => state.addresses.get_mut(&k).unwrap().host = None,

@@ -151,6 +151,19 @@ async fn hetzner_keeps_the_reserved_address_contract() {
 }
 
 #[tokio::test]
+async fn hetzner_reserves_a_primary_ip_with_the_default_settings() {
+    // "If not assigned to a resource the location key needs to be provided" (API reference,
+    // "Create a Primary IP"): a Tunnel naming no region still gets one, in the default location.
+    let (fake, base) = Fake::start(Kind::Hetzner).await;
+    let provider = hz_provider(&base, TOKEN, 50);
+    let expect = contract::Expect::booting_cloud(POLLS_UNTIL_RUNNING + 2);
+    contract::run_addresses(&provider, &request("skyport-addr", UID), None, &expect).await;
+    let bodies = fake.state().create_bodies.clone();
+    let location = providers::hetzner::DEFAULT_LOCATION;
+    assert!(bodies.iter().filter(|b| b.get("server_type").is_some()).all(|b| b["location"] == location), "{bodies:?}");
+}
+
+#[tokio::test]
 async fn hetzner_refuses_to_move_a_primary_ip_onto_a_running_server() {
     let (_fake, base) = Fake::start(Kind::Hetzner).await;
     let provider = hz_provider(&base, TOKEN, 50);

@@ -69,11 +69,15 @@ async fn a_tunnel_is_not_active_and_not_published_before_the_probe_answers() {
     assert_eq!(ready(&h.current()), (ConditionStatus::True, "Active".into()));
     assert_eq!(ingress(&h)[0]["ip"], json!("203.0.113.1"));
 
-    // A tunnel that stops answering loses its address at once.
+    // One failed probe is a blip: the address stays (DNS does not flap); failing for the whole
+    // withdraw window takes it off.
     h.sync_service();
     h.probe.answer(false);
     assert_health_poll(&h.reconcile(Arc::new(h.current())).await.unwrap());
     assert_eq!(ready(&h.current()), (ConditionStatus::False, "WaitingForTunnel".into()));
+    assert_eq!(ingress(&h)[0]["ip"], json!("203.0.113.1"), "kept through one failed probe");
+    h.ctx.failing.backdate("h-1", h.ctx.settings.withdraw_after);
+    assert_health_poll(&h.reconcile(Arc::new(h.current())).await.unwrap());
     assert_eq!(ingress(&h), json!([]));
     assert!(h.warnings().is_empty(), "within the boot timeout nothing is a warning: {:?}", h.warnings());
 }

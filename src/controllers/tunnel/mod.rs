@@ -358,7 +358,7 @@ async fn converge(
     let settings = &ctx.settings;
     let step = plan::traffic_step(probed, failing_for, settings.boot_timeout, settings.replace_after);
     let controls = publishes.is_some();
-    if step != TrafficStep::Ready && controls {
+    if controls && plan::withdraws(&step, failing_for, settings.withdraw_after) {
         act::set_ingress(service, None, ctx).await?;
     }
     let provider_name = provider.name().to_string();

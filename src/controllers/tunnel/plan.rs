@@ -162,6 +162,16 @@ pub fn traffic_step(
     }
 }
 
+/// Whether the Service's address is taken off: when the host is replaced, or once it has failed
+/// the health check for `window`; a shorter failure is a blip that must not flap it.
+pub fn withdraws(step: &TrafficStep, failing_for: Duration, window: Duration) -> bool {
+    match step {
+        TrafficStep::Ready => false,
+        TrafficStep::Replace { .. } => true,
+        TrafficStep::Waiting { .. } | TrafficStep::NotEstablished { .. } => failing_for >= window,
+    }
+}
+
 /// What identifies the credentials an exit server runs with, for status: a domain-separated
 /// SHA-256 prefix of its key and token. 64 bits tell two random credentials apart; they reveal
 /// nothing of a 256-bit token.
@@ -348,6 +358,17 @@ mod tests {
             traffic_step(fail(), Duration::from_secs(60), Duration::from_secs(120), Duration::from_secs(30)),
             TrafficStep::Replace { .. }
         ));
+    }
+
+    #[test]
+    fn the_address_is_withdrawn_only_after_the_window_or_with_the_host() {
+        let (window, blip) = (Duration::from_secs(30), Duration::from_secs(1));
+        let waiting = TrafficStep::Waiting { message: String::new() };
+        assert!(!withdraws(&waiting, blip, window));
+        assert!(withdraws(&waiting, window, window));
+        assert!(withdraws(&waiting, Duration::ZERO, Duration::ZERO), "0 withdraws at the first failure");
+        assert!(withdraws(&TrafficStep::Replace { why: String::new() }, blip, window));
+        assert!(!withdraws(&TrafficStep::Ready, window, window));
     }
 
     #[test]

@@ -127,7 +127,7 @@ pub async fn converge(
                         .await?;
                     return Ok(Reached::Waiting);
                 }
-                let created = create(tunnel, provider.as_ref(), want.server, ctx).await?;
+                let created = create(tunnel, provider.as_ref(), want.server, want.address, ctx).await?;
                 // Recorded before anything else can fail: a restart finds this host, not a new one.
                 status
                     .write(|s| {
@@ -213,7 +213,15 @@ pub async fn replace_unhealthy(
 }
 
 /// Creates the exit server, tagged with the Tunnel's UID and this cluster's id.
-async fn create(tunnel: &Tunnel, provider: &dyn HostProvider, server: &ExitServer, ctx: &Context) -> Result<Host> {
+/// A reserved address bound to a region (DigitalOcean) takes the host there when the Tunnel
+/// names no region; the region is immutable, so one named already holds both.
+async fn create(
+    tunnel: &Tunnel,
+    provider: &dyn HostProvider,
+    server: &ExitServer,
+    address: Option<&str>,
+    ctx: &Context,
+) -> Result<Host> {
     let ns = tunnel.namespace().ok_or(Error::MissingObjectKey("namespace"))?;
     let uid = tunnel.uid().ok_or(Error::MissingObjectKey("uid"))?;
     let artifacts = ctx.settings.exit_server_artifacts().map_err(|e| Error::InvalidSpec(e.to_string()))?;
@@ -227,9 +235,14 @@ async fn create(tunnel: &Tunnel, provider: &dyn HostProvider, server: &ExitServe
         tags.insert(TAG_CLUSTER.to_string(), ctx.cluster_id.clone());
         tags
     };
+    let region = match (&tunnel.spec.region, address) {
+        (Some(region), _) => Some(region.clone()),
+        (None, Some(id)) => provider.address_region(id).await?,
+        (None, None) => None,
+    };
     let request = HostRequest {
         name: desired::host_name(&ns, &tunnel.name_any()),
-        region: tunnel.spec.region.clone(),
+        region,
         size: tunnel.spec.size.clone(),
         user_data,
         server: server.clone(),
