@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Keeps development history out of the product: documents, manifests and sources state what holds
 # now (history belongs to git). Prints every line that refers to a numbered or relative work
-# period, an issue number, "this VM", a commit hash, or a path outside the repository, and exits 1
+# period, an issue number, a machine named as "this" one, a commit hash, or a path outside the repository, and exits 1
 # if there is any. Run by .ci/run.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

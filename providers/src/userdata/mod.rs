@@ -22,7 +22,6 @@
 //! - writes a path unit that, whenever a config push replaces `server.toml`, runs a root oneshot
 //!   (`skyport tunnel firewall`) re-rendering that ruleset from the new config's port numbers and
 //!   loading it: the firewall follows the ports, and the unprivileged server never runs `nft`.
-//!
 //! Everything is sorted, so the same input always renders byte-for-byte the same document.
 
 use std::collections::BTreeSet;
