@@ -6,7 +6,6 @@
 //! on the server side, one `[server.services.<name>]` per port, so the rendered `server.toml`
 //! lists exactly the Service's ports; it hot-reloads that file when it changes. Why rathole:
 //! docs/tunnel.md, *Tunnel software*; its measured behaviour: BENCHMARKS.md, *Tunnel*.
-//!
 //! The rendered `#cloud-config`:
 //! - downloads the skyport binary for the VM's architecture from an [`Artifact`] URL and refuses
 //!   to run it unless its SHA-256 is the artifact's digest (derived by the operator from its own
@@ -22,6 +21,7 @@
 //! - writes a path unit that, whenever a config push replaces `server.toml`, runs a root oneshot
 //!   (`skyport tunnel firewall`) re-rendering that ruleset from the new config's port numbers and
 //!   loading it: the firewall follows the ports, and the unprivileged server never runs `nft`.
+//!
 //! Everything is sorted, so the same input always renders byte-for-byte the same document.
 
 use std::collections::BTreeSet;
