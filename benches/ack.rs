@@ -43,9 +43,7 @@ mod minimal;
 #[path = "../tests/common/mod.rs"]
 mod common;
 // Shared with tests/cloud_faults.rs, which uses its random faults and not its tagging quota.
-#[allow(dead_code)]
-#[path = "../tests/common/sqs_faults.rs"]
-mod sqs_faults;
+use common::sqs_faults;
 
 #[path = "ack/floor.rs"]
 mod floor;

@@ -45,8 +45,7 @@ mod common;
 mod entry;
 #[path = "tunnel/peers.rs"]
 mod peers;
-#[path = "../tests/common/tunnels.rs"]
-mod tunnels;
+use common::tunnels;
 
 use std::time::{Duration, Instant};
 

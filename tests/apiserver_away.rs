@@ -7,9 +7,9 @@
 //! (from their logs: acquired → lost/released intervals never overlap).
 //!
 //! CI: 1 round. Full run (figures in RELIABILITY.md):
-//! `SKYPORT_AWAY_ROUNDS=5 cargo test --test apiserver_away -- --include-ignored --nocapture`
+//! `SKYPORT_AWAY_ROUNDS=5 cargo test --test integration apiserver_away:: -- --include-ignored --nocapture`
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

@@ -5,19 +5,14 @@
 //! the edges are served. No panic, no hot loop, and a good Queue and a good Tunnel are served
 //! throughout. The figures are printed (`-- --nocapture` shows them).
 //!
-//! Run: `eval "$(tests/env.sh up)" && cargo test --test bad_input -- --include-ignored --nocapture`.
+//! Run: `eval "$(tests/env.sh up)" && cargo test --test integration bad_input:: -- --include-ignored --nocapture`.
 
-mod common;
-#[path = "common/tunnels.rs"]
-mod tunnels;
+use crate::common;
+use crate::common::tunnels;
 
-#[path = "bad_input/cases.rs"]
 mod cases;
-#[path = "bad_input/harness.rs"]
 mod harness;
-#[path = "bad_input/refused.rs"]
 mod refused;
-#[path = "bad_input/reported.rs"]
 mod reported;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -37,13 +32,20 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 
 static PANICS: AtomicUsize = AtomicUsize::new(0);
 
-/// Counts every panic in this process (controller tasks included), then reports it as usual.
+/// Counts every panic outside the test code in this process (the controllers, whichever test
+/// started them), then reports it as usual. Other tests share the process: their failed
+/// assertions panic in tests/ and are theirs to report.
 fn count_panics() {
-    let previous = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        PANICS.fetch_add(1, Ordering::SeqCst);
-        previous(info)
-    }));
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !info.location().is_some_and(|at| at.file().starts_with("tests/")) {
+                PANICS.fetch_add(1, Ordering::SeqCst);
+            }
+            previous(info)
+        }));
+    });
 }
 
 /// Every case: the admission refusals, then what the controllers report or serve.

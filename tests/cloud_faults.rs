@@ -7,13 +7,12 @@
 //! backlog drains: every live Queue Ready with its spec in SQS, every deleted one gone.
 //!
 //! CI: 12 Queues, 30 s of faults. Full run (figures in RELIABILITY.md):
-//! `SKYPORT_FAULTS_QUEUES=60 SKYPORT_FAULTS_SECONDS=180 cargo test --test cloud_faults -- --include-ignored --nocapture`
+//! `SKYPORT_FAULTS_QUEUES=60 SKYPORT_FAULTS_SECONDS=180 cargo test --test integration cloud_faults:: -- --include-ignored --nocapture`
 
-mod common;
+use crate::common;
 // Shared with benches/ack.rs, which uses its tagging quota and not its random faults.
 #[allow(dead_code)]
-#[path = "common/sqs_faults.rs"]
-mod sqs_faults;
+use crate::common::sqs_faults;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};

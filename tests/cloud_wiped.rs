@@ -6,9 +6,9 @@
 //! Queues are deleted. Time to recover is printed per restart.
 //!
 //! CI: 6 Queues, 1 restart. Full run (figures in RELIABILITY.md):
-//! `SKYPORT_WIPE_QUEUES=150 SKYPORT_WIPE_RESTARTS=3 cargo test --test cloud_wiped -- --include-ignored --nocapture`
+//! `SKYPORT_WIPE_QUEUES=150 SKYPORT_WIPE_RESTARTS=3 cargo test --test integration cloud_wiped:: -- --include-ignored --nocapture`
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};

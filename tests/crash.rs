@@ -11,11 +11,10 @@
 //! The figures and the seed are printed; `SKYPORT_CRASH_SEED` replays a run.
 //!
 //! CI runs a small loop. The full run (figures in RELIABILITY.md; ~200 Queues and ~20 Tunnels):
-//! `SKYPORT_CRASH_KILLS=10 SKYPORT_CRASH_OPS=400 SKYPORT_CRASH_TUNNEL_OPS=40 cargo test --test crash -- --include-ignored --nocapture`
+//! `SKYPORT_CRASH_KILLS=10 SKYPORT_CRASH_OPS=400 SKYPORT_CRASH_TUNNEL_OPS=40 cargo test --test integration crash:: -- --include-ignored --nocapture`
 
-mod common;
-#[path = "common/crash.rs"]
-mod crash;
+use crate::common;
+use crate::common::crash;
 
 use std::time::{Duration, Instant};
 

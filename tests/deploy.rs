@@ -5,13 +5,8 @@
 //! The tests that need `kubectl`, `helm` or the API server are ignored by default; tests/run.sh
 //! runs them (it builds helm with tests/env/build-helm.sh and exports SKYPORT_HELM).
 
-#[path = "deploy/deployment.rs"]
 mod deployment;
-#[path = "deploy/files.rs"]
 mod files;
-#[path = "deploy/harness.rs"]
 mod harness;
-#[path = "deploy/rbac.rs"]
 mod rbac;
-#[path = "deploy/rendering.rs"]
 mod rendering;

@@ -11,9 +11,8 @@
 //! Needs root (systemd-nspawn, network namespaces) and the guest root file system
 //! (tests/env/build-guest.sh; tests/run.sh builds it). Without root the tests say so and pass.
 
-mod common;
-#[path = "common/guest.rs"]
-mod guest;
+use crate::common;
+use crate::common::guest;
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;

@@ -3,7 +3,7 @@
 //! `skyport::tunnel`. The probe passes only while that server serves that client: not before the
 //! client connects, not with another tunnel's token, not after the client is gone.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! deploy/README.md, graceful SIGTERM, and the uninstall path (Queues first; what a forgotten
 //! finalizer does and how to release it).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::process::Stdio;

@@ -1,18 +1,13 @@
 //! Queue controller against a real kube-apiserver and real LocalStack (`tests/env.sh up`).
 //!
-//! Run with `tests/run.sh`, or `eval "$(tests/env.sh up)" && cargo test --test queue -- --include-ignored`.
+//! Run with `tests/run.sh`, or `eval "$(tests/env.sh up)" && cargo test --test integration queue:: -- --include-ignored`.
 
-mod common;
+use crate::common;
 
-#[path = "queue/dead_letter.rs"]
 mod dead_letter;
-#[path = "queue/events.rs"]
 mod events;
-#[path = "queue/lifecycle.rs"]
 mod lifecycle;
-#[path = "queue/refusals.rs"]
 mod refusals;
-#[path = "queue/resilience.rs"]
 mod resilience;
 
 use std::time::Duration;

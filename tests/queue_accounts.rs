@@ -4,16 +4,13 @@
 //! The operator assumes roles through an STS stand-in (`tests/common/sts.rs`) that enforces the
 //! roles' trust (external id, session name) as AWS does and LocalStack does not.
 //!
-//! Run with `tests/run.sh`, or `eval "$(tests/env.sh up)" && cargo test --test queue_accounts -- --include-ignored`.
+//! Run with `tests/run.sh`, or `eval "$(tests/env.sh up)" && cargo test --test integration queue_accounts:: -- --include-ignored`.
 
-mod common;
-#[path = "queue_accounts/lifecycle.rs"]
-mod lifecycle;
+use crate::common;
 // Records which SQS endpoint each call went through.
-#[allow(dead_code)]
-#[path = "common/sqs_faults.rs"]
-mod sqs_faults;
-#[path = "queue_accounts/trust.rs"]
+use crate::common::sqs_faults;
+
+mod lifecycle;
 mod trust;
 
 use std::time::Duration;

@@ -3,9 +3,9 @@
 //! deleted when dropped, never taking over (or letting the garbage collector take) an object
 //! someone else made, and never logging a Secret's content.
 //!
-//! Run with `tests/run.sh`, or `eval "$(tests/env.sh up)" && cargo test --test queue_exports -- --include-ignored`.
+//! Run with `tests/run.sh`, or `eval "$(tests/env.sh up)" && cargo test --test integration queue_exports:: -- --include-ignored`.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -24,7 +24,8 @@ use skyport::crd::{ConditionStatus, Queue};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Every log line of this test process (all tests in this file), at debug level.
+/// Every log line of the test process (every test's controllers), at debug level but for the
+/// HTTP and TLS layers' own chatter.
 static LOGS: Mutex<Vec<u8>> = Mutex::new(Vec::new());
 
 struct LogSink;
@@ -41,7 +42,11 @@ impl Write for LogSink {
 fn capture_logs() {
     static INIT: Once = Once::new();
     INIT.call_once(|| {
-        let _ = tracing_subscriber::fmt().with_env_filter("debug").with_writer(|| LogSink).with_ansi(false).try_init();
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter("debug,hyper=info,hyper_util=info,h2=info,rustls=info,tower=info")
+            .with_writer(|| LogSink)
+            .with_ansi(false)
+            .try_init();
     });
 }
 

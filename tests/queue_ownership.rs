@@ -2,9 +2,9 @@
 //! only while its owner-UID tag says so, checked against SQS before any write and any delete;
 //! adoption writes only what the spec declares; observe-only never writes.
 //!
-//! Run with `tests/run.sh`, or `eval "$(tests/env.sh up)" && cargo test --test queue_ownership -- --include-ignored`.
+//! Run with `tests/run.sh`, or `eval "$(tests/env.sh up)" && cargo test --test integration queue_ownership:: -- --include-ignored`.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -2,9 +2,9 @@
 //! Queue never takes, writes or names another namespace's (or cluster's) queue, adopts queues made
 //! outside skyport only where the platform granted them, and an interrupted adoption stays gentle.
 //!
-//! Run with `tests/run.sh`, or `eval "$(tests/env.sh up)" && cargo test --test queue_tenancy -- --include-ignored`.
+//! Run with `tests/run.sh`, or `eval "$(tests/env.sh up)" && cargo test --test integration queue_tenancy:: -- --include-ignored`.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::process::Command;

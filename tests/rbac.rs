@@ -7,13 +7,10 @@
 //! ServiceAccount and its bindings must exist. The Deployment it creates stays inert (the test
 //! environment runs no Deployment controller, scheduler or kubelet).
 
-mod common;
-#[path = "rbac/escalations.rs"]
+use crate::common;
 mod escalations;
-#[path = "rbac/install.rs"]
 mod install;
-#[path = "common/tunnels.rs"]
-mod tunnels;
+use crate::common::tunnels;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: unit tests, the CRD drift check, and the integration tests against a real
 # kube-apiserver + LocalStack (started with tests/env.sh, stopped again unless it was already up
-# or SKYPORT_KEEP_ENV=1). Extra arguments go to `cargo test` before `--`, e.g. `--test queue`.
+# or SKYPORT_KEEP_ENV=1). Extra arguments go to `cargo test` before `--`, e.g. `--test integration queue::`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -37,8 +37,10 @@ if [[ -n "${SKYPORT_ACK_SRC:-}" ]]; then
   export SKYPORT_ACK
 fi
 
-# The integration tests wait on real servers, not on the CPU: run them wide.
-cargo test --workspace --all-targets --no-fail-fast "$@" -- --include-ignored --test-threads 16
+# The integration tests are one binary (tests/main.rs) and mostly wait on real servers, so they
+# run several at a time; each starts controllers, exit servers and clients of its own, and at 16
+# on 2 busy cores some starved past their timeouts, so 8.
+cargo test --workspace --all-targets --no-fail-fast "$@" -- --include-ignored --test-threads 8
 
 # The benchmarks' quick modes, so they cannot rot: benches/queues.rs (10 Queues, one run, ~2 min,
 # most of it SQS's 60 s recreate rule), benches/tunnel.rs (2 runs, ~20 s) and benches/ack.rs

@@ -4,9 +4,9 @@
 //! line, Event, object status and `/metrics` scrape it produced is then searched for every one of
 //! those values (as written and base64-encoded): none may appear. The count is printed.
 //!
-//! Run: `eval "$(tests/env.sh up)" && cargo test --test secrets -- --include-ignored --nocapture`.
+//! Run: `eval "$(tests/env.sh up)" && cargo test --test integration secrets:: -- --include-ignored --nocapture`.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

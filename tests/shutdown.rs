@@ -5,7 +5,7 @@
 //! Every test runs its own process for its own namespace and identity, so nothing here disturbs
 //! the other tests on the shared API server.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -2,9 +2,8 @@
 //! local provider's reserved loopback addresses with real exit servers and real bytes, and EC2
 //! Elastic IPs on LocalStack.
 
-mod common;
-#[path = "common/tunnels.rs"]
-mod tunnels;
+use crate::common;
+use crate::common::tunnels;
 
 use std::time::Duration;
 

@@ -1,9 +1,8 @@
 //! The size and region allow-lists against the real test environment with the local provider:
 //! whoever can create a LoadBalancer Service must not order any exit server they like.
 
-mod common;
-#[path = "common/tunnels.rs"]
-mod tunnels;
+use crate::common;
+use crate::common::tunnels;
 
 use std::time::Duration;
 

@@ -8,13 +8,11 @@
 //! exit server per live Tunnel, none left without one.
 //!
 //! CI: 6 Services, 20 s of faults. Full run:
-//! `SKYPORT_FAULTS_SERVICES=20 SKYPORT_FAULTS_SECONDS=90 cargo test --test tunnel_faults -- --include-ignored --nocapture`
+//! `SKYPORT_FAULTS_SERVICES=20 SKYPORT_FAULTS_SECONDS=90 cargo test --test integration tunnel_faults:: -- --include-ignored --nocapture`
 
-mod common;
-#[path = "common/crash.rs"]
-mod crash;
-#[path = "common/tunnels.rs"]
-mod tunnels;
+use crate::common;
+use crate::common::crash;
+use crate::common::tunnels;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};

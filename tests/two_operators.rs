@@ -4,9 +4,8 @@
 //! Tunnel, and the two must not keep replacing each other's work; Queues aimed at another tenant's
 //! queues stay refused by both, and those queues unchanged (no steal). The figures are printed.
 
-mod common;
-#[path = "common/tunnels.rs"]
-mod tunnels;
+use crate::common;
+use crate::common::tunnels;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -9,7 +9,7 @@ use kube::api::{Api, DynamicObject};
 use kube::discovery::ApiResource;
 use serde_json::Value;
 
-use crate::TIMEOUT;
+use super::TIMEOUT;
 use crate::common::{TestNs, eventually};
 
 /// `kubectl apply -f -` in `ns`: what a user types. Err carries kubectl's message.

@@ -3,8 +3,8 @@
 
 use serde_json::json;
 
-use crate::cases::Expect::Refused;
-use crate::cases::{Case, arns, case, edit, fifo, lb, long, many_tags, q, t};
+use super::cases::Expect::Refused;
+use super::cases::{Case, arns, case, edit, fifo, lb, long, many_tags, q, t};
 
 pub fn cases() -> Vec<Case> {
     vec![

@@ -3,8 +3,8 @@
 
 use serde_json::{Value, json};
 
-use crate::cases::Expect::{Reported, Served};
-use crate::cases::{Case, case, fifo, lb, long, policy, q, svc, t};
+use super::cases::Expect::{Reported, Served};
+use super::cases::{Case, case, fifo, lb, long, policy, q, svc, t};
 
 /// `sqs_taken`: an existing SQS queue skyport did not create.
 pub fn cases(sqs_taken: &str) -> Vec<Case> {

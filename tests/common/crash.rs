@@ -1,4 +1,4 @@
-//! The crash test's two workloads, included by tests/crash.rs only (`#[path]`): random creates,
+//! The crash test's two workloads, used by tests/crash.rs and tests/tunnel_faults.rs: random creates,
 //! edits and deletes of Queues, and of LoadBalancer Services (each with its Tunnel), each with
 //! what its end state must be once the last operator process has converged.
 #![allow(dead_code)]

@@ -22,11 +22,15 @@ use skyport::crd::{ConditionStatus, Queue};
 use tokio::sync::{OnceCell, oneshot};
 
 pub mod bait;
+pub mod crash;
+pub mod guest;
 pub mod kubelet;
 pub mod private_env;
 pub mod process;
 pub mod proxy;
+pub mod sqs_faults;
 pub mod sts;
+pub mod tunnels;
 
 static SETUP: OnceCell<()> = OnceCell::const_new();
 

@@ -1,4 +1,5 @@
-//! Tunnel harness, included by the Tunnel tests only (`#[path = "common/tunnels.rs"] mod tunnels;`).
+//! Tunnel harness: in-process Tunnel and Service controllers on a test namespace, and the checks
+//! the Tunnel tests share.
 #![allow(dead_code)]
 
 use std::sync::Arc;

@@ -6,7 +6,7 @@ use std::path::Path;
 use clap::Parser;
 use k8s_openapi::api::apps::v1::Deployment;
 
-use crate::harness::{read, root};
+use super::harness::{read, root};
 
 #[test]
 fn deployment_is_hardened_probed_and_passes_flags_the_binary_accepts() {

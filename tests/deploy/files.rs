@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use crate::harness::{read, root};
+use super::harness::{read, root};
 
 #[test]
 fn deploy_crds_are_copies_of_the_generated_crds() {

@@ -8,7 +8,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
 use serde_json::Value;
 
-use crate::harness::{documents, find, helm, helm_template, read, require_env, root, run};
+use super::harness::{documents, find, helm, helm_template, read, require_env, root, run};
 
 fn rules(rules: Option<Vec<PolicyRule>>) -> Vec<String> {
     let mut out = Vec::new();

@@ -8,7 +8,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::rbac::v1::Role;
 use serde_json::Value;
 
-use crate::harness::{documents, ensure_install_namespace, find, helm, helm_template, kustomize, require_env, run};
+use super::harness::{documents, ensure_install_namespace, find, helm, helm_template, kustomize, require_env, run};
 
 /// Removes what only Helm adds (its bookkeeping labels), then keys objects by kind/namespace/name.
 fn normalized(docs: Vec<Value>) -> BTreeMap<String, Value> {

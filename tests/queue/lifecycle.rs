@@ -9,10 +9,10 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use skyport::crd::{ConditionStatus, Queue};
 
+use super::{READY_TIMEOUT, tags, url_of};
 use crate::common::{
     Operator, TestNs, attributes, eventually, fast_settings, finish, queue, queue_exists, sqs, wait_gone, wait_ready,
 };
-use crate::{READY_TIMEOUT, tags, url_of};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the test environment: tests/env.sh up"]

@@ -8,8 +8,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use skyport::crd::{ConditionStatus, Queue};
 
+use super::{READY_TIMEOUT, url_of};
 use crate::common::{Operator, TestNs, attributes, eventually, fast_settings, finish, proxy, queue, sqs, wait_ready};
-use crate::{READY_TIMEOUT, url_of};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the test environment: tests/env.sh up"]

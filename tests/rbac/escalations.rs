@@ -17,8 +17,8 @@ use serde_json::{Value, json};
 use skyport::controllers::tunnel::desired;
 use skyport::crd::{Queue, Tunnel};
 
+use super::forbidden;
 use crate::common::queue;
-use crate::forbidden;
 
 const MANAGED: (&str, &str) = ("app.kubernetes.io/managed-by", "skyport");
 

@@ -8,8 +8,10 @@ use kube::api::{Api, DeleteParams, PostParams};
 use providers::HostProvider;
 use skyport::crd::{Tunnel, TunnelPhase};
 
+use crate::common::tunnels::{
+    self, TunnelOperator, fast_tunnel_settings, finish_tunnels, host_id, ingress_ip, ready, service,
+};
 use crate::common::{TestNs, eventually};
-use crate::tunnels::{self, TunnelOperator, fast_tunnel_settings, finish_tunnels, host_id, ingress_ip, ready, service};
 
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]

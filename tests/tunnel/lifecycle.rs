@@ -13,12 +13,12 @@ use providers::HostProvider;
 use providers::hosts::{MANAGED_BY_VALUE, TAG_CLUSTER, TAG_MANAGED_BY};
 use skyport::crd::{ConditionStatus, TunnelPhase};
 
-use crate::NEEDS_ENV;
+use super::NEEDS_ENV;
 use crate::common::kubelet::udp_echo;
-use crate::common::{TestNs, eventually};
-use crate::tunnels::{
+use crate::common::tunnels::{
     self, WebTunnel, active, carries, events, fast_tunnel_settings, finish_tunnels, host_id, host_ip, ingress_ip,
 };
+use crate::common::{TestNs, eventually};
 
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]

@@ -10,11 +10,11 @@ use providers::HostProvider;
 use skyport::crd::{ConditionStatus, Tunnel, TunnelPhase};
 
 use crate::common::kubelet::{Backends, ClientRunner};
-use crate::common::{TestNs, eventually};
-use crate::tunnels::{
+use crate::common::tunnels::{
     TunnelOperator, WebTunnel, active, carries, events, fast_tunnel_settings, finish_tunnels, host_id, host_ip,
     ingress_ip, ready, web,
 };
+use crate::common::{TestNs, eventually};
 
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]

@@ -12,10 +12,10 @@ use providers::hosts::{MANAGED_BY_VALUE, TAG_MANAGED_BY};
 use skyport::crd::{ConditionStatus, Tunnel, TunnelPhase};
 
 use crate::common::kubelet::{Backends, ClientRunner};
-use crate::common::{TestNs, eventually};
-use crate::tunnels::{
+use crate::common::tunnels::{
     TunnelOperator, WebTunnel, active, events, fast_tunnel_settings, finish_tunnels, host_id, ingress_ip, service,
 };
+use crate::common::{TestNs, eventually};
 
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]

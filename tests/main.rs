@@ -1,0 +1,32 @@
+//! Every integration test, in one binary: each file beside this one is a module, so the operator
+//! is compiled into one test executable instead of one per file. The tests run against the real
+//! environment of `tests/env.sh up` (kube-apiserver, etcd, kube-controller-manager, LocalStack).
+//!
+//! Run all with `tests/run.sh`; one area with, for example,
+//! `eval "$(tests/env.sh up)" && cargo test --test integration queue:: -- --include-ignored`.
+
+mod common;
+
+mod apiserver_away;
+mod bad_input;
+mod cloud_faults;
+mod cloud_wiped;
+mod crash;
+mod crds;
+mod deploy;
+mod guest;
+mod health;
+mod operate;
+mod queue;
+mod queue_accounts;
+mod queue_exports;
+mod queue_ownership;
+mod queue_tenancy;
+mod rbac;
+mod secrets;
+mod shutdown;
+mod tunnel;
+mod tunnel_address;
+mod tunnel_allow;
+mod tunnel_faults;
+mod two_operators;
