@@ -125,6 +125,8 @@ fn helm_chart_output_is_accepted_by_a_server_side_dry_run() {
         "tunnel.ec2ImageId=ami-0123456789abcdef0,tunnel.orphanSweepInterval=0,tunnel.credentialsSecret=my-tokens",
         "--set",
         "tunnel.ec2RegionImages.eu-west-1=ami-0aaaaaaaaaaaaaaaa",
+        "--set",
+        "queue.nameGrants[0]=payments=legacy-payments-*,queue.nameGrants[1]=payments=billing,aws.allowHttpAccountEndpoints=true",
     ]);
     // The watched namespace must exist for the Role inside it.
     run(
@@ -146,6 +148,10 @@ fn helm_chart_output_is_accepted_by_a_server_side_dry_run() {
     assert_eq!(tunnel.ec2_image_id.as_deref(), Some("ami-0123456789abcdef0"));
     assert_eq!(tunnel.ec2_region_images, [("eu-west-1".to_string(), "ami-0aaaaaaaaaaaaaaaa".to_string())]);
     assert!(tunnel.orphan_sweep_interval.is_zero());
+    let grants: Vec<(&str, &str)> =
+        run_args.queue.name_grants.iter().map(|g| (g.namespace.as_str(), g.pattern.as_str())).collect();
+    assert_eq!(grants, [("payments", "legacy-payments-*"), ("payments", "billing")]);
+    assert!(run_args.aws.allow_http_account_endpoints);
     let env_from = deployment_env_from(&docs);
     assert!(env_from.contains(&"my-tokens".to_string()), "{env_from:?}");
     let role: Role = serde_json::from_value(find(&docs, "Role", "skyport-leader-election").clone()).unwrap();
@@ -160,6 +166,12 @@ fn helm_chart_output_is_accepted_by_a_server_side_dry_run() {
     ]);
     let docs = documents(&minimal);
     assert_eq!(deployment_env_from(&docs), Vec::<String>::new());
+    let deployment: Deployment = serde_json::from_value(find(&docs, "Deployment", "skyport").clone()).unwrap();
+    let args = deployment.spec.unwrap().template.spec.unwrap().containers[0].args.clone().unwrap();
+    assert!(
+        !args.iter().any(|a| a.starts_with("--queue-name-grant") || a.starts_with("--allow-http")),
+        "grants and plain-http endpoints only when asked for: {args:?}"
+    );
     assert!(!docs.iter().any(|d| d["kind"] == "Role" || d["kind"] == "ClusterRole" || d["kind"] == "Service"));
     run("kubectl", &["apply", "--dry-run=server", "-f", "-"], Some(&minimal));
 }
