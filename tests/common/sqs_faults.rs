@@ -117,7 +117,7 @@ impl FaultProxy {
     }
 }
 
-type Reply = Result<Response<Full<Bytes>>, std::io::Error>;
+pub type Reply = Result<Response<Full<Bytes>>, std::io::Error>;
 
 async fn handle(req: Request<Incoming>, shared: Shared) -> Reply {
     let (parts, body) = req.into_parts();
@@ -164,7 +164,9 @@ fn error(status: u16, code: &str, fault: &str, message: &str) -> Response<Full<B
         .unwrap()
 }
 
-async fn forward(upstream: &str, parts: hyper::http::request::Parts, body: Bytes) -> Reply {
+/// Sends the request on to `upstream` and returns its answer (also the STS stand-in's way to
+/// LocalStack).
+pub async fn forward(upstream: &str, parts: hyper::http::request::Parts, body: Bytes) -> Reply {
     let stream = TcpStream::connect(upstream).await?;
     let (mut sender, conn) =
         hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(std::io::Error::other)?;

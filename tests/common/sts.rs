@@ -15,11 +15,12 @@ use hyper::body::{Bytes, Incoming};
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 use tokio::sync::oneshot;
 
 use super::Operator;
+use super::sqs_faults::{Reply, forward};
 
 /// What a role's trust policy requires of the operator.
 #[derive(Debug, Clone)]
@@ -150,12 +151,10 @@ impl Operator {
     }
 }
 
-type Reply = Result<Response<Full<Bytes>>, std::io::Error>;
-
 async fn handle(req: Request<Incoming>, shared: Shared, upstream: String) -> Reply {
     let (parts, body) = req.into_parts();
     let body = body.collect().await.map_err(std::io::Error::other)?.to_bytes();
-    let form = parse_form(&String::from_utf8_lossy(&body));
+    let form: HashMap<String, String> = form_urlencoded::parse(&body).into_owned().collect();
     if form.get("Action").map(String::as_str) != Some("AssumeRole") {
         return forward(&upstream, parts, body).await;
     }
@@ -183,44 +182,4 @@ async fn handle(req: Request<Incoming>, shared: Shared, upstream: String) -> Rep
         .header("x-amzn-requestid", "00000000-0000-0000-0000-000000000000")
         .body(Full::new(Bytes::from(xml)))
         .unwrap())
-}
-
-/// `application/x-www-form-urlencoded` into its fields (`+` is a space, `%XX` a byte).
-fn parse_form(body: &str) -> HashMap<String, String> {
-    let decode = |s: &str| {
-        let bytes = s.as_bytes();
-        let mut out = Vec::with_capacity(bytes.len());
-        let mut i = 0;
-        while i < bytes.len() {
-            match bytes[i] {
-                b'+' => out.push(b' '),
-                b'%' => {
-                    let byte = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
-                    match byte.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                        Some(b) => {
-                            out.push(b);
-                            i += 2;
-                        }
-                        None => out.push(b'%'),
-                    }
-                }
-                b => out.push(b),
-            }
-            i += 1;
-        }
-        String::from_utf8_lossy(&out).into_owned()
-    };
-    body.split('&').filter_map(|pair| pair.split_once('=')).map(|(k, v)| (decode(k), decode(v))).collect()
-}
-
-async fn forward(upstream: &str, parts: hyper::http::request::Parts, body: Bytes) -> Reply {
-    let stream = TcpStream::connect(upstream).await?;
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(std::io::Error::other)?;
-    tokio::spawn(conn);
-    let response =
-        sender.send_request(Request::from_parts(parts, Full::new(body))).await.map_err(std::io::Error::other)?;
-    let (parts, body) = response.into_parts();
-    let body = body.collect().await.map_err(std::io::Error::other)?.to_bytes();
-    Ok(Response::from_parts(parts, Full::new(body)))
 }

@@ -179,29 +179,5 @@ impl Fake {
 
 /// `application/x-www-form-urlencoded` query → map (last value wins).
 fn parse_query(query: &str) -> BTreeMap<String, String> {
-    fn decode(s: &str) -> String {
-        let bytes = s.as_bytes();
-        let mut out = Vec::with_capacity(bytes.len());
-        let mut i = 0;
-        while i < bytes.len() {
-            match bytes[i] {
-                b'+' => out.push(b' '),
-                b'%' if i + 2 < bytes.len() => {
-                    out.push(u8::from_str_radix(&s[i + 1..i + 3], 16).unwrap());
-                    i += 2;
-                }
-                b => out.push(b),
-            }
-            i += 1;
-        }
-        String::from_utf8(out).unwrap()
-    }
-    query
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (decode(k), decode(v))
-        })
-        .collect()
+    form_urlencoded::parse(query.as_bytes()).into_owned().collect()
 }
