@@ -44,13 +44,14 @@ die() { echo "env.sh: ERROR: $*" >&2; exit 1; }
 
 # Explicit env var > ports of the running environment > default.
 load_ports() {
-  local ETCD_PORT= ETCD_PEER_PORT= APISERVER_PORT= LOCALSTACK_PORT=
+  local ETCD_PORT= ETCD_PEER_PORT= APISERVER_PORT= LOCALSTACK_PORT= NODE_APISERVER_PORT=
   # shellcheck disable=SC1090
   [[ -f "$PORTS_FILE" ]] && . "$PORTS_FILE"
   P_ETCD="${SKYPORT_ETCD_PORT:-${ETCD_PORT:-23790}}"
   P_PEER="${SKYPORT_ETCD_PEER_PORT:-${ETCD_PEER_PORT:-23800}}"
   P_API="${SKYPORT_APISERVER_PORT:-${APISERVER_PORT:-26443}}"
   P_LS="${SKYPORT_LOCALSTACK_PORT:-${LOCALSTACK_PORT:-4566}}"
+  P_NODE_API="${SKYPORT_NODE_APISERVER_PORT:-${NODE_APISERVER_PORT:-26444}}"
 }
 
 # ---- process bookkeeping ---------------------------------------------------------------------
@@ -236,6 +237,7 @@ write_exports() {
     printf 'export AWS_SECRET_ACCESS_KEY=%q\n' "$secret"
     printf 'export SKYPORT_TEST_ENV=%q\n' "$STATE"
     printf 'export PATH=%q:"$PATH"\n' "$BIN"
+    node_exports
   } >"$EXPORTS_FILE.tmp"
   mv "$EXPORTS_FILE.tmp" "$EXPORTS_FILE"
 }
@@ -348,8 +350,8 @@ cmd_up() {
   load_ports
   BIN="$("$ROOT/tests/env/build-control-plane.sh" {LOCK}>&-)" || die "building the control plane failed"
   [[ -x "$BIN/kube-apiserver" ]] || die "no kube-apiserver in '$BIN'"
-  printf 'ETCD_PORT=%s\nETCD_PEER_PORT=%s\nAPISERVER_PORT=%s\nLOCALSTACK_PORT=%s\n' \
-    "$P_ETCD" "$P_PEER" "$P_API" "$P_LS" >"$PORTS_FILE"
+  printf 'ETCD_PORT=%s\nETCD_PEER_PORT=%s\nAPISERVER_PORT=%s\nLOCALSTACK_PORT=%s\nNODE_APISERVER_PORT=%s\n' \
+    "$P_ETCD" "$P_PEER" "$P_API" "$P_LS" "$P_NODE_API" >"$PORTS_FILE"
   make_pki
   start_localstack_bg
   start_etcd
@@ -357,6 +359,7 @@ cmd_up() {
   write_kubeconfig
   start_kcm
   wait_localstack
+  start_node_or_report
   write_exports
   log "environment up in $((SECONDS - t0))s; state in $STATE"
   cat "$EXPORTS_FILE"
@@ -398,6 +401,7 @@ cmd_status() {
   else
     line localstack stopped "" ""; ok=1
   fi
+  if [[ -d "$STATE/node" ]]; then node_status || ok=1; fi
   return $ok
 }
 
@@ -407,6 +411,7 @@ cmd_down() {
   # etcd last, so the apiserver does not spend its shutdown retrying a vanished backend.
   LS_STATE="$STATE/localstack" "$ROOT/localstack/start.sh" stop >&2 {LOCK}>&- &
   local ls_stopper=$!
+  stop_node
   stop kube-controller-manager kube-apiserver
   stop etcd
   wait "$ls_stopper" || true
@@ -414,6 +419,9 @@ cmd_down() {
   rm -rf "$STATE/etcd"
   log "down (kept: $LOGS, $PKI)"
 }
+
+# shellcheck source=tests/env/node.sh
+. "$ROOT/tests/env/node.sh"
 
 case "${1:-}" in
   up) cmd_up ;;
