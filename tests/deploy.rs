@@ -7,6 +7,6 @@
 
 mod deployment;
 mod files;
-mod harness;
+pub(crate) mod harness;
 mod rbac;
 mod rendering;

@@ -16,6 +16,7 @@ mod crds;
 mod deploy;
 mod guest;
 mod health;
+mod install;
 mod operate;
 mod queue;
 mod queue_accounts;

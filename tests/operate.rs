@@ -112,7 +112,7 @@ impl Skyport {
 }
 
 /// A plain HTTP/1.1 GET: (status, content type, body).
-async fn http_get(address: &str, path: &str) -> (u16, String, String) {
+pub(crate) async fn http_get(address: &str, path: &str) -> (u16, String, String) {
     let mut stream = tokio::net::TcpStream::connect(address).await.expect("connect");
     let request = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await.unwrap();

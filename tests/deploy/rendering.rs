@@ -61,6 +61,7 @@ fn kustomize_base_is_accepted_by_a_server_side_dry_run() {
         "clusterrolebinding.rbac.authorization.k8s.io/skyport",
         "role.rbac.authorization.k8s.io/skyport-leader-election",
         "rolebinding.rbac.authorization.k8s.io/skyport-leader-election",
+        "lease.coordination.k8s.io/skyport",
         "validatingadmissionpolicy.admissionregistration.k8s.io/skyport-writes-only-its-own-objects",
         "validatingadmissionpolicybinding.admissionregistration.k8s.io/skyport-writes-only-its-own-objects",
         "validatingadmissionpolicy.admissionregistration.k8s.io/skyport-queue-names",

@@ -329,6 +329,8 @@ node_exports() {
     printf 'export SKYPORT_NODE_AWS_ENDPOINT_URL=%q\n' "http://$NODE_IP:$P_LS"
     # The runtime's socket, for `ctr --address ... --namespace k8s.io images import` of test images.
     printf 'export SKYPORT_NODE_CONTAINERD=%q\n' "$N/containerd/containerd.sock"
+    # crictl and the other node binaries.
+    printf 'export SKYPORT_NODE_BIN=%q\n' "$(cat "$N/node-bin")"
   fi
 }
 

@@ -1,0 +1,247 @@
+//! Installing skyport as users do: `helm install` of deploy/helm/skyport, unchanged but for the
+//! image values, on the real node of `tests/env.sh up` (kubelet, containerd, kube-proxy; see
+//! tests/env/node.sh), from skyport's own image (tests/env/build-image.sh). What a user would
+//! check: the operator Pods become Ready through their probes, run hardened (as the kernel sees
+//! the process: user, capabilities, read-only root, memory limit), elect one leader that a
+//! standby replaces when it is killed, serve metrics on the Pod and through the Service, make a
+//! Queue Ready, and `helm uninstall` leaves nothing of the release behind.
+//!
+//! Without the node the test fails with the reason `tests/env.sh up` recorded; `SKYPORT_NODE=0`
+//! skips it and says so.
+
+use crate::common;
+
+mod node;
+
+use std::time::Duration;
+
+use crate::deploy::harness::helm;
+use common::eventually;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use serde_json::json;
+use skyport::crd::{ConditionStatus, Queue};
+
+const NS: &str = "skyport-system";
+const APP_NS: &str = "install-app";
+const SELECTOR: &str = "app.kubernetes.io/name=skyport,app.kubernetes.io/instance=skyport";
+/// Pod start on a busy 2-core machine, and the chart's lease duration (15 s) plus a second.
+const TIMEOUT: Duration = Duration::from_secs(120);
+const MEMORY_LIMIT: u64 = 256 * 1024 * 1024;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the test environment's node: tests/env.sh up"]
+async fn helm_install_on_the_node_runs_the_operator_as_users_get_it_and_uninstalls_cleanly() {
+    let Some(node) = node::node().await else { return };
+    let (repository, tag) = node.import_skyport_image();
+    remove_earlier_install(&node);
+
+    // The credentials Secret the chart's default values name (aws.credentialsSecret).
+    node.kubectl(&["create", "namespace", NS], None);
+    let key = std::env::var("AWS_ACCESS_KEY_ID").expect("AWS_ACCESS_KEY_ID of tests/env.sh");
+    let secret = std::env::var("AWS_SECRET_ACCESS_KEY").expect("AWS_SECRET_ACCESS_KEY of tests/env.sh");
+    node.kubectl(
+        &[
+            "-n",
+            NS,
+            "create",
+            "secret",
+            "generic",
+            "skyport-aws",
+            &format!("--from-literal=AWS_ACCESS_KEY_ID={key}"),
+            &format!("--from-literal=AWS_SECRET_ACCESS_KEY={secret}"),
+        ],
+        None,
+    );
+    node.helm(&[
+        "install",
+        "skyport",
+        "deploy/helm/skyport",
+        "--namespace",
+        NS,
+        "--set",
+        &format!("image.repository={repository}"),
+        "--set",
+        &format!("image.tag={tag}"),
+        "--set",
+        "image.pullPolicy=Never",
+        "--set",
+        "replicaCount=2",
+        "--set",
+        "aws.region=us-east-1",
+        "--set",
+        &format!("aws.sqsEndpointUrl={}", node.aws_endpoint),
+        "--wait",
+        "--timeout",
+        "4m",
+    ]);
+
+    let pods: Api<Pod> = Api::namespaced(node.client.clone(), NS);
+    let operators = ready_pods(&pods, 2).await;
+    for pod in &operators {
+        hardened(&node, pod);
+    }
+
+    // One leader: its Lease names it, and its /metrics says so; the other stands by.
+    let leases: Api<Lease> = Api::namespaced(node.client.clone(), NS);
+    let leader = eventually("a Lease holder among the Pods", TIMEOUT, || async {
+        let holder = holder(&leases).await?;
+        operators.iter().find(|p| holder.starts_with(&format!("{}_", name(p)))).map(name)
+    })
+    .await;
+    for pod in &operators {
+        let metrics = scrape(&format!("{}:8080", pod_ip(pod))).await;
+        let expected = if name(pod) == leader { "skyport_leader 1" } else { "skyport_leader 0" };
+        assert!(metrics.contains(expected), "{} /metrics lacks `{expected}`:\n{metrics}", name(pod));
+    }
+    // And through the metrics Service's cluster IP, which only kube-proxy's rules lead to a Pod.
+    let service = node.kubectl(&["-n", NS, "get", "service", "skyport-metrics", "-o", "jsonpath={.spec.clusterIP}"], None);
+    assert!(scrape(&format!("{service}:8080")).await.contains("skyport_build_info"));
+
+    // A Queue goes Ready: the leader reached SQS (LocalStack) from its Pod.
+    node.kubectl(&["create", "namespace", APP_NS], None);
+    let queues: Api<Queue> = Api::namespaced(node.client.clone(), APP_NS);
+    let sqs = common::sqs().await;
+    create_ready_queue(&queues, &sqs, "orders").await;
+
+    // Kill the leader's process, as a crash would: once the Lease expires a live replica holds it
+    // (the standby, or the killed container the kubelet restarted, whichever locks it first).
+    let old = holder(&leases).await.expect("a holder");
+    let pid = node.container_pid(&leader, "skyport");
+    let killed = std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().expect("kill");
+    assert!(killed.success());
+    let new = eventually("another identity holds the Lease", TIMEOUT, || async {
+        holder(&leases).await.filter(|h| *h != old)
+    })
+    .await;
+    eventually("the killed container restarted and Ready", TIMEOUT, || async {
+        let pod = pods.get(&leader).await.ok()?;
+        (is_ready(&pod) && restarts(&pod) == 1).then_some(())
+    })
+    .await;
+    hardened(&node, &pods.get(&leader).await.expect("Pod"));
+
+    // Delete the leader's Pod, as a drain or rollout would: it releases the Lease on SIGTERM and
+    // another Pod takes over (the standby when it next looks, up to a lease duration later, or the
+    // Deployment's replacement Pod if that starts first); no Pod of the deleted one holds it.
+    let leader = operators.iter().map(name).find(|n| new.starts_with(&format!("{n}_"))).expect("holder is a Pod");
+    pods.delete(&leader, &DeleteParams::default()).await.expect("delete the leader's Pod");
+    eventually("another Pod holds the Lease", TIMEOUT, || async {
+        holder(&leases).await.filter(|h| !h.starts_with(&format!("{leader}_")))
+    })
+    .await;
+    ready_pods(&pods, 2).await;
+    create_ready_queue(&queues, &sqs, "after-failover").await;
+
+    // Uninstall as deploy/README.md says: Queues first, while the operator runs.
+    queues.delete_collection(&DeleteParams::default(), &ListParams::default()).await.expect("delete Queues");
+    for name in ["orders", "after-failover"] {
+        common::wait_gone(&queues, name, TIMEOUT).await;
+        let gone = sqs_name(name);
+        eventually(&format!("SQS queue {gone} deleted"), TIMEOUT, || async {
+            (!common::queue_exists(&sqs, &gone).await).then_some(())
+        })
+        .await;
+    }
+    node.helm(&["uninstall", "skyport", "--namespace", NS, "--wait", "--timeout", "2m"]);
+    eventually("no operator Pods", TIMEOUT, || async {
+        pods.list(&ListParams::default().labels(SELECTOR)).await.ok()?.items.is_empty().then_some(())
+    })
+    .await;
+    nothing_of_the_release_left(&node);
+    node.kubectl(&["delete", "-f", "deploy/helm/skyport/crds/"], None);
+    node.kubectl(&["delete", "namespace", APP_NS, NS, "--wait=false"], None);
+}
+
+async fn holder(leases: &Api<Lease>) -> Option<String> {
+    leases.get("skyport").await.ok()?.spec?.holder_identity
+}
+
+/// The name SQS gets for a Queue without spec.queueName: `<namespace>_<name>`.
+fn sqs_name(queue: &str) -> String {
+    format!("{APP_NS}_{queue}")
+}
+
+async fn create_ready_queue(queues: &Api<Queue>, sqs: &aws_sdk_sqs::Client, name: &str) {
+    queues.create(&PostParams::default(), &common::queue(name, json!({}))).await.expect("create Queue");
+    common::wait_ready(queues, name, ConditionStatus::True, "Available", TIMEOUT).await;
+    assert!(common::queue_exists(sqs, &sqs_name(name)).await, "SQS has the queue of {name}");
+}
+
+/// What a failed earlier run may have left: its Queues (deleted while its operator may still
+/// run, else their finalizers are released by hand), the release, the namespaces.
+fn remove_earlier_install(node: &node::Node) {
+    node.attempt("kubectl", &["-n", APP_NS, "delete", "queues", "--all", "--timeout=60s"]);
+    node.attempt(&helm(), &["uninstall", "skyport", "--namespace", NS, "--wait"]);
+    let left = node.kubectl(&["-n", APP_NS, "get", "queues", "-o", "name", "--ignore-not-found"], None);
+    for queue in left.lines() {
+        node.attempt("kubectl", &["-n", APP_NS, "patch", queue, "--type=merge", "-p", r#"{"metadata":{"finalizers":null}}"#]);
+    }
+    node.attempt("kubectl", &["delete", "namespace", APP_NS, NS, "--ignore-not-found", "--timeout=120s"]);
+}
+
+/// Every object of the release, namespaced or not, is gone. The Secret and namespace the test
+/// made itself stay, and so do the CRDs (Helm never deletes them; deploy/README.md says so).
+fn nothing_of_the_release_left(node: &node::Node) {
+    let kinds = "deployments,replicasets,pods,services,serviceaccounts,roles,rolebindings,configmaps,secrets,leases";
+    let namespaced = node.kubectl(&["-n", NS, "get", kinds, "-o", "name"], None);
+    let allowed = ["secret/skyport-aws", "serviceaccount/default", "configmap/kube-root-ca.crt"];
+    let left: Vec<&str> = namespaced.lines().filter(|l| !allowed.contains(l)).collect();
+    assert!(left.is_empty(), "left behind in {NS} after helm uninstall: {left:?}");
+    let cluster = node.kubectl(
+        &["get", "clusterroles,clusterrolebindings,validatingadmissionpolicies,validatingadmissionpolicybindings", "-o", "name"],
+        None,
+    );
+    let left: Vec<&str> = cluster.lines().filter(|l| l.contains("skyport")).collect();
+    assert!(left.is_empty(), "cluster-scoped objects left behind after helm uninstall: {left:?}");
+}
+
+/// The operator container as the kernel runs it: the chart's securityContext and limits hold.
+fn hardened(node: &node::Node, pod: &Pod) {
+    let pid = node.container_pid(&name(pod), "skyport");
+    let who = format!("Pod {} (pid {pid})", name(pod));
+    assert_eq!(node::proc_status(pid, "Uid"), "65532\t65532\t65532\t65532", "{who}: non-root user");
+    assert_eq!(node::proc_status(pid, "Gid"), "65532\t65532\t65532\t65532", "{who}: group");
+    assert_eq!(node::proc_status(pid, "CapEff"), "0000000000000000", "{who}: capabilities dropped");
+    assert_eq!(node::proc_status(pid, "CapPrm"), "0000000000000000", "{who}: capabilities dropped");
+    assert_eq!(node::proc_status(pid, "NoNewPrivs"), "1", "{who}: allowPrivilegeEscalation: false");
+    assert_eq!(node::proc_status(pid, "Seccomp"), "2", "{who}: seccomp RuntimeDefault (filter mode)");
+    let root = node::root_mount_options(pid);
+    assert!(root.split(',').any(|o| o == "ro"), "{who}: read-only root file system, mounted {root}");
+    assert_eq!(node::memory_limit(pid), MEMORY_LIMIT, "{who}: the chart's memory limit");
+}
+
+async fn ready_pods(pods: &Api<Pod>, count: usize) -> Vec<Pod> {
+    eventually(&format!("{count} Ready operator Pods"), TIMEOUT, || async {
+        let list = pods.list(&ListParams::default().labels(SELECTOR)).await.ok()?;
+        let ready: Vec<Pod> = list.items.into_iter().filter(is_ready).collect();
+        (ready.len() == count).then_some(ready)
+    })
+    .await
+}
+
+/// Ready as the kubelet reports it: the readiness probe (/readyz) passed.
+fn is_ready(pod: &Pod) -> bool {
+    let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
+    conditions.is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn restarts(pod: &Pod) -> i32 {
+    let statuses = pod.status.as_ref().and_then(|s| s.container_statuses.as_ref());
+    statuses.map_or(0, |s| s.iter().map(|c| c.restart_count).sum())
+}
+
+fn name(pod: &Pod) -> String {
+    pod.metadata.name.clone().expect("Pod name")
+}
+
+fn pod_ip(pod: &Pod) -> String {
+    pod.status.as_ref().and_then(|s| s.pod_ip.clone()).expect("Pod IP")
+}
+
+async fn scrape(address: &str) -> String {
+    let (status, _, body) = crate::operate::http_get(address, "/metrics").await;
+    assert_eq!(status, 200, "GET http://{address}/metrics");
+    body
+}
