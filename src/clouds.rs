@@ -53,7 +53,8 @@ pub async fn configure(args: &TunnelArgs, aws_region: Option<&str>) -> anyhow::R
     let default = args.provider.as_deref();
     let mut list: Vec<Arc<dyn HostProvider>> = Vec::new();
     if default == Some(LOCAL) {
-        let settings = providers::local::LocalSettings::new(args.local_state_dir.clone(), args.self_exe.clone());
+        let mut settings = providers::local::LocalSettings::new(args.local_state_dir.clone(), args.self_exe.clone());
+        (settings.first_address, settings.last_address) = args.local_addresses;
         list.push(Arc::new(providers::local::LocalProvider::new(settings).context("local provider")?));
     }
     let token = |vars: &[&str]| vars.iter().find_map(|v| std::env::var(v).ok().filter(|t| !t.is_empty()));

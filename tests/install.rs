@@ -12,6 +12,7 @@
 use crate::common;
 
 mod node;
+mod tunnel;
 
 use std::time::Duration;
 
@@ -28,7 +29,9 @@ const APP_NS: &str = "install-app";
 const SELECTOR: &str = "app.kubernetes.io/name=skyport,app.kubernetes.io/instance=skyport";
 /// Pod start on a busy 2-core machine, and the chart's lease duration (15 s) plus a second.
 const TIMEOUT: Duration = Duration::from_secs(120);
+/// The chart's memory limit for the operator, and the one skyport gives its tunnel clients.
 const MEMORY_LIMIT: u64 = 256 * 1024 * 1024;
+const CLIENT_MEMORY_LIMIT: u64 = 128 * 1024 * 1024;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the test environment's node: tests/env.sh up"]
@@ -80,7 +83,7 @@ async fn helm_install_on_the_node_runs_the_operator_as_users_get_it_and_uninstal
     let pods: Api<Pod> = Api::namespaced(node.client.clone(), NS);
     let operators = ready_pods(&pods, 2).await;
     for pod in &operators {
-        hardened(&node, pod);
+        hardened(&node, pod, "skyport", MEMORY_LIMIT);
     }
 
     // One leader: its Lease names it, and its /metrics says so; the other stands by.
@@ -96,7 +99,8 @@ async fn helm_install_on_the_node_runs_the_operator_as_users_get_it_and_uninstal
         assert!(metrics.contains(expected), "{} /metrics lacks `{expected}`:\n{metrics}", name(pod));
     }
     // And through the metrics Service's cluster IP, which only kube-proxy's rules lead to a Pod.
-    let service = node.kubectl(&["-n", NS, "get", "service", "skyport-metrics", "-o", "jsonpath={.spec.clusterIP}"], None);
+    let service =
+        node.kubectl(&["-n", NS, "get", "service", "skyport-metrics", "-o", "jsonpath={.spec.clusterIP}"], None);
     assert!(scrape(&format!("{service}:8080")).await.contains("skyport_build_info"));
 
     // A Queue goes Ready: the leader reached SQS (LocalStack) from its Pod.
@@ -120,7 +124,7 @@ async fn helm_install_on_the_node_runs_the_operator_as_users_get_it_and_uninstal
         (is_ready(&pod) && restarts(&pod) == 1).then_some(())
     })
     .await;
-    hardened(&node, &pods.get(&leader).await.expect("Pod"));
+    hardened(&node, &pods.get(&leader).await.expect("Pod"), "skyport", MEMORY_LIMIT);
 
     // Delete the leader's Pod, as a drain or rollout would: it releases the Lease on SIGTERM and
     // another Pod takes over (the standby when it next looks, up to a lease duration later, or the
@@ -134,7 +138,42 @@ async fn helm_install_on_the_node_runs_the_operator_as_users_get_it_and_uninstal
     ready_pods(&pods, 2).await;
     create_ready_queue(&queues, &sqs, "after-failover").await;
 
-    // Uninstall as deploy/README.md says: Queues first, while the operator runs.
+    // Tunnels with the local provider: its exit servers run in the operator's container, which
+    // then takes the node's network (tunnel.local), so one replica.
+    node.helm(&[
+        "upgrade",
+        "skyport",
+        "deploy/helm/skyport",
+        "--namespace",
+        NS,
+        "--reuse-values",
+        "--set",
+        "replicaCount=1",
+        "--set",
+        "tunnel.provider=local",
+        "--set",
+        &format!("tunnel.local.addresses={}", node.exit_addresses),
+        "--wait",
+        "--timeout",
+        "4m",
+    ]);
+    let operator = ready_pods(&pods, 1).await.remove(0);
+    hardened(&node, &operator, "skyport", MEMORY_LIMIT);
+    let address = tunnel::web_through_a_tunnel(&node, APP_NS).await;
+    let app_pods: Api<Pod> = Api::namespaced(node.client.clone(), APP_NS);
+    let client = app_pods.get(&tunnel::client_pod(&node, APP_NS).await).await.expect("client Pod");
+    hardened(&node, &client, "tunnel-client", CLIENT_MEMORY_LIMIT);
+
+    // Uninstall as deploy/README.md says: LoadBalancer Services and Queues first, while the
+    // operator runs; the exit server goes with the Service.
+    node.kubectl(&["-n", APP_NS, "delete", "service", "web"], None);
+    eventually("the exit server gone", TIMEOUT, || async { tunnel::get(&address).await.is_none().then_some(()) }).await;
+    eventually("the tunnel client Pod gone", TIMEOUT, || async {
+        let list =
+            app_pods.list(&ListParams::default().labels("app.kubernetes.io/name=skyport-tunnel-client")).await.ok()?;
+        list.items.is_empty().then_some(())
+    })
+    .await;
     queues.delete_collection(&DeleteParams::default(), &ListParams::default()).await.expect("delete Queues");
     for name in ["orders", "after-failover"] {
         common::wait_gone(&queues, name, TIMEOUT).await;
@@ -169,14 +208,17 @@ async fn create_ready_queue(queues: &Api<Queue>, sqs: &aws_sdk_sqs::Client, name
     assert!(common::queue_exists(sqs, &sqs_name(name)).await, "SQS has the queue of {name}");
 }
 
-/// What a failed earlier run may have left: its Queues (deleted while its operator may still
-/// run, else their finalizers are released by hand), the release, the namespaces.
+/// What a failed earlier run may have left: its Services and Queues (deleted while its operator
+/// may still run, else their finalizers are released by hand), the release, the namespaces.
 fn remove_earlier_install(node: &node::Node) {
-    node.attempt("kubectl", &["-n", APP_NS, "delete", "queues", "--all", "--timeout=60s"]);
+    node.attempt("kubectl", &["-n", APP_NS, "delete", "services,queues", "--all", "--timeout=60s"]);
     node.attempt(&helm(), &["uninstall", "skyport", "--namespace", NS, "--wait"]);
-    let left = node.kubectl(&["-n", APP_NS, "get", "queues", "-o", "name", "--ignore-not-found"], None);
-    for queue in left.lines() {
-        node.attempt("kubectl", &["-n", APP_NS, "patch", queue, "--type=merge", "-p", r#"{"metadata":{"finalizers":null}}"#]);
+    let left = node.kubectl(&["-n", APP_NS, "get", "queues,tunnels", "-o", "name", "--ignore-not-found"], None);
+    for object in left.lines() {
+        node.attempt(
+            "kubectl",
+            &["-n", APP_NS, "patch", object, "--type=merge", "-p", r#"{"metadata":{"finalizers":null}}"#],
+        );
     }
     node.attempt("kubectl", &["delete", "namespace", APP_NS, NS, "--ignore-not-found", "--timeout=120s"]);
 }
@@ -190,7 +232,12 @@ fn nothing_of_the_release_left(node: &node::Node) {
     let left: Vec<&str> = namespaced.lines().filter(|l| !allowed.contains(l)).collect();
     assert!(left.is_empty(), "left behind in {NS} after helm uninstall: {left:?}");
     let cluster = node.kubectl(
-        &["get", "clusterroles,clusterrolebindings,validatingadmissionpolicies,validatingadmissionpolicybindings", "-o", "name"],
+        &[
+            "get",
+            "clusterroles,clusterrolebindings,validatingadmissionpolicies,validatingadmissionpolicybindings",
+            "-o",
+            "name",
+        ],
         None,
     );
     let left: Vec<&str> = cluster.lines().filter(|l| l.contains("skyport")).collect();
@@ -198,8 +245,8 @@ fn nothing_of_the_release_left(node: &node::Node) {
 }
 
 /// The operator container as the kernel runs it: the chart's securityContext and limits hold.
-fn hardened(node: &node::Node, pod: &Pod) {
-    let pid = node.container_pid(&name(pod), "skyport");
+fn hardened(node: &node::Node, pod: &Pod, container: &str, memory_limit: u64) {
+    let pid = node.container_pid(&name(pod), container);
     let who = format!("Pod {} (pid {pid})", name(pod));
     assert_eq!(node::proc_status(pid, "Uid"), "65532\t65532\t65532\t65532", "{who}: non-root user");
     assert_eq!(node::proc_status(pid, "Gid"), "65532\t65532\t65532\t65532", "{who}: group");
@@ -209,13 +256,14 @@ fn hardened(node: &node::Node, pod: &Pod) {
     assert_eq!(node::proc_status(pid, "Seccomp"), "2", "{who}: seccomp RuntimeDefault (filter mode)");
     let root = node::root_mount_options(pid);
     assert!(root.split(',').any(|o| o == "ro"), "{who}: read-only root file system, mounted {root}");
-    assert_eq!(node::memory_limit(pid), MEMORY_LIMIT, "{who}: the chart's memory limit");
+    assert_eq!(node::memory_limit(pid), memory_limit, "{who}: memory limit");
 }
 
 async fn ready_pods(pods: &Api<Pod>, count: usize) -> Vec<Pod> {
     eventually(&format!("{count} Ready operator Pods"), TIMEOUT, || async {
         let list = pods.list(&ListParams::default().labels(SELECTOR)).await.ok()?;
-        let ready: Vec<Pod> = list.items.into_iter().filter(is_ready).collect();
+        let ready: Vec<Pod> =
+            list.items.into_iter().filter(|p| is_ready(p) && p.metadata.deletion_timestamp.is_none()).collect();
         (ready.len() == count).then_some(ready)
     })
     .await

@@ -5,6 +5,10 @@
 //! cloud-init path is proven by tests/guest.rs, which boots a real guest with the same user data
 //! a cloud VM gets.
 //!
+//! Another range that the machine routes locally (`ip route add local 10.204.0.0/24 dev lo`)
+//! makes the servers reachable from other network namespaces too: the test node's Pods, with the
+//! operator on the host's network.
+//!
 //! Why loopback addresses and not network namespaces: creating a namespace needs
 //! `CAP_SYS_ADMIN`, which an operator process (and CI) should not have, while Linux routes all
 //! of 127.0.0.0/8 to `lo` without any privilege. Traffic still crosses a real TCP/UDP hop
@@ -54,7 +58,9 @@ pub struct LocalSettings {
     /// The skyport binary whose `tunnel server` subcommand the exit servers run (the operator
     /// passes its own executable).
     pub exe: PathBuf,
-    /// The first address handed out; with `last_address`, a range inside 127.0.0.0/8.
+    /// The first address handed out; with `last_address`, a range of addresses local to this
+    /// machine: inside 127.0.0.0/8, or routed locally (`ip route add local <range> dev lo`) for
+    /// clients in other network namespaces, such as Pods.
     pub first_address: Ipv4Addr,
     /// The last address handed out.
     pub last_address: Ipv4Addr,
@@ -98,14 +104,11 @@ pub struct LocalProvider {
 impl LocalProvider {
     /// A provider keeping its hosts under `settings.state_dir` (created if missing).
     pub fn new(settings: LocalSettings) -> Result<Self, HostError> {
-        if u32::from(settings.first_address) > u32::from(settings.last_address)
-            || !settings.first_address.is_loopback()
-            || !settings.last_address.is_loopback()
-        {
+        if u32::from(settings.first_address) > u32::from(settings.last_address) {
             return Err(HostError::Invalid {
                 provider: PROVIDER,
                 message: format!(
-                    "the address range {}..{} must be ascending and inside 127.0.0.0/8",
+                    "the address range {}..{} must be ascending",
                     settings.first_address, settings.last_address
                 ),
             });
@@ -192,8 +195,8 @@ impl LocalProvider {
                 Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => continue,
                 Err(e) => {
                     return Err(unavailable(format!(
-                        "cannot bind {address}:{control_port} ({e}); the local provider needs all of 127.0.0.0/8 \
-                         on the loopback interface, as Linux has"
+                        "cannot bind {address}:{control_port} ({e}); the local provider's addresses must be \
+                         local to this machine: 127.0.0.0/8, or a range routed with `ip route add local <range> dev lo`"
                     )));
                 }
             }

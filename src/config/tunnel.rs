@@ -143,6 +143,13 @@ pub struct TunnelArgs {
     #[arg(long = "local-state-dir", env = "SKYPORT_LOCAL_STATE_DIR", default_value = "/tmp/skyport-local-hosts")]
     pub local_state_dir: std::path::PathBuf,
 
+    /// local provider: the addresses exit servers bind, as FIRST-LAST. The default, inside
+    /// 127.0.0.0/8, is reachable only from this network namespace; a range the machine routes
+    /// locally (`ip route add local 10.204.0.0/24 dev lo`) also serves Pods, when the operator
+    /// runs with the host's network (Helm: tunnel.local.hostNetwork).
+    #[arg(long = "local-addresses", env = "SKYPORT_LOCAL_ADDRESSES", default_value = "127.77.0.1-127.77.255.254", value_parser = address_range, value_name = "FIRST-LAST")]
+    pub local_addresses: (std::net::Ipv4Addr, std::net::Ipv4Addr),
+
     /// ec2 provider: AMI of the exit servers in the default region (a Debian or Ubuntu image with
     /// cloud-init).
     #[arg(long = "ec2-image-id", env = "SKYPORT_EC2_IMAGE_ID")]
@@ -193,6 +200,7 @@ impl Default for TunnelArgs {
             replace_after: Duration::from_secs(900),
             withdraw_after: Duration::from_secs(30),
             local_state_dir: "/tmp/skyport-local-hosts".into(),
+            local_addresses: (std::net::Ipv4Addr::new(127, 77, 0, 1), std::net::Ipv4Addr::new(127, 77, 255, 254)),
             ec2_image_id: None,
             ec2_region_images: Vec::new(),
             hetzner_location: providers::hetzner::DEFAULT_LOCATION.into(),
@@ -226,6 +234,16 @@ impl TunnelArgs {
 }
 
 /// `REGION=AMI` of `--ec2-region-image`.
+fn address_range(text: &str) -> Result<(std::net::Ipv4Addr, std::net::Ipv4Addr), String> {
+    let (first, last) = text.split_once('-').ok_or_else(|| format!("{text:?} is not FIRST-LAST"))?;
+    let parse = |a: &str| a.trim().parse::<std::net::Ipv4Addr>().map_err(|e| format!("{a:?}: {e}"));
+    let (first, last) = (parse(first)?, parse(last)?);
+    if u32::from(first) > u32::from(last) {
+        return Err(format!("{first} comes after {last}"));
+    }
+    Ok((first, last))
+}
+
 fn region_image(text: &str) -> Result<(String, String), String> {
     let (region, ami) = text.split_once('=').ok_or_else(|| format!("{text:?} is not REGION=AMI"))?;
     let (region, ami) = (region.trim(), ami.trim());
@@ -264,6 +282,16 @@ mod tests {
         for bad in ["eu-west-1", "eu-west-1=", "EU=ami-1", "eu-west-1=img-1"] {
             let err = Cli::try_parse_from(["skyport", "run", "--ec2-region-image", bad]).unwrap_err().to_string();
             assert!(err.contains("REGION=AMI") || err.contains("region") || err.contains("AMI"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn local_addresses_are_an_ascending_range() {
+        let cli = Cli::try_parse_from(["skyport", "run", "--local-addresses", "10.204.0.1-10.204.0.254"]).unwrap();
+        let Command::Run(run) = cli.command else { panic!("expected run") };
+        assert_eq!(run.tunnel.local_addresses, ("10.204.0.1".parse().unwrap(), "10.204.0.254".parse().unwrap()));
+        for bad in ["10.204.0.1", "10.204.0.9-10.204.0.1", "10.204.0.1-x"] {
+            assert!(Cli::try_parse_from(["skyport", "run", "--local-addresses", bad]).is_err(), "{bad}");
         }
     }
 

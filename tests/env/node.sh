@@ -11,6 +11,7 @@
 #   containerd + runc        Debian's; images imported from OCI archives, nothing is pulled
 #   CNI                      Debian's bridge + host-local plugins: bridge skyport0, $POD_CIDR
 #   CoreDNS                  a Deployment in kube-system behind the Service $DNS_IP
+#   exit addresses           $EXIT_RANGE routed to lo, for the local provider's exit servers
 #   localstack-forward       socat from $NODE_IP:<LocalStack port> to LocalStack on 127.0.0.1,
 #                            so Pods reach the SQS/EC2 emulator
 # The node's address is an extra address of lo (a dummy interface needs a kernel module that
@@ -22,6 +23,9 @@ POD_CIDR=10.202.0.0/24
 SVC_CIDR=10.203.0.0/24
 SVC_API_IP=10.203.0.1
 DNS_IP=10.203.0.10
+# Addresses the host routes to itself, for exit servers of the local provider that Pods reach.
+EXIT_RANGE=10.204.0.0/24
+EXIT_ADDRESSES=10.204.0.1-10.204.0.254
 PAUSE_IMAGE=registry.k8s.io/pause:3.10.2
 N="$STATE/node"
 NODE_LOG="$LOGS/node.log"
@@ -74,6 +78,8 @@ node_kubeconfig() {  # file user-lines...
 node_host_network() {
   ip -4 addr show dev lo | grep -q "inet $NODE_IP/" || ip addr add "$NODE_IP/32" dev lo \
     || die "cannot add the node address $NODE_IP to lo (needs root)"
+  ip route show table local | grep -q "^local $EXIT_RANGE dev lo" || ip route add local "$EXIT_RANGE" dev lo \
+    || die "cannot route $EXIT_RANGE to lo (needs root)"
   sysctl -qw net.ipv4.ip_forward=1 || die "cannot enable IPv4 forwarding (needs root)"
   sysctl -qw net.bridge.bridge-nf-call-iptables=1 2>/dev/null || die "no br_netfilter (net.bridge.bridge-nf-call-iptables); kube-proxy cannot see bridged Pod traffic"
 }
@@ -329,6 +335,8 @@ node_exports() {
     printf 'export SKYPORT_NODE_AWS_ENDPOINT_URL=%q\n' "http://$NODE_IP:$P_LS"
     # The runtime's socket, for `ctr --address ... --namespace k8s.io images import` of test images.
     printf 'export SKYPORT_NODE_CONTAINERD=%q\n' "$N/containerd/containerd.sock"
+    # For the local provider's exit servers (Helm: tunnel.local.addresses).
+    printf 'export SKYPORT_NODE_EXIT_ADDRESSES=%q\n' "$EXIT_ADDRESSES"
     # crictl and the other node binaries.
     printf 'export SKYPORT_NODE_BIN=%q\n' "$(cat "$N/node-bin")"
   fi
@@ -384,6 +392,7 @@ stop_node() {
   awk -v n="$N/" 'index($2, n) == 1 {print $2}' /proc/mounts | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
   ip link del skyport0 2>/dev/null || true
   ip addr del "$NODE_IP/32" dev lo 2>/dev/null || true
+  ip route del local "$EXIT_RANGE" dev lo 2>/dev/null || true
   rm -rf "$N/containerd/state" "$N/cni-ipam" "$N/kubelet/root"
   log "node stopped"
 }

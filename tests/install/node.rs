@@ -14,6 +14,8 @@ pub struct Node {
     kubeconfig: String,
     /// LocalStack as Pods reach it (the node's address).
     pub aws_endpoint: String,
+    /// Addresses the node routes to itself, for the local provider's exit servers.
+    pub exit_addresses: String,
     containerd: String,
     bin: PathBuf,
     pub client: Client,
@@ -42,6 +44,7 @@ pub async fn node() -> Option<Node> {
     Some(Node {
         client: Client::try_from(config).expect("kube client"),
         aws_endpoint: var("SKYPORT_NODE_AWS_ENDPOINT_URL"),
+        exit_addresses: var("SKYPORT_NODE_EXIT_ADDRESSES"),
         containerd: var("SKYPORT_NODE_CONTAINERD"),
         bin: PathBuf::from(var("SKYPORT_NODE_BIN")),
         kubeconfig,

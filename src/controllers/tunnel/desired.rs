@@ -280,10 +280,10 @@ pub fn deployment(tunnel: &Tunnel, image: &str, checksum: &str) -> Result<Deploy
                 "spec": {
                     "automountServiceAccountToken": false,
                     "enableServiceLinks": false,
+                    // fsGroup: the mounted config is root's, mode 0440; its group lets uid 65532 read it.
                     "securityContext": {
                         "runAsNonRoot": true,
-                        "runAsUser": 65532,
-                        "runAsGroup": 65532,
+                        "runAsUser": 65532, "runAsGroup": 65532, "fsGroup": 65532,
                         "seccompProfile": {"type": "RuntimeDefault"},
                     },
                     "containers": [{

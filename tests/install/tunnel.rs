@@ -1,0 +1,91 @@
+//! A LoadBalancer Service of the installed operator, end to end on the node: a public client on
+//! the host → the exit server (the local provider's `skyport tunnel server`, a process in the
+//! operator's container on the node's network) → the tunnel client Pod skyport deploys from its
+//! image → the Service's cluster IP, which only kube-proxy's rules resolve → the backend Pod.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::api::{Api, ListParams, PostParams};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::node::Node;
+use crate::common::eventually;
+
+const BODY: &str = "hello from the backend Pod";
+const TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Serves `BODY` over HTTP on port 8080 from a busybox Pod, behind Service `web` (LoadBalancer,
+/// class skyport.dev/tunnel, port 9080 → 8080); returns the exit server's address:port once
+/// bytes flow through it. Port 9080: the local provider's servers run as the operator's
+/// non-root user, which cannot bind ports below 1024 (a cloud exit server can).
+pub async fn web_through_a_tunnel(node: &Node, ns: &str) -> String {
+    let pods: Api<Pod> = Api::namespaced(node.client.clone(), ns);
+    let script = format!(
+        "/bin/busybox mkdir -p /tmp/www && echo '{BODY}' > /tmp/www/index.html && exec /bin/busybox httpd -f -p 8080 -h /tmp/www"
+    );
+    let backend: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "web", "labels": {"app": "web"}},
+        "spec": {"containers": [{
+            "name": "httpd",
+            "image": "skyport.test/busybox:debian",
+            "imagePullPolicy": "Never",
+            "command": ["/bin/busybox", "sh", "-c", script],
+            "ports": [{"containerPort": 8080}],
+        }]},
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &backend).await.expect("create the backend Pod");
+    let services: Api<Service> = Api::namespaced(node.client.clone(), ns);
+    let service: Service = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {
+            "type": "LoadBalancer",
+            "loadBalancerClass": "skyport.dev/tunnel",
+            "selector": {"app": "web"},
+            "ports": [{"name": "http", "port": 9080, "targetPort": 8080, "protocol": "TCP"}],
+        },
+    }))
+    .unwrap();
+    services.create(&PostParams::default(), &service).await.expect("create the Service");
+
+    let address = eventually("an address in the Service's status", TIMEOUT, || async {
+        let s = services.get("web").await.ok()?;
+        s.status?.load_balancer?.ingress?.first()?.ip.clone()
+    })
+    .await;
+    let client = eventually("a Running tunnel client Pod", TIMEOUT, || async {
+        let list =
+            pods.list(&ListParams::default().labels("app.kubernetes.io/name=skyport-tunnel-client")).await.ok()?;
+        list.items.into_iter().find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+    })
+    .await;
+    let pod_ip = client.status.as_ref().and_then(|s| s.pod_ip.clone()).expect("Pod IP");
+    assert!(pod_ip.starts_with("10.202."), "the tunnel client runs on the Pod network, at {pod_ip}");
+    let reply = eventually("the backend's page through the exit server", TIMEOUT, || async {
+        get(&format!("{address}:9080")).await.filter(|r| r.contains(BODY))
+    })
+    .await;
+    assert!(reply.starts_with("HTTP/1.") && reply.contains(" 200 "), "{reply}");
+    format!("{address}:9080")
+}
+
+/// The tunnel client Pod's name.
+pub async fn client_pod(node: &Node, ns: &str) -> String {
+    let pods: Api<Pod> = Api::namespaced(node.client.clone(), ns);
+    let list = pods.list(&ListParams::default().labels("app.kubernetes.io/name=skyport-tunnel-client")).await.unwrap();
+    list.items.first().and_then(|p| p.metadata.name.clone()).expect("a tunnel client Pod")
+}
+
+/// `GET /` over a fresh connection; `None` when the connection fails or is cut.
+pub async fn get(address: &str) -> Option<String> {
+    let attempt = async {
+        let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
+        stream.write_all(b"GET / HTTP/1.0\r\nHost: web\r\n\r\n").await.ok()?;
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).await.ok()?;
+        Some(reply)
+    };
+    tokio::time::timeout(Duration::from_secs(5), attempt).await.ok().flatten()
+}
