@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# A local playground: the real control plane + LocalStack (tests/env.sh), CRDs from crds/, the
-# skyport operator running as a local process with the local exit-server provider, the example
-# Queues from examples/ Ready, and the example LoadBalancer Service with an address that curl
-# reaches through a real tunnel.
+# A local playground: the real control plane + LocalStack (tests/env.sh), the example Queues from
+# examples/ Ready, and the example LoadBalancer Service with an address that curl reaches through
+# a real tunnel.
+#
+# Where the machine runs the test node (tests/env/node.sh), skyport is installed there as users
+# install it: its image (tests/env/build-image.sh) with the Helm chart, the local exit-server
+# provider, the tunnel client and a web backend as real Pods, `kubectl get pods` shows them.
+# Otherwise (or with SKYPORT_NODE=0) the operator runs as a local process with CRDs from crds/,
+# and the backend and tunnel client are local processes standing in for Pods.
 #
 #   tests/playground.sh [up]   bring it all up (idempotent; restarts the operator with a fresh build)
 #   tests/playground.sh down   stop the operator and the environment
@@ -37,6 +42,12 @@ stop_operator() {
 
 case "${1:-up}" in
   down)
+    if [[ -f "$STATE/node/kubeconfig" ]] && eval "$(tests/env.sh env 2>/dev/null)" && [[ -n "${SKYPORT_NODE_KUBECONFIG:-}" ]]; then
+      # Services first, so the running operator deletes the exit server.
+      kubectl --kubeconfig "$SKYPORT_NODE_KUBECONFIG" delete -f examples/tunnel.yaml --ignore-not-found --timeout=60s >&2 || true
+      kubectl --kubeconfig "$SKYPORT_NODE_KUBECONFIG" delete -f examples/queue.yaml --ignore-not-found --timeout=60s >&2 || true
+      "$(tests/env/build-helm.sh)" --kubeconfig "$SKYPORT_NODE_KUBECONFIG" uninstall skyport -n skyport-system >&2 || true
+    fi
     stop_demo
     if [[ -f $PIDFILE ]] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
       # Deleting the Tunnel lets the running operator delete its exit server.
@@ -51,6 +62,10 @@ case "${1:-up}" in
 esac
 
 eval "$(tests/env.sh up)"
+if [[ -n "${SKYPORT_NODE_KUBECONFIG:-}" ]]; then
+  exec tests/playground-node.sh
+fi
+[[ -n "${SKYPORT_NODE_ERROR:-}" ]] && echo "the test node is not available ($SKYPORT_NODE_ERROR); the operator runs as a local process" >&2
 echo "building skyport ..." >&2
 cargo build --quiet --bin skyport
 kubectl apply --server-side --force-conflicts --field-manager=skyport-playground -f crds/ >&2

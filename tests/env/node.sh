@@ -81,6 +81,11 @@ node_host_network() {
   ip route show table local | grep -q "^local $EXIT_RANGE dev lo" || ip route add local "$EXIT_RANGE" dev lo \
     || die "cannot route $EXIT_RANGE to lo (needs root)"
   sysctl -qw net.ipv4.ip_forward=1 || die "cannot enable IPv4 forwarding (needs root)"
+  # kube-proxy and the kubelet watch files with inotify; at the default 128 instances per user,
+  # a busy test run (every tunnel process watches its config) starved kube-proxy, which exited
+  # with "too many open files". Raised only, never lowered.
+  (($(cat /proc/sys/fs/inotify/max_user_instances) >= 1024)) || sysctl -qw fs.inotify.max_user_instances=1024 \
+    || die "cannot raise fs.inotify.max_user_instances (needs root)"
   sysctl -qw net.bridge.bridge-nf-call-iptables=1 2>/dev/null || die "no br_netfilter (net.bridge.bridge-nf-call-iptables); kube-proxy cannot see bridged Pod traffic"
 }
 
