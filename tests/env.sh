@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Local test environment for skyport: a real Kubernetes control plane (etcd, kube-apiserver,
 # kube-controller-manager; upstream v1.36 binaries built by tests/env/build-control-plane.sh) and
-# LocalStack (SQS + EC2, localstack/start.sh), all on 127.0.0.1, no Docker, no kubelet/nodes.
+# LocalStack (SQS + EC2, localstack/start.sh), all on 127.0.0.1, no Docker, no kubelet/nodes;
+# and, as root, a second cluster with one real node (tests/env/node.sh; SKYPORT_NODE=0: none).
 #
 #   eval "$(tests/env.sh up)"   start whatever is not running yet, then print export lines
 #   tests/env.sh env            print the export lines of a running environment
@@ -19,6 +20,12 @@
 #   SKYPORT_ETCD_PEER_PORT   etcd peer port         (default 23800)
 #   SKYPORT_APISERVER_PORT   kube-apiserver port    (default 26443)
 #   SKYPORT_LOCALSTACK_PORT  LocalStack port        (default 4566)
+#   SKYPORT_NODE_APISERVER_PORT  the node cluster's kube-apiserver port (default 26444)
+#   SKYPORT_NODE             0: start no node
+#
+# With the node, `up` also exports SKYPORT_NODE_KUBECONFIG, SKYPORT_NODE_AWS_ENDPOINT_URL,
+# SKYPORT_NODE_CONTAINERD, SKYPORT_NODE_EXIT_ADDRESSES and SKYPORT_NODE_BIN; without it,
+# SKYPORT_NODE_ERROR (the reason) or SKYPORT_NODE=0.
 #
 # What the cluster is (and is not):
 #   - Auth: user `admin` in group system:masters, by bearer token ($STATE/pki/tokens.csv, used by

@@ -29,6 +29,15 @@ if [[ $(id -u) == 0 ]]; then
   export SKYPORT_GUEST_ROOTFS
 fi
 
+# skyport's image for the test node (tests/install.rs): the static musl binary laid out as the
+# Dockerfile's final stage (tests/env/build-image.sh; a cold musl build of skyport takes ~20 min
+# on 2 cores, incremental ones a few). Only when `tests/env.sh up` started the node; without it
+# tests/install.rs fails with SKYPORT_NODE_ERROR, or says it is skipped with SKYPORT_NODE=0.
+if [[ -n "${SKYPORT_NODE_KUBECONFIG:-}" ]]; then
+  SKYPORT_IMAGE="$(tests/env/build-image.sh)"
+  export SKYPORT_IMAGE
+fi
+
 # The tunnel benchmark's peers (OpenSSH, socat) from Debian's packages; the ACK SQS controller the
 # Queue benchmark compares with, built only when a checkout is given (SKYPORT_ACK_SRC).
 tests/env/install-bench-peers.sh

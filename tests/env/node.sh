@@ -166,87 +166,9 @@ conntrack: {maxPerCore: 0}
 EOF
 }
 
-# CoreDNS as a cluster add-on would be: a Deployment and the kube-dns Service at $DNS_IP.
+# The cluster DNS: CoreDNS as a cluster add-on would be (tests/env/node-dns.yaml).
 node_dns_manifest() {
-  cat <<EOF
-apiVersion: v1
-kind: ConfigMap
-metadata: {name: coredns, namespace: kube-system}
-data:
-  Corefile: |
-    .:53 {
-        errors
-        health :8080
-        ready :8181
-        kubernetes cluster.local in-addr.arpa ip6.arpa {
-            pods insecure
-            fallthrough in-addr.arpa ip6.arpa
-        }
-        forward . /etc/resolv.conf
-        cache 30
-        loop
-        reload
-    }
----
-apiVersion: v1
-kind: ServiceAccount
-metadata: {name: coredns, namespace: kube-system}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: "system:coredns"}
-rules:
-- {apiGroups: [""], resources: [endpoints, services, pods, namespaces], verbs: [list, watch]}
-- {apiGroups: [discovery.k8s.io], resources: [endpointslices], verbs: [list, watch]}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: "system:coredns"}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:coredns"}
-subjects: [{kind: ServiceAccount, name: coredns, namespace: kube-system}]
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: coredns, namespace: kube-system, labels: {k8s-app: kube-dns}}
-spec:
-  replicas: 1
-  selector: {matchLabels: {k8s-app: kube-dns}}
-  template:
-    metadata: {labels: {k8s-app: kube-dns}}
-    spec:
-      serviceAccountName: coredns
-      dnsPolicy: Default
-      # Port 53 as a non-root user (containerd gives non-root processes no capabilities).
-      securityContext:
-        sysctls: [{name: net.ipv4.ip_unprivileged_port_start, value: "53"}]
-      containers:
-      - name: coredns
-        image: $DNS_IMAGE
-        imagePullPolicy: Never
-        args: [-conf, /etc/coredns/Corefile]
-        volumeMounts: [{name: config, mountPath: /etc/coredns, readOnly: true}]
-        ports:
-        - {containerPort: 53, name: dns, protocol: UDP}
-        - {containerPort: 53, name: dns-tcp, protocol: TCP}
-        securityContext:
-          allowPrivilegeEscalation: false
-          readOnlyRootFilesystem: true
-          capabilities: {add: [NET_BIND_SERVICE], drop: [ALL]}
-        livenessProbe: {httpGet: {path: /health, port: 8080}}
-        readinessProbe: {httpGet: {path: /ready, port: 8181}}
-        resources: {limits: {memory: 170Mi}, requests: {cpu: 50m, memory: 70Mi}}
-      volumes: [{name: config, configMap: {name: coredns}}]
----
-apiVersion: v1
-kind: Service
-metadata: {name: kube-dns, namespace: kube-system, labels: {k8s-app: kube-dns}}
-spec:
-  clusterIP: $DNS_IP
-  selector: {k8s-app: kube-dns}
-  ports:
-  - {name: dns, port: 53, protocol: UDP}
-  - {name: dns-tcp, port: 53, protocol: TCP}
-EOF
+  sed -e "s|@DNS_IMAGE@|$DNS_IMAGE|g" -e "s|@DNS_IP@|$DNS_IP|g" "$ROOT/tests/env/node-dns.yaml"
 }
 
 node_link() {  # name target: pid files are matched by the executable's name

@@ -123,9 +123,9 @@ pub fn root_mount_options(pid: u32) -> String {
     // Fields: id parent major:minor root mount-point options ...
     mountinfo
         .lines()
+        .rev()
         .map(|l| l.split(' ').collect::<Vec<_>>())
-        .filter(|f| f.len() > 5 && f[4] == "/")
-        .last()
+        .find(|f| f.len() > 5 && f[4] == "/")
         .map(|f| f[5].to_string())
         .expect("a mount at /")
 }
