@@ -86,6 +86,8 @@ node_host_network() {
   # with "too many open files". Raised only, never lowered.
   (($(cat /proc/sys/fs/inotify/max_user_instances) >= 1024)) || sysctl -qw fs.inotify.max_user_instances=1024 \
     || die "cannot raise fs.inotify.max_user_instances (needs root)"
+  # This state dir owns the host's node setup: only its `down` undoes it.
+  touch "$N/host-network"
   sysctl -qw net.bridge.bridge-nf-call-iptables=1 2>/dev/null || die "no br_netfilter (net.bridge.bridge-nf-call-iptables); kube-proxy cannot see bridged Pod traffic"
 }
 
@@ -183,6 +185,9 @@ start_node() {
   echo "$NODE_BIN" >"$N/node-bin"
   DNS_IMAGE="$(tar -xOf "$NODE_BIN/images/coredns.tar" index.json | sed -n 's/.*"io.containerd.image.name": "\([^"]*\)".*/\1/p')"
   node_link kubectl "$BIN/kubectl" >/dev/null
+  if ! alive kubelet && port_busy 10250; then
+    die "port 10250 (the kubelet's) is taken: is another test node running (tests/env.sh with another SKYPORT_STATE)? One node per machine"
+  fi
   node_host_network
   node_pki
   node_configs
@@ -314,12 +319,17 @@ stop_node() {
   for pid in $(pgrep -f "containerd-shim-runc-v2 .*-address $N/containerd/containerd.sock" || true); do
     kill -KILL "$pid" 2>/dev/null || true
   done
-  [[ -x "$bin/kube-proxy" ]] && "$bin/kube-proxy" --cleanup >/dev/null 2>&1 || true
-  node_kubelet_iptables_cleanup
-  awk -v n="$N/" 'index($2, n) == 1 {print $2}' /proc/mounts | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
-  ip link del skyport0 2>/dev/null || true
-  ip addr del "$NODE_IP/32" dev lo 2>/dev/null || true
-  ip route del local "$EXIT_RANGE" dev lo 2>/dev/null || true
+  # Host-wide state, undone only by the state dir that set it up (not by one whose node never
+  # started because another runs).
+  if [[ -f "$N/host-network" ]]; then
+    [[ -x "$bin/kube-proxy" ]] && "$bin/kube-proxy" --cleanup >/dev/null 2>&1 || true
+    node_kubelet_iptables_cleanup
+    awk -v n="$N/" 'index($2, n) == 1 {print $2}' /proc/mounts | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+    ip link del skyport0 2>/dev/null || true
+    ip addr del "$NODE_IP/32" dev lo 2>/dev/null || true
+    ip route del local "$EXIT_RANGE" dev lo 2>/dev/null || true
+    rm -f "$N/host-network"
+  fi
   rm -rf "$N/containerd/state" "$N/cni-ipam" "$N/kubelet/root"
   log "node stopped"
 }
