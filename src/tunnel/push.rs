@@ -1,4 +1,4 @@
-//! The exit server's side of config pushes ([`providers::push`] has the protocol and the
+//! The exit server's side of config pushes ([`providers::exit::push`] has the protocol and the
 //! client): a running server takes a new `server.toml` from the operator, so a Service's port
 //! change keeps the host and its address.
 //!
@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use providers::push::{Answer, Frame, PushKey, greeting};
+use providers::exit::push::{Answer, Frame, PushKey, greeting};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Mutex, Semaphore};
