@@ -32,7 +32,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 pub use backoff::{Backoff, jittered};
-pub use caches::{has_synced, primary_stream, slim, store_synced};
+pub use caches::{has_synced, hash_of, primary_stream, slim, spec_trigger, store_synced};
 pub use context::{Context, api_beside, error_policy, reconcile_with, scoped_api};
 
 /// Logs what a controller's stream yields, as `.for_each(log_result!(queue))`: a macro so that the
@@ -73,18 +73,6 @@ pub fn managed_selector() -> String {
 /// Stable per-object key for backoff and memory: the UID, else namespace/name.
 pub fn object_key<K: Resource>(obj: &K) -> String {
     obj.uid().unwrap_or_else(|| format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any()))
-}
-
-/// What wakes a reconcile of a primary object: a new object, a spec change (generation),
-/// deletion starting, or finalizers changing. Status writes (ours) are left out.
-pub fn spec_trigger<K: Resource>(obj: &K) -> Option<u64> {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    obj.meta().uid.hash(&mut h);
-    obj.meta().generation.hash(&mut h);
-    obj.meta().deletion_timestamp.is_some().hash(&mut h);
-    obj.finalizers().hash(&mut h);
-    Some(h.finish())
 }
 
 /// Runs one reconcile inside a span naming the object (kind, namespace, name) and records its

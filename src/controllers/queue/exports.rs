@@ -9,8 +9,8 @@
 //! seen. What skyport last wrote or read is remembered per Secret and read again at most once per
 //! `--queue-tag-resync`.
 
+use crate::controllers::hash_of;
 use std::collections::BTreeMap;
-use std::hash::{DefaultHasher, Hash, Hasher};
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -129,12 +129,7 @@ fn recorded(queue: &Queue, ctx: &Context) -> Vec<ExportRef> {
 }
 
 fn fingerprint(uid: &str, data: &Option<BTreeMap<String, ByteString>>) -> u64 {
-    let mut h = DefaultHasher::new();
-    uid.hash(&mut h);
-    for (k, v) in data.iter().flatten() {
-        (k, &v.0).hash(&mut h);
-    }
-    h.finish()
+    hash_of((uid, data.iter().flatten().map(|(k, v)| (k, &v.0)).collect::<Vec<_>>()))
 }
 
 /// Like [`ensure_owned_configmap`] for a Secret, with the memory of what was last seen instead

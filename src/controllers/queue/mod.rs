@@ -35,7 +35,6 @@ pub mod tenancy;
 #[cfg(test)]
 mod tests;
 
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -46,7 +45,7 @@ use kube::api::Api;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, predicates, watcher};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use providers::{QueueBackend, SqsSettings};
 use tracing::debug;
@@ -55,7 +54,7 @@ use crate::config::QueueArgs;
 use crate::controllers::resyncs::{self, Resyncs};
 use crate::controllers::{
     Backoff, api_beside, error_policy, has_finalizer, has_synced, jittered, managed_selector, object_key,
-    primary_stream, reconcile_with, scoped_api, slim,
+    primary_stream, reconcile_with, scoped_api, slim, spec_trigger,
 };
 use crate::crd::account::AwsAccount;
 use crate::crd::queue::Queue;
@@ -141,7 +140,7 @@ pub fn controller(
     // Status writes (ours) must not trigger reconciles: only spec (generation), finalizers and
     // deletion do. Periodic resync comes from the requeue each reconcile returns.
     let queue_stream =
-        primary_stream(scoped_api::<Queue>(&client, namespace.as_deref()), queue_writer, trim, trigger_hash);
+        primary_stream(scoped_api::<Queue>(&client, namespace.as_deref()), queue_writer, trim, spec_trigger);
     let (cm_reader, cm_writer) = reflector::store();
     // A ConfigMap's change wakes its controlling Queue, as `owns` would.
     let cm_changes =
@@ -198,14 +197,6 @@ fn trim(q: &mut Queue) {
     slim(q);
     q.metadata.labels = None;
     q.metadata.annotations = None;
-}
-
-fn trigger_hash(q: &Queue) -> Option<u64> {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    crate::controllers::spec_trigger(q).hash(&mut h);
-    // The generation predicate alone would miss a recreated object with the same generation.
-    predicates::generation(q).hash(&mut h);
-    Some(h.finish())
 }
 
 /// How long after a converge its follow-ups are answered from memory (`Context::written`); the

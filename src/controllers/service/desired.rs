@@ -67,7 +67,7 @@ pub fn tunnel_for(service: &Service) -> Result<Tunnel> {
             "address": address(service)?,
         },
     });
-    let mut tunnel: Tunnel = serde_json::from_value(value).map_err(|e| Error::InvalidSpec(e.to_string()))?;
+    let mut tunnel: Tunnel = serde_json::from_value(value).map_err(|e| Error::Internal(format!("Tunnel: {e}")))?;
     tunnel.spec.provider = tunnel.spec.provider.filter(|s| !s.is_empty());
     tunnel.spec.region = tunnel.spec.region.filter(|s| !s.is_empty());
     tunnel.spec.size = tunnel.spec.size.filter(|s| !s.is_empty());

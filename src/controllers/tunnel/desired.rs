@@ -6,7 +6,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::{Resource, ResourceExt};
-use providers::userdata::{ClientService, ExitServer, NoiseKeypair, Protocol, TunnelClient, TunnelService};
+use providers::exit::userdata::{ClientService, ExitServer, NoiseKeypair, Protocol, TunnelClient, TunnelService};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
@@ -47,7 +47,7 @@ pub fn service_ports(service: &Service, control_port: u16, health_port: u16) -> 
         if protocol == "TCP" && p.port == i32::from(health_port) {
             return Err(PortProblem::HealthReserved(p.port));
         }
-        if protocol == "TCP" && p.port == i32::from(providers::push::PUSH_PORT) {
+        if protocol == "TCP" && p.port == i32::from(providers::exit::push::PUSH_PORT) {
             return Err(PortProblem::PushReserved(p.port));
         }
         ports.push(TunnelPort { port: p.port, protocol });
@@ -314,7 +314,7 @@ pub fn deployment(tunnel: &Tunnel, image: &str, checksum: &str) -> Result<Deploy
             },
         },
     });
-    serde_json::from_value(value).map_err(|e| Error::InvalidSpec(format!("client Deployment: {e}")))
+    serde_json::from_value(value).map_err(|e| Error::Internal(format!("client Deployment: {e}")))
 }
 
 #[cfg(test)]

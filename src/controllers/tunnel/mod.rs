@@ -31,7 +31,6 @@ pub mod sweep;
 #[cfg(test)]
 mod tests;
 
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,9 +40,9 @@ use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::api::Api;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, predicates, watcher};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
-use providers::userdata::render_client_toml;
+use providers::exit::userdata::render_client_toml;
 use tracing::debug;
 
 pub use crate::clouds::Providers;
@@ -51,7 +50,7 @@ use crate::config::TunnelArgs;
 use crate::controllers::context::namespace_of;
 use crate::controllers::primary_stream;
 use crate::controllers::{
-    Backoff, api_beside, error_policy, has_finalizer, jittered, managed_selector, object_key, reconcile_with,
+    Backoff, api_beside, error_policy, has_finalizer, hash_of, jittered, managed_selector, object_key, reconcile_with,
     scoped_api, slim, spec_trigger,
 };
 use crate::crd::condition::{Condition, ConditionStatus};
@@ -173,19 +172,12 @@ pub fn controller(
 }
 
 fn service_hash(s: &Service) -> Option<u64> {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    s.metadata.uid.hash(&mut h);
-    s.metadata.deletion_timestamp.is_some().hash(&mut h);
-    serde_json::to_string(&s.spec).unwrap_or_default().hash(&mut h);
-    Some(h.finish())
+    let spec = serde_json::to_string(&s.spec).unwrap_or_default();
+    Some(hash_of((&s.metadata.uid, s.metadata.deletion_timestamp.is_some(), spec)))
 }
 
 fn deployment_hash(d: &Deployment) -> Option<u64> {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    d.metadata.uid.hash(&mut h);
-    predicates::generation(d).hash(&mut h);
-    d.metadata.deletion_timestamp.is_some().hash(&mut h);
-    Some(h.finish())
+    Some(hash_of((&d.metadata.uid, d.metadata.generation, d.metadata.deletion_timestamp.is_some())))
 }
 
 /// Entry point per object: [`reconcile_inner`] in a span naming the Tunnel.
@@ -300,7 +292,11 @@ async fn converge(
             // Another run made it meanwhile: use what it stored.
             None => match observe::credentials(&ctx.client, tunnel).await? {
                 SecretState::Stored(stored) => (stored.credentials, stored.client_toml, false),
-                _ => return Err(Error::MissingObjectKey("Secret").into()),
+                _ => {
+                    return Err(
+                        Error::Internal("the credentials Secret vanished right after it was created".into()).into()
+                    );
+                }
             },
         },
     };
@@ -344,7 +340,7 @@ async fn converge(
     };
     let client =
         desired::client(&ports, &credentials, &ip, (ctx.settings.control_port, ctx.settings.health_port), &cluster_ip);
-    let client_toml = render_client_toml(&client).map_err(|e| Error::InvalidSpec(e.to_string()))?;
+    let client_toml = render_client_toml(&client).map_err(|e| Error::Internal(format!("client config: {e}")))?;
     if stored_client.as_deref() != Some(client_toml.as_str()) {
         act::write_client_config(tunnel, &secrets, &client_toml, ctx).await?;
     }

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
+use providers::exit::userdata::{ExitServer, render_cloud_config};
 use providers::hosts::{TAG_CLUSTER, owner_tags};
-use providers::userdata::{ExitServer, render_cloud_config};
 use providers::{Host, HostProvider, HostRequest};
 use tracing::{info, warn};
 
@@ -224,8 +224,8 @@ async fn create(
 ) -> Result<Host> {
     let ns = tunnel.namespace().ok_or(Error::MissingObjectKey("namespace"))?;
     let uid = tunnel.uid().ok_or(Error::MissingObjectKey("uid"))?;
-    let artifacts = ctx.settings.exit_server_artifacts().map_err(|e| Error::InvalidSpec(e.to_string()))?;
-    let user_data = render_cloud_config(server, &artifacts).map_err(|e| Error::InvalidSpec(e.to_string()))?;
+    let artifacts = ctx.settings.exit_server_artifacts().map_err(|e| Error::Internal(e.to_string()))?;
+    let user_data = render_cloud_config(server, &artifacts).map_err(|e| Error::Internal(format!("user data: {e}")))?;
     // A Tunnel with a reserved address tags its hosts like the address: a DigitalOcean reserved
     // IP carries no tags of its own, only its droplet's.
     let tags = if tunnel.spec.reserves_address() {
