@@ -23,7 +23,7 @@ use std::time::Duration;
 use common::eventually;
 use common::kubelet::{Backends, skyport_exe, tcp_echo, udp_echo};
 use guest::Guest;
-use providers::userdata::{render_client_toml, render_cloud_config, render_server_toml};
+use providers::exit::userdata::{render_client_toml, render_cloud_config, render_server_toml};
 use sha2::{Digest, Sha256};
 use skyport::controllers::tunnel::desired;
 use skyport::crd::tunnel::TunnelPort;
@@ -244,11 +244,15 @@ async fn a_guest_booted_with_the_user_data_carries_tcp_and_udp_to_the_cluster() 
         vec![TunnelPort { port: 9090, protocol: "TCP".into() }, TunnelPort { port: 5353, protocol: "UDP".into() }];
     let server = desired::exit_server(&changed, &credentials, CONTROL_PORT, HEALTH_PORT);
     let started = std::time::Instant::now();
-    let pushed_at = providers::push::now_generation();
-    let pushed =
-        providers::push::reconfigure_host("guest", &ip.to_string(), &server, &render_server_toml(&server).unwrap())
-            .await
-            .unwrap();
+    let pushed_at = providers::exit::push::now_generation();
+    let pushed = providers::exit::push::reconfigure_host(
+        "guest",
+        &ip.to_string(),
+        &server,
+        &render_server_toml(&server).unwrap(),
+    )
+    .await
+    .unwrap();
     assert!(pushed, "the guest's exit server took the push");
     // Gone before the new one binds the same health address.
     client.kill().await.unwrap();

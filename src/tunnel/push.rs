@@ -1,4 +1,4 @@
-//! The exit server's side of config pushes ([`providers::push`] has the protocol and the
+//! The exit server's side of config pushes ([`providers::exit::push`] has the protocol and the
 //! client): a running server takes a new `server.toml` from the operator, so a Service's port
 //! change keeps the host and its address.
 //!
@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use providers::push::{ANSWER_LEN, Answer, Frame, PushKey, greeting, now_generation, seal_answer};
+use providers::exit::push::{ANSWER_LEN, Answer, Frame, PushKey, greeting, now_generation, seal_answer};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Mutex, Semaphore};

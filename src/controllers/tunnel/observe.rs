@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Client, Resource, ResourceExt};
+use providers::exit::userdata::NoiseKeypair;
 use providers::hosts::TAG_TUNNEL_UID;
-use providers::userdata::NoiseKeypair;
 use providers::{Address, Host, HostProvider};
 use tracing::info;
 

@@ -1,5 +1,5 @@
-use providers::push::{self, PushError};
-use providers::userdata::render_server_toml_on;
+use providers::exit::push::{self, PushError};
+use providers::exit::userdata::render_server_toml_on;
 use providers::{ExitServer, Protocol, TunnelService};
 
 use super::*;

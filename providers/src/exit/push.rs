@@ -33,12 +33,10 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::userdata::ExitServer;
 use crate::error::HostError;
-use crate::hosts::HostProvider;
-use crate::userdata::{ExitServer, render_server_toml};
 
-/// The TCP port exit servers take pushes on (beside rathole's control port, 2333).
-pub const PUSH_PORT: u16 = 2335;
+pub use super::userdata::PUSH_PORT;
 /// Protocol version; a server refuses others.
 pub const VERSION: u8 = 2;
 /// Start of the server's greeting, so a client never mistakes another service for a server.
@@ -309,24 +307,6 @@ pub async fn push(address: SocketAddr, key: &PushKey, config: &str, timeout: Dur
         }
     };
     tokio::time::timeout(timeout, work).await.map_err(|_| PushError::Timeout(address, timeout))?
-}
-
-/// [`crate::HostProvider::reconfigure`] of a cloud host: pushes `server` (rendered for a VM) to
-/// the host's public address.
-pub async fn reconfigure_running<P: HostProvider + ?Sized>(
-    provider: &P,
-    id: &str,
-    server: &ExitServer,
-) -> Result<bool, HostError> {
-    let name = provider.name();
-    let host =
-        provider.get(id).await?.ok_or_else(|| HostError::NotFound { provider: name, message: format!("host {id}") })?;
-    let Some(ip) = host.public_ipv4 else {
-        return Err(HostError::Unavailable { provider: name, message: format!("host {id} has no public address yet") });
-    };
-    let config =
-        render_server_toml(server).map_err(|e| HostError::Invalid { provider: name, message: e.to_string() })?;
-    reconfigure_host(name, &ip, server, &config).await
 }
 
 /// Pushes `config` (the host's rendered `server.toml`, sealed with the key derived from
