@@ -75,8 +75,16 @@ impl WithStatus for AwsAccount {
 }
 
 impl ObjectStatus for TunnelStatus {
-    const CLEARABLE: &'static [&'static str] =
-        &["phase", "provider", "hostId", "hostIp", "ports", "observedGeneration"];
+    const CLEARABLE: &'static [&'static str] = &[
+        "phase",
+        "provider",
+        "hostId",
+        "hostIp",
+        "ports",
+        "observedGeneration",
+        "replacements",
+        "nextReplacementAfter",
+    ];
     fn conditions(&self) -> &[Condition] {
         &self.conditions
     }

@@ -28,6 +28,7 @@ use providers::HostProvider;
 use providers::exit::userdata::{ExitServer, render_client_toml};
 
 use super::observe::SecretState;
+use super::plan::replace::{self, Cause, Unhealthy};
 use super::plan::{self, Blocked, TrafficStep};
 use super::status::{self, Writer, describe};
 use super::{Context, act, desired, observe};
@@ -151,8 +152,8 @@ impl<'a> Pass<'a> {
         let keys = self.credentials(&desired).await?;
         let Some(running) = self.host(&desired, &keys).await? else { return Ok(Action::requeue(BOOT_POLL)) };
         let Some(ip) = self.address(&desired, &running).await? else { return Ok(Action::requeue(BOOT_POLL)) };
-        self.client(&desired, &keys, &ip).await?;
-        Ok(self.traffic(&desired, &keys, ip, running.id).await?)
+        let client_available = self.client(&desired, &keys, &ip).await?;
+        Ok(self.traffic(&desired, &keys, (ip, running.id), client_available).await?)
     }
 
     /// The Service, its ports and the provider, checked before any cloud call.
@@ -220,8 +221,9 @@ impl<'a> Pass<'a> {
         Ok(Keys { credentials, stored_client, digest, configured, server })
     }
 
-    /// The client config in the Secret and the client Deployment, pointed at `ip`.
-    async fn client(&mut self, want: &Desired, keys: &Keys, ip: &str) -> Result<(), Failure> {
+    /// The client config in the Secret and the client Deployment, pointed at `ip`. Returns
+    /// whether the Deployment has an available replica.
+    async fn client(&mut self, want: &Desired, keys: &Keys, ip: &str) -> Result<bool, Failure> {
         let (tunnel, ctx) = (self.tunnel, self.ctx);
         let svc_name = &tunnel.spec.service_ref.name;
         let cluster_ip = want.service.spec.as_ref().and_then(|s| s.cluster_ip.clone()).filter(|ip| ip != "None");
@@ -241,15 +243,22 @@ impl<'a> Pass<'a> {
         }
         let ns = crate::controllers::context::namespace_of(tunnel)?;
         let checksum = desired::checksum(&client_toml);
-        act::ensure_deployment(tunnel, &ns, &ctx.settings.client_image, &checksum, ctx).await?;
-        Ok(())
+        Ok(act::ensure_deployment(tunnel, &ns, &ctx.settings.client_image, &checksum, ctx).await?)
     }
 
     /// Ready means traffic can flow: only a tunnel that passed the end-to-end check gets the
-    /// address published; any other state takes it off the Service first.
-    async fn traffic(&mut self, want: &Desired, keys: &Keys, ip: String, host_id: Option<String>) -> Result<Action> {
+    /// address published; any other state takes it off the Service first. Past the boot
+    /// timeout, the side at fault decides whether the host is replaced ([`replace::unhealthy`]).
+    async fn traffic(
+        &mut self,
+        want: &Desired,
+        keys: &Keys,
+        (ip, host_id): (String, Option<String>),
+        client_available: bool,
+    ) -> Result<Action> {
         let (tunnel, ctx, settings) = (self.tunnel, self.ctx, &self.ctx.settings);
         let probed = ctx.probe.check(&ip, settings.health_port, &keys.credentials.token).await;
+        let error = probed.as_ref().err().cloned().unwrap_or_default();
         let clock = host_id.clone().unwrap_or_else(|| ip.clone());
         let failing_for = ctx.failing.failing_for(&clock, probed.is_ok());
         let step = plan::traffic_step(probed, failing_for, settings.boot_timeout, settings.replace_after);
@@ -276,25 +285,41 @@ impl<'a> Pass<'a> {
                 .await?;
                 return Ok(Action::requeue(jittered(plan::health_poll(failing_for, HEALTH_POLL))));
             }
-            TrafficStep::NotEstablished { message } => {
-                self.record(record).await?;
-                self.report(TunnelPhase::Provisioning, "TunnelNotEstablished", &message).await?;
-                return Ok(Action::requeue(jittered(HEALTH_POLL)));
-            }
-            TrafficStep::Replace { why } => {
-                let host = (host_id.as_deref(), why.as_str());
-                act::host::replace_unhealthy(tunnel, &want.service, want.publishes, want.provider.as_ref(), host, ctx)
-                    .await?;
-                ctx.failing.forget(&clock);
-                let message = format!("{why}; provisioning a new exit server");
-                self.record(|s| {
-                    s.phase = Some(TunnelPhase::Provisioning);
-                    s.host_id = None;
-                    s.host_ip = None;
-                    s.conditions = status::not_ready("Replacing", &message);
-                })
-                .await?;
-                return Ok(Action::requeue(BOOT_POLL));
+            TrafficStep::NotEstablished { .. } | TrafficStep::Replace { .. } => {
+                let reachable = ctx.probe.reachable(&ip, settings.control_port).await;
+                let cause = Cause::diagnose(reachable, client_available);
+                let limits = replace::Limits {
+                    boot_timeout: settings.boot_timeout,
+                    replace_after: settings.replace_after,
+                    max: settings.max_replacements,
+                };
+                let client = desired::deployment_name(tunnel);
+                let now = (k8s_openapi::jiff::Timestamp::now(), client.as_str());
+                match replace::unhealthy((cause, &error), failing_for, self.status(), &limits, now) {
+                    Unhealthy::Report { reason, message } => {
+                        self.record(record).await?;
+                        self.report(TunnelPhase::Provisioning, reason, &message).await?;
+                        return Ok(Action::requeue(jittered(HEALTH_POLL)));
+                    }
+                    Unhealthy::Replace { why, count, next_after } => {
+                        let host = (host_id.as_deref(), cause.reason(), why.as_str());
+                        let provider = want.provider.as_ref();
+                        act::host::replace_unhealthy(tunnel, &want.service, want.publishes, provider, host, ctx)
+                            .await?;
+                        ctx.failing.forget(&clock);
+                        let message = format!("{why}; provisioning a new exit server");
+                        self.record(|s| {
+                            s.phase = Some(TunnelPhase::Provisioning);
+                            s.host_id = None;
+                            s.host_ip = None;
+                            s.replacements = Some(count);
+                            s.next_replacement_after = Some(next_after.to_string());
+                            s.conditions = status::not_ready("Replacing", &message);
+                        })
+                        .await?;
+                        return Ok(Action::requeue(BOOT_POLL));
+                    }
+                }
             }
         }
         if want.publishes {
@@ -308,6 +333,9 @@ impl<'a> Pass<'a> {
         );
         self.record(|s| {
             record(s);
+            // Working again: a later failure gets the whole replacement budget.
+            s.replacements = None;
+            s.next_replacement_after = None;
             s.phase = Some(TunnelPhase::Active);
             s.observed_generation = generation;
             s.conditions = vec![Condition::new("Ready", ConditionStatus::True, "Active", message)];

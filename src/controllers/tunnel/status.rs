@@ -48,7 +48,14 @@ pub async fn warn_if_new(
     ctx.publish(tunnel, EventType::Warning, reason, message.to_string()).await;
     // The Service's owner, who may not see Tunnels, must learn why nothing happens.
     let for_service = reason.starts_with("Provider")
-        || [super::plan::NOT_ALLOWED, "TunnelNotEstablished", "InvalidService"].contains(&reason);
+        || [
+            super::plan::NOT_ALLOWED,
+            "TunnelNotEstablished",
+            "ExitServerUnreachable",
+            "ClientNotAvailable",
+            "InvalidService",
+        ]
+        .contains(&reason);
     if let (Some(service), true) = (service, for_service) {
         ctx.publish_on(&service.object_ref(&()), EventType::Warning, reason, message.to_string()).await;
     }

@@ -71,20 +71,20 @@ pub async fn reconfigure(
 }
 
 /// Deletes an exit server whose tunnel never came up (or stopped working) for too long, with a
-/// Warning Event on the Tunnel and the Service, after taking its address off the Service when
+/// Warning Event (`reason`: the side at fault) on the Tunnel and the Service, after taking its address off the Service when
 /// this Tunnel `publishes` it.
 pub async fn replace_unhealthy(
     tunnel: &Tunnel,
     service: &Service,
     publishes: bool,
     provider: &dyn HostProvider,
-    (id, why): (Option<&str>, &str),
+    (id, reason, why): (Option<&str>, &str, &str),
     ctx: &Context,
 ) -> Result<()> {
     let note = format!("{why}; replacing the exit server");
     warn!(host = ?id, why, "replacing an exit server whose tunnel is down");
-    ctx.publish(tunnel, EventType::Warning, "TunnelNotEstablished", note.clone()).await;
-    ctx.publish_on(&kube::Resource::object_ref(service, &()), EventType::Warning, "TunnelNotEstablished", note).await;
+    ctx.publish(tunnel, EventType::Warning, reason, note.clone()).await;
+    ctx.publish_on(&kube::Resource::object_ref(service, &()), EventType::Warning, reason, note).await;
     if let Some(id) = id {
         delete_unpublished(provider, id, publishes.then_some(service), ctx).await?;
     }

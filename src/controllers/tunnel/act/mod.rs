@@ -71,7 +71,8 @@ pub async fn write_client_config(
 }
 
 /// Applies the client Deployment unless the existing one already runs `image` with `checksum`.
-pub async fn ensure_deployment(tunnel: &Tunnel, ns: &str, image: &str, checksum: &str, ctx: &Context) -> Result<()> {
+/// Returns whether it has an available replica (as the API server last reported).
+pub async fn ensure_deployment(tunnel: &Tunnel, ns: &str, image: &str, checksum: &str, ctx: &Context) -> Result<bool> {
     let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
     let name = desired::deployment_name(tunnel);
     if let Some(current) = api.get_opt(&name).await? {
@@ -84,13 +85,17 @@ pub async fn ensure_deployment(tunnel: &Tunnel, ns: &str, image: &str, checksum:
             template.and_then(|t| t.spec.as_ref()).and_then(|s| s.containers.first()).and_then(|c| c.image.as_deref());
         let ours = current.owner_references().iter().any(|r| Some(&r.uid) == tunnel.meta().uid.as_ref());
         if ours && sum.map(String::as_str) == Some(checksum) && current_image == Some(image) {
-            return Ok(());
+            return Ok(available(&current));
         }
     }
     ctx.api_writes.inc();
     let want = desired::deployment(tunnel, image, checksum)?;
-    api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&want)).await?;
-    Ok(())
+    let applied = api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&want)).await?;
+    Ok(available(&applied))
+}
+
+fn available(deployment: &Deployment) -> bool {
+    deployment.status.as_ref().and_then(|s| s.available_replicas).unwrap_or(0) > 0
 }
 
 /// Sets (or with `None` clears) the Service's `status.loadBalancer.ingress`, when it differs.
