@@ -15,6 +15,8 @@ pub enum Error {
     MissingObjectKey(&'static str),
     #[error("{0}")]
     InvalidSpec(String),
+    #[error("{0}")]
+    Artifact(#[from] crate::tunnel::verify::ArtifactProblem),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -27,7 +29,8 @@ impl Error {
             Error::Queue(e) => e.class() == ErrorClass::Permanent,
             Error::Host(e) => e.class() == ErrorClass::Permanent,
             Error::InvalidSpec(_) | Error::MissingObjectKey(_) => true,
-            Error::Kube(_) => false,
+            // A file published or a mirror fixed later heals it without touching the object.
+            Error::Kube(_) | Error::Artifact(_) => false,
         }
     }
 
@@ -37,6 +40,7 @@ impl Error {
             Error::Kube(_) => "KubernetesApiError",
             Error::MissingObjectKey(_) => "InvalidObject",
             Error::InvalidSpec(_) => "InvalidSpec",
+            Error::Artifact(p) => p.reason(),
             Error::Queue(e) => match e {
                 QueueError::NotFound => "NotFound",
                 QueueError::DeletedRecently(_) => "RecentlyDeleted",
@@ -57,6 +61,7 @@ impl Error {
                 HostError::AlreadyExists { .. } => "ProviderConflict",
                 HostError::Quota { .. } => "ProviderQuotaExceeded",
                 HostError::Unavailable { .. } => "ProviderUnavailable",
+                HostError::NoDefaultVpc { .. } => "ProviderNoDefaultVpc",
             },
         }
     }

@@ -26,6 +26,7 @@ pub mod desired;
 mod health_tests;
 pub mod observe;
 pub mod plan;
+pub mod ranges;
 pub mod status;
 pub mod sweep;
 #[cfg(test)]
@@ -305,6 +306,7 @@ async fn converge(
         },
     };
     let server = desired::exit_server(&ports, &credentials, ctx.settings.control_port, ctx.settings.health_port);
+    let (server, source_ranges) = ranges::restrict(server, &tunnel.spec.source_ranges).map_err(Failure::Blocked)?;
 
     let found = observe::find_host(provider.as_ref(), status.current(), &uid).await?;
     let publishes = desired::controls_service_status(tunnel, service).then_some(service);
@@ -333,6 +335,8 @@ async fn converge(
         AddressReached::Ready { ip } => ip,
         AddressReached::HostReplaced => return Ok(Action::requeue(BOOT_POLL)),
     };
+    let on = (&server, source_ranges.as_slice());
+    let enforced = ranges::converge(tunnel, &provider, host_id.as_deref(), on, ctx, status).await?;
 
     let cluster_ip = service.spec.as_ref().and_then(|s| s.cluster_ip.clone()).filter(|ip| ip != "None");
     let Some(cluster_ip) = cluster_ip else {
@@ -417,8 +421,9 @@ async fn converge(
                 ConditionStatus::True,
                 "Active",
                 format!(
-                    "exit server {ip} forwards {} to Service {svc_name}; the tunnel passed its health check",
-                    describe(&ports)
+                    "exit server {ip} forwards {} to Service {svc_name}; the tunnel passed its health check{}",
+                    describe(&ports),
+                    ranges::note(enforced, &source_ranges, &provider_name),
                 ),
             )];
         })

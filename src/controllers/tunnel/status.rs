@@ -47,6 +47,7 @@ pub async fn report(
         ctx.publish(tunnel, EventType::Warning, reason, message.to_string()).await;
         // The Service's owner, who may not see Tunnels, must learn why nothing happens.
         let for_service = reason.starts_with("Provider")
+            || reason.starts_with("Artifact")
             || [super::plan::NOT_ALLOWED, "TunnelNotEstablished", "InvalidService"].contains(&reason);
         if let (Some(service), true) = (service, for_service) {
             ctx.publish_on(&service.object_ref(&()), EventType::Warning, reason, message.to_string()).await;

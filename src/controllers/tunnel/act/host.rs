@@ -225,6 +225,7 @@ async fn create(
     let ns = tunnel.namespace().ok_or(Error::MissingObjectKey("namespace"))?;
     let uid = tunnel.uid().ok_or(Error::MissingObjectKey("uid"))?;
     let artifacts = ctx.settings.exit_server_artifacts().map_err(|e| Error::InvalidSpec(e.to_string()))?;
+    crate::tunnel::verify::before_create(provider, &artifacts, &ctx.settings).await?;
     let user_data = render_cloud_config(server, &artifacts).map_err(|e| Error::InvalidSpec(e.to_string()))?;
     // A Tunnel with a reserved address tags its hosts like the address: a DigitalOcean reserved
     // IP carries no tags of its own, only its droplet's.
