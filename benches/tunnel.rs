@@ -322,6 +322,7 @@ fn tunnels_request() -> providers::HostRequest {
                 protocol: providers::Protocol::Tcp,
                 port: 9000,
                 token: "bench".into(),
+                source_ranges: Vec::new(),
             }],
         },
         tags: providers::owner_tags("00000000-0000-0000-0000-000000000000", "bench", "direct"),

@@ -22,6 +22,8 @@ pub enum Error {
     /// so never reported as a spec error, and retried with backoff.
     #[error("internal error: {0}")]
     Internal(String),
+    #[error("{0}")]
+    Artifact(#[from] crate::tunnel::verify::ArtifactProblem),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -34,7 +36,8 @@ impl Error {
             Error::Queue(e) => e.class() == ErrorClass::Permanent,
             Error::Host(e) => e.class() == ErrorClass::Permanent,
             Error::InvalidSpec(_) | Error::MissingObjectKey(_) => true,
-            Error::Kube(_) | Error::Internal(_) => false,
+            // A file published or a mirror fixed later heals it without touching the object.
+            Error::Kube(_) | Error::Internal(_) | Error::Artifact(_) => false,
         }
     }
 
@@ -45,6 +48,7 @@ impl Error {
             Error::MissingObjectKey(_) => "InvalidObject",
             Error::InvalidSpec(_) => "InvalidSpec",
             Error::Internal(_) => "InternalError",
+            Error::Artifact(p) => p.reason(),
             Error::Queue(e) => match e {
                 QueueError::NotFound => "NotFound",
                 QueueError::DeletedRecently(_) => "RecentlyDeleted",
@@ -65,6 +69,7 @@ impl Error {
                 HostError::AlreadyExists { .. } => "ProviderConflict",
                 HostError::Quota { .. } => "ProviderQuotaExceeded",
                 HostError::Unavailable { .. } => "ProviderUnavailable",
+                HostError::NoDefaultVpc { .. } => "ProviderNoDefaultVpc",
             },
         }
     }

@@ -24,6 +24,7 @@ use tracing::info;
 
 pub mod firewall;
 pub mod push;
+pub mod verify;
 
 pub use firewall::firewall;
 
@@ -92,6 +93,7 @@ pub fn health_server_service(port: u16, token: &str) -> providers::TunnelService
         protocol: providers::Protocol::Tcp,
         port,
         token: token.into(),
+        source_ranges: Vec::new(),
     }
 }
 

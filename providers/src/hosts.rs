@@ -191,6 +191,19 @@ pub trait HostProvider: Send + Sync {
     async fn reconfigure(&self, id: &str, server: &ExitServer) -> Result<bool, HostError> {
         reconfigure_running(self, id, server).await
     }
+    /// Makes the host's cloud firewall admit each service port only from its `source_ranges`
+    /// (the Service's `loadBalancerSourceRanges` changed), without touching the exit server
+    /// itself. `Ok(false)`: this provider keeps no firewall per host, so the ranges are not
+    /// enforced here (the default; EC2 enforces them with the host's security group).
+    async fn sync_source_ranges(&self, _id: &str, _server: &ExitServer) -> Result<bool, HostError> {
+        Ok(false)
+    }
+    /// Whether this provider's hosts download the exit-server binary from the artifact URL, so
+    /// the operator checks that URL before buying one (the local provider runs the operator's
+    /// own executable).
+    fn fetches_artifact(&self) -> bool {
+        true
+    }
     /// How reserved addresses get onto hosts here.
     fn address_binding(&self) -> AddressBinding {
         AddressBinding::Assign

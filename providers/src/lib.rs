@@ -5,6 +5,7 @@
 //! of rate limiting and of classifying errors.
 
 pub mod aws;
+pub mod cidr;
 pub mod digitalocean;
 pub mod ec2;
 pub mod error;

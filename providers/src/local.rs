@@ -391,6 +391,11 @@ impl HostProvider for LocalProvider {
         result
     }
 
+    /// Local exit servers run the operator's own executable; nothing is downloaded.
+    fn fetches_artifact(&self) -> bool {
+        false
+    }
+
     fn name(&self) -> &'static str {
         PROVIDER
     }

@@ -103,6 +103,18 @@ pub struct TunnelArgs {
     #[arg(long = "exit-server-url", env = "SKYPORT_EXIT_SERVER_URL", default_value = DEFAULT_EXIT_SERVER_URL)]
     pub exit_server_url: String,
 
+    /// Do not check, before buying an exit server, that --exit-server-url serves a file with the
+    /// expected SHA-256 (for setups where the VMs reach a mirror the operator cannot). With the
+    /// check, a Tunnel whose exit server could only fail reports `ArtifactUnavailable` or
+    /// `ArtifactDigestMismatch` instead of creating it.
+    #[arg(long = "skip-exit-server-check", env = "SKYPORT_SKIP_EXIT_SERVER_CHECK", default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub skip_exit_server_check: bool,
+
+    /// How long a passed exit-server binary check is trusted before the file is downloaded and
+    /// checked again (a failed one is retried after at most 30s).
+    #[arg(long = "exit-server-check-ttl", env = "SKYPORT_EXIT_SERVER_CHECK_TTL", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub exit_server_check_ttl: Duration,
+
     /// Digest for exit servers of another architecture than the operator's, as ARCH=SHA256
     /// (repeatable, e.g. aarch64=<64 hex digits> for an arm64 VM size under an x86_64 operator).
     /// The operator's own architecture always uses the digest of its own executable.
@@ -155,6 +167,12 @@ pub struct TunnelArgs {
     #[arg(long = "ec2-image-id", env = "SKYPORT_EC2_IMAGE_ID")]
     pub ec2_image_id: Option<String>,
 
+    /// ec2 provider: subnet of the exit servers in the default region (needed where the region
+    /// has no default VPC); their security groups go to the subnet's VPC. It must give instances
+    /// a public IPv4 address and route to an internet gateway. Default: the default VPC.
+    #[arg(long = "ec2-subnet-id", env = "SKYPORT_EC2_SUBNET_ID")]
+    pub ec2_subnet_id: Option<String>,
+
     /// ec2 provider: another region a Tunnel may name in `spec.region`, with its AMI (AMI ids
     /// are regional), as REGION=AMI; repeat the flag or separate with commas. A region not listed
     /// (nor the default one) is refused with a message naming the configured ones; these regions
@@ -193,6 +211,8 @@ impl Default for TunnelArgs {
             client_image: OWN_IMAGE.into(),
             exit_server_url: DEFAULT_EXIT_SERVER_URL.into(),
             exit_server_sha256: Vec::new(),
+            skip_exit_server_check: false,
+            exit_server_check_ttl: Duration::from_secs(3600),
             self_exe: "/proc/self/exe".into(),
             control_port: 2333,
             health_port: 2334,
@@ -202,6 +222,7 @@ impl Default for TunnelArgs {
             max_replacements: 3,
             local_state_dir: "/tmp/skyport-local-hosts".into(),
             ec2_image_id: None,
+            ec2_subnet_id: None,
             ec2_region_images: Vec::new(),
             hetzner_location: providers::hetzner::DEFAULT_LOCATION.into(),
             cluster_id: None,
@@ -300,6 +321,26 @@ mod tests {
         let Command::Run(run) = cli.command else { panic!("expected run") };
         assert_eq!(run.tunnel.backoff(&run.queue).delay_for(3), Duration::from_secs(10));
         assert!(Cli::try_parse_from(["skyport", "run", "--provider", "nowhere"]).is_err());
+    }
+
+    #[test]
+    fn the_exit_server_check_is_on_by_default_and_the_subnet_unset() {
+        let cli = Cli::try_parse_from(["skyport", "run"]).unwrap();
+        let Command::Run(run) = cli.command else { panic!("expected run") };
+        assert!(!run.tunnel.skip_exit_server_check && run.tunnel.ec2_subnet_id.is_none());
+        assert_eq!(run.tunnel.exit_server_check_ttl, Duration::from_secs(3600));
+        let cli = Cli::try_parse_from([
+            "skyport",
+            "run",
+            "--skip-exit-server-check",
+            "--exit-server-check-ttl=5m",
+            "--ec2-subnet-id=subnet-0a",
+        ])
+        .unwrap();
+        let Command::Run(run) = cli.command else { panic!("expected run") };
+        assert!(run.tunnel.skip_exit_server_check);
+        assert_eq!(run.tunnel.exit_server_check_ttl, Duration::from_secs(300));
+        assert_eq!(run.tunnel.ec2_subnet_id.as_deref(), Some("subnet-0a"));
     }
 
     #[test]

@@ -54,8 +54,13 @@ mod tests {
     async fn the_ruleset_opens_exactly_the_configs_ports_and_the_push_port() {
         let dir = std::env::temp_dir().join(format!("skyport-firewall-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let service =
-            |name: &str, protocol, port| TunnelService { name: name.into(), protocol, port, token: "t".into() };
+        let service = |name: &str, protocol, port| TunnelService {
+            name: name.into(),
+            protocol,
+            port,
+            token: "t".into(),
+            source_ranges: Vec::new(),
+        };
         let server = ExitServer {
             control_port: 2333,
             noise_private_key: "wCR3TomqL60P4MLphr9nSLR+tS5cgq7pccADVo2zaaQ=".into(),

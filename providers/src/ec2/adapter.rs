@@ -33,7 +33,7 @@ impl HostProvider for Ec2Provider {
         let instance_type = request.size.clone().unwrap_or_else(|| self.settings.default_instance_type.clone());
         let user_data = base64::engine::general_purpose::STANDARD.encode(&request.user_data);
         let token = format!("skyport-{:016x}", rand::random::<u64>());
-        let subnet = self.settings.subnet_id.clone().filter(|_| r.name.is_none());
+        let subnet = self.network(&r).await?.subnet;
         let launched = self
             .call(&r, "RunInstances", async {
                 r.client
@@ -105,6 +105,23 @@ impl HostProvider for Ec2Provider {
             }
         }
         crate::exit::push::reconfigure_host(PROVIDER, &ip, server, &config).await
+    }
+
+    /// The host's security groups made by skyport take exactly the new rules ([`Self::reconfigure`]
+    /// without the push: the exit server itself does not know the ranges).
+    async fn sync_source_ranges(&self, id: &str, server: &ExitServer) -> Result<bool, HostError> {
+        let (r, instance_id) = self.resolve(id)?;
+        self.retry_pending().await;
+        // A terminated instance reads as gone, as in `get`.
+        let gone = || HostError::NotFound { provider: PROVIDER, message: format!("instance {id}") };
+        let instance = self.describe(&r, instance_id).await?.ok_or_else(gone)?;
+        host_in(&r, &instance).ok_or_else(gone)?;
+        for group in self.groups_of(&r, instance_id, Some(&instance)).await? {
+            if self.is_ours(&r, &group).await? {
+                self.sync_ingress(&r, &group, server).await?;
+            }
+        }
+        Ok(true)
     }
 
     async fn get(&self, id: &str) -> Result<Option<Host>, HostError> {

@@ -40,6 +40,7 @@ pub fn exit_server() -> ExitServer {
             protocol: Protocol::Tcp,
             port: 80,
             token: "tok".into(),
+            source_ranges: Vec::new(),
         }],
     }
 }

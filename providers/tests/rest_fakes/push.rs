@@ -119,6 +119,7 @@ async fn digitalocean_and_hetzner_push_a_port_change_to_the_running_exit_server(
             protocol: providers::Protocol::Tcp,
             port: 8443,
             token: "tok".into(),
+            source_ranges: Vec::new(),
         });
         assert!(provider.reconfigure(&host.id, &changed).await.unwrap(), "{kind:?}");
         let applied = std::fs::read_to_string(server.dir.join("server.toml")).unwrap();

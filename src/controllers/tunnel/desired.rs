@@ -96,7 +96,7 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// What the exit server runs: the Service's ports and the health check's.
+/// What the exit server runs: the Service's ports (from anywhere, see `ranges::restrict`) and the health check's.
 pub fn exit_server(ports: &[TunnelPort], credentials: &Credentials, control_port: u16, health_port: u16) -> ExitServer {
     let mut services: Vec<TunnelService> = ports
         .iter()
@@ -106,6 +106,7 @@ pub fn exit_server(ports: &[TunnelPort], credentials: &Credentials, control_port
             // Validated by service_ports: 1..=65535 comes from the Service's schema.
             port: u16::try_from(p.port).unwrap_or_default(),
             token: credentials.token.clone(),
+            source_ranges: Vec::new(),
         })
         .collect();
     services.push(crate::tunnel::health_server_service(health_port, &credentials.token));
@@ -179,8 +180,7 @@ pub fn client_labels(tunnel: &Tunnel) -> BTreeMap<String, String> {
     ])
 }
 
-/// SHA-256 of the client config: a pod template annotation, so a config change rolls the pod
-/// (a mounted Secret's update is not noticed by the tunnel client).
+/// SHA-256 of the client config as a pod annotation: a change rolls the pod (the client misses Secret updates).
 pub fn checksum(text: &str) -> String {
     hex(&Sha256::digest(text.as_bytes()))
 }

@@ -22,6 +22,7 @@ mod health_tests;
 pub mod observe;
 pub mod phases;
 pub mod plan;
+pub mod ranges;
 pub mod status;
 pub mod sweep;
 #[cfg(test)]

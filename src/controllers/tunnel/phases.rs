@@ -31,7 +31,7 @@ use super::observe::SecretState;
 use super::plan::replace::{self, Cause, Unhealthy};
 use super::plan::{self, Blocked, TrafficStep};
 use super::status::{self, Writer, describe};
-use super::{Context, act, desired, observe};
+use super::{Context, act, desired, observe, ranges};
 use crate::controllers::jittered;
 use crate::controllers::status::ObjectStatus;
 use crate::crd::condition::{Condition, ConditionStatus};
@@ -78,6 +78,8 @@ pub struct Keys {
     /// The ports the running host may be trusted to have ([`plan::configured_ports`]).
     configured: Vec<TunnelPort>,
     server: ExitServer,
+    /// `spec.sourceRanges`, canonical ([`ranges::restrict`]).
+    source_ranges: Vec<String>,
 }
 
 /// The running exit server, once the host phase is through.
@@ -152,8 +154,9 @@ impl<'a> Pass<'a> {
         let keys = self.credentials(&desired).await?;
         let Some(running) = self.host(&desired, &keys).await? else { return Ok(Action::requeue(BOOT_POLL)) };
         let Some(ip) = self.address(&desired, &running).await? else { return Ok(Action::requeue(BOOT_POLL)) };
+        let enforced = self.source_ranges(&desired, &keys, running.id.as_deref()).await?;
         let client_available = self.client(&desired, &keys, &ip).await?;
-        Ok(self.traffic(&desired, &keys, (ip, running.id), client_available).await?)
+        Ok(self.traffic(&desired, &keys, (ip, running.id, enforced), client_available).await?)
     }
 
     /// The Service, its ports and the provider, checked before any cloud call.
@@ -188,7 +191,7 @@ impl<'a> Pass<'a> {
     }
 
     /// The credentials Secret: read, or created once (an earlier Tunnel's stale one deleted first).
-    async fn credentials(&mut self, want: &Desired) -> Result<Keys> {
+    async fn credentials(&mut self, want: &Desired) -> Result<Keys, Failure> {
         let (tunnel, ctx) = (self.tunnel, self.ctx);
         let secrets: Api<Secret> = crate::controllers::api_beside(&ctx.client, tunnel)?;
         let secret = observe::credentials(&ctx.client, tunnel).await?;
@@ -204,9 +207,8 @@ impl<'a> Pass<'a> {
                     None => match observe::credentials(&ctx.client, tunnel).await? {
                         SecretState::Stored(stored) => (stored.credentials, stored.client_toml, false),
                         _ => {
-                            return Err(Error::Internal(
-                                "the credentials Secret vanished right after it was created".into(),
-                            ));
+                            let message = "the credentials Secret vanished right after it was created";
+                            return Err(Error::Internal(message.into()).into());
                         }
                     },
                 }
@@ -214,11 +216,26 @@ impl<'a> Pass<'a> {
         };
         let settings = &ctx.settings;
         let server = desired::exit_server(&want.ports, &credentials, settings.control_port, settings.health_port);
+        let (server, source_ranges) =
+            ranges::restrict(server, &self.tunnel.spec.source_ranges).map_err(Failure::Blocked)?;
         // New keys (the Secret was re-created, now or in a reconcile that failed after) mean the
         // running server must get the new configuration: status remembers the host's keys' digest.
         let digest = plan::credentials_digest(&credentials);
         let configured = plan::configured_ports(self.status(), fresh, &digest);
-        Ok(Keys { credentials, stored_client, digest, configured, server })
+        Ok(Keys { credentials, stored_client, digest, configured, server, source_ranges })
+    }
+
+    /// The running host's cloud firewall brought to `spec.sourceRanges` where the provider has
+    /// one; whether they are enforced.
+    async fn source_ranges(&mut self, want: &Desired, keys: &Keys, host_id: Option<&str>) -> Result<bool> {
+        let recorded = self.status().source_ranges.clone();
+        let on = (&keys.server, keys.source_ranges.as_slice());
+        let (enforced, record) =
+            ranges::converge(self.tunnel, &want.provider, host_id, on, recorded.as_deref(), self.ctx).await?;
+        if let Some(now) = record {
+            self.record(|s| s.source_ranges = now).await?;
+        }
+        Ok(enforced)
     }
 
     /// The client config in the Secret and the client Deployment, pointed at `ip`. Returns
@@ -253,7 +270,7 @@ impl<'a> Pass<'a> {
         &mut self,
         want: &Desired,
         keys: &Keys,
-        (ip, host_id): (String, Option<String>),
+        (ip, host_id, enforced): (String, Option<String>, bool),
         client_available: bool,
     ) -> Result<Action> {
         let (tunnel, ctx, settings) = (self.tunnel, self.ctx, &self.ctx.settings);
@@ -327,9 +344,10 @@ impl<'a> Pass<'a> {
         }
         let generation = tunnel.metadata.generation;
         let message = format!(
-            "exit server {ip} forwards {} to Service {}; the tunnel passed its health check",
+            "exit server {ip} forwards {} to Service {}; the tunnel passed its health check{}",
             describe(&want.ports),
-            tunnel.spec.service_ref.name
+            tunnel.spec.service_ref.name,
+            ranges::note(enforced, &keys.source_ranges, want.provider.name()),
         );
         self.record(|s| {
             record(s);

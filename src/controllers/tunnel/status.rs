@@ -48,6 +48,7 @@ pub async fn warn_if_new(
     ctx.publish(tunnel, EventType::Warning, reason, message.to_string()).await;
     // The Service's owner, who may not see Tunnels, must learn why nothing happens.
     let for_service = reason.starts_with("Provider")
+        || reason.starts_with("Artifact")
         || [
             super::plan::NOT_ALLOWED,
             "TunnelNotEstablished",

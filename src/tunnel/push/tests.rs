@@ -13,7 +13,13 @@ fn server(control_port: u16, key: &str, ports: &[u16]) -> ExitServer {
         noise_private_key: key.into(),
         services: ports
             .iter()
-            .map(|p| TunnelService { name: format!("tcp-{p}"), protocol: Protocol::Tcp, port: *p, token: "t0k".into() })
+            .map(|p| TunnelService {
+                name: format!("tcp-{p}"),
+                protocol: Protocol::Tcp,
+                port: *p,
+                token: "t0k".into(),
+                source_ranges: Vec::new(),
+            })
             .collect(),
     }
 }

@@ -103,6 +103,10 @@ pub struct TunnelService {
     pub port: u16,
     /// The service's token (secret).
     pub token: String,
+    /// CIDRs allowed to reach `port` (the Service's `loadBalancerSourceRanges`); empty: anywhere.
+    /// Enforced by the cloud firewall where the provider has one per host (EC2 security groups);
+    /// the host's own nftables ruleset opens the port to anywhere.
+    pub source_ranges: Vec<String>,
 }
 
 impl std::fmt::Debug for TunnelService {
@@ -112,6 +116,7 @@ impl std::fmt::Debug for TunnelService {
             .field("protocol", &self.protocol)
             .field("port", &self.port)
             .field("token", &"<redacted>")
+            .field("source_ranges", &self.source_ranges)
             .finish()
     }
 }

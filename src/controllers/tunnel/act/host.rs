@@ -103,6 +103,7 @@ pub async fn create(
 ) -> Result<Host> {
     let ns = tunnel.namespace().ok_or(Error::MissingObjectKey("namespace"))?;
     let artifacts = ctx.settings.exit_server_artifacts().map_err(|e| Error::Internal(e.to_string()))?;
+    crate::tunnel::verify::before_create(provider, &artifacts, &ctx.settings).await?;
     let user_data = render_cloud_config(server, &artifacts).map_err(|e| Error::Internal(format!("user data: {e}")))?;
     let region = match (&tunnel.spec.region, address) {
         (Some(region), _) => Some(region.clone()),
