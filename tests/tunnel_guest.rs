@@ -128,6 +128,9 @@ async fn a_tunnel_on_booted_guests_carries_bytes_follows_ports_outlives_a_stoppe
     assert!(machine.read("/etc/nftables.conf").contains("9090"), "the guest's firewall followed");
     assert_eq!(mirror.downloads(), 1, "a push downloads nothing");
 
+    let reasons: Vec<String> = events(&ns.client, &ns.name, "web-tunnel").await.into_iter().map(|e| e.0).collect();
+    assert!(!reasons.contains(&"ExitServerLost".to_string()), "no guest was lost so far: {reasons:?}");
+
     // Powered off behind skyport's back: replaced by a new guest on the reserved address, which
     // downloads and checks the binary anew.
     let stopped = Instant::now();

@@ -72,6 +72,10 @@ async fn a_guest_stopped_behind_the_providers_back_reads_stopped_and_is_found_ag
     let Some((p, state)) = provider("stopped") else { return };
     let uid = contract::fresh_uid();
     let host = p.create(&contract::request("skyport-stopped", &uid)).await.unwrap();
+    // Running from the start: read a moment too early, a fresh guest must not look stopped (the
+    // controller would replace it at once).
+    assert_eq!(host.state, HostState::Running);
+    assert_eq!(p.get(&host.id).await.unwrap().map(|h| h.state), Some(HostState::Running));
     let machine = p.machine(&host.id).expect("the guest's files");
     assert_eq!(host.public_ipv4, Some(machine.ip.to_string()));
     // Booted from the seed, with the host under its fixed name.

@@ -186,6 +186,21 @@ impl Machine {
             .spawn()
             .map_err(|e| format!("systemd-nspawn: {e}"))?;
         std::fs::write(self.dir.join("pid"), child.id().to_string()).map_err(|e| format!("pid file: {e}"))?;
+        // For a moment after the spawn the kernel shows no command line yet, and a guest read in
+        // that moment would look stopped: return once it is recognisably running.
+        let mut child = child;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.pid().is_none() {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!("systemd-nspawn exited at once ({status}): {}", self.console().trim()));
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err("systemd-nspawn did not come up within 10 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         Ok(child)
     }
 
