@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use providers::HostProvider as _;
 use providers::guest::{GuestProvider, GuestSettings};
 
 use super::{median, peers, service};
