@@ -77,6 +77,9 @@ async fn a_guest_stopped_behind_the_providers_back_reads_stopped_and_is_found_ag
     assert_eq!(host.state, HostState::Running);
     assert_eq!(p.get(&host.id).await.unwrap().map(|h| h.state), Some(HostState::Running));
     let machine = p.machine(&host.id).expect("the guest's files");
+    // Its seed holds the tunnel's secrets: nobody but root reads the guest's folder.
+    use std::os::unix::fs::PermissionsExt as _;
+    assert_eq!(std::fs::metadata(&machine.dir).unwrap().permissions().mode() & 0o777, 0o700);
     assert_eq!(host.public_ipv4, Some(machine.ip.to_string()));
     // Booted from the seed, with the host under its fixed name.
     for _ in 0..300 {

@@ -125,6 +125,11 @@ impl Machine {
         for sub in ["upper", "work", "root"] {
             std::fs::create_dir_all(self.dir.join(sub)).map_err(|e| format!("{}: {e}", self.dir.display()))?;
         }
+        // The seed holds the tunnel's secrets, which a cloud hands only to the VM: only root
+        // (nspawn, the guest's own root) may look inside.
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&self.dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| format!("{}: {e}", self.dir.display()))?;
         let overlay = format!(
             "lowerdir={},upperdir={},workdir={}",
             rootfs.display(),
