@@ -122,3 +122,19 @@ pub async fn cluster_id(client: &kube::Client, args: &TunnelArgs) -> anyhow::Res
         .context("reading the kube-system namespace's UID as the cluster id (or pass --cluster-id)")?;
     ns.metadata.uid.context("kube-system has no UID")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_guest_provider_says_what_it_lacks() {
+        let args = TunnelArgs { provider: Some(GUEST.into()), ..Default::default() };
+        let err = configure(&args, None).await.err().expect("no root file system").to_string();
+        assert!(err.contains("--guest-rootfs") && err.contains("build-guest.sh"), "{err}");
+        let args = TunnelArgs { guest_rootfs: Some("/nonexistent".into()), ..args };
+        let err = format!("{:#}", configure(&args, None).await.err().expect("not a root file system"));
+        // As root it names the missing root file system; elsewhere, root.
+        assert!(err.contains("guest provider") && (err.contains("/nonexistent") || err.contains("root")), "{err}");
+    }
+}
