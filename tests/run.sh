@@ -49,12 +49,14 @@ fi
 cargo test --workspace --all-targets --no-fail-fast "$@" -- --include-ignored --test-threads 8
 
 # The benchmarks' quick modes, so they cannot rot: benches/queues.rs (10 Queues, one run, ~2 min,
-# most of it SQS's 60 s recreate rule), benches/tunnel.rs (2 runs, ~20 s) and benches/ack.rs
+# most of it SQS's 60 s recreate rule), benches/tunnel.rs (2 runs, ~20 s; one on guests as root) and benches/ack.rs
 # (~1 min per run: skyport at its defaults and with its budgets open, and the floor). The dev profile reuses the build above; the figures worth reading come from the full
 # runs (BENCHMARKS.md). Skipped when arguments select some of the tests.
 if [[ $# == 0 ]]; then
   cargo bench --profile dev --bench queues -- --quick
   cargo bench --profile dev --bench tunnel -- --quick
+  # The same path on booted guests (one run, ~2 min), as root.
+  if [[ $(id -u) == 0 ]]; then cargo bench --profile dev --bench tunnel -- --quick --guest; fi
   # skyport side by side with ACK (10 Queues); without SKYPORT_ACK_SRC skyport's arms and the
   # floor only, and it says so.
   cargo bench --profile dev --bench ack -- --quick
