@@ -255,7 +255,7 @@ async fn run(options: Options) -> anyhow::Result<()> {
     let mark = |ok: bool| if ok { "PASS" } else { "MISS" };
     println!(
         "## Tunnel (local provider, real skyport tunnel server and client, rathole {})",
-        providers::userdata::RATHOLE_VERSION
+        providers::exit::userdata::RATHOLE_VERSION
     );
     println!(
         "runs: {}, per run: {} MiB bulk transfer, {} round trips of 64 bytes, {:?} of new connections (4 at a time)",

@@ -6,7 +6,8 @@
 //! on the host (`common::mirror`), and the digest is derived from the shipped static binary as
 //! the operator derives it from itself. The guest installs, downloads and checks the binary,
 //! loads its firewall and starts the server under systemd; then real TCP and UDP bytes flow from
-//! this host (the "internet") through the guest to backends behind `skyport tunnel client`. A tampered download is refused on the guest.
+//! this host (the "internet") through the guest to backends behind `skyport tunnel client`. A
+//! tampered download is refused on the guest.
 //!
 //! Needs root (systemd-nspawn, network namespaces) and the guest root file system
 //! (tests/env/build-guest.sh; tests/run.sh builds it). Where guests cannot boot the tests fail,
@@ -22,8 +23,8 @@ use common::eventually;
 use common::kubelet::{Backends, skyport_exe, tcp_echo, udp_echo};
 use common::mirror::https_mirror;
 use guest::{Guest, guest_exe, rootfs_or_skip};
+use providers::exit::userdata::{render_client_toml, render_cloud_config, render_server_toml};
 use providers::guest::HOST_ALIAS;
-use providers::userdata::{render_client_toml, render_cloud_config, render_server_toml};
 use sha2::{Digest, Sha256};
 use skyport::controllers::tunnel::desired;
 use skyport::crd::tunnel::TunnelPort;
@@ -183,10 +184,15 @@ async fn a_guest_booted_with_the_user_data_carries_tcp_and_udp_to_the_cluster() 
         vec![TunnelPort { port: 9090, protocol: "TCP".into() }, TunnelPort { port: 5353, protocol: "UDP".into() }];
     let server = desired::exit_server(&changed, &credentials, CONTROL_PORT, HEALTH_PORT);
     let started = std::time::Instant::now();
-    let pushed =
-        providers::push::reconfigure_host("guest", &ip.to_string(), &server, &render_server_toml(&server).unwrap())
-            .await
-            .unwrap();
+    let pushed_at = providers::exit::push::now_generation();
+    let pushed = providers::exit::push::reconfigure_host(
+        "guest",
+        &ip.to_string(),
+        &server,
+        &render_server_toml(&server).unwrap(),
+    )
+    .await
+    .unwrap();
     assert!(pushed, "the guest's exit server took the push");
     // Gone before the new one binds the same health address.
     client.kill().await.unwrap();
@@ -206,7 +212,9 @@ async fn a_guest_booted_with_the_user_data_carries_tcp_and_udp_to_the_cluster() 
     let removed = tokio::time::timeout(Duration::from_secs(3), tokio::net::TcpStream::connect((ip, 8080))).await;
     assert!(removed.is_err(), "8080 must be dropped by the guest's firewall after the push, got {removed:?}");
     assert_eq!(udp_echo(&ip.to_string(), 5353, b"still").await.as_deref(), Some(&b"5353:still"[..]));
-    assert_eq!(guest.read("/etc/skyport/server.toml.generation").trim(), "1");
+    // Generations are milliseconds since the epoch at least (the guest shares the host's clock).
+    let generation: u64 = guest.read("/etc/skyport/server.toml.generation").trim().parse().unwrap();
+    assert!(generation >= pushed_at, "generation {generation}, pushed at {pushed_at}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

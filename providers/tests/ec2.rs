@@ -21,8 +21,8 @@ use std::time::Duration;
 use aws_sdk_ec2::types::{Filter, SecurityGroup};
 use base64::Engine as _;
 use providers::ec2::{Ec2Provider, Ec2Settings, TAG_INSTANCE_ID};
+use providers::exit::userdata::{Protocol, TunnelService};
 use providers::hosts::{HostProvider, HostRequest, HostState, MANAGED_BY_VALUE, TAG_MANAGED_BY, TAG_TUNNEL_UID};
-use providers::userdata::{Protocol, TunnelService};
 use providers::{ErrorClass, HostError, owner_tags};
 
 /// Any id works on LocalStack; this one has the shape of a real AMI id.

@@ -8,11 +8,11 @@ mod contract;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use providers::hosts::{HostProvider, HostState, MANAGED_BY_VALUE, TAG_MANAGED_BY};
-use providers::local::{LocalProvider, LocalSettings};
-use providers::userdata::{
+use providers::exit::userdata::{
     ClientService, ExitServer, NoiseKeypair, Protocol, TunnelClient, TunnelService, render_client_toml,
 };
+use providers::hosts::{HostProvider, HostState, MANAGED_BY_VALUE, TAG_MANAGED_BY};
+use providers::local::{LocalProvider, LocalSettings};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 

@@ -133,6 +133,13 @@ pub struct TunnelArgs {
     #[arg(long = "tunnel-replace-after", env = "SKYPORT_TUNNEL_REPLACE_AFTER", default_value = "15m", value_parser = humantime::parse_duration)]
     pub replace_after: Duration,
 
+    /// How many exit servers in a row skyport replaces because their tunnel does not come up
+    /// (each after twice the wait of the one before, starting at --tunnel-replace-after), before
+    /// it stops and leaves the Tunnel Ready=False with the cause; an Active tunnel resets the count.
+    /// A client Deployment that is not available is never a reason to replace the exit server.
+    #[arg(long = "tunnel-max-replacements", env = "SKYPORT_TUNNEL_MAX_REPLACEMENTS", default_value_t = 3)]
+    pub max_replacements: u32,
+
     /// How long an exit server must fail the health check before its address is taken off the
     /// Service, so that a single failed probe does not flap the address (and DNS built on it);
     /// 0 withdraws it at the first failure. A replaced host's address always goes first.
@@ -207,6 +214,7 @@ impl Default for TunnelArgs {
             boot_timeout: Duration::from_secs(600),
             replace_after: Duration::from_secs(900),
             withdraw_after: Duration::from_secs(30),
+            max_replacements: 3,
             local_state_dir: "/tmp/skyport-local-hosts".into(),
             guest_rootfs: None,
             guest_state_dir: "/var/lib/skyport-guests".into(),

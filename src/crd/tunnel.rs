@@ -192,6 +192,14 @@ pub struct TunnelStatus {
     /// The `metadata.generation` last acted on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// Exit servers replaced because their tunnel did not come up, since the Tunnel was last
+    /// Active. At `--tunnel-max-replacements` skyport stops replacing and reports the cause.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replacements: Option<u32>,
+    /// The earliest time (RFC 3339) of the next such replacement: each one waits twice as long
+    /// as the one before. Kept in status, so an operator restart does not reset it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_replacement_after: Option<String>,
     /// `Ready`: the exit server runs, the client is deployed and the Service's ports are exposed.
     #[serde(default)]
     pub conditions: Vec<Condition>,

@@ -34,7 +34,7 @@ pub async fn firewall(config: &Path, output: &Path, push_port: u16) -> anyhow::R
             _ => tcp.insert(port(&service.bind_addr)?),
         };
     }
-    let rules = providers::userdata::render_nftables_ports(&tcp, &udp);
+    let rules = providers::exit::userdata::render_nftables_ports(&tcp, &udp);
     let mut staged = output.as_os_str().to_owned();
     staged.push(".skyport-tmp");
     std::fs::write(&staged, rules).with_context(|| format!("writing {}", output.display()))?;
@@ -45,7 +45,7 @@ pub async fn firewall(config: &Path, output: &Path, push_port: u16) -> anyhow::R
 
 #[cfg(test)]
 mod tests {
-    use providers::userdata::render_server_toml;
+    use providers::exit::userdata::render_server_toml;
     use providers::{ExitServer, Protocol, TunnelService};
 
     use super::*;
@@ -68,7 +68,11 @@ mod tests {
         let rules = std::fs::read_to_string(&output).unwrap();
         assert!(rules.contains("tcp dport { 2333, 2335, 9090 } accept"), "{rules}");
         assert!(rules.contains("udp dport { 53 } accept"), "{rules}");
-        assert_eq!(rules, providers::userdata::render_nftables(&server), "the same ruleset the user data starts with");
+        assert_eq!(
+            rules,
+            providers::exit::userdata::render_nftables(&server),
+            "the same ruleset the user data starts with"
+        );
 
         // A config that does not parse leaves the ruleset as it was.
         std::fs::write(&config, "[server\nbind_addr = 1").unwrap();

@@ -9,9 +9,9 @@ use super::convert::{host_in, map_err};
 use super::groups::tags;
 use super::{Ec2Provider, MAX_USER_DATA, PROVIDER, TAG_INSTANCE_ID, invalid, metadata_options, unavailable};
 use crate::error::HostError;
+use crate::exit::userdata::{ExitServer, render_server_toml};
 use crate::hosts::{Address, AddressRequest, Host, HostProvider, HostRequest};
 use crate::limiter::Limiter;
-use crate::userdata::{ExitServer, render_server_toml};
 
 #[async_trait]
 impl HostProvider for Ec2Provider {
@@ -86,7 +86,7 @@ impl HostProvider for Ec2Provider {
     }
 
     /// Makes the host's security groups open exactly the new ports, then pushes the config to
-    /// the exit server ([`crate::push`]). The group goes first so a new port is reachable the
+    /// the exit server ([`crate::exit::push`]). The group goes first so a new port is reachable the
     /// moment the server binds it; a removed port is closed a moment early, which is harmless
     /// (the Service no longer has it). A host that takes no push is replaced by the controller.
     async fn reconfigure(&self, id: &str, server: &ExitServer) -> Result<bool, HostError> {
@@ -104,7 +104,7 @@ impl HostProvider for Ec2Provider {
                 self.sync_ingress(&r, &group, server).await?;
             }
         }
-        crate::push::reconfigure_host(PROVIDER, &ip, server, &config).await
+        crate::exit::push::reconfigure_host(PROVIDER, &ip, server, &config).await
     }
 
     async fn get(&self, id: &str) -> Result<Option<Host>, HostError> {

@@ -18,9 +18,9 @@ use tracing::{debug, info, warn};
 
 use super::{Ec2Provider, PROVIDER, Regional, TAG_INSTANCE_ID, map_err, unavailable};
 use crate::error::HostError;
+use crate::exit::push::PUSH_PORT;
+use crate::exit::userdata::{ExitServer, Protocol};
 use crate::hosts::{HostRequest, TAG_MANAGED_BY};
-use crate::push::PUSH_PORT;
-use crate::userdata::{ExitServer, Protocol};
 
 /// Marks a group whose deletion failed, so a restarted operator still deletes it.
 pub const TAG_DELETE_PENDING: &str = "skyport.dev/delete-pending";

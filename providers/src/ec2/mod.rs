@@ -61,8 +61,8 @@ use crate::rest::Budget;
 use {
     self::convert::host,
     self::groups::{MAX_GROUP_NAME, group_in_use, group_name, ingress, tags},
+    crate::exit::userdata::Protocol,
     crate::hosts::{HostRequest, HostState},
-    crate::userdata::Protocol,
     aws_sdk_ec2::types::InstanceStateName,
 };
 

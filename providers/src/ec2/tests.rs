@@ -26,7 +26,7 @@ fn ec2_error_codes_map_to_the_shared_classes() {
 }
 
 fn request() -> HostRequest {
-    use crate::userdata::{ExitServer, TunnelService};
+    use crate::exit::userdata::{ExitServer, TunnelService};
     let service = |port, protocol| TunnelService { name: format!("s{port}"), protocol, port, token: "t".into() };
     HostRequest {
         name: "skyport-team-a-web".into(),

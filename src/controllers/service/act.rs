@@ -1,13 +1,14 @@
 //! Writes: creating and deleting the Service's Tunnel, with an Event on the Service.
 
 use k8s_openapi::api::core::v1::Service;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use tracing::{info, warn};
 
 use super::Context;
 use super::desired::tunnel_for;
+use crate::controllers::owned;
 use crate::crd::tunnel::Tunnel;
 use crate::error::{Error, Result};
 
@@ -26,16 +27,11 @@ pub async fn create(service: &Service, api: &Api<Tunnel>, ctx: &Context) -> Resu
         Err(e) => return Err(e),
     };
     let name = tunnel.name_any();
-    ctx.api_writes.inc();
-    match api.create(&PostParams::default(), &tunnel).await {
-        Ok(_) => {
-            info!(tunnel = %name, "created Tunnel for LoadBalancer Service");
-            ctx.publish(service, EventType::Normal, "TunnelCreated", format!("created Tunnel {name}")).await;
-            Ok(())
-        }
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-        Err(e) => Err(e.into()),
+    if owned::create(api, &tunnel, &ctx.api_writes).await? {
+        info!(tunnel = %name, "created Tunnel for LoadBalancer Service");
+        ctx.publish(service, EventType::Normal, "TunnelCreated", format!("created Tunnel {name}")).await;
     }
+    Ok(())
 }
 
 /// Deletes the Tunnel `name` (its finalizer deletes the exit server). An Event tells why,

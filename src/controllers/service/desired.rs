@@ -5,7 +5,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use crate::config::TunnelArgs;
-use crate::controllers::MANAGED_BY;
+use crate::controllers::owned;
 use crate::crd::tunnel::Tunnel;
 use crate::error::{Error, Result};
 
@@ -49,16 +49,11 @@ pub fn tunnel_name(service: &Service) -> String {
 
 /// The Tunnel for `service`: owned by it, spec from its annotations.
 pub fn tunnel_for(service: &Service) -> Result<Tunnel> {
-    let owner = service.controller_owner_ref(&()).ok_or(Error::MissingObjectKey("uid"))?;
     let annotation = |k: &str| service.annotations().get(k).cloned();
     let value = json!({
         "apiVersion": "skyport.dev/v1alpha1",
         "kind": "Tunnel",
-        "metadata": {
-            "name": tunnel_name(service),
-            "labels": {MANAGED_BY.0: MANAGED_BY.1},
-            "ownerReferences": [owner],
-        },
+        "metadata": owned::meta(service, &tunnel_name(service), [])?,
         "spec": {
             "serviceRef": {"name": service.name_any()},
             "provider": annotation(ANNOTATION_PROVIDER),
@@ -67,7 +62,7 @@ pub fn tunnel_for(service: &Service) -> Result<Tunnel> {
             "address": address(service)?,
         },
     });
-    let mut tunnel: Tunnel = serde_json::from_value(value).map_err(|e| Error::InvalidSpec(e.to_string()))?;
+    let mut tunnel: Tunnel = serde_json::from_value(value).map_err(|e| Error::Internal(format!("Tunnel: {e}")))?;
     tunnel.spec.provider = tunnel.spec.provider.filter(|s| !s.is_empty());
     tunnel.spec.region = tunnel.spec.region.filter(|s| !s.is_empty());
     tunnel.spec.size = tunnel.spec.size.filter(|s| !s.is_empty());
