@@ -10,10 +10,12 @@ pub mod digitalocean;
 pub mod ec2;
 pub mod error;
 pub mod exit;
+pub mod guest;
 pub mod hetzner;
 pub mod hosts;
 pub mod limiter;
 pub mod local;
+mod reservations;
 pub mod rest;
 pub mod sqs;
 

@@ -16,7 +16,7 @@ pub const DEFAULT_EXIT_SERVER_URL: &str =
 /// Tunnel settings: which LoadBalancer Services get a Tunnel, and where exit servers run.
 #[derive(Debug, Clone, Args)]
 pub struct TunnelArgs {
-    /// Default provider for exit servers (`local`, `ec2`, `digitalocean`, `hetzner`); a Tunnel's
+    /// Default provider for exit servers (`local`, `guest`, `ec2`, `digitalocean`, `hetzner`); a Tunnel's
     /// spec.provider overrides it. Without it, and with no cloud token or --ec2-image-id, the
     /// Tunnel controllers do not run. Credentials come from the provider's standard environment:
     /// the AWS chain for ec2, DIGITALOCEAN_TOKEN, HCLOUD_TOKEN; providers whose credentials are
@@ -162,6 +162,21 @@ pub struct TunnelArgs {
     #[arg(long = "local-state-dir", env = "SKYPORT_LOCAL_STATE_DIR", default_value = "/tmp/skyport-local-hosts")]
     pub local_state_dir: std::path::PathBuf,
 
+    /// guest provider: the root file system every guest boots an overlay of (Debian with
+    /// cloud-init, from tests/env/build-guest.sh). Required by `--provider guest`.
+    #[arg(long = "guest-rootfs", env = "SKYPORT_GUEST_ROOTFS")]
+    pub guest_rootfs: Option<std::path::PathBuf>,
+
+    /// guest provider: directory holding one folder per guest (its overlay, console log, tags).
+    #[arg(long = "guest-state-dir", env = "SKYPORT_GUEST_STATE_DIR", default_value = "/var/lib/skyport-guests")]
+    pub guest_state_dir: std::path::PathBuf,
+
+    /// guest provider: PEM file of CA certificates the guests trust besides Debian's, for an
+    /// `--exit-server-url` mirror with a private CA (guests reach this machine as
+    /// `host.skyport.internal`).
+    #[arg(long = "guest-ca-file", env = "SKYPORT_GUEST_CA_FILE")]
+    pub guest_ca_file: Option<std::path::PathBuf>,
+
     /// ec2 provider: AMI of the exit servers in the default region (a Debian or Ubuntu image with
     /// cloud-init).
     #[arg(long = "ec2-image-id", env = "SKYPORT_EC2_IMAGE_ID")]
@@ -221,6 +236,9 @@ impl Default for TunnelArgs {
             withdraw_after: Duration::from_secs(30),
             max_replacements: 3,
             local_state_dir: "/tmp/skyport-local-hosts".into(),
+            guest_rootfs: None,
+            guest_state_dir: "/var/lib/skyport-guests".into(),
+            guest_ca_file: None,
             ec2_image_id: None,
             ec2_subnet_id: None,
             ec2_region_images: Vec::new(),

@@ -42,10 +42,10 @@ pub struct TunnelSpec {
     /// The Service in this namespace whose ports the exit server exposes. Immutable.
     pub service_ref: ServiceRef,
 
-    /// Name of a provider configured in the operator: `local`, `ec2`, `digitalocean` or
+    /// Name of a provider configured in the operator: `local`, `guest`, `ec2`, `digitalocean` or
     /// `hetzner`. Unset uses the operator's default (`skyport run --provider`). Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^(local|ec2|digitalocean|hetzner)$"))]
+    #[schemars(regex(pattern = r"^(local|guest|ec2|digitalocean|hetzner)$"))]
     pub provider: Option<String>,
 
     /// Provider region or location slug (for example `eu-central-1`, `fra1`, `nbg1`). Unset uses
