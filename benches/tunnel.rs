@@ -21,6 +21,11 @@
 //!    config pushed to the running server, as on cloud VMs; the client pod rolled, as the
 //!    kubelet would). Target: ≤ 10 s. A new address or a new host is an error.
 //!
+//! 4. **`--guest`**: the same path against booted guests (the `guest` provider), from the
+//!    Service to the first byte, for a port change, and to recover from a guest powered off
+//!    behind skyport's back (`tunnel/guest.rs`; root, tests/env/build-guest.sh and the static
+//!    build in `SKYPORT_GUEST_EXE`). 3 runs, 1 with `--quick`; it replaces 1-3.
+//!
 //! The tunnel runs the skyport binary of the profile the benchmark is built with (the exit server
 //! and the client alike), so `cargo bench` (release) measures a release tunnel; with
 //! `SKYPORT_BENCH_EXE=$(tests/env/build-musl.sh)` it runs the static musl binary exit servers
@@ -34,6 +39,7 @@
 //! tests/env/install-bench-peers.sh
 //! cargo bench --bench tunnel                # 7 runs, 256 MiB transfers, 2000 round trips, 3 s of connects
 //! cargo bench --bench tunnel -- --quick     # 2 runs, 16 MiB, 200 round trips, 0.5 s (CI, tests/run.sh)
+//! cargo bench --bench tunnel -- --guest     # as root, with SKYPORT_GUEST_ROOTFS and SKYPORT_GUEST_EXE
 //! ```
 //!
 //! Run without `--bench` (as `cargo test --all-targets` does) it only says how to run it.
@@ -43,6 +49,8 @@ mod common;
 #[allow(dead_code)]
 #[path = "entry/mod.rs"]
 mod entry;
+#[path = "tunnel/guest.rs"]
+mod on_guests;
 #[path = "tunnel/peers.rs"]
 mod peers;
 use common::tunnels;
@@ -247,7 +255,7 @@ async fn run(options: Options) -> anyhow::Result<()> {
     let mark = |ok: bool| if ok { "PASS" } else { "MISS" };
     println!(
         "## Tunnel (local provider, real skyport tunnel server and client, rathole {})",
-        providers::userdata::RATHOLE_VERSION
+        providers::exit::userdata::RATHOLE_VERSION
     );
     println!(
         "runs: {}, per run: {} MiB bulk transfer, {} round trips of 64 bytes, {:?} of new connections (4 at a time)",
@@ -322,6 +330,7 @@ fn tunnels_request() -> providers::HostRequest {
                 protocol: providers::Protocol::Tcp,
                 port: 9000,
                 token: "bench".into(),
+                source_ranges: Vec::new(),
             }],
         },
         tags: providers::owner_tags("00000000-0000-0000-0000-000000000000", "bench", "direct"),
@@ -332,11 +341,15 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if !args.iter().any(|a| a == "--bench") {
         println!(
-            "benches/tunnel.rs is a benchmark against the test environment: cargo bench --bench tunnel [-- --quick]"
+            "benches/tunnel.rs is a benchmark against the test environment: cargo bench --bench tunnel [-- --quick] [--guest]"
         );
         return Ok(());
     }
     let quick = args.iter().any(|a| a == "--quick");
+    if args.iter().any(|a| a == "--guest") {
+        let runs = if quick { 1 } else { 3 };
+        return tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(on_guests::run(runs));
+    }
     let options = if quick {
         Options { runs: 2, megabytes: 16, round_trips: 200, connect_for: Duration::from_millis(500) }
     } else {

@@ -17,10 +17,11 @@ use crate::config::TunnelArgs;
 
 /// The provider names `--provider` and `spec.provider` accept (each adapter's `name()`).
 pub const LOCAL: &str = "local";
+pub const GUEST: &str = "guest";
 pub const EC2: &str = "ec2";
 pub const DIGITALOCEAN: &str = "digitalocean";
 pub const HETZNER: &str = "hetzner";
-pub const NAMES: [&str; 4] = [LOCAL, EC2, DIGITALOCEAN, HETZNER];
+pub const NAMES: [&str; 5] = [LOCAL, GUEST, EC2, DIGITALOCEAN, HETZNER];
 
 /// The configured host providers, by name, and the default for Tunnels that name none.
 #[derive(Clone, Default)]
@@ -57,6 +58,9 @@ pub async fn configure(args: &TunnelArgs, aws_region: Option<&str>) -> anyhow::R
         (settings.first_address, settings.last_address) = args.local_addresses;
         list.push(Arc::new(providers::local::LocalProvider::new(settings).context("local provider")?));
     }
+    if default == Some(GUEST) {
+        list.push(Arc::new(guest_provider(args)?));
+    }
     let token = |vars: &[&str]| vars.iter().find_map(|v| std::env::var(v).ok().filter(|t| !t.is_empty()));
     match token(&["DIGITALOCEAN_TOKEN", "DIGITALOCEAN_ACCESS_TOKEN"]) {
         Some(t) => {
@@ -80,6 +84,7 @@ pub async fn configure(args: &TunnelArgs, aws_region: Option<&str>) -> anyhow::R
             let mut settings = providers::Ec2Settings::new(ami.clone());
             settings.region = aws_region.map(str::to_string);
             settings.region_images = args.ec2_region_images.iter().cloned().collect();
+            settings.subnet_id = args.ec2_subnet_id.clone().filter(|s| !s.trim().is_empty());
             list.push(Arc::new(providers::Ec2Provider::from_env(settings).await.context("ec2 provider")?));
         }
         None if default == Some(EC2) => {
@@ -97,6 +102,16 @@ pub async fn configure(args: &TunnelArgs, aws_region: Option<&str>) -> anyhow::R
     Ok(registry)
 }
 
+/// The guest provider of `--provider guest` (root only: it boots guests with systemd-nspawn).
+fn guest_provider(args: &TunnelArgs) -> anyhow::Result<providers::guest::GuestProvider> {
+    let Some(rootfs) = &args.guest_rootfs else {
+        bail!("--provider guest needs --guest-rootfs (a root file system from tests/env/build-guest.sh)")
+    };
+    let mut settings = providers::guest::GuestSettings::new(args.guest_state_dir.clone(), rootfs.clone());
+    settings.ca_file = args.guest_ca_file.clone();
+    providers::guest::GuestProvider::new(settings).context("guest provider")
+}
+
 /// This cluster's identity for host tags: `--cluster-id`, else the kube-system namespace's UID
 /// (stable for the cluster's life, distinct between clusters).
 pub async fn cluster_id(client: &kube::Client, args: &TunnelArgs) -> anyhow::Result<String> {
@@ -108,4 +123,20 @@ pub async fn cluster_id(client: &kube::Client, args: &TunnelArgs) -> anyhow::Res
         .await
         .context("reading the kube-system namespace's UID as the cluster id (or pass --cluster-id)")?;
     ns.metadata.uid.context("kube-system has no UID")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_guest_provider_says_what_it_lacks() {
+        let args = TunnelArgs { provider: Some(GUEST.into()), ..Default::default() };
+        let err = configure(&args, None).await.err().expect("no root file system").to_string();
+        assert!(err.contains("--guest-rootfs") && err.contains("build-guest.sh"), "{err}");
+        let args = TunnelArgs { guest_rootfs: Some("/nonexistent".into()), ..args };
+        let err = format!("{:#}", configure(&args, None).await.err().expect("not a root file system"));
+        // As root it names the missing root file system; elsewhere, root.
+        assert!(err.contains("guest provider") && (err.contains("/nonexistent") || err.contains("root")), "{err}");
+    }
 }

@@ -13,8 +13,17 @@ pub enum Error {
     Host(#[from] HostError),
     #[error("object has no {0}")]
     MissingObjectKey(&'static str),
+    /// The user's input cannot be served as written (a spec, an annotation, an object in the
+    /// way): reported as `InvalidSpec` and left until the user changes something.
     #[error("{0}")]
     InvalidSpec(String),
+    /// skyport failed on its own side (a document it builds does not serialize or render, its
+    /// own configuration is unusable, an object it made vanished mid-way): not the user's to fix,
+    /// so never reported as a spec error, and retried with backoff.
+    #[error("internal error: {0}")]
+    Internal(String),
+    #[error("{0}")]
+    Artifact(#[from] crate::tunnel::verify::ArtifactProblem),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -27,7 +36,8 @@ impl Error {
             Error::Queue(e) => e.class() == ErrorClass::Permanent,
             Error::Host(e) => e.class() == ErrorClass::Permanent,
             Error::InvalidSpec(_) | Error::MissingObjectKey(_) => true,
-            Error::Kube(_) => false,
+            // A file published or a mirror fixed later heals it without touching the object.
+            Error::Kube(_) | Error::Internal(_) | Error::Artifact(_) => false,
         }
     }
 
@@ -37,6 +47,8 @@ impl Error {
             Error::Kube(_) => "KubernetesApiError",
             Error::MissingObjectKey(_) => "InvalidObject",
             Error::InvalidSpec(_) => "InvalidSpec",
+            Error::Internal(_) => "InternalError",
+            Error::Artifact(p) => p.reason(),
             Error::Queue(e) => match e {
                 QueueError::NotFound => "NotFound",
                 QueueError::DeletedRecently(_) => "RecentlyDeleted",
@@ -57,6 +69,7 @@ impl Error {
                 HostError::AlreadyExists { .. } => "ProviderConflict",
                 HostError::Quota { .. } => "ProviderQuotaExceeded",
                 HostError::Unavailable { .. } => "ProviderUnavailable",
+                HostError::NoDefaultVpc { .. } => "ProviderNoDefaultVpc",
             },
         }
     }
@@ -73,5 +86,23 @@ impl Error {
             Error::Host(e) => e.retry_after(),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spec_error_waits_for_the_user_an_internal_failure_is_retried() {
+        let spec = Error::InvalidSpec("annotation skyport.dev/address: \"x\" is not one of Reserved, Ephemeral".into());
+        assert!(spec.is_permanent());
+        assert_eq!(spec.reason(), "InvalidSpec");
+        let internal = Error::Internal("client Deployment: missing field `spec`".into());
+        assert!(!internal.is_permanent(), "an internal failure is retried with backoff");
+        assert_eq!(internal.reason(), "InternalError");
+        assert_ne!(internal.reason(), spec.reason(), "users never see an internal failure as a spec error");
+        assert!(internal.to_string().starts_with("internal error: "), "{internal}");
+        assert!(internal.retry_after().is_none() && !internal.heals_slowly());
     }
 }

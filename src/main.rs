@@ -12,7 +12,7 @@ use skyport::http::{self, Phase};
 use skyport::leader::{self, Lease};
 use skyport::metrics::{CloudSnapshot, Metrics, ReadyCounts};
 use skyport::{controllers, crd, telemetry};
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 // jemalloc rather than musl's allocator in the static image: see Cargo.toml.
 #[global_allocator]
@@ -199,10 +199,19 @@ async fn start_tunnels(
     controllers::tunnel::plan::check_health_settings(t.control_port, t.health_port, t.boot_timeout, t.replace_after)
         .map_err(anyhow::Error::msg)?;
     // Fail at start, not at the first Tunnel, when exit servers could not be checked.
-    if registry.names().iter().any(|name| *name != "local") {
+    if registry.all().any(|p| p.fetches_artifact()) {
         let artifacts = args.tunnel.exit_server_artifacts().context("exit-server binary (--exit-server-url)")?;
-        for a in artifacts {
+        for a in &artifacts {
             info!(arch = %a.arch, url = %a.url, sha256 = %a.sha256, "exit servers download and check this binary");
+        }
+        // Said at start, before a Tunnel needs a host (which checks again, from the cache).
+        if !t.skip_exit_server_check {
+            let ttl = t.exit_server_check_ttl;
+            tokio::spawn(async move {
+                if let Err(e) = skyport::tunnel::verify::check(&artifacts, ttl).await {
+                    warn!(reason = e.reason(), "{e}");
+                }
+            });
         }
     }
     let backoff = args.tunnel.backoff(&args.queue);

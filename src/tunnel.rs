@@ -16,7 +16,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use providers::userdata::Artifact;
+use providers::exit::userdata::Artifact;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -24,6 +24,7 @@ use tracing::info;
 
 pub mod firewall;
 pub mod push;
+pub mod verify;
 
 pub use firewall::firewall;
 
@@ -92,6 +93,7 @@ pub fn health_server_service(port: u16, token: &str) -> providers::TunnelService
         protocol: providers::Protocol::Tcp,
         port,
         token: token.into(),
+        source_ranges: Vec::new(),
     }
 }
 
@@ -354,26 +356,28 @@ mod tests {
         use snow::resolvers::{CryptoResolver, RingResolver};
         let dir = std::env::temp_dir().join(format!("skyport-pattern-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let keys = providers::userdata::NoiseKeypair::generate();
+        let keys = providers::exit::userdata::NoiseKeypair::generate();
         let server = providers::ExitServer {
             control_port: 2333,
             noise_private_key: keys.private_key.clone(),
             services: vec![health_server_service(9000, "t0k")],
         };
-        let client = providers::userdata::TunnelClient {
+        let client = providers::exit::userdata::TunnelClient {
             remote_addr: "203.0.113.9:2333".into(),
             server_public_key: keys.public_key.clone(),
             services: vec![health_client_service(9000, "t0k")],
         };
-        std::fs::write(dir.join("server.toml"), providers::userdata::render_server_toml(&server).unwrap()).unwrap();
-        std::fs::write(dir.join("client.toml"), providers::userdata::render_client_toml(&client).unwrap()).unwrap();
+        std::fs::write(dir.join("server.toml"), providers::exit::userdata::render_server_toml(&server).unwrap())
+            .unwrap();
+        std::fs::write(dir.join("client.toml"), providers::exit::userdata::render_client_toml(&client).unwrap())
+            .unwrap();
         let server = rathole::Config::from_file(&dir.join("server.toml")).await.unwrap().server.unwrap();
         let client = rathole::Config::from_file(&dir.join("client.toml")).await.unwrap().client.unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(server.transport.noise.unwrap().pattern, providers::userdata::NOISE_PATTERN);
-        assert_eq!(client.transport.noise.unwrap().pattern, providers::userdata::NOISE_PATTERN);
+        assert_eq!(server.transport.noise.unwrap().pattern, providers::exit::userdata::NOISE_PATTERN);
+        assert_eq!(client.transport.noise.unwrap().pattern, providers::exit::userdata::NOISE_PATTERN);
 
-        let params: snow::params::NoiseParams = providers::userdata::NOISE_PATTERN.parse().unwrap();
+        let params: snow::params::NoiseParams = providers::exit::userdata::NOISE_PATTERN.parse().unwrap();
         assert!(RingResolver.resolve_cipher(&params.cipher).is_some(), "ring does not implement {:?}", params.cipher);
     }
 }

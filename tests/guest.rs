@@ -2,96 +2,35 @@
 //! and cloud-init (`common::guest`) boots with the exact `#cloud-config` the Tunnel controller
 //! hands every cloud provider, rendered by the same functions from a Service's ports and fresh
 //! credentials. Nothing in it is special-cased: the download URL is the operator's URL template
-//! (`--exit-server-url`) pointing at a mirror this test serves on the host's veth address, and the
-//! digest is derived from the skyport binary as the operator derives it from itself. The guest
-//! installs, downloads and checks the binary, loads its firewall and starts the server under
-//! systemd; then real TCP and UDP bytes flow from this host (the "internet") through the guest
-//! to backends behind `skyport tunnel client`. A tampered download is refused on the guest.
+//! (`--exit-server-url`) pointing at an HTTPS mirror with a CA of its own that this test serves
+//! on the host (`common::mirror`), and the digest is derived from the shipped static binary as
+//! the operator derives it from itself. The guest installs, downloads and checks the binary,
+//! loads its firewall and starts the server under systemd; then real TCP and UDP bytes flow from
+//! this host (the "internet") through the guest to backends behind `skyport tunnel client`. A
+//! tampered download is refused on the guest.
 //!
 //! Needs root (systemd-nspawn, network namespaces) and the guest root file system
-//! (tests/env/build-guest.sh; tests/run.sh builds it). Without root the tests say so and pass.
+//! (tests/env/build-guest.sh; tests/run.sh builds it). Where guests cannot boot the tests fail,
+//! unless `SKYPORT_SKIP_GUEST_TESTS=1` opts out (`common::guest`).
 
 use crate::common;
 use crate::common::guest;
 
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use common::eventually;
 use common::kubelet::{Backends, skyport_exe, tcp_echo, udp_echo};
-use guest::Guest;
-use providers::userdata::{render_client_toml, render_cloud_config, render_server_toml};
+use common::mirror::https_mirror;
+use guest::{Guest, guest_exe, rootfs_or_skip};
+use providers::exit::userdata::{render_client_toml, render_cloud_config, render_server_toml};
+use providers::guest::HOST_ALIAS;
 use sha2::{Digest, Sha256};
 use skyport::controllers::tunnel::desired;
 use skyport::crd::tunnel::TunnelPort;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
 
 const CONTROL_PORT: u16 = 2333;
 const HEALTH_PORT: u16 = 2334;
-
-fn rootfs_or_skip(test: &str) -> Option<PathBuf> {
-    match guest::available() {
-        Ok(root) => Some(root),
-        Err(why) => {
-            eprintln!("\n!!! SKIPPED {test}: cannot boot a guest here: {why}. CI runs it as root.\n");
-            None
-        }
-    }
-}
-
-/// A file server standing in for the project's release downloads: serves `body` at
-/// `/v<version>/skyport-<arch>` (the default template's shape) and counts requests.
-struct Mirror {
-    url_template: String,
-    requests: Arc<AtomicU32>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Mirror {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn mirror(ip: Ipv4Addr, body: Vec<u8>) -> Mirror {
-    let listener = TcpListener::bind((ip, 0)).await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let path = format!("/v{}/skyport-{}", env!("CARGO_PKG_VERSION"), std::env::consts::ARCH);
-    let requests = Arc::new(AtomicU32::new(0));
-    let counter = requests.clone();
-    let body = Arc::new(body);
-    let task = tokio::spawn(async move {
-        while let Ok((mut conn, _)) = listener.accept().await {
-            let (body, path, counter) = (body.clone(), path.clone(), counter.clone());
-            tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut byte = [0u8; 1];
-                while !head.ends_with(b"\r\n\r\n") && head.len() < 8192 {
-                    if conn.read_exact(&mut byte).await.is_err() {
-                        return;
-                    }
-                    head.push(byte[0]);
-                }
-                counter.fetch_add(1, Ordering::SeqCst);
-                let line = String::from_utf8_lossy(&head).lines().next().unwrap_or_default().to_string();
-                let ok = line == format!("GET {path} HTTP/1.1") || line == format!("GET {path} HTTP/1.0");
-                let (status, body): (&str, &[u8]) = if ok { ("200 OK", &body) } else { ("404 Not Found", b"") };
-                let reply = format!(
-                    "HTTP/1.1 {status}\r\nContent-Length: {}\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n\r\n",
-                    body.len()
-                );
-                let _ = conn.write_all(reply.as_bytes()).await;
-                let _ = conn.write_all(body).await;
-                let _ = conn.shutdown().await;
-            });
-        }
-    });
-    Mirror { url_template: format!("http://{ip}:{port}/v{{version}}/skyport-{{arch}}"), requests, task }
-}
 
 fn ports() -> Vec<TunnelPort> {
     vec![TunnelPort { port: 8080, protocol: "TCP".into() }, TunnelPort { port: 5353, protocol: "UDP".into() }]
@@ -102,7 +41,7 @@ fn user_data(credentials: &desired::Credentials, url_template: &str) -> String {
     let server = desired::exit_server(&ports(), credentials, CONTROL_PORT, HEALTH_PORT);
     let settings = skyport::config::TunnelArgs {
         exit_server_url: url_template.to_string(),
-        self_exe: skyport_exe(),
+        self_exe: guest_exe(),
         ..Default::default()
     };
     render_cloud_config(&server, &settings.exit_server_artifacts().unwrap()).unwrap()
@@ -153,12 +92,13 @@ async fn a_guest_booted_with_the_user_data_carries_tcp_and_udp_to_the_cluster() 
         return;
     };
     let mut guest = Guest::new(&rootfs);
-    let binary = std::fs::read(skyport_exe()).unwrap();
+    let binary = std::fs::read(guest_exe()).unwrap();
     let digest = sha256_hex(&binary);
-    let mirror = mirror(guest.host_ip, binary).await;
+    let mirror = https_mirror(binary).await;
+    guest.trust(&mirror.ca_pem()).unwrap();
     let credentials = desired::Credentials::generate();
     let user_data = user_data(&credentials, &mirror.url_template);
-    assert!(user_data.contains(&digest) && user_data.contains(&format!("http://{}:", guest.host_ip)));
+    assert!(user_data.contains(&digest) && user_data.contains(&format!("https://{HOST_ALIAS}:")));
     guest.boot(&user_data);
 
     // The control port answers once cloud-init has installed and started the server.
@@ -187,7 +127,7 @@ async fn a_guest_booted_with_the_user_data_carries_tcp_and_udp_to_the_cluster() 
     let uid = process_uid("/usr/local/bin/skyport tunnel server --config /etc/skyport/server.toml")
         .expect("the exit server process runs");
     assert_eq!(uid, skyport_uid, "the server runs as the skyport user");
-    assert_eq!(mirror.requests.load(Ordering::SeqCst), 1, "one download");
+    assert_eq!(mirror.downloads(), 1, "one download");
 
     // The in-cluster side: `skyport tunnel client`, as the client Deployment runs it, in front of
     // echo backends on loopback (the Service's endpoints).
@@ -244,10 +184,15 @@ async fn a_guest_booted_with_the_user_data_carries_tcp_and_udp_to_the_cluster() 
         vec![TunnelPort { port: 9090, protocol: "TCP".into() }, TunnelPort { port: 5353, protocol: "UDP".into() }];
     let server = desired::exit_server(&changed, &credentials, CONTROL_PORT, HEALTH_PORT);
     let started = std::time::Instant::now();
-    let pushed =
-        providers::push::reconfigure_host("guest", &ip.to_string(), &server, &render_server_toml(&server).unwrap())
-            .await
-            .unwrap();
+    let pushed_at = providers::exit::push::now_generation();
+    let pushed = providers::exit::push::reconfigure_host(
+        "guest",
+        &ip.to_string(),
+        &server,
+        &render_server_toml(&server).unwrap(),
+    )
+    .await
+    .unwrap();
     assert!(pushed, "the guest's exit server took the push");
     // Gone before the new one binds the same health address.
     client.kill().await.unwrap();
@@ -267,7 +212,9 @@ async fn a_guest_booted_with_the_user_data_carries_tcp_and_udp_to_the_cluster() 
     let removed = tokio::time::timeout(Duration::from_secs(3), tokio::net::TcpStream::connect((ip, 8080))).await;
     assert!(removed.is_err(), "8080 must be dropped by the guest's firewall after the push, got {removed:?}");
     assert_eq!(udp_echo(&ip.to_string(), 5353, b"still").await.as_deref(), Some(&b"5353:still"[..]));
-    assert_eq!(guest.read("/etc/skyport/server.toml.generation").trim(), "1");
+    // Generations are milliseconds since the epoch at least (the guest shares the host's clock).
+    let generation: u64 = guest.read("/etc/skyport/server.toml.generation").trim().parse().unwrap();
+    assert!(generation >= pushed_at, "generation {generation}, pushed at {pushed_at}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -309,9 +256,10 @@ async fn start_client(
 async fn a_tampered_binary_is_refused_on_the_guest() {
     let Some(rootfs) = rootfs_or_skip("a_tampered_binary_is_refused_on_the_guest") else { return };
     let mut guest = Guest::new(&rootfs);
-    let mut tampered = std::fs::read(skyport_exe()).unwrap();
+    let mut tampered = std::fs::read(guest_exe()).unwrap();
     tampered.extend_from_slice(b"\0tampered");
-    let mirror = mirror(guest.host_ip, tampered).await;
+    let mirror = https_mirror(tampered).await;
+    guest.trust(&mirror.ca_pem()).unwrap();
     guest.boot(&user_data(&desired::Credentials::generate(), &mirror.url_template));
 
     for _ in 0..900 {
@@ -321,7 +269,7 @@ async fn a_tampered_binary_is_refused_on_the_guest() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(guest.cloud_init_done(), "cloud-init did not finish\n{}", guest.diagnostics());
-    assert_eq!(mirror.requests.load(Ordering::SeqCst), 1, "the guest downloaded the binary");
+    assert_eq!(mirror.downloads(), 1, "the guest downloaded the binary");
     let output = guest.cloud_init_output();
     assert!(output.contains("refusing to run it"), "{}", guest.diagnostics());
     // Nothing unchecked is left where it could run, the service never started, and cloud-init

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::eventually;
 use common::kubelet::skyport_exe;
-use providers::userdata::{ExitServer, NoiseKeypair, TunnelClient, render_client_toml, render_server_toml_on};
+use providers::exit::userdata::{ExitServer, NoiseKeypair, TunnelClient, render_client_toml, render_server_toml_on};
 use skyport::tunnel::{ProbeError, health_client_service, health_server_service, probe};
 
 fn free_port(ip: &str) -> u16 {

@@ -30,4 +30,5 @@ mod tunnel;
 mod tunnel_address;
 mod tunnel_allow;
 mod tunnel_faults;
+mod tunnel_guest;
 mod two_operators;

@@ -161,7 +161,9 @@ async fn two_processes_elect_one_leader_which_a_standby_replaces_after_kill_9() 
     let sqs_one = one.status.as_ref().and_then(|s| s.queue_name.clone()).unwrap().to_string();
     let m = eventually("leader metrics count the Queue", TIMEOUT, || async {
         let m = leader.metrics().await;
-        (m.get(r#"skyport_objects{controller="queue",ready="True"}"#) == Some(&1.0)).then_some(m)
+        // The reconcile is counted as it returns, just after its status write made the Queue Ready.
+        let counted = m.get(r#"skyport_reconciles_total{controller="queue"}"#).is_some_and(|n| *n >= 1.0);
+        (m.get(r#"skyport_objects{controller="queue",ready="True"}"#) == Some(&1.0) && counted).then_some(m)
     })
     .await;
     assert_eq!(m["skyport_leader"], 1.0);

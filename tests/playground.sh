@@ -12,6 +12,12 @@
 #   tests/playground.sh [up]   bring it all up (idempotent; restarts the operator with a fresh build)
 #   tests/playground.sh down   stop the operator and the environment
 #
+# With SKYPORT_PLAYGROUND_PROVIDER=guest (root only) the exit server is a booted Debian guest (the
+# guest provider: systemd-nspawn, cloud-init) that downloads the shipped static binary over HTTPS
+# from a mirror on this machine with a CA of its own; the operator runs that same binary, so the
+# digest it hands the guest is the mirror's file's. The first run builds the guest root file
+# system and the static binary (tests/env/build-guest.sh, build-musl.sh: ~20 minutes once).
+#
 # Afterwards: eval "$(tests/env.sh env)"; kubectl get queues,tunnels,services
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -19,7 +25,10 @@ STATE="${SKYPORT_STATE:-/tmp/skyport-env}"
 PIDFILE="$STATE/run/operator.pid"
 LOG="$STATE/logs/operator.log"
 HOSTS="$STATE/local-hosts"
+GUESTS="$STATE/guests"
 DEMO="$STATE/run/demo"
+PROVIDER="${SKYPORT_PLAYGROUND_PROVIDER:-local}"
+MIRROR_PORT=18443
 
 # The demo's stand-ins for a node: a web backend on loopback and the tunnel client (no kubelet
 # runs in this control plane; tests/common/kubelet.rs does the same for the tests).
@@ -55,6 +64,7 @@ case "${1:-up}" in
       kubectl wait --for=delete tunnel/web-tunnel --timeout=30s >/dev/null 2>&1 || true
     fi
     stop_operator
+    rm -rf "$DEMO/mirror"
     tests/env.sh down
     exit 0 ;;
   up) ;;
@@ -74,9 +84,40 @@ kubectl wait --for condition=Established crd/queues.skyport.dev crd/tunnels.skyp
 stop_demo
 stop_operator
 mkdir -p "$(dirname "$PIDFILE")" "$(dirname "$LOG")" "$DEMO"
+OPERATOR="${CARGO_TARGET_DIR:-target}/debug/skyport"
+PROVIDER_ARGS=(--provider local --local-state-dir "$HOSTS")
+if [[ $PROVIDER == guest ]]; then
+  [[ $(id -u) == 0 ]] || { echo "playground: the guest provider needs root" >&2; exit 1; }
+  ROOTFS="$(tests/env/build-guest.sh)"
+  OPERATOR="$(tests/env/build-musl.sh)"
+  # The mirror: the static binary at the default URL's path, over HTTPS with a CA made for it.
+  MIRROR="$DEMO/mirror"
+  VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)"
+  rm -rf "$MIRROR" && mkdir -p "$MIRROR/www/v$VERSION"
+  cp "$OPERATOR" "$MIRROR/www/v$VERSION/skyport-$(uname -m)"
+  EC=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+  (cd "$MIRROR" &&
+    openssl req -x509 -days 30 "${EC[@]}" -subj "/CN=skyport playground mirror CA" -keyout ca.key -out ca.pem \
+      -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign &&
+    openssl req "${EC[@]}" -subj /CN=host.skyport.internal -keyout server.key -out server.csr &&
+    printf 'subjectAltName=DNS:host.skyport.internal\nextendedKeyUsage=serverAuth\n' >server.ext &&
+    openssl x509 -req -days 30 -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -extfile server.ext \
+      -out server.pem) 2>/dev/null
+  (cd "$MIRROR/www" && exec setsid python3 -c '
+import http.server, ssl, sys
+server = http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), http.server.SimpleHTTPRequestHandler)
+tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+tls.load_cert_chain("../server.pem", "../server.key")
+server.socket = tls.wrap_socket(server.socket, server_side=True)
+server.serve_forever()' "$MIRROR_PORT" >"$DEMO/mirror.log" 2>&1 </dev/null) &
+  echo $! >"$DEMO/mirror.pid"
+  PROVIDER_ARGS=(--provider guest --guest-rootfs "$ROOTFS" --guest-state-dir "$GUESTS"
+    --guest-ca-file "$MIRROR/ca.pem"
+    --exit-server-url "https://host.skyport.internal:$MIRROR_PORT/v{version}/skyport-{arch}")
+fi
 # Only the default namespace: tests run their own controllers in their own namespaces.
-setsid nohup "${CARGO_TARGET_DIR:-target}"/debug/skyport run --namespace default --queue-resync 20s \
-  --provider local --local-state-dir "$HOSTS" --tunnel-resync 20s \
+setsid nohup "$OPERATOR" run --namespace default --queue-resync 20s \
+  "${PROVIDER_ARGS[@]}" --tunnel-resync 20s \
   >"$LOG" 2>&1 </dev/null &
 echo $! >"$PIDFILE"
 echo "operator running (pid $(cat "$PIDFILE")), log: $LOG" >&2
@@ -110,7 +151,8 @@ rm -f "$DEMO/client.toml.new"
 chmod 600 "$DEMO/client.toml"
 setsid nohup "${CARGO_TARGET_DIR:-target}"/debug/skyport tunnel client --config "$DEMO/client.toml" >"$DEMO/client.log" 2>&1 </dev/null &
 echo $! >"$DEMO/client.pid"
-if ! kubectl wait --for=jsonpath='{.status.phase}'=Active tunnel/web-tunnel --timeout=120s >&2; then
+# A guest boots and installs the server first: minutes on a busy machine.
+if ! kubectl wait --for=jsonpath='{.status.phase}'=Active tunnel/web-tunnel --timeout=300s >&2; then
   tail -n 30 "$LOG" "$DEMO/client.log" >&2
   exit 1
 fi

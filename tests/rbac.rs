@@ -28,6 +28,8 @@ use skyport::crd::{ConditionStatus, Queue};
 use tokio::sync::oneshot;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
+/// A Tunnel's first Active waits on a new exit server and client process, as in the Tunnel tests.
+const ACTIVE_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn forbidden<T: std::fmt::Debug>(result: Result<T, kube::Error>, what: &str) {
     match result {
@@ -222,7 +224,7 @@ async fn tunnel_controllers_work_with_the_deploy_service_account() {
         common::kubelet::Backends::default(),
     );
     let tunnels_api: Api<Tunnel> = ns.api();
-    let tunnel = eventually("Tunnel Active", TIMEOUT, || async {
+    let tunnel = eventually("Tunnel Active", ACTIVE_TIMEOUT, || async {
         let t = tunnels_api.get("web-tunnel").await.ok()?;
         (t.status.as_ref()?.phase == Some(TunnelPhase::Active)).then_some(t)
     })
@@ -357,7 +359,7 @@ async fn controllers_work_with_only_the_namespaced_role_of_a_watch_namespace_ins
         common::kubelet::Backends::default(),
     );
     let tunnels_api: Api<Tunnel> = ns.api();
-    eventually("Tunnel Active with the Role", TIMEOUT, || async {
+    eventually("Tunnel Active with the Role", ACTIVE_TIMEOUT, || async {
         let t = tunnels_api.get("web-tunnel").await.ok()?;
         (t.status?.phase == Some(TunnelPhase::Active)).then_some(())
     })

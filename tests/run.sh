@@ -23,10 +23,16 @@ export SKYPORT_HELM
 cargo build --bin skyport
 SKYPORT_EXE="${CARGO_TARGET_DIR:-$PWD/target}/debug/skyport"
 export SKYPORT_EXE
-# The Debian guest tests/guest.rs boots with systemd-nspawn (root only; built once, ~6 min).
+# The Debian guests tests/guest.rs, tests/tunnel_guest.rs and providers/tests/guest.rs boot with
+# systemd-nspawn (root only; built once, ~6 min), and the shipped static binary they download and
+# run (tests/env/build-musl.sh; ~16 min once on 2 cores, then only what changed). Without root
+# those tests fail, unless SKYPORT_SKIP_GUEST_TESTS=1 opts out of them.
 if [[ $(id -u) == 0 ]]; then
   SKYPORT_GUEST_ROOTFS="$(tests/env/build-guest.sh)"
-  export SKYPORT_GUEST_ROOTFS
+  SKYPORT_GUEST_EXE="$(tests/env/build-musl.sh)"
+  export SKYPORT_GUEST_ROOTFS SKYPORT_GUEST_EXE
+elif [[ "${SKYPORT_SKIP_GUEST_TESTS:-0}" != 1 ]]; then
+  echo "run.sh: not root, so the guest tests will fail (SKYPORT_SKIP_GUEST_TESTS=1 skips them)" >&2
 fi
 
 # skyport's image for the test node (tests/install.rs): the static musl binary laid out as the
@@ -52,12 +58,14 @@ fi
 cargo test --workspace --all-targets --no-fail-fast "$@" -- --include-ignored --test-threads 8
 
 # The benchmarks' quick modes, so they cannot rot: benches/queues.rs (10 Queues, one run, ~2 min,
-# most of it SQS's 60 s recreate rule), benches/tunnel.rs (2 runs, ~20 s) and benches/ack.rs
+# most of it SQS's 60 s recreate rule), benches/tunnel.rs (2 runs, ~20 s; one on guests as root) and benches/ack.rs
 # (~1 min per run: skyport at its defaults and with its budgets open, and the floor). The dev profile reuses the build above; the figures worth reading come from the full
 # runs (BENCHMARKS.md). Skipped when arguments select some of the tests.
 if [[ $# == 0 ]]; then
   cargo bench --profile dev --bench queues -- --quick
   cargo bench --profile dev --bench tunnel -- --quick
+  # The same path on booted guests (one run, ~2 min), as root.
+  if [[ $(id -u) == 0 ]]; then cargo bench --profile dev --bench tunnel -- --quick --guest; fi
   # skyport side by side with ACK (10 Queues); without SKYPORT_ACK_SRC skyport's arms and the
   # floor only, and it says so.
   cargo bench --profile dev --bench ack -- --quick

@@ -2,7 +2,9 @@
 //! (+ the garbage collector), real rathole exit servers on their own 127.77.x.y addresses, and
 //! the real rathole client run from the client Deployment by `common::kubelet`.
 
+mod artifact;
 mod ec2;
+mod ec2_network;
 mod lifecycle;
 mod readiness;
 mod rules;

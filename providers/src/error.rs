@@ -139,6 +139,10 @@ pub enum HostError {
     /// Network failure, timeout, 5xx, maintenance, a locked resource or a malformed response.
     #[error("{provider} unavailable: {message}")]
     Unavailable { provider: &'static str, message: String },
+    /// The account has no default network where the host would go (EC2: no default VPC in the
+    /// region) and the operator names none (`--ec2-subnet-id`). Fixed in the operator's settings.
+    #[error("{provider}: {message}")]
+    NoDefaultVpc { provider: &'static str, message: String },
 }
 
 fn retry_hint(retry_after: &Option<std::time::Duration>) -> String {
@@ -154,7 +158,9 @@ impl HostError {
     /// operator's own orphan sweep, and the controller's backoff keeps retries cheap.
     pub fn class(&self) -> ErrorClass {
         match self {
-            HostError::Unauthorized { .. } | HostError::Invalid { .. } => ErrorClass::Permanent,
+            HostError::Unauthorized { .. } | HostError::Invalid { .. } | HostError::NoDefaultVpc { .. } => {
+                ErrorClass::Permanent
+            }
             HostError::RateLimited { .. }
             | HostError::NotFound { .. }
             | HostError::AlreadyExists { .. }
@@ -181,6 +187,7 @@ impl HostError {
             HostError::AlreadyExists { .. } => "already_exists",
             HostError::Quota { .. } => "quota",
             HostError::Unavailable { .. } => "unavailable",
+            HostError::NoDefaultVpc { .. } => "no_default_vpc",
         }
     }
 }
@@ -193,9 +200,11 @@ mod tests {
     fn host_errors_needing_a_user_are_permanent_the_rest_transient() {
         let p = "test";
         let m = String::new;
-        for e in
-            [HostError::Unauthorized { provider: p, message: m() }, HostError::Invalid { provider: p, message: m() }]
-        {
+        for e in [
+            HostError::Unauthorized { provider: p, message: m() },
+            HostError::Invalid { provider: p, message: m() },
+            HostError::NoDefaultVpc { provider: p, message: m() },
+        ] {
             assert_eq!(e.class(), ErrorClass::Permanent, "{e}");
         }
         for e in [

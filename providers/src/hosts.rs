@@ -23,8 +23,9 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 
 use crate::error::HostError;
+use crate::exit::push::reconfigure_host;
+use crate::exit::userdata::{ExitServer, render_server_toml};
 use crate::limiter::Limiter;
-use crate::userdata::ExitServer;
 
 /// Marks a host as created by skyport (value [`MANAGED_BY_VALUE`]); the orphan sweep lists by it.
 pub const TAG_MANAGED_BY: &str = "skyport.dev/managed-by";
@@ -70,7 +71,7 @@ pub struct HostRequest {
     pub region: Option<String>,
     /// Provider size / server type slug; `None` uses the adapter's default.
     pub size: Option<String>,
-    /// cloud-init user data for a cloud VM, normally [`crate::userdata::render_cloud_config`] of
+    /// cloud-init user data for a cloud VM, normally [`crate::exit::userdata::render_cloud_config`] of
     /// `server`. Contains the tunnel's secrets: adapters never log it and never put it in errors.
     pub user_data: String,
     /// The tunnel server the host runs, as data: for adapters that start it themselves instead
@@ -184,11 +185,24 @@ pub trait HostProvider: Send + Sync {
     /// the host.
     ///
     /// rathole declares public ports on the server side and cloud user data runs once, so every
-    /// adapter here pushes the new config to the server's push port ([`crate::push`]), sealed
+    /// adapter here pushes the new config to the server's push port ([`crate::exit::push`]), sealed
     /// with a key derived from the server's Noise key; EC2 also updates the host's security
     /// group.
     async fn reconfigure(&self, id: &str, server: &ExitServer) -> Result<bool, HostError> {
-        crate::push::reconfigure_running(self, id, server).await
+        reconfigure_running(self, id, server).await
+    }
+    /// Makes the host's cloud firewall admit each service port only from its `source_ranges`
+    /// (the Service's `loadBalancerSourceRanges` changed), without touching the exit server
+    /// itself. `Ok(false)`: this provider keeps no firewall per host, so the ranges are not
+    /// enforced here (the default; EC2 enforces them with the host's security group).
+    async fn sync_source_ranges(&self, _id: &str, _server: &ExitServer) -> Result<bool, HostError> {
+        Ok(false)
+    }
+    /// Whether this provider's hosts download the exit-server binary from the artifact URL, so
+    /// the operator checks that URL before buying one (the local provider runs the operator's
+    /// own executable).
+    fn fetches_artifact(&self) -> bool {
+        true
     }
     /// How reserved addresses get onto hosts here.
     fn address_binding(&self) -> AddressBinding {
@@ -302,6 +316,24 @@ pub fn fit_value(value: &str, max: usize) -> String {
 /// 32-bit FNV-1a: a stable, dependency-free hash for shortening names (not for security).
 pub(crate) fn fnv1a32(bytes: &[u8]) -> u32 {
     bytes.iter().fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(*b)).wrapping_mul(0x0100_0193))
+}
+
+/// [`HostProvider::reconfigure`] of a cloud host: pushes `server` (rendered for a VM) to the
+/// host's public address.
+pub async fn reconfigure_running<P: HostProvider + ?Sized>(
+    provider: &P,
+    id: &str,
+    server: &ExitServer,
+) -> Result<bool, HostError> {
+    let name = provider.name();
+    let host =
+        provider.get(id).await?.ok_or_else(|| HostError::NotFound { provider: name, message: format!("host {id}") })?;
+    let Some(ip) = host.public_ipv4 else {
+        return Err(HostError::Unavailable { provider: name, message: format!("host {id} has no public address yet") });
+    };
+    let config =
+        render_server_toml(server).map_err(|e| HostError::Invalid { provider: name, message: e.to_string() })?;
+    reconfigure_host(name, &ip, server, &config).await
 }
 
 #[cfg(test)]

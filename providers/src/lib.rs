@@ -5,21 +5,27 @@
 //! of rate limiting and of classifying errors.
 
 pub mod aws;
+pub mod cidr;
 pub mod digitalocean;
 pub mod ec2;
 pub mod error;
+pub mod exit;
+pub mod guest;
 pub mod hetzner;
 pub mod hosts;
 pub mod limiter;
 pub mod local;
-pub mod push;
+mod reservations;
 pub mod rest;
 pub mod sqs;
-pub mod userdata;
 
 pub use digitalocean::{DigitalOceanProvider, DigitalOceanSettings};
 pub use ec2::{Ec2Provider, Ec2Settings};
 pub use error::{ErrorClass, HostError, QueueError};
+pub use exit::userdata::{
+    Artifact, ClientService, ExitServer, NoiseKeypair, Protocol, TunnelClient, TunnelService, render_client_toml,
+    render_cloud_config,
+};
 pub use hetzner::{HetznerProvider, HetznerSettings};
 pub use hosts::{
     Address, AddressBinding, AddressRequest, Host, HostProvider, HostRequest, HostState, TagSyntax, owner_tags,
@@ -27,7 +33,3 @@ pub use hosts::{
 pub use limiter::{CallCounters, Limiter};
 pub use rest::{ApiToken, Budget, RestSettings};
 pub use sqs::{AssumeRole, QueueBackend, SqsProvider, SqsSettings};
-pub use userdata::{
-    Artifact, ClientService, ExitServer, NoiseKeypair, Protocol, TunnelClient, TunnelService, render_client_toml,
-    render_cloud_config,
-};

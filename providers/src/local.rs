@@ -19,7 +19,7 @@
 //! outlive an operator restart as VMs do, and are found again by tag. The server process runs in
 //! its own process group; a process that died (or was killed) reads as [`HostState::Stopped`],
 //! which the Tunnel controller replaces. [`HostProvider::reconfigure`] pushes the new config to
-//! the server's push port ([`crate::push`]), exactly as for a cloud VM; the server replaces its
+//! the server's push port ([`crate::exit::push`]), exactly as for a cloud VM; the server replaces its
 //! `server.toml`, rathole reloads it, and the host keeps its address.
 
 mod addresses;
@@ -39,9 +39,9 @@ use tokio::sync::Mutex;
 use process::{render, signal_group};
 
 use crate::error::HostError;
+use crate::exit::userdata::ExitServer;
 use crate::hosts::{Address, AddressBinding, AddressRequest, Host, HostProvider, HostRequest, HostState};
 use crate::limiter::Limiter;
-use crate::userdata::ExitServer;
 
 const PROVIDER: &str = "local";
 /// What rathole (built with `hot-reload`) logs once its config watcher is in place. Until then a
@@ -348,7 +348,7 @@ impl HostProvider for LocalProvider {
             // Through the server's push port, as on a cloud VM, so the tests and the bench
             // exercise the mechanism cloud hosts rely on.
             let config = render(server, record.address)?;
-            crate::push::reconfigure_host(PROVIDER, &record.address.to_string(), server, &config).await
+            crate::exit::push::reconfigure_host(PROVIDER, &record.address.to_string(), server, &config).await
         }
         .await;
         self.finish("ReconfigureHost", &result);
@@ -392,6 +392,11 @@ impl HostProvider for LocalProvider {
         let result = self.addresses_by_tag(key, value);
         self.finish("ListAddresses", &result);
         result
+    }
+
+    /// Local exit servers run the operator's own executable; nothing is downloaded.
+    fn fetches_artifact(&self) -> bool {
+        false
     }
 
     fn name(&self) -> &'static str {

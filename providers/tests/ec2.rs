@@ -11,7 +11,7 @@
 //!   (the transient error `delete` returns for it is covered by the mapping's unit tests).
 //! - Any AMI id and any instance type are accepted, so "bad AMI" and "invalid instance type" are
 //!   unit tests of the error mapping (`providers/src/ec2/tests.rs`), not tests here. Subnets are
-//!   checked, which is how a refused launch is tested.
+//!   checked, which is how a refused launch is tested (ec2_network.rs).
 
 mod contract;
 
@@ -21,8 +21,8 @@ use std::time::Duration;
 use aws_sdk_ec2::types::{Filter, SecurityGroup};
 use base64::Engine as _;
 use providers::ec2::{Ec2Provider, Ec2Settings, TAG_INSTANCE_ID};
+use providers::exit::userdata::{Protocol, TunnelService};
 use providers::hosts::{HostProvider, HostRequest, HostState, MANAGED_BY_VALUE, TAG_MANAGED_BY, TAG_TUNNEL_UID};
-use providers::userdata::{Protocol, TunnelService};
 use providers::{ErrorClass, HostError, owner_tags};
 
 /// Any id works on LocalStack; this one has the shape of a real AMI id.
@@ -46,6 +46,7 @@ fn request(test: &str, uid: &str) -> HostRequest {
         protocol: Protocol::Udp,
         port: 53,
         token: "tok2".into(),
+        source_ranges: Vec::new(),
     });
     request
 }
@@ -185,6 +186,7 @@ async fn a_port_change_makes_the_group_open_exactly_the_new_ports_before_the_pus
         protocol: Protocol::Tcp,
         port: 8443,
         token: "tok3".into(),
+        source_ranges: Vec::new(),
     });
     // LocalStack's instance runs no exit server at its address, so the push finds nothing to
     // take it: the host is reported as not reconfigurable (the controller replaces it), but
@@ -289,44 +291,6 @@ async fn listing_by_tag_isolates_tunnels_by_uid() {
     assert!(listed(mine).await.is_empty());
     assert_eq!(listed(theirs).await, [b.id.as_str()], "deleting one tunnel's host leaves the other's");
     p.delete(&b.id).await.unwrap();
-}
-
-#[tokio::test]
-#[ignore = "needs the test environment: tests/env.sh up"]
-async fn a_launch_ec2_refuses_is_a_permanent_error_and_leaves_no_security_group() {
-    // LocalStack checks subnets (unlike AMIs and instance types), so a subnet that does not exist
-    // makes RunInstances fail after the group was made.
-    let default_vpc =
-        provider().await.client().describe_vpcs().send().await.unwrap().vpcs()[0].vpc_id().unwrap().to_string();
-    let endpoint = std::env::var("AWS_ENDPOINT_URL").unwrap();
-    let mut settings = Ec2Settings::new(AMI);
-    settings.endpoint_url = Some(endpoint);
-    settings.vpc_id = Some(default_vpc);
-    settings.subnet_id = Some("subnet-0000000000000dead".into());
-    let p = Ec2Provider::from_env(settings).await.unwrap();
-    let request = request("badsubnet", &contract::fresh_uid());
-
-    let e = p.create(&request).await.expect_err("a subnet that does not exist");
-    assert!(matches!(e, HostError::Invalid { .. }), "{e}");
-    assert_eq!(e.class(), ErrorClass::Permanent);
-    assert!(e.to_string().contains("InvalidSubnetID.NotFound"), "{e}");
-
-    // LocalStack's EC2 sometimes answers a describe with a 500 ("dictionary changed size during
-    // iteration") while other tests change its state; that says nothing about the group.
-    let named = Filter::builder().name("tag:Name").values(&request.name).build();
-    let mut attempt = 0;
-    let left = loop {
-        match p.client().describe_security_groups().filters(named.clone()).send().await {
-            Ok(out) => break out,
-            Err(e) if attempt < 3 && e.raw_response().is_some_and(|r| r.status().is_server_error()) => attempt += 1,
-            Err(e) => panic!("DescribeSecurityGroups: {e:?}"),
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    };
-    assert!(left.security_groups().is_empty(), "the group made for the launch is deleted again: {left:?}");
-    let outcomes = p.limiter().counters.outcomes();
-    assert_eq!(outcomes.get(&("RunInstances", "invalid")), Some(&1), "{outcomes:?}");
-    assert_eq!(outcomes.get(&("DeleteSecurityGroup", "success")), Some(&1), "{outcomes:?}");
 }
 
 #[tokio::test]

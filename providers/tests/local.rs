@@ -8,11 +8,11 @@ mod contract;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use providers::hosts::{HostProvider, HostState, MANAGED_BY_VALUE, TAG_MANAGED_BY};
-use providers::local::{LocalProvider, LocalSettings};
-use providers::userdata::{
+use providers::exit::userdata::{
     ClientService, ExitServer, NoiseKeypair, Protocol, TunnelClient, TunnelService, render_client_toml,
 };
+use providers::hosts::{HostProvider, HostState, MANAGED_BY_VALUE, TAG_MANAGED_BY};
+use providers::local::{LocalProvider, LocalSettings};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 
@@ -156,7 +156,13 @@ async fn until<T, F: std::future::Future<Output = Option<T>>>(what: &str, mut f:
 async fn real_bytes_flow_through_a_local_exit_server_and_ports_change_in_place() {
     let (p, _dir) = provider("bytes");
     let keys = NoiseKeypair::generate();
-    let service = |name: &str, protocol, port| TunnelService { name: name.into(), protocol, port, token: "tok".into() };
+    let service = |name: &str, protocol, port| TunnelService {
+        name: name.into(),
+        protocol,
+        port,
+        token: "tok".into(),
+        source_ranges: Vec::new(),
+    };
     let mut server = ExitServer {
         control_port: 2333,
         noise_private_key: keys.private_key.clone(),
@@ -238,7 +244,13 @@ async fn two_hosts_created_at_once_get_distinct_addresses_and_carry_the_same_por
     let (p, _dir) = provider("two");
     let keys = NoiseKeypair::generate();
     let server = |services| ExitServer { control_port: 2333, noise_private_key: keys.private_key.clone(), services };
-    let tcp = |port| TunnelService { name: format!("tcp-{port}"), protocol: Protocol::Tcp, port, token: "tok".into() };
+    let tcp = |port| TunnelService {
+        name: format!("tcp-{port}"),
+        protocol: Protocol::Tcp,
+        port,
+        token: "tok".into(),
+        source_ranges: Vec::new(),
+    };
     let mut request = contract::request("skyport-two", &contract::fresh_uid());
     request.server = server(vec![tcp(18081)]);
     let (a, b) = tokio::join!(p.create(&request), p.create(&request));

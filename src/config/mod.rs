@@ -64,7 +64,7 @@ pub enum TunnelRole {
         /// TCP port, on the control channel's address, where the operator pushes new
         /// configurations (sealed with a key derived from the server's Noise key); 0 turns
         /// pushes off.
-        #[arg(long, default_value_t = providers::push::PUSH_PORT)]
+        #[arg(long, default_value_t = providers::exit::push::PUSH_PORT)]
         push_port: u16,
     },
     /// Renders the exit server's nftables ruleset from the ports of a server configuration
@@ -77,7 +77,7 @@ pub enum TunnelRole {
         #[arg(long)]
         output: std::path::PathBuf,
         /// The push port to keep open; 0 for none.
-        #[arg(long, default_value_t = providers::push::PUSH_PORT)]
+        #[arg(long, default_value_t = providers::exit::push::PUSH_PORT)]
         push_port: u16,
     },
     /// The in-cluster client: dials the exit server and forwards each service to its

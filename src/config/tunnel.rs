@@ -16,7 +16,7 @@ pub const DEFAULT_EXIT_SERVER_URL: &str =
 /// Tunnel settings: which LoadBalancer Services get a Tunnel, and where exit servers run.
 #[derive(Debug, Clone, Args)]
 pub struct TunnelArgs {
-    /// Default provider for exit servers (`local`, `ec2`, `digitalocean`, `hetzner`); a Tunnel's
+    /// Default provider for exit servers (`local`, `guest`, `ec2`, `digitalocean`, `hetzner`); a Tunnel's
     /// spec.provider overrides it. Without it, and with no cloud token or --ec2-image-id, the
     /// Tunnel controllers do not run. Credentials come from the provider's standard environment:
     /// the AWS chain for ec2, DIGITALOCEAN_TOKEN, HCLOUD_TOKEN; providers whose credentials are
@@ -103,6 +103,18 @@ pub struct TunnelArgs {
     #[arg(long = "exit-server-url", env = "SKYPORT_EXIT_SERVER_URL", default_value = DEFAULT_EXIT_SERVER_URL)]
     pub exit_server_url: String,
 
+    /// Do not check, before buying an exit server, that --exit-server-url serves a file with the
+    /// expected SHA-256 (for setups where the VMs reach a mirror the operator cannot). With the
+    /// check, a Tunnel whose exit server could only fail reports `ArtifactUnavailable` or
+    /// `ArtifactDigestMismatch` instead of creating it.
+    #[arg(long = "skip-exit-server-check", env = "SKYPORT_SKIP_EXIT_SERVER_CHECK", default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub skip_exit_server_check: bool,
+
+    /// How long a passed exit-server binary check is trusted before the file is downloaded and
+    /// checked again (a failed one is retried after at most 30s).
+    #[arg(long = "exit-server-check-ttl", env = "SKYPORT_EXIT_SERVER_CHECK_TTL", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub exit_server_check_ttl: Duration,
+
     /// Digest for exit servers of another architecture than the operator's, as ARCH=SHA256
     /// (repeatable, e.g. aarch64=<64 hex digits> for an arm64 VM size under an x86_64 operator).
     /// The operator's own architecture always uses the digest of its own executable.
@@ -133,6 +145,13 @@ pub struct TunnelArgs {
     #[arg(long = "tunnel-replace-after", env = "SKYPORT_TUNNEL_REPLACE_AFTER", default_value = "15m", value_parser = humantime::parse_duration)]
     pub replace_after: Duration,
 
+    /// How many exit servers in a row skyport replaces because their tunnel does not come up
+    /// (each after twice the wait of the one before, starting at --tunnel-replace-after), before
+    /// it stops and leaves the Tunnel Ready=False with the cause; an Active tunnel resets the count.
+    /// A client Deployment that is not available is never a reason to replace the exit server.
+    #[arg(long = "tunnel-max-replacements", env = "SKYPORT_TUNNEL_MAX_REPLACEMENTS", default_value_t = 3)]
+    pub max_replacements: u32,
+
     /// How long an exit server must fail the health check before its address is taken off the
     /// Service, so that a single failed probe does not flap the address (and DNS built on it);
     /// 0 withdraws it at the first failure. A replaced host's address always goes first.
@@ -150,10 +169,31 @@ pub struct TunnelArgs {
     #[arg(long = "local-addresses", env = "SKYPORT_LOCAL_ADDRESSES", default_value = "127.77.0.1-127.77.255.254", value_parser = address_range, value_name = "FIRST-LAST")]
     pub local_addresses: (std::net::Ipv4Addr, std::net::Ipv4Addr),
 
+    /// guest provider: the root file system every guest boots an overlay of (Debian with
+    /// cloud-init, from tests/env/build-guest.sh). Required by `--provider guest`.
+    #[arg(long = "guest-rootfs", env = "SKYPORT_GUEST_ROOTFS")]
+    pub guest_rootfs: Option<std::path::PathBuf>,
+
+    /// guest provider: directory holding one folder per guest (its overlay, console log, tags).
+    #[arg(long = "guest-state-dir", env = "SKYPORT_GUEST_STATE_DIR", default_value = "/var/lib/skyport-guests")]
+    pub guest_state_dir: std::path::PathBuf,
+
+    /// guest provider: PEM file of CA certificates the guests trust besides Debian's, for an
+    /// `--exit-server-url` mirror with a private CA (guests reach this machine as
+    /// `host.skyport.internal`).
+    #[arg(long = "guest-ca-file", env = "SKYPORT_GUEST_CA_FILE")]
+    pub guest_ca_file: Option<std::path::PathBuf>,
+
     /// ec2 provider: AMI of the exit servers in the default region (a Debian or Ubuntu image with
     /// cloud-init).
     #[arg(long = "ec2-image-id", env = "SKYPORT_EC2_IMAGE_ID")]
     pub ec2_image_id: Option<String>,
+
+    /// ec2 provider: subnet of the exit servers in the default region (needed where the region
+    /// has no default VPC); their security groups go to the subnet's VPC. It must give instances
+    /// a public IPv4 address and route to an internet gateway. Default: the default VPC.
+    #[arg(long = "ec2-subnet-id", env = "SKYPORT_EC2_SUBNET_ID")]
+    pub ec2_subnet_id: Option<String>,
 
     /// ec2 provider: another region a Tunnel may name in `spec.region`, with its AMI (AMI ids
     /// are regional), as REGION=AMI; repeat the flag or separate with commas. A region not listed
@@ -193,15 +233,22 @@ impl Default for TunnelArgs {
             client_image: OWN_IMAGE.into(),
             exit_server_url: DEFAULT_EXIT_SERVER_URL.into(),
             exit_server_sha256: Vec::new(),
+            skip_exit_server_check: false,
+            exit_server_check_ttl: Duration::from_secs(3600),
             self_exe: "/proc/self/exe".into(),
             control_port: 2333,
             health_port: 2334,
             boot_timeout: Duration::from_secs(600),
             replace_after: Duration::from_secs(900),
             withdraw_after: Duration::from_secs(30),
+            max_replacements: 3,
             local_state_dir: "/tmp/skyport-local-hosts".into(),
             local_addresses: (std::net::Ipv4Addr::new(127, 77, 0, 1), std::net::Ipv4Addr::new(127, 77, 255, 254)),
+            guest_rootfs: None,
+            guest_state_dir: "/var/lib/skyport-guests".into(),
+            guest_ca_file: None,
             ec2_image_id: None,
+            ec2_subnet_id: None,
             ec2_region_images: Vec::new(),
             hetzner_location: providers::hetzner::DEFAULT_LOCATION.into(),
             cluster_id: None,
@@ -320,6 +367,26 @@ mod tests {
         let Command::Run(run) = cli.command else { panic!("expected run") };
         assert_eq!(run.tunnel.backoff(&run.queue).delay_for(3), Duration::from_secs(10));
         assert!(Cli::try_parse_from(["skyport", "run", "--provider", "nowhere"]).is_err());
+    }
+
+    #[test]
+    fn the_exit_server_check_is_on_by_default_and_the_subnet_unset() {
+        let cli = Cli::try_parse_from(["skyport", "run"]).unwrap();
+        let Command::Run(run) = cli.command else { panic!("expected run") };
+        assert!(!run.tunnel.skip_exit_server_check && run.tunnel.ec2_subnet_id.is_none());
+        assert_eq!(run.tunnel.exit_server_check_ttl, Duration::from_secs(3600));
+        let cli = Cli::try_parse_from([
+            "skyport",
+            "run",
+            "--skip-exit-server-check",
+            "--exit-server-check-ttl=5m",
+            "--ec2-subnet-id=subnet-0a",
+        ])
+        .unwrap();
+        let Command::Run(run) = cli.command else { panic!("expected run") };
+        assert!(run.tunnel.skip_exit_server_check);
+        assert_eq!(run.tunnel.exit_server_check_ttl, Duration::from_secs(300));
+        assert_eq!(run.tunnel.ec2_subnet_id.as_deref(), Some("subnet-0a"));
     }
 
     #[test]

@@ -8,6 +8,23 @@ use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{Lookup, Store};
 use serde::de::DeserializeOwned;
 
+/// A 64-bit hash of `parts`: what a watch compares to decide whether an event wakes a reconcile
+/// (a trigger such as [`spec_trigger`]), and what the memories compare. Never persisted: the
+/// standard hasher is enough, and it is the same within one process.
+pub fn hash_of(parts: impl std::hash::Hash) -> u64 {
+    use std::hash::Hasher;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    parts.hash(&mut h);
+    h.finish()
+}
+
+/// What wakes a reconcile of a primary object: a new object, a spec change (generation),
+/// deletion starting, or finalizers changing. Status writes (ours) are left out.
+pub fn spec_trigger<K: Resource>(obj: &K) -> Option<u64> {
+    let meta = obj.meta();
+    Some(hash_of((&meta.uid, meta.generation, meta.deletion_timestamp.is_some(), &meta.finalizers)))
+}
+
 /// Drops what the caches never read and what costs the most memory per object: `managedFields`
 /// (every field's owner, often larger than the object) and kubectl's last-applied annotation.
 pub fn slim<K: Resource>(obj: &mut K) {

@@ -6,8 +6,6 @@
 //! forgets an object when it is deleted, or when a relist no longer shows it.
 
 use std::collections::HashMap;
-use std::collections::hash_map::DefaultHasher;
-use std::hash::{Hash, Hasher};
 
 use kube::Resource;
 use kube::runtime::watcher::Event;
@@ -57,9 +55,7 @@ impl<K: Resource> Changes<K> {
 /// unless their triggers collided as well.
 fn identity<K: Resource>(obj: &K) -> u64 {
     let meta = obj.meta();
-    let mut h = DefaultHasher::new();
-    (&meta.namespace, &meta.name, &meta.uid).hash(&mut h);
-    h.finish()
+    super::hash_of((&meta.namespace, &meta.name, &meta.uid))
 }
 
 #[cfg(test)]

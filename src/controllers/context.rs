@@ -118,12 +118,8 @@ where
 /// What the object's owner changes that must end a backoff at once: its generation (an edit)
 /// and its deletion. Not finalizers, status or owned objects: those are our own writes.
 pub fn owner_change<K: Resource>(obj: &K) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    obj.meta().uid.hash(&mut h);
-    obj.meta().generation.hash(&mut h);
-    obj.meta().deletion_timestamp.is_some().hash(&mut h);
-    h.finish()
+    let meta = obj.meta();
+    super::hash_of((&meta.uid, meta.generation, meta.deletion_timestamp.is_some()))
 }
 
 /// Transient failures: retry after the cloud's Retry-After if it gave one, else the object's own

@@ -7,9 +7,7 @@
 //! names the Event (its name is the object's name and that time) and the count, and expires
 //! entries oldest first.
 
-use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, VecDeque};
-use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -131,10 +129,8 @@ fn nanos(stamp: &MicroTime) -> u64 {
 
 /// One hash of everything that makes two Events the same one.
 fn key(regarding: &ObjectReference, type_: EventType, reason: &str, action: &str, note: &str) -> u64 {
-    let mut h = DefaultHasher::new();
-    (&regarding.uid, &regarding.kind, &regarding.namespace, &regarding.name).hash(&mut h);
-    (matches!(type_, EventType::Warning), reason, action, note).hash(&mut h);
-    h.finish()
+    let object = (&regarding.uid, &regarding.kind, &regarding.namespace, &regarding.name);
+    super::hash_of((object, (matches!(type_, EventType::Warning), reason, action, note)))
 }
 
 /// The Events published within the window: name and count by key, and keys in the order they

@@ -7,7 +7,6 @@
 //! wrote (so it never sees a Tunnel without the host it recorded).
 
 use std::collections::HashMap;
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -36,11 +35,7 @@ pub fn compact_key(key: &str) -> u128 {
     }
     // Two independent 64-bit hashes: a collision between two keys of one memory is as unlikely
     // as between two UIDs.
-    let half = |salt: u8| {
-        let mut h = DefaultHasher::new();
-        (salt, key).hash(&mut h);
-        h.finish()
-    };
+    let half = |salt: u8| super::hash_of((salt, key));
     u128::from(half(1)) << 64 | u128::from(half(2))
 }
 

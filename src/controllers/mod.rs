@@ -5,8 +5,10 @@
 //! types they produce), `act` (all writes), `status` (what the object reports) and `cleanup`
 //! (what deleting it takes). `mod.rs` wires the watches and runs the reconcile spine.
 //! What they share lives here: [`Context`] (client, Events, backoff, metrics, the memory of
-//! their own writes), [`status::StatusWriter`], finalizers, and [`caches`]: what the watches keep
-//! of each object, which events wake a reconcile, and whether a cache has synced.
+//! their own writes), [`reconciler`] (the finalizer, deletion and failure policy around a
+//! controller's [`Reconciler`]), [`status::StatusWriter`], [`owned`] (objects a controller owns),
+//! and [`caches`]: what the watches keep of each object, which events wake a reconcile
+//! ([`hash_of`]), and whether a cache has synced.
 
 pub mod backoff;
 pub mod caches;
@@ -16,6 +18,7 @@ pub mod events;
 pub mod memory;
 pub mod owned;
 pub mod queue;
+pub mod reconciler;
 pub mod resyncs;
 pub mod service;
 pub mod shutdown;
@@ -32,8 +35,9 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 pub use backoff::{Backoff, jittered};
-pub use caches::{has_synced, primary_stream, slim, store_synced};
+pub use caches::{has_synced, hash_of, primary_stream, slim, spec_trigger, store_synced};
 pub use context::{Context, api_beside, error_policy, reconcile_with, scoped_api};
+pub use reconciler::Reconciler;
 
 /// Logs what a controller's stream yields, as `.for_each(log_result!(queue))`: a macro so that the
 /// lines carry the controller's module as target and the object under the controller's own field
@@ -73,18 +77,6 @@ pub fn managed_selector() -> String {
 /// Stable per-object key for backoff and memory: the UID, else namespace/name.
 pub fn object_key<K: Resource>(obj: &K) -> String {
     obj.uid().unwrap_or_else(|| format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any()))
-}
-
-/// What wakes a reconcile of a primary object: a new object, a spec change (generation),
-/// deletion starting, or finalizers changing. Status writes (ours) are left out.
-pub fn spec_trigger<K: Resource>(obj: &K) -> Option<u64> {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    obj.meta().uid.hash(&mut h);
-    obj.meta().generation.hash(&mut h);
-    obj.meta().deletion_timestamp.is_some().hash(&mut h);
-    obj.finalizers().hash(&mut h);
-    Some(h.finish())
 }
 
 /// Runs one reconcile inside a span naming the object (kind, namespace, name) and records its

@@ -1,5 +1,7 @@
-//! Reading a Secret only when it is skyport's, with no right to read Secrets at all.
+//! The objects a controller owns in the cluster: how they are marked ([`meta`]: managed-by label
+//! and controller reference), created ([`create`]), and, for Secrets, read only when skyport's.
 //!
+//! Reading a Secret only when it is skyport's, with no right to read Secrets at all:
 //! skyport is granted no `get` on Secrets: with it, a stolen token would read every Secret of the
 //! cluster by name. Instead it sends a JSON patch made only of `test` operations on the Secret's
 //! controller owner reference. The API server tests them against the stored object: when one
@@ -7,10 +9,51 @@
 //! update, whose answer is the object. The admission policy refuses every update of a Secret that
 //! no skyport object controls, so the same `patch` verb cannot read anyone else's Secret either.
 
+use std::collections::BTreeMap;
+
 use hyper::Request;
-use kube::{Client, Resource};
+use kube::api::{Api, ObjectMeta, PostParams};
+use kube::{Client, Resource, ResourceExt};
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+
+use super::{ApiWrites, MANAGED_BY};
+use crate::error::{Error, Result};
+
+/// Metadata of an object `owner` controls: `name` in the owner's namespace, the managed-by label
+/// (with `labels`), and the owner's controller reference. The reference garbage-collects it with
+/// its owner and is what the admission policy checks before it lets skyport write the object.
+pub fn meta<K: Resource<DynamicType = ()>>(
+    owner: &K,
+    name: &str,
+    labels: impl IntoIterator<Item = (String, String)>,
+) -> Result<ObjectMeta> {
+    let reference = owner.controller_owner_ref(&()).ok_or(Error::MissingObjectKey("uid"))?;
+    let mut all = BTreeMap::from([(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string())]);
+    all.extend(labels);
+    Ok(ObjectMeta {
+        name: Some(name.to_string()),
+        namespace: owner.namespace(),
+        labels: Some(all),
+        owner_references: Some(vec![reference]),
+        ..Default::default()
+    })
+}
+
+/// Creates `obj` (counted in `writes`). `Ok(false)`: an object of that name exists already, made
+/// by a concurrent reconcile or by anyone else; the caller decides which.
+pub async fn create<T>(api: &Api<T>, obj: &T, writes: &ApiWrites) -> Result<bool>
+where
+    T: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+{
+    writes.inc();
+    match api.create(&PostParams::default(), obj).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
 
 /// What a guarded read found.
 #[derive(Debug)]
@@ -60,6 +103,27 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_owned_object_is_labelled_and_controlled_by_its_owner() {
+        let owner: k8s_openapi::api::core::v1::Service = serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "shop", "uid": "u-1"},
+        }))
+        .unwrap();
+        let meta = meta(&owner, "web-tunnel", [("extra".to_string(), "x".to_string())]).unwrap();
+        assert_eq!((meta.name.as_deref(), meta.namespace.as_deref()), (Some("web-tunnel"), Some("shop")));
+        let labels = meta.labels.unwrap();
+        assert_eq!(labels.get(MANAGED_BY.0).map(String::as_str), Some(MANAGED_BY.1));
+        assert_eq!(labels.get("extra").map(String::as_str), Some("x"));
+        let reference = &meta.owner_references.unwrap()[0];
+        assert_eq!(
+            (reference.uid.as_str(), reference.kind.as_str(), reference.controller),
+            ("u-1", "Service", Some(true))
+        );
+        let anonymous: k8s_openapi::api::core::v1::Service =
+            serde_json::from_value(json!({"metadata": {"name": "x"}})).unwrap();
+        assert!(matches!(super::meta(&anonymous, "y", []), Err(Error::MissingObjectKey("uid"))));
+    }
 
     #[test]
     fn the_controller_flag_is_always_tested() {

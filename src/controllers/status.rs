@@ -75,8 +75,16 @@ impl WithStatus for AwsAccount {
 }
 
 impl ObjectStatus for TunnelStatus {
-    const CLEARABLE: &'static [&'static str] =
-        &["phase", "provider", "hostId", "hostIp", "ports", "observedGeneration"];
+    const CLEARABLE: &'static [&'static str] = &[
+        "phase",
+        "provider",
+        "hostId",
+        "hostIp",
+        "ports",
+        "observedGeneration",
+        "replacements",
+        "nextReplacementAfter",
+    ];
     fn conditions(&self) -> &[Condition] {
         &self.conditions
     }
@@ -152,7 +160,7 @@ impl<'a, K: WithStatus> StatusWriter<'a, K> {
         if new == self.last {
             return Ok(());
         }
-        let mut body = serde_json::to_value(&new).map_err(|e| Error::InvalidSpec(e.to_string()))?;
+        let mut body = serde_json::to_value(&new).map_err(|e| Error::Internal(format!("status: {e}")))?;
         if let Some(map) = body.as_object_mut() {
             for field in K::Status::CLEARABLE {
                 map.entry(*field).or_insert(serde_json::Value::Null);

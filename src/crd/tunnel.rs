@@ -35,16 +35,17 @@ use super::Condition;
     validation = Rule::new("has(self.provider) == has(oldSelf.provider) && (!has(self.provider) || self.provider == oldSelf.provider)").message("provider is immutable: delete the Tunnel to move it (a new exit server with a new address is provisioned)"),
     validation = Rule::new("has(self.region) == has(oldSelf.region) && (!has(self.region) || self.region == oldSelf.region)").message("region is immutable: delete the Tunnel to move it (a new exit server with a new address is provisioned)"),
     validation = Rule::new("has(self.size) == has(oldSelf.size) && (!has(self.size) || self.size == oldSelf.size)").message("size is immutable: delete the Tunnel to resize it (a new exit server with a new address is provisioned)"),
-    validation = Rule::new("has(self.address) == has(oldSelf.address) && (!has(self.address) || self.address == oldSelf.address)").message("address is immutable: a reserved address is tagged with its deletion policy when it is reserved; delete the Tunnel and create another to change it")
+    validation = Rule::new("has(self.address) == has(oldSelf.address) && (!has(self.address) || self.address == oldSelf.address)").message("address is immutable: a reserved address is tagged with its deletion policy when it is reserved; delete the Tunnel and create another to change it"),
+    validation = Rule::new("!has(self.sourceRanges) || self.sourceRanges.all(r, isCIDR(r))").message("sourceRanges must be CIDRs, like 203.0.113.0/24 or 2001:db8::/32")
 )]
 pub struct TunnelSpec {
     /// The Service in this namespace whose ports the exit server exposes. Immutable.
     pub service_ref: ServiceRef,
 
-    /// Name of a provider configured in the operator: `local`, `ec2`, `digitalocean` or
+    /// Name of a provider configured in the operator: `local`, `guest`, `ec2`, `digitalocean` or
     /// `hetzner`. Unset uses the operator's default (`skyport run --provider`). Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = r"^(local|ec2|digitalocean|hetzner)$"))]
+    #[schemars(regex(pattern = r"^(local|guest|ec2|digitalocean|hetzner)$"))]
     pub provider: Option<String>,
 
     /// Provider region or location slug (for example `eu-central-1`, `fra1`, `nbg1`). Unset uses
@@ -63,6 +64,17 @@ pub struct TunnelSpec {
     /// the exit server is replaced. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<TunnelAddress>,
+
+    /// CIDRs allowed to reach the Service's ports on the exit server (for example
+    /// `203.0.113.0/24`); empty or unset: anywhere. skyport copies the Service's
+    /// `spec.loadBalancerSourceRanges` (or its `service.beta.kubernetes.io/load-balancer-source-ranges`
+    /// annotation) here and keeps it in step. Enforced by the exit server's cloud firewall where the
+    /// provider has one per host (EC2: its security group); other providers report in the `Ready`
+    /// condition that the ranges are not enforced. The tunnel's control, push and health ports stay
+    /// open: the client and the operator connect from addresses that are not listed. Mutable.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 64)))]
+    pub source_ranges: Vec<String>,
 }
 
 /// Whether the Tunnel keeps one public address across exit server replacements.
@@ -189,9 +201,21 @@ pub struct TunnelStatus {
     /// a different digest makes skyport reconfigure or replace the exit server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_digest: Option<String>,
+    /// The source ranges (`spec.sourceRanges`, canonical) the exit server's cloud firewall admits
+    /// to the Service's ports, once applied; unset where the provider does not enforce them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_ranges: Option<Vec<String>>,
     /// The `metadata.generation` last acted on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// Exit servers replaced because their tunnel did not come up, since the Tunnel was last
+    /// Active. At `--tunnel-max-replacements` skyport stops replacing and reports the cause.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replacements: Option<u32>,
+    /// The earliest time (RFC 3339) of the next such replacement: each one waits twice as long
+    /// as the one before. Kept in status, so an operator restart does not reset it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_replacement_after: Option<String>,
     /// `Ready`: the exit server runs, the client is deployed and the Service's ports are exposed.
     #[serde(default)]
     pub conditions: Vec<Condition>,

@@ -34,7 +34,7 @@ pub async fn firewall(config: &Path, output: &Path, push_port: u16) -> anyhow::R
             _ => tcp.insert(port(&service.bind_addr)?),
         };
     }
-    let rules = providers::userdata::render_nftables_ports(&tcp, &udp);
+    let rules = providers::exit::userdata::render_nftables_ports(&tcp, &udp);
     let mut staged = output.as_os_str().to_owned();
     staged.push(".skyport-tmp");
     std::fs::write(&staged, rules).with_context(|| format!("writing {}", output.display()))?;
@@ -45,7 +45,7 @@ pub async fn firewall(config: &Path, output: &Path, push_port: u16) -> anyhow::R
 
 #[cfg(test)]
 mod tests {
-    use providers::userdata::render_server_toml;
+    use providers::exit::userdata::render_server_toml;
     use providers::{ExitServer, Protocol, TunnelService};
 
     use super::*;
@@ -54,8 +54,13 @@ mod tests {
     async fn the_ruleset_opens_exactly_the_configs_ports_and_the_push_port() {
         let dir = std::env::temp_dir().join(format!("skyport-firewall-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let service =
-            |name: &str, protocol, port| TunnelService { name: name.into(), protocol, port, token: "t".into() };
+        let service = |name: &str, protocol, port| TunnelService {
+            name: name.into(),
+            protocol,
+            port,
+            token: "t".into(),
+            source_ranges: Vec::new(),
+        };
         let server = ExitServer {
             control_port: 2333,
             noise_private_key: "wCR3TomqL60P4MLphr9nSLR+tS5cgq7pccADVo2zaaQ=".into(),
@@ -68,7 +73,11 @@ mod tests {
         let rules = std::fs::read_to_string(&output).unwrap();
         assert!(rules.contains("tcp dport { 2333, 2335, 9090 } accept"), "{rules}");
         assert!(rules.contains("udp dport { 53 } accept"), "{rules}");
-        assert_eq!(rules, providers::userdata::render_nftables(&server), "the same ruleset the user data starts with");
+        assert_eq!(
+            rules,
+            providers::exit::userdata::render_nftables(&server),
+            "the same ruleset the user data starts with"
+        );
 
         // A config that does not parse leaves the ruleset as it was.
         std::fs::write(&config, "[server\nbind_addr = 1").unwrap();

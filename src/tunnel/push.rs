@@ -1,13 +1,15 @@
-//! The exit server's side of config pushes ([`providers::push`] has the protocol and the
+//! The exit server's side of config pushes ([`providers::exit::push`] has the protocol and the
 //! client): a running server takes a new `server.toml` from the operator, so a Service's port
 //! change keeps the host and its address.
 //!
 //! A push is applied only if it opens with the key derived from this server's own Noise key, its
 //! generation is above the one persisted beside the config (`<config>.generation`, so a replay is
-//! refused even after a restart), rathole accepts the new file, and the file keeps the control
-//! address and the Noise key (a push can change the published ports, never who the server is or
-//! where clients find it). The file is replaced by a rename, which rathole's watcher (and, on a
-//! VM, the firewall's path unit) sees as one change; the answer is sent after that.
+//! refused even after a restart; a new server starts it at its start time in milliseconds, so a
+//! push captured for an earlier host with the same keys is refused here too), rathole accepts the
+//! new file, and the file keeps the control address and the Noise key (a push can change the
+//! published ports, never who the server is or where clients find it). The file is replaced by a
+//! rename, which rathole's watcher (and, on a VM, the firewall's path unit) sees as one change;
+//! the answer, tagged for this push under the push key, is sent after that.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -15,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use providers::push::{Answer, Frame, PushKey, greeting};
+use providers::exit::push::{ANSWER_LEN, Answer, Frame, PushKey, greeting, now_generation, seal_answer};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Mutex, Semaphore};
@@ -45,13 +47,17 @@ impl Receiver {
             return Ok(None);
         };
         let key = PushKey::derive(private_key).context("deriving the push key from the Noise key")?;
-        Ok(Some(Receiver {
+        let receiver = Receiver {
             config: config.to_path_buf(),
             key,
             bind_addr: server.bind_addr.clone(),
             private_key: private_key.to_string(),
             apply: Mutex::new(()),
-        }))
+        };
+        if !receiver.generation_path().exists() {
+            receiver.persist_generation(now_generation()).context("starting the push generation")?;
+        }
+        Ok(Some(receiver))
     }
 
     /// The push address: the control channel's address with `port`.
@@ -68,8 +74,16 @@ impl Receiver {
         suffixed(&self.config, ".generation")
     }
 
-    /// The last applied generation; 0 before the first push.
-    fn generation(&self) -> std::io::Result<u64> {
+    /// Writes the generation atomically.
+    fn persist_generation(&self, generation: u64) -> std::io::Result<()> {
+        let staged = suffixed(&self.config, ".generation.tmp");
+        write_private(&staged, generation.to_string().as_bytes())
+            .and_then(|()| std::fs::rename(&staged, self.generation_path()))
+    }
+
+    /// The last applied generation; the server's first start time (ms since the epoch) before
+    /// the first push.
+    pub fn generation(&self) -> std::io::Result<u64> {
         match std::fs::read_to_string(self.generation_path()) {
             Ok(text) => text.trim().parse().map_err(|_| std::io::Error::other("corrupt generation file")),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
@@ -103,11 +117,15 @@ impl Receiver {
     async fn handle(&self, mut conn: TcpStream) -> Option<Answer> {
         let current = self.generation().ok()?;
         conn.write_all(&greeting(current)).await.ok()?;
-        let answer = match tokio::time::timeout(READ_TIMEOUT, Frame::read(&mut conn)).await {
-            Ok(Ok(frame)) => self.apply(&frame).await,
-            Ok(Err(_)) | Err(_) => Answer::Malformed,
+        let (answer, bytes) = match tokio::time::timeout(READ_TIMEOUT, Frame::read(&mut conn)).await {
+            Ok(Ok(frame)) => {
+                let answer = self.apply(&frame).await;
+                (answer, seal_answer(&self.key, &frame, answer))
+            }
+            // No frame to tag the answer for: it carries no proof, and a client takes it as none.
+            Ok(Err(_)) | Err(_) => (Answer::Malformed, [Answer::Malformed as u8; ANSWER_LEN]),
         };
-        let _ = conn.write_all(&[answer as u8]).await;
+        let _ = conn.write_all(&bytes).await;
         let _ = conn.shutdown().await;
         Some(answer)
     }
@@ -132,10 +150,7 @@ impl Receiver {
         }
         // The generation first: a crash between the two writes refuses a replay of this push
         // rather than accepting it twice.
-        let generation = suffixed(&self.config, ".generation.tmp");
-        let persisted = write_private(&generation, frame.generation.to_string().as_bytes())
-            .and_then(|()| std::fs::rename(&generation, self.generation_path()))
-            .and_then(|()| std::fs::rename(&staged, &self.config));
+        let persisted = self.persist_generation(frame.generation).and_then(|()| std::fs::rename(&staged, &self.config));
         if persisted.is_err() {
             let _ = std::fs::remove_file(&staged);
             return Answer::Failed;

@@ -271,7 +271,7 @@ pub fn cases() -> Vec<Case> {
         case(
             "unknown provider",
             t("bt3", json!({"serviceRef": {"name": "web"}, "provider": "aws"})),
-            Refused(&["spec.provider", "local|ec2|digitalocean|hetzner"]),
+            Refused(&["spec.provider", "local|guest|ec2|digitalocean|hetzner"]),
         ),
         case(
             "region with capitals",

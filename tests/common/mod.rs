@@ -25,6 +25,7 @@ pub mod bait;
 pub mod crash;
 pub mod guest;
 pub mod kubelet;
+pub mod mirror;
 pub mod private_env;
 pub mod process;
 pub mod proxy;

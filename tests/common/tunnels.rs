@@ -58,10 +58,13 @@ pub fn local_provider(ns: &TestNs) -> providers::local::LocalProvider {
 }
 
 /// Tunnel settings for fast tests: local provider, 2 s resync, no orphan sweep, the address
-/// withdrawn after 2 s of failed probes.
+/// withdrawn after 2 s of failed probes. The exit-server binary check is off: LocalStack's
+/// instances download nothing and the default URL is a release this build is not
+/// (tests/tunnel/artifact.rs checks the check).
 pub fn fast_tunnel_settings() -> skyport::config::TunnelArgs {
     skyport::config::TunnelArgs {
         provider: Some("local".into()),
+        skip_exit_server_check: true,
         resync: Duration::from_secs(2),
         orphan_sweep_interval: Duration::ZERO,
         withdraw_after: Duration::from_secs(2),
@@ -76,7 +79,7 @@ impl TunnelOperator {
 
     /// Like [`TunnelOperator::start`], talking to the API server as `client` (another identity).
     pub async fn start_as(client: kube::Client, ns: &TestNs, settings: skyport::config::TunnelArgs) -> Self {
-        Self::start_full(client, ns, settings, Vec::new()).await
+        Self::start_full(client, ns, settings, Vec::new(), kubelet::skyport_exe()).await
     }
 
     /// Like [`TunnelOperator::start`], with more providers next to the local one.
@@ -85,7 +88,18 @@ impl TunnelOperator {
         settings: skyport::config::TunnelArgs,
         extra: Vec<Arc<dyn providers::HostProvider>>,
     ) -> Self {
-        Self::start_full(ns.client.clone(), ns, settings, extra).await
+        Self::start_full(ns.client.clone(), ns, settings, extra, kubelet::skyport_exe()).await
+    }
+
+    /// Like [`TunnelOperator::start_with`], with `exe` as the operator's own executable: the
+    /// binary whose digest exit servers check (the static build guests download).
+    pub async fn start_serving(
+        ns: &TestNs,
+        settings: skyport::config::TunnelArgs,
+        extra: Vec<Arc<dyn providers::HostProvider>>,
+        exe: std::path::PathBuf,
+    ) -> Self {
+        Self::start_full(ns.client.clone(), ns, settings, extra, exe).await
     }
 
     async fn start_full(
@@ -93,6 +107,7 @@ impl TunnelOperator {
         ns: &TestNs,
         settings: skyport::config::TunnelArgs,
         extra: Vec<Arc<dyn providers::HostProvider>>,
+        own_exe: std::path::PathBuf,
     ) -> Self {
         use futures::FutureExt;
         if std::env::var_os("RUST_LOG").is_some() {
@@ -108,7 +123,7 @@ impl TunnelOperator {
         } else {
             settings.self_exe.clone()
         };
-        settings.self_exe = kubelet::skyport_exe();
+        settings.self_exe = own_exe;
         let local = Arc::new(
             providers::local::LocalProvider::new(providers::local::LocalSettings::new(&state, local_exe))
                 .expect("local provider"),
@@ -323,7 +338,12 @@ pub fn kill_exit_server(op: &TunnelOperator, id: &str) {
 
 /// Waits until the Tunnel `name` is Active on an exit server other than `old_host`.
 pub async fn active_elsewhere(tunnels: &Api<Tunnel>, name: &str, old_host: &str) -> Tunnel {
-    eventually("Tunnel Active on a new exit server", Duration::from_secs(30), || async {
+    active_elsewhere_within(tunnels, name, old_host, Duration::from_secs(30)).await
+}
+
+/// [`active_elsewhere`], for exit servers that take `timeout` to boot.
+pub async fn active_elsewhere_within(tunnels: &Api<Tunnel>, name: &str, old_host: &str, timeout: Duration) -> Tunnel {
+    eventually("Tunnel Active on a new exit server", timeout, || async {
         let t = tunnels.get(name).await.ok()?;
         let s = t.status.as_ref()?;
         (s.host_id.as_deref() != Some(old_host) && s.phase == Some(TunnelPhase::Active)).then_some(t)

@@ -4,7 +4,7 @@
 # $SKYPORT_CACHE/guest-<key>/rootfs and prints its path. The key is a hash of this script's
 # commands (the package list and the image settings below), so a changed list builds anew. A
 # warm cache makes this a no-op; a cold build takes about 6 minutes (mmdebstrap, Debian packages).
-# Used by tests/guest.rs through tests/run.sh (SKYPORT_GUEST_ROOTFS). Needs root.
+# Used by the guest tests and the guest provider through tests/run.sh (SKYPORT_GUEST_ROOTFS). Needs root.
 #
 # The image carries what the exit server's user data installs (ca-certificates, curl, nftables),
 # as the cloud images skyport targets do, and an empty apt source list: the guest has no route to

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the binary the image ships (Dockerfile: static, musl, `dist` profile) into the release
 # target directory under ~/.cache/skyport, and prints its path, for the benchmarks'
-# SKYPORT_BENCH_EXE. Needs Rust's x86_64-unknown-linux-musl target (added with rustup when
+# SKYPORT_BENCH_EXE and for the guests of the guest tests (SKYPORT_GUEST_EXE). Needs Rust's x86_64-unknown-linux-musl target (added with rustup when
 # missing), gcc and make (ring, jemalloc); Debian's musl-tools may be needed too.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

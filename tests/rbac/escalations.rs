@@ -144,6 +144,7 @@ async fn deployments_are_limited_to_unprivileged_tunnel_clients(admin: &Client, 
     // The classic: a labelled privileged pod on the host network in kube-system.
     let mut privileged = exact.clone();
     privileged["metadata"]["name"] = json!(format!("skyport-escalation-{ns}"));
+    privileged["metadata"]["namespace"] = json!("kube-system");
     set(&mut privileged, &format!("{pod}/hostNetwork"), json!(true));
     set(&mut privileged, &format!("{pod}/containers/0/securityContext"), json!({"privileged": true}));
     let what = "a labelled privileged Deployment in kube-system";

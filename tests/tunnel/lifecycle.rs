@@ -208,12 +208,13 @@ async fn the_orphan_sweep_deletes_tagged_hosts_without_a_tunnel_and_keeps_the_re
             user_data: String::new(),
             server: providers::ExitServer {
                 control_port: 2333,
-                noise_private_key: providers::userdata::NoiseKeypair::generate().private_key,
+                noise_private_key: providers::exit::userdata::NoiseKeypair::generate().private_key,
                 services: vec![providers::TunnelService {
                     name: "tcp-8080".into(),
                     protocol: providers::Protocol::Tcp,
                     port: 8080,
                     token: "t".into(),
+                    source_ranges: Vec::new(),
                 }],
             },
             tags,

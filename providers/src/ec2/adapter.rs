@@ -9,9 +9,9 @@ use super::convert::{host_in, map_err};
 use super::groups::tags;
 use super::{Ec2Provider, MAX_USER_DATA, PROVIDER, TAG_INSTANCE_ID, invalid, metadata_options, unavailable};
 use crate::error::HostError;
+use crate::exit::userdata::{ExitServer, render_server_toml};
 use crate::hosts::{Address, AddressRequest, Host, HostProvider, HostRequest};
 use crate::limiter::Limiter;
-use crate::userdata::{ExitServer, render_server_toml};
 
 #[async_trait]
 impl HostProvider for Ec2Provider {
@@ -33,7 +33,7 @@ impl HostProvider for Ec2Provider {
         let instance_type = request.size.clone().unwrap_or_else(|| self.settings.default_instance_type.clone());
         let user_data = base64::engine::general_purpose::STANDARD.encode(&request.user_data);
         let token = format!("skyport-{:016x}", rand::random::<u64>());
-        let subnet = self.settings.subnet_id.clone().filter(|_| r.name.is_none());
+        let subnet = self.network(&r).await?.subnet;
         let launched = self
             .call(&r, "RunInstances", async {
                 r.client
@@ -86,7 +86,7 @@ impl HostProvider for Ec2Provider {
     }
 
     /// Makes the host's security groups open exactly the new ports, then pushes the config to
-    /// the exit server ([`crate::push`]). The group goes first so a new port is reachable the
+    /// the exit server ([`crate::exit::push`]). The group goes first so a new port is reachable the
     /// moment the server binds it; a removed port is closed a moment early, which is harmless
     /// (the Service no longer has it). A host that takes no push is replaced by the controller.
     async fn reconfigure(&self, id: &str, server: &ExitServer) -> Result<bool, HostError> {
@@ -104,7 +104,24 @@ impl HostProvider for Ec2Provider {
                 self.sync_ingress(&r, &group, server).await?;
             }
         }
-        crate::push::reconfigure_host(PROVIDER, &ip, server, &config).await
+        crate::exit::push::reconfigure_host(PROVIDER, &ip, server, &config).await
+    }
+
+    /// The host's security groups made by skyport take exactly the new rules ([`Self::reconfigure`]
+    /// without the push: the exit server itself does not know the ranges).
+    async fn sync_source_ranges(&self, id: &str, server: &ExitServer) -> Result<bool, HostError> {
+        let (r, instance_id) = self.resolve(id)?;
+        self.retry_pending().await;
+        // A terminated instance reads as gone, as in `get`.
+        let gone = || HostError::NotFound { provider: PROVIDER, message: format!("instance {id}") };
+        let instance = self.describe(&r, instance_id).await?.ok_or_else(gone)?;
+        host_in(&r, &instance).ok_or_else(gone)?;
+        for group in self.groups_of(&r, instance_id, Some(&instance)).await? {
+            if self.is_ours(&r, &group).await? {
+                self.sync_ingress(&r, &group, server).await?;
+            }
+        }
+        Ok(true)
     }
 
     async fn get(&self, id: &str) -> Result<Option<Host>, HostError> {

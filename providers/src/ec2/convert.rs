@@ -62,6 +62,12 @@ pub fn error_from_code(code: &str, message: String) -> HostError {
         | "InvalidAssociationID.NotFound"
         | "InvalidAddress.NotFound" => HostError::NotFound { provider: p, message },
         "InvalidGroup.Duplicate" => HostError::AlreadyExists { provider: p, message },
+        // CreateSecurityGroup or RunInstances without a VPC or subnet where the region has no
+        // default VPC.
+        "VPCIdNotSpecified" => HostError::NoDefaultVpc {
+            provider: p,
+            message: format!("{message}; {}", super::network::NO_DEFAULT_VPC_FIX),
+        },
         "InsufficientInstanceCapacity"
         | "DependencyViolation"
         | "InternalError"

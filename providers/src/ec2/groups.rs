@@ -13,14 +13,16 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use aws_sdk_ec2::error::ProvideErrorMetadata;
-use aws_sdk_ec2::types::{Filter, InstanceStateName, IpPermission, IpRange, ResourceType, Tag, TagSpecification};
+use aws_sdk_ec2::types::{
+    Filter, InstanceStateName, IpPermission, IpRange, Ipv6Range, ResourceType, Tag, TagSpecification,
+};
 use tracing::{debug, info, warn};
 
 use super::{Ec2Provider, PROVIDER, Regional, TAG_INSTANCE_ID, map_err, unavailable};
 use crate::error::HostError;
+use crate::exit::push::PUSH_PORT;
+use crate::exit::userdata::{ExitServer, Protocol};
 use crate::hosts::{HostRequest, TAG_MANAGED_BY};
-use crate::push::PUSH_PORT;
-use crate::userdata::{ExitServer, Protocol};
 
 /// Marks a group whose deletion failed, so a restarted operator still deletes it.
 pub const TAG_DELETE_PENDING: &str = "skyport.dev/delete-pending";
@@ -52,6 +54,7 @@ impl Ec2Provider {
     /// Creates the host's group with its ingress rules; a group that was made but could not be
     /// completed is deleted again (or left for a later call, never forgotten).
     pub(super) async fn create_group(&self, r: &Regional, request: &HostRequest) -> Result<String, HostError> {
+        let vpc = self.network(r).await?.vpc;
         let name = group_name(&request.name);
         let spec = TagSpecification::builder()
             .resource_type(ResourceType::SecurityGroup)
@@ -65,7 +68,7 @@ impl Ec2Provider {
                     .group_name(&name)
                     .description(format!("skyport exit server {}: tunnel control port and Service ports", request.name))
                     .tag_specifications(spec);
-                if let Some(vpc) = r.vpc_id(&self.settings) {
+                if let Some(vpc) = &vpc {
                     create = create.vpc_id(vpc);
                 }
                 create.send().await.map_err(map_err)
@@ -243,45 +246,61 @@ pub(super) fn tags(request: &HostRequest) -> Vec<Tag> {
     tags
 }
 
-/// One rule per port: the control and push ports over TCP and each service port with its
-/// protocol, from anywhere (these are public exit servers).
+/// One rule per port and source: the control and push ports over TCP from anywhere (the operator
+/// pushes and clients connect from addresses nobody configures), each service port with its
+/// protocol from its `source_ranges` (the Service's `loadBalancerSourceRanges`), or from anywhere
+/// when it has none. The health port is a service without ranges: the operator probes it.
 pub(super) fn ingress(request: &HostRequest) -> Vec<IpPermission> {
     ingress_keys(&request.server).into_iter().map(rule).collect()
 }
 
-/// A rule as (protocol, port): what [`ingress`] makes and what a reconfigure compares.
-type RuleKey = (String, i32);
+/// A rule as (protocol, port, source CIDR): what [`ingress`] makes and what a reconfigure
+/// compares.
+type RuleKey = (String, i32, String);
 
-fn ingress_keys(server: &ExitServer) -> Vec<RuleKey> {
-    let mut keys = vec![("tcp".to_string(), i32::from(server.control_port)), ("tcp".to_string(), i32::from(PUSH_PORT))];
+const ANYWHERE: &str = "0.0.0.0/0";
+
+fn ingress_keys(server: &ExitServer) -> BTreeSet<RuleKey> {
+    let tcp = |port: u16| ("tcp".to_string(), i32::from(port), ANYWHERE.to_string());
+    let mut keys = BTreeSet::from([tcp(server.control_port), tcp(PUSH_PORT)]);
     for s in &server.services {
-        keys.push((if s.protocol == Protocol::Udp { "udp" } else { "tcp" }.to_string(), i32::from(s.port)));
+        let protocol = if s.protocol == Protocol::Udp { "udp" } else { "tcp" };
+        // Host bits set (10.0.0.1/8) are cleared, as EC2 stores the rule; the operator checked
+        // the ranges already, anything unparsable is passed on for EC2 to refuse.
+        let sources: Vec<String> = match s.source_ranges.as_slice() {
+            [] => vec![ANYWHERE.to_string()],
+            ranges => ranges.iter().map(|r| crate::cidr::canonical(r).unwrap_or_else(|_| r.clone())).collect(),
+        };
+        keys.extend(sources.into_iter().map(|cidr| (protocol.to_string(), i32::from(s.port), cidr)));
     }
     keys
 }
 
-fn rule((protocol, port): RuleKey) -> IpPermission {
-    IpPermission::builder()
-        .ip_protocol(protocol)
-        .from_port(port)
-        .to_port(port)
-        .ip_ranges(IpRange::builder().cidr_ip("0.0.0.0/0").build())
-        .build()
+fn rule((protocol, port, cidr): RuleKey) -> IpPermission {
+    let permission = IpPermission::builder().ip_protocol(protocol).from_port(port).to_port(port);
+    if cidr.contains(':') {
+        permission.ipv6_ranges(Ipv6Range::builder().cidr_ipv6(cidr).build()).build()
+    } else {
+        permission.ip_ranges(IpRange::builder().cidr_ip(cidr).build()).build()
+    }
 }
 
-/// The single-port rules open to anywhere among `permissions` (the shape [`ingress`] makes).
-fn open_rules(permissions: &[IpPermission]) -> BTreeSet<RuleKey> {
-    permissions
-        .iter()
-        .filter(|p| p.from_port() == p.to_port() && p.ip_ranges().iter().any(|r| r.cidr_ip() == Some("0.0.0.0/0")))
-        .filter_map(|p| Some((p.ip_protocol()?.to_string(), p.from_port()?)))
-        .collect()
+/// The single-port rules among `permissions`, one key per source (the shape [`ingress`] makes).
+fn current_rules(permissions: &[IpPermission]) -> BTreeSet<RuleKey> {
+    let mut keys = BTreeSet::new();
+    for p in permissions.iter().filter(|p| p.from_port() == p.to_port()) {
+        let (Some(protocol), Some(port)) = (p.ip_protocol(), p.from_port()) else { continue };
+        let v4 = p.ip_ranges().iter().filter_map(|r| r.cidr_ip());
+        let v6 = p.ipv6_ranges().iter().filter_map(|r| r.cidr_ipv6());
+        keys.extend(v4.chain(v6).map(|cidr| (protocol.to_string(), port, cidr.to_string())));
+    }
+    keys
 }
 
 impl Ec2Provider {
-    /// Makes `group_id` open exactly the ports of `server` (a Service's port change): the missing
-    /// rules are authorized, the ones no port needs any more revoked. Rules of another shape (a
-    /// range, a narrower source) are left alone.
+    /// Makes `group_id` open exactly the ports of `server` to their sources (a Service's port or
+    /// source range change): the missing rules are authorized, the single-port rules no port or
+    /// source needs any more revoked. Port ranges (never made by skyport) are left alone.
     pub(super) async fn sync_ingress(
         &self,
         r: &Regional,
@@ -293,8 +312,8 @@ impl Ec2Provider {
                 r.client.describe_security_groups().group_ids(group_id).send().await.map_err(map_err)
             })
             .await?;
-        let current = open_rules(out.security_groups().first().map(|g| g.ip_permissions()).unwrap_or_default());
-        let wanted: BTreeSet<RuleKey> = ingress_keys(server).into_iter().collect();
+        let current = current_rules(out.security_groups().first().map(|g| g.ip_permissions()).unwrap_or_default());
+        let wanted = ingress_keys(server);
         let missing: Vec<IpPermission> = wanted.difference(&current).cloned().map(rule).collect();
         if !missing.is_empty() {
             self.call(r, "AuthorizeSecurityGroupIngress", async {

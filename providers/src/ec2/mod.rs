@@ -37,6 +37,7 @@ mod adapter;
 mod addresses;
 mod convert;
 mod groups;
+mod network;
 
 use std::collections::BTreeMap;
 use std::num::NonZeroU32;
@@ -61,8 +62,8 @@ use crate::rest::Budget;
 use {
     self::convert::host,
     self::groups::{MAX_GROUP_NAME, group_in_use, group_name, ingress, tags},
+    crate::exit::userdata::Protocol,
     crate::hosts::{HostRequest, HostState},
-    crate::userdata::Protocol,
     aws_sdk_ec2::types::InstanceStateName,
 };
 
@@ -98,11 +99,9 @@ pub struct Ec2Settings {
     /// Instance type when the Tunnel names none.
     pub default_instance_type: String,
     /// Subnet to launch in, in the default region (default: the default VPC's default subnet
-    /// for the AZ AWS picks). Other regions always use their default VPC.
+    /// for the AZ AWS picks); the security groups go to its VPC. Other regions always use their
+    /// default VPC. See `network`.
     pub subnet_id: Option<String>,
-    /// VPC of the security groups in the default region (default: the default VPC). Must match
-    /// `subnet_id`.
-    pub vpc_id: Option<String>,
     /// Rate limit of the EC2 calls in each region ([`default_budget`]).
     pub budget: Budget,
     /// Upper bound for one call including the SDK's retries.
@@ -122,7 +121,6 @@ impl Ec2Settings {
             region_images: BTreeMap::new(),
             default_instance_type: "t3.nano".into(),
             subnet_id: None,
-            vpc_id: None,
             budget: default_budget(),
             operation_timeout: Duration::from_secs(30),
             retry_groups_every: Duration::from_secs(15),
@@ -137,17 +135,14 @@ struct Regional {
     client: Client,
     /// The region's own token bucket; the default region uses the provider's limiter.
     bucket: Option<Limiter>,
+    /// Where instances and groups go here, once looked up.
+    network: tokio::sync::OnceCell<network::Network>,
 }
 
 impl Regional {
     /// Key of this region in maps (the default region is the empty string).
     fn key(&self) -> String {
         self.name.clone().unwrap_or_default()
-    }
-
-    /// The VPC to make groups in: the configured one only applies to the default region.
-    fn vpc_id<'a>(&self, settings: &'a Ec2Settings) -> Option<&'a str> {
-        settings.vpc_id.as_deref().filter(|_| self.name.is_none())
     }
 
     /// A host id as the controller stores it: `<region>/<instance id>` outside the default
@@ -173,8 +168,8 @@ pub struct Ec2Provider {
 
 impl Ec2Provider {
     /// Builds the client from the standard AWS chain plus `settings`, as
-    /// [`crate::SqsProvider::from_env`] does. Fails only on incomplete settings (no AMI, a subnet
-    /// without its VPC, a region name that cannot be one).
+    /// [`crate::SqsProvider::from_env`] does. Fails only on incomplete settings (no AMI, a region
+    /// name that cannot be one); the subnet is looked up at the first launch.
     pub async fn from_env(settings: Ec2Settings) -> Result<Self, HostError> {
         if settings.image_id.trim().is_empty() {
             return Err(invalid(
@@ -182,10 +177,6 @@ impl Ec2Provider {
                  cloud-init)"
                     .into(),
             ));
-        }
-        if settings.subnet_id.is_some() && settings.vpc_id.is_none() {
-            // The group would land in the default VPC and RunInstances would refuse it.
-            return Err(invalid("a subnet is configured without its VPC: set the VPC id of that subnet too".into()));
         }
         for region in settings.region_images.keys() {
             check_region(region)?;
@@ -197,7 +188,8 @@ impl Ec2Provider {
         )
         .await;
         let default_region = base.region().map(|r| r.to_string());
-        let default = Arc::new(Regional { name: None, client: Client::new(&base), bucket: None });
+        let default =
+            Arc::new(Regional { name: None, client: Client::new(&base), bucket: None, network: Default::default() });
         let limiter = Limiter::from_quota(settings.budget.quota());
         Ok(Ec2Provider {
             base,
@@ -234,6 +226,7 @@ impl Ec2Provider {
                 name: Some(region.to_string()),
                 client: Client::from_conf(config),
                 bucket: Some(Limiter::from_quota(self.settings.budget.quota())),
+                network: Default::default(),
             })
         });
         Ok(regional.clone())

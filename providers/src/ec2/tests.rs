@@ -26,8 +26,14 @@ fn ec2_error_codes_map_to_the_shared_classes() {
 }
 
 fn request() -> HostRequest {
-    use crate::userdata::{ExitServer, TunnelService};
-    let service = |port, protocol| TunnelService { name: format!("s{port}"), protocol, port, token: "t".into() };
+    use crate::exit::userdata::{ExitServer, TunnelService};
+    let service = |port, protocol| TunnelService {
+        name: format!("s{port}"),
+        protocol,
+        port,
+        token: "t".into(),
+        source_ranges: Vec::new(),
+    };
     HostRequest {
         name: "skyport-team-a-web".into(),
         region: None,
@@ -42,18 +48,50 @@ fn request() -> HostRequest {
     }
 }
 
-#[test]
-fn ingress_opens_the_control_and_push_ports_over_tcp_and_each_service_with_its_protocol() {
-    let rules: Vec<_> = ingress(&request())
+/// (protocol, port, sources) of each rule [`ingress`] makes.
+fn rules(request: &HostRequest) -> Vec<(String, i32, Vec<String>)> {
+    ingress(request)
         .iter()
         .map(|r| {
-            let cidrs: Vec<_> = r.ip_ranges().iter().filter_map(|c| c.cidr_ip()).collect();
-            assert_eq!(cidrs, ["0.0.0.0/0"]);
-            (r.ip_protocol().unwrap_or_default().to_string(), r.from_port(), r.to_port())
+            assert_eq!(r.from_port(), r.to_port(), "single ports");
+            let v4 = r.ip_ranges().iter().filter_map(|c| c.cidr_ip());
+            let sources = v4.chain(r.ipv6_ranges().iter().filter_map(|c| c.cidr_ipv6())).map(str::to_string).collect();
+            (r.ip_protocol().unwrap_or_default().to_string(), r.from_port().unwrap_or_default(), sources)
         })
-        .collect();
-    let rule = |p: &str, port| (p.to_string(), Some(port), Some(port));
-    assert_eq!(rules, [rule("tcp", 2333), rule("tcp", 2335), rule("tcp", 80), rule("udp", 53)]);
+        .collect()
+}
+
+#[test]
+fn ingress_opens_the_control_and_push_ports_over_tcp_and_each_service_with_its_protocol() {
+    let rule = |p: &str, port, cidr: &str| (p.to_string(), port, vec![cidr.to_string()]);
+    let anywhere = "0.0.0.0/0";
+    assert_eq!(
+        rules(&request()),
+        [
+            rule("tcp", 80, anywhere),
+            rule("tcp", 2333, anywhere),
+            rule("tcp", 2335, anywhere),
+            rule("udp", 53, anywhere)
+        ]
+    );
+}
+
+#[test]
+fn source_ranges_narrow_only_their_service_port_canonically_and_v6_goes_to_v6_ranges() {
+    let rule = |p: &str, port, cidr: &str| (p.to_string(), port, vec![cidr.to_string()]);
+    let mut request = request();
+    request.server.services[0].source_ranges = vec!["203.0.113.9/24".into(), "2001:DB8::1/32".into()];
+    assert_eq!(
+        rules(&request),
+        [
+            rule("tcp", 80, "2001:db8::/32"),
+            rule("tcp", 80, "203.0.113.0/24"),
+            rule("tcp", 2333, "0.0.0.0/0"),
+            rule("tcp", 2335, "0.0.0.0/0"),
+            rule("udp", 53, "0.0.0.0/0"),
+        ],
+        "port 80 from its ranges only; the control, push and the other service port unchanged"
+    );
 }
 
 #[test]

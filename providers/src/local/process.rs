@@ -9,7 +9,7 @@ use nix::unistd::Pid;
 
 use super::{LocalProvider, PROVIDER, Record, WATCHING, unavailable};
 use crate::error::HostError;
-use crate::userdata::{ExitServer, render_server_toml_on};
+use crate::exit::userdata::{ExitServer, render_server_toml_on};
 
 impl LocalProvider {
     /// The server's pid if it runs: alive, and its command line names this host's config (a

@@ -5,11 +5,11 @@
 
 use std::time::Duration;
 
+use providers::exit::userdata::{Artifact, ExitServer, Protocol, TunnelService, render_cloud_config};
 use providers::hosts::{
     AddressBinding, AddressRequest, HostProvider, HostRequest, HostState, MANAGED_BY_VALUE, TAG_CLUSTER,
     TAG_MANAGED_BY, TAG_TUNNEL_UID, owner_tags,
 };
-use providers::userdata::{Artifact, ExitServer, Protocol, TunnelService, render_cloud_config};
 
 pub const UID: &str = "0b6e3c57-4d0e-4b52-9a43-3f4f7e7d2a10";
 
@@ -40,6 +40,7 @@ pub fn exit_server() -> ExitServer {
             protocol: Protocol::Tcp,
             port: 80,
             token: "tok".into(),
+            source_ranges: Vec::new(),
         }],
     }
 }

@@ -51,7 +51,8 @@ impl NamespacedServer {
         }
         let dir = std::env::temp_dir().join(format!("skyport-push-{name}"));
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("server.toml"), providers::userdata::render_server_toml(server).unwrap()).unwrap();
+        std::fs::write(dir.join("server.toml"), providers::exit::userdata::render_server_toml(server).unwrap())
+            .unwrap();
         let child = std::process::Command::new("ip")
             .args(["netns", "exec", &name])
             .arg(exe)
@@ -100,7 +101,7 @@ async fn digitalocean_and_hetzner_push_a_port_change_to_the_running_exit_server(
             running = provider.get(&host.id).await.unwrap().filter(|h| h.public_ipv4.is_some());
         }
         assert_eq!(running.unwrap().public_ipv4.as_deref(), Some(server.ip.as_str()));
-        let push_port = format!("{}:{}", server.ip, providers::push::PUSH_PORT);
+        let push_port = format!("{}:{}", server.ip, providers::exit::push::PUSH_PORT);
         let mut listening = false;
         for _ in 0..100 {
             if tokio::net::TcpStream::connect(&push_port).await.is_ok() {
@@ -118,10 +119,11 @@ async fn digitalocean_and_hetzner_push_a_port_change_to_the_running_exit_server(
             protocol: providers::Protocol::Tcp,
             port: 8443,
             token: "tok".into(),
+            source_ranges: Vec::new(),
         });
         assert!(provider.reconfigure(&host.id, &changed).await.unwrap(), "{kind:?}");
         let applied = std::fs::read_to_string(server.dir.join("server.toml")).unwrap();
-        assert_eq!(applied, providers::userdata::render_server_toml(&changed).unwrap(), "{kind:?}");
+        assert_eq!(applied, providers::exit::userdata::render_server_toml(&changed).unwrap(), "{kind:?}");
         assert_eq!(std::fs::read_to_string(server.dir.join("server.toml.generation")).unwrap(), "1");
 
         // Other credentials (the Secret was re-created): the push does not open on this host,

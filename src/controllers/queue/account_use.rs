@@ -9,7 +9,6 @@
 //! status and wakes the Queues using an account whose spec changed or whose deletion began.
 
 use std::collections::{HashMap, HashSet};
-use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
@@ -23,7 +22,7 @@ use serde_json::json;
 use super::Context;
 use super::accounts::{Placement, target, unusable};
 use crate::controllers::status::StatusWriter;
-use crate::controllers::{error_policy, has_finalizer, jittered, reconcile_with, remove_finalizer};
+use crate::controllers::{error_policy, has_finalizer, hash_of, jittered, reconcile_with, remove_finalizer};
 use crate::crd::account::{AwsAccount, session_name};
 use crate::crd::condition::{Condition, ConditionStatus};
 use crate::crd::queue::Queue;
@@ -55,7 +54,7 @@ async fn add(api: &Api<AwsAccount>, account: &AwsAccount) -> Result<()> {
             {"op": "add", "path": "/metadata/finalizers/-", "value": ACCOUNT_FINALIZER},
         ]);
         let patch: json_patch::Patch =
-            serde_json::from_value(ops).map_err(|e| crate::Error::InvalidSpec(e.to_string()))?;
+            serde_json::from_value(ops).map_err(|e| crate::Error::Internal(e.to_string()))?;
         api.patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch)).await?;
     }
     Ok(())
@@ -129,10 +128,9 @@ impl Usage {
     /// Whether `account`'s spec or deletion changed since it was last looked at (or it is new):
     /// then the Queues using it look again.
     fn changed(&self, account: &AwsAccount) -> bool {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        (account.meta().generation, account.meta().deletion_timestamp.is_some()).hash(&mut h);
+        let seen = hash_of((account.meta().generation, account.meta().deletion_timestamp.is_some()));
         let uid = account.uid().unwrap_or_default();
-        self.seen.lock().unwrap_or_else(|p| p.into_inner()).insert(uid, h.finish()) != Some(h.finish())
+        self.seen.lock().unwrap_or_else(|p| p.into_inner()).insert(uid, seen) != Some(seen)
     }
 }
 

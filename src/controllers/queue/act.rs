@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use providers::{QueueBackend, QueueError};
@@ -12,7 +12,7 @@ use tracing::info;
 use super::desired::{Desired, TAG_OWNER_UID, configmap, configmap_name};
 use super::plan::{Observed, Outcome, Plan, Ready, Step};
 use super::{Context, configmaps};
-use crate::controllers::MANAGED_BY;
+use crate::controllers::{MANAGED_BY, owned};
 use crate::crd::queue::Queue;
 use crate::error::{Error, Result};
 
@@ -156,14 +156,8 @@ pub async fn ensure_owned_configmap(queue: &Queue, want: ConfigMap, ctx: &Contex
         // The cache keeps a hash of the data: the patch is built from the object itself.
         Some(_) => api.get(&name).await?,
         // Not ours as far as the cache knows: create it, which fails if anything holds the name.
-        None => {
-            ctx.api_writes.inc();
-            match api.create(&PostParams::default(), &want).await {
-                Ok(_) => return Ok(true),
-                Err(kube::Error::Api(e)) if e.code == 409 => api.get(&name).await?,
-                Err(e) => return Err(e.into()),
-            }
-        }
+        None if owned::create(&api, &want, &ctx.api_writes).await? => return Ok(true),
+        None => api.get(&name).await?,
     };
     if !controlled_by(&existing, queue) {
         return Ok(false);

@@ -8,9 +8,9 @@
 //! finds the hash different reads the whole object first, so the patch is built from what is
 //! really there.
 
+use crate::controllers::hash_of;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::hash::{DefaultHasher, Hash, Hasher};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -66,11 +66,7 @@ impl From<&ConfigMap> for CachedConfigMap {
 /// A hash of a ConfigMap's data: keys and values in key order. A missing map and an empty one are
 /// the same to the apps that read it.
 pub fn data_hash(data: &Option<BTreeMap<String, String>>) -> u64 {
-    let mut h = DefaultHasher::new();
-    for (k, v) in data.iter().flatten() {
-        (k, v).hash(&mut h);
-    }
-    h.finish()
+    hash_of(data.iter().flatten().collect::<Vec<_>>())
 }
 
 // Lets kube-runtime's store and its keys hold this type instead of a ConfigMap.

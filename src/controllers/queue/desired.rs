@@ -3,15 +3,14 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::ObjectMeta;
-use kube::{Resource, ResourceExt};
+use kube::ResourceExt;
 use providers::sqs::{Attributes, Tags};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use crate::controllers::MANAGED_BY;
+use crate::controllers::owned;
 use crate::crd::queue::{DeduplicationScope, FifoThroughputLimit, Queue, QueueSpec, RedrivePermission};
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 pub const TAG_MANAGED_BY: &str = "skyport.dev/managed-by";
 pub const TAG_OWNER_UID: &str = "skyport.dev/owner-uid";
@@ -203,15 +202,8 @@ pub fn configmap_name(queue: &Queue) -> String {
 
 /// The ConfigMap publishing the queue's `url`, `arn` and `name`, owned by the Queue.
 pub fn configmap(queue: &Queue, url: &str, arn: &str, name: &str) -> Result<ConfigMap> {
-    let owner = queue.controller_owner_ref(&()).ok_or(Error::MissingObjectKey("uid"))?;
     Ok(ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(configmap_name(queue)),
-            namespace: queue.namespace(),
-            labels: Some(BTreeMap::from([(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string())])),
-            owner_references: Some(vec![owner]),
-            ..Default::default()
-        },
+        metadata: owned::meta(queue, &configmap_name(queue), [])?,
         data: Some(BTreeMap::from([
             ("QUEUE_URL".to_string(), url.to_string()),
             ("QUEUE_ARN".to_string(), arn.to_string()),

@@ -9,21 +9,20 @@
 //! seen. What skyport last wrote or read is remembered per Secret and read again at most once per
 //! `--queue-tag-resync`.
 
+use crate::controllers::hash_of;
 use std::collections::BTreeMap;
-use std::hash::{DefaultHasher, Hash, Hasher};
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::events::EventType;
-use kube::{Resource, ResourceExt};
 use tracing::info;
 
 use super::act::{controlled_by, data_patch, ensure_configmap, ensure_owned_configmap};
 use super::desired::configmap_name;
 use super::plan::Ready;
 use super::{Context, configmaps};
-use crate::controllers::MANAGED_BY;
 use crate::controllers::owned::{self, Guarded};
 use crate::crd::export::{Export, ExportKind, ExportRef};
 use crate::crd::queue::Queue;
@@ -58,26 +57,16 @@ pub fn dropped(spec: &[Export], recorded: impl IntoIterator<Item = ExportRef>) -
     gone
 }
 
-fn meta(queue: &Queue, name: &str) -> Result<ObjectMeta> {
-    let owner = queue.controller_owner_ref(&()).ok_or(Error::MissingObjectKey("uid"))?;
-    Ok(ObjectMeta {
-        name: Some(name.to_string()),
-        namespace: queue.namespace(),
-        labels: Some(BTreeMap::from([(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string())])),
-        owner_references: Some(vec![owner]),
-        ..Default::default()
-    })
-}
-
 /// The ConfigMap of a ConfigMap export.
 pub fn configmap(queue: &Queue, name: &str, data: Data) -> Result<ConfigMap> {
-    Ok(ConfigMap { metadata: meta(queue, name)?, data: Some(data), ..Default::default() })
+    Ok(ConfigMap { metadata: owned::meta(queue, name, [])?, data: Some(data), ..Default::default() })
 }
 
 /// The Secret of a Secret export (`Opaque`).
 pub fn secret(queue: &Queue, name: &str, data: Data) -> Result<Secret> {
     let data = data.into_iter().map(|(k, v)| (k, ByteString(v.into_bytes()))).collect();
-    Ok(Secret { metadata: meta(queue, name)?, type_: Some("Opaque".into()), data: Some(data), ..Default::default() })
+    let metadata = owned::meta(queue, name, [])?;
+    Ok(Secret { metadata, type_: Some("Opaque".into()), data: Some(data), ..Default::default() })
 }
 
 /// Writes the default ConfigMap and every export, and deletes the exports dropped from the spec.
@@ -129,12 +118,7 @@ fn recorded(queue: &Queue, ctx: &Context) -> Vec<ExportRef> {
 }
 
 fn fingerprint(uid: &str, data: &Option<BTreeMap<String, ByteString>>) -> u64 {
-    let mut h = DefaultHasher::new();
-    uid.hash(&mut h);
-    for (k, v) in data.iter().flatten() {
-        (k, &v.0).hash(&mut h);
-    }
-    h.finish()
+    hash_of((uid, data.iter().flatten().map(|(k, v)| (k, &v.0)).collect::<Vec<_>>()))
 }
 
 /// Like [`ensure_owned_configmap`] for a Secret, with the memory of what was last seen instead
@@ -155,23 +139,21 @@ async fn ensure_secret(queue: &Queue, want: Secret, ctx: &Context) -> Result<boo
             return Ok(false);
         }
         Guarded::Missing => {
-            ctx.api_writes.inc();
-            match api.create(&PostParams::default(), &want).await {
-                Ok(_) => {
-                    info!(secret = name, "created export Secret");
-                    ctx.secrets.record(key, wanted);
-                    return Ok(true);
+            if owned::create(&api, &want, &ctx.api_writes).await? {
+                info!(secret = name, "created export Secret");
+                ctx.secrets.record(key, wanted);
+                return Ok(true);
+            }
+            match read_if_controlled(queue, &ns, &name, ctx).await? {
+                Guarded::Ours(existing) => existing,
+                Guarded::NotOurs => {
+                    ctx.secrets.forget(&key);
+                    return Ok(false);
                 }
-                Err(kube::Error::Api(e)) if e.code == 409 => match read_if_controlled(queue, &ns, &name, ctx).await? {
-                    Guarded::Ours(existing) => existing,
-                    Guarded::NotOurs => {
-                        ctx.secrets.forget(&key);
-                        return Ok(false);
-                    }
-                    // Created and deleted again since: the next reconcile starts over.
-                    Guarded::Missing => return Err(kube::Error::Api(e).into()),
-                },
-                Err(e) => return Err(e.into()),
+                // Created and deleted again since: the next reconcile starts over.
+                Guarded::Missing => {
+                    return Err(Error::Internal(format!("Secret {name} was deleted right after a conflict")));
+                }
             }
         }
     };
@@ -240,6 +222,7 @@ async fn remove(queue: &Queue, target: &ExportRef, ctx: &Context) -> Result<()> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controllers::MANAGED_BY;
     use crate::crd::export::ExportKeys;
     use crate::crd::queue::QueueSpec;
 

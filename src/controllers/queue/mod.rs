@@ -35,31 +35,29 @@ pub mod tenancy;
 #[cfg(test)]
 mod tests;
 
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::channel::mpsc::{UnboundedSender, unbounded};
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Client;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, predicates, watcher};
-use kube::{Client, Resource};
+use kube::runtime::{WatchStreamExt, watcher};
 use providers::{QueueBackend, SqsSettings};
-use tracing::debug;
 
 use crate::config::QueueArgs;
 use crate::controllers::resyncs::{self, Resyncs};
 use crate::controllers::{
-    Backoff, api_beside, error_policy, has_finalizer, has_synced, jittered, managed_selector, object_key,
-    primary_stream, reconcile_with, scoped_api, slim,
+    Backoff, Reconciler, api_beside, error_policy, has_synced, jittered, managed_selector, object_key, primary_stream,
+    scoped_api, slim, spec_trigger,
 };
 use crate::crd::account::AwsAccount;
 use crate::crd::queue::Queue;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 use plan::{Outcome, Ready};
 
@@ -141,7 +139,7 @@ pub fn controller(
     // Status writes (ours) must not trigger reconciles: only spec (generation), finalizers and
     // deletion do. Periodic resync comes from the requeue each reconcile returns.
     let queue_stream =
-        primary_stream(scoped_api::<Queue>(&client, namespace.as_deref()), queue_writer, trim, trigger_hash);
+        primary_stream(scoped_api::<Queue>(&client, namespace.as_deref()), queue_writer, trim, spec_trigger);
     let (cm_reader, cm_writer) = reflector::store();
     // A ConfigMap's change wakes its controlling Queue, as `owns` would.
     let cm_changes =
@@ -200,50 +198,55 @@ fn trim(q: &mut Queue) {
     q.metadata.annotations = None;
 }
 
-fn trigger_hash(q: &Queue) -> Option<u64> {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    crate::controllers::spec_trigger(q).hash(&mut h);
-    // The generation predicate alone would miss a recreated object with the same generation.
-    predicates::generation(q).hash(&mut h);
-    Some(h.finish())
-}
-
 /// How long after a converge its follow-ups are answered from memory (`Context::written`); the
 /// memory sweeps entries older than this.
 fn follow_up_window(resync: Duration) -> Duration {
     resync / 2
 }
 
-/// Entry point per object: a span with kind, namespace and name around [`reconcile_inner`].
+/// Entry point per object: the shared reconcile ([`crate::controllers::reconciler`]) around
+/// [`State`]'s [`Reconciler`] steps.
 pub async fn reconcile(queue: Arc<Queue>, ctx: Arc<Context>) -> Result<Action> {
-    reconcile_with(queue, ctx, reconcile_inner).await
+    crate::controllers::reconciler::reconcile(queue, ctx).await
 }
 
-async fn reconcile_inner(queue: Arc<Queue>, ctx: Arc<Context>) -> Result<Action> {
+impl Reconciler for State {
+    type Object = Queue;
+    type Memory = (u64, Arc<Ready>);
+    const FINALIZER: &'static str = FINALIZER;
+    const PERMANENT_HINT: &'static str = "fix the spec, nothing is retried until it changes";
+
+    fn begin(queue: &Queue, ctx: &Context) {
+        // Reconciled now: the next resync is whatever this pass decides.
+        ctx.resyncs.forget(&object_key(queue));
+    }
+
+    async fn apply(queue: Arc<Queue>, ctx: Arc<Context>, added_finalizer: bool) -> Result<Action> {
+        apply(queue, &ctx, added_finalizer).await
+    }
+
+    async fn cleanup(queue: Arc<Queue>, ctx: Arc<Context>) -> Result<Action> {
+        cleanup::cleanup(&queue, &api_beside(&ctx.client, &*queue)?, &ctx).await
+    }
+
+    async fn report_failure(queue: &Queue, ctx: &Context, error: &Error, message: &str) -> Result<()> {
+        status::report_problem(queue, &api_beside(&ctx.client, queue)?, ctx, error.reason(), message).await
+    }
+}
+
+/// Converges a live Queue: its account, SQS, the published ConfigMaps and exports, status.
+async fn apply(queue: Arc<Queue>, ctx: &Context, added_finalizer: bool) -> Result<Action> {
     let api: Api<Queue> = api_beside(&ctx.client, &*queue)?;
     let key = object_key(&*queue);
-    // Reconciled now: the next resync is whatever this pass decides.
-    ctx.resyncs.forget(&key);
-    if queue.meta().deletion_timestamp.is_some() {
-        return cleanup::cleanup(&queue, &api, &ctx).await;
-    }
-    let added_finalizer = !has_finalizer(&*queue, FINALIZER);
-    let queue = if added_finalizer {
-        ctx.api_writes.inc();
-        Arc::new(crate::controllers::add_finalizer(&api, &queue, FINALIZER).await?)
-    } else {
-        queue
-    };
     let placement = match ctx.accounts.place(&queue, &ctx.sqs).await {
         Ok(placement) => {
-            account_use::hold(&placement, &ctx).await?;
+            account_use::hold(&placement, ctx).await?;
             placement
         }
         Err((reason, message)) => {
             // Waits for the AwsAccount to change (its watch wakes this Queue); the resync is a net.
-            status::report_problem(&queue, &api, &ctx, reason, &message).await?;
+            status::report_problem(&queue, &api, ctx, reason, &message).await?;
             ctx.written.forget(&key);
-            ctx.backoff.reset(&key);
             return Ok(Action::requeue(jittered(ctx.settings.resync)));
         }
     };
@@ -251,22 +254,21 @@ async fn reconcile_inner(queue: Arc<Queue>, ctx: Arc<Context>) -> Result<Action>
     let window = follow_up_window(ctx.settings.resync);
     if let Some(((_, ready), age)) = ctx.written.get(&key, |(seen, _), age| *seen == fingerprint && age < window) {
         // A follow-up of our own writes: SQS was just converged and the status written.
-        let published = exports::publish(&queue, &ready, &ctx).await?;
+        let published = exports::publish(&queue, &ready, ctx).await?;
         if let Some((reason, conflict)) = &published.conflict {
-            status::report_conflict(&queue, &api, &ctx, reason, conflict, &published.owned).await?;
+            status::report_conflict(&queue, &api, ctx, reason, conflict, &published.owned).await?;
             ctx.written.forget(&key);
             return Ok(Action::requeue(jittered(ctx.resync())));
         }
         return Ok(ctx.resync_after(&key, jittered(ctx.resync()).saturating_sub(age)));
     }
 
-    match converge::converge(&queue, &ctx, placement.sqs.as_ref()).await {
-        Ok(Outcome::Ready(ready)) => {
-            let published = exports::publish(&queue, &ready, &ctx).await?;
+    match converge::converge(&queue, ctx, placement.sqs.as_ref()).await? {
+        Outcome::Ready(ready) => {
+            let published = exports::publish(&queue, &ready, ctx).await?;
             if let Some((reason, conflict)) = &published.conflict {
                 // The queue is fine, but apps would read someone else's object: not Ready.
-                status::report_conflict(&queue, &api, &ctx, reason, conflict, &published.owned).await?;
-                ctx.backoff.reset(&key);
+                status::report_conflict(&queue, &api, ctx, reason, conflict, &published.owned).await?;
                 return Ok(Action::requeue(jittered(ctx.resync())));
             }
             // Events are not part of Ready: sent alongside the status write, not before it.
@@ -275,11 +277,11 @@ async fn reconcile_inner(queue: Arc<Queue>, ctx: Arc<Context>) -> Result<Action>
                     ctx.publish(&*queue, EventType::Normal, reason, note.clone()).await;
                 }
             };
-            let status = status::ready(&queue, &api, &ctx, &ready, &published.owned, &placement);
+            let status = status::ready(&queue, &api, ctx, &ready, &published.owned, &placement);
             let ((), became_ready) = tokio::join!(events, status);
             let became_ready = became_ready?;
             if became_ready {
-                act::wake_dependents(&queue, &ctx);
+                act::wake_dependents(&queue, ctx);
             }
             ctx.reported.forget(&key);
             if became_ready || added_finalizer {
@@ -288,26 +290,11 @@ async fn reconcile_inner(queue: Arc<Queue>, ctx: Arc<Context>) -> Result<Action>
                 // 168, and during a storm of new Queues the table holds thousands of them.
                 ctx.written.record(&key, (fingerprint, Arc::new(Ready { events: Vec::new(), ..ready })));
             }
-            ctx.backoff.reset(&key);
             Ok(ctx.resync_after(&key, jittered(ctx.resync())))
         }
-        Ok(Outcome::Wait { reason, message, retry }) => {
-            status::report_problem(&queue, &api, &ctx, reason, &message).await?;
-            ctx.backoff.reset(&key);
+        Outcome::Wait { reason, message, retry } => {
+            status::report_problem(&queue, &api, ctx, reason, &message).await?;
             Ok(retry.map(Action::requeue).unwrap_or_else(Action::await_change))
-        }
-        Err(e) if e.is_permanent() => {
-            let message = format!("{e}; fix the spec, nothing is retried until it changes");
-            status::report_problem(&queue, &api, &ctx, e.reason(), &message).await?;
-            Ok(Action::await_change())
-        }
-        Err(e) => {
-            // Best effort: the API server may be what is failing.
-            let message = format!("{e}; retrying with backoff");
-            if let Err(status_err) = status::report_problem(&queue, &api, &ctx, e.reason(), &message).await {
-                debug!(error = %status_err, "could not record the failure in status");
-            }
-            Err(e)
         }
     }
 }

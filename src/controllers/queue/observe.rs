@@ -1,7 +1,7 @@
 //! Reads: the dead-letter reference from the local cache, the queue from SQS.
 
+use crate::controllers::hash_of;
 use std::collections::HashMap;
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -89,11 +89,8 @@ pub fn dead_letter_arn(queue: &Queue, queues: &Store<Queue>) -> Result<Option<St
 /// dead-letter target resolved from the Queue cache. A follow-up of our own writes with the same fingerprint is
 /// answered from memory (see `Context::written`).
 pub fn fingerprint(queue: &Queue, queues: &Store<Queue>, placement: &super::accounts::Placement) -> u64 {
-    let mut h = DefaultHasher::new();
-    queue.metadata.generation.hash(&mut h);
-    (&placement.account, &placement.region, &placement.role_arn).hash(&mut h);
-    dead_letter_arn(queue, queues).ok().hash(&mut h);
-    h.finish()
+    let account = (&placement.account, &placement.region, &placement.role_arn);
+    hash_of((queue.metadata.generation, account, dead_letter_arn(queue, queues).ok()))
 }
 
 /// The dead-letter chain from `queue` when it leads back to `queue`: `[a, b, a]`. SQS would
@@ -133,9 +130,7 @@ pub struct Verified {
 }
 
 fn digest(value: &str) -> u64 {
-    let mut h = DefaultHasher::new();
-    value.hash(&mut h);
-    h.finish()
+    hash_of(value)
 }
 
 /// How much later than the proof (by this host's clock) a queue proven right after CreateQueue

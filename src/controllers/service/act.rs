@@ -1,13 +1,14 @@
 //! Writes: creating and deleting the Service's Tunnel, with an Event on the Service.
 
 use k8s_openapi::api::core::v1::Service;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use tracing::{info, warn};
 
 use super::Context;
 use super::desired::tunnel_for;
+use crate::controllers::owned;
 use crate::crd::tunnel::Tunnel;
 use crate::error::{Error, Result};
 
@@ -26,16 +27,43 @@ pub async fn create(service: &Service, api: &Api<Tunnel>, ctx: &Context) -> Resu
         Err(e) => return Err(e),
     };
     let name = tunnel.name_any();
-    ctx.api_writes.inc();
-    match api.create(&PostParams::default(), &tunnel).await {
-        Ok(_) => {
-            info!(tunnel = %name, "created Tunnel for LoadBalancer Service");
-            ctx.publish(service, EventType::Normal, "TunnelCreated", format!("created Tunnel {name}")).await;
-            Ok(())
-        }
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-        Err(e) => Err(e.into()),
+    if owned::create(api, &tunnel, &ctx.api_writes).await? {
+        info!(tunnel = %name, "created Tunnel for LoadBalancer Service");
+        ctx.publish(service, EventType::Normal, "TunnelCreated", format!("created Tunnel {name}")).await;
     }
+    Ok(())
+}
+
+/// Sets the Tunnel's `spec.sourceRanges` to the Service's (a merge patch of that field only).
+pub async fn set_source_ranges(
+    service: &Service,
+    name: &str,
+    ranges: &[String],
+    api: &Api<Tunnel>,
+    ctx: &Context,
+) -> Result<()> {
+    info!(tunnel = %name, ?ranges, "the Service's source ranges changed");
+    let patch = serde_json::json!({"spec": {"sourceRanges": ranges}});
+    ctx.api_writes.inc();
+    match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Ok(_) => {}
+        // Gone meanwhile: it is made again, with these ranges.
+        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 422 => {
+            let note = format!("Tunnel {name} refused the source ranges {ranges:?}: {}", e.message);
+            ctx.publish(service, EventType::Warning, "InvalidSourceRanges", note).await;
+            return Ok(());
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let note = format!("Tunnel {name} admits the Service's ports from {}", describe_ranges(ranges));
+    ctx.publish(service, EventType::Normal, "SourceRangesChanged", note).await;
+    Ok(())
+}
+
+/// `anywhere` for no ranges, else the list.
+pub fn describe_ranges(ranges: &[String]) -> String {
+    if ranges.is_empty() { "anywhere".into() } else { ranges.join(", ") }
 }
 
 /// Deletes the Tunnel `name` (its finalizer deletes the exit server). An Event tells why,

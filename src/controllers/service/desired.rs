@@ -5,7 +5,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use crate::config::TunnelArgs;
-use crate::controllers::MANAGED_BY;
+use crate::controllers::owned;
 use crate::crd::tunnel::Tunnel;
 use crate::error::{Error, Result};
 
@@ -49,16 +49,11 @@ pub fn tunnel_name(service: &Service) -> String {
 
 /// The Tunnel for `service`: owned by it, spec from its annotations.
 pub fn tunnel_for(service: &Service) -> Result<Tunnel> {
-    let owner = service.controller_owner_ref(&()).ok_or(Error::MissingObjectKey("uid"))?;
     let annotation = |k: &str| service.annotations().get(k).cloned();
     let value = json!({
         "apiVersion": "skyport.dev/v1alpha1",
         "kind": "Tunnel",
-        "metadata": {
-            "name": tunnel_name(service),
-            "labels": {MANAGED_BY.0: MANAGED_BY.1},
-            "ownerReferences": [owner],
-        },
+        "metadata": owned::meta(service, &tunnel_name(service), [])?,
         "spec": {
             "serviceRef": {"name": service.name_any()},
             "provider": annotation(ANNOTATION_PROVIDER),
@@ -67,11 +62,28 @@ pub fn tunnel_for(service: &Service) -> Result<Tunnel> {
             "address": address(service)?,
         },
     });
-    let mut tunnel: Tunnel = serde_json::from_value(value).map_err(|e| Error::InvalidSpec(e.to_string()))?;
+    let mut tunnel: Tunnel = serde_json::from_value(value).map_err(|e| Error::Internal(format!("Tunnel: {e}")))?;
     tunnel.spec.provider = tunnel.spec.provider.filter(|s| !s.is_empty());
     tunnel.spec.region = tunnel.spec.region.filter(|s| !s.is_empty());
     tunnel.spec.size = tunnel.spec.size.filter(|s| !s.is_empty());
+    tunnel.spec.source_ranges = source_ranges(service);
     Ok(tunnel)
+}
+
+/// The annotation older clients set instead of `spec.loadBalancerSourceRanges` (comma separated).
+pub const ANNOTATION_SOURCE_RANGES: &str = "service.beta.kubernetes.io/load-balancer-source-ranges";
+
+/// Who may reach the Service: `spec.loadBalancerSourceRanges`, else the annotation, as Kubernetes
+/// reads them (the API server validated both as CIDRs; spaces trimmed). Empty: anywhere.
+pub fn source_ranges(service: &Service) -> Vec<String> {
+    let spec = service.spec.as_ref().and_then(|s| s.load_balancer_source_ranges.clone()).unwrap_or_default();
+    let listed: Vec<String> = if spec.is_empty() {
+        service.annotations().get(ANNOTATION_SOURCE_RANGES).map(|a| a.split(',').map(str::to_string).collect())
+    } else {
+        Some(spec)
+    }
+    .unwrap_or_default();
+    listed.iter().map(|r| r.trim().to_string()).filter(|r| !r.is_empty()).collect()
 }
 
 /// `spec.address` from the annotations (values case-insensitive, as people write them), `None`
@@ -171,5 +183,16 @@ mod tests {
         let refused = annotated(&[(ANNOTATION_ADDRESS, "static")]).unwrap_err().to_string();
         assert!(refused.contains("skyport.dev/address") && refused.contains("\"static\""), "{refused}");
         assert!(annotated(&[(ANNOTATION_ADDRESS_DELETION, "keep")]).is_err());
+    }
+
+    #[test]
+    fn source_ranges_come_from_the_spec_else_the_annotation() {
+        let mut svc = service("LoadBalancer", Some(LOAD_BALANCER_CLASS), None);
+        assert!(tunnel_for(&svc).unwrap().spec.source_ranges.is_empty(), "no ranges: anywhere");
+        let annotations = svc.metadata.annotations.get_or_insert_default();
+        annotations.insert(ANNOTATION_SOURCE_RANGES.into(), " 198.51.100.0/24, 203.0.113.7/32 ,".into());
+        assert_eq!(tunnel_for(&svc).unwrap().spec.source_ranges, ["198.51.100.0/24", "203.0.113.7/32"]);
+        svc.spec.as_mut().unwrap().load_balancer_source_ranges = Some(vec!["10.0.0.0/8".into()]);
+        assert_eq!(source_ranges(&svc), ["10.0.0.0/8"], "the field wins over the annotation");
     }
 }

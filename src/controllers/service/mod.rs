@@ -11,7 +11,8 @@
 //! collects the Tunnel (whose finalizer deletes the exit server), and a deleted Tunnel is made
 //! again at once: `kubectl delete tunnel` means "give me a fresh exit server".
 //! Annotations `skyport.dev/provider`, `skyport.dev/region` and `skyport.dev/size` on the Service
-//! fill the Tunnel's spec when it is created.
+//! fill the Tunnel's spec when it is created; its `loadBalancerSourceRanges` become the Tunnel's
+//! `spec.sourceRanges` and follow every change.
 //!
 //! Stages: [`desired`] (which Services, which Tunnel), [`plan`] (the step), [`act`] (the
 //! write); it observes only the Tunnel cache it shares with the Tunnel controller, has no status
@@ -100,6 +101,10 @@ async fn reconcile_inner(service: Arc<Service>, ctx: Arc<Context>) -> Result<Act
     let action = match plan::step(&service, existing.as_deref(), &ctx.settings) {
         plan::Step::Create => {
             act::create(&service, &api, &ctx).await?;
+            Action::await_change()
+        }
+        plan::Step::SetSourceRanges(ranges) => {
+            act::set_source_ranges(&service, &name, &ranges, &api, &ctx).await?;
             Action::await_change()
         }
         plan::Step::Delete { why } => {

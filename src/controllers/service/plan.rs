@@ -5,7 +5,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Service;
 use kube::{Resource, ResourceExt};
 
-use super::desired::{owned_by, served};
+use super::desired::{owned_by, served, source_ranges};
 use crate::config::TunnelArgs;
 use crate::crd::tunnel::Tunnel;
 
@@ -14,6 +14,8 @@ use crate::crd::tunnel::Tunnel;
 pub enum Step {
     /// Served and without a Tunnel: create it.
     Create,
+    /// Served, and its Tunnel's `spec.sourceRanges` differ from the Service's: set them.
+    SetSourceRanges(Vec<String>),
     /// No longer served (or being deleted) and it owns its Tunnel: delete it, saying `why`.
     Delete { why: &'static str },
     /// Look again after this long: a same-named Tunnel of another Service may be going away.
@@ -41,6 +43,9 @@ pub fn step(service: &Service, existing: Option<&Tunnel>, settings: &TunnelArgs)
         // owned-object watch wakes this Service then.
         (true, Some(tunnel)) if tunnel.meta().deletion_timestamp.is_some() => {
             Step::Leave { why: "Tunnel being deleted" }
+        }
+        (true, Some(tunnel)) if tunnel.spec.source_ranges != source_ranges(service) => {
+            Step::SetSourceRanges(source_ranges(service))
         }
         (true, Some(_)) => Step::Leave { why: "Tunnel exists" },
         (false, Some(tunnel)) if owned_by(tunnel, service) && tunnel.meta().deletion_timestamp.is_none() => {

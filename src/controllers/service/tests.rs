@@ -120,3 +120,21 @@ async fn an_unreadable_address_annotation_is_a_warning_on_the_service_not_a_retr
     assert!(h.api.get(TUNNEL).is_none());
     assert_eq!(h.api.event_reasons(), ["InvalidAnnotation"]);
 }
+
+#[tokio::test]
+async fn changed_source_ranges_are_patched_onto_the_tunnel_once() {
+    let mut h = harness();
+    owned_tunnel(&mut h);
+    let mut svc = (*service("LoadBalancer")).clone();
+    svc.spec.as_mut().unwrap().load_balancer_source_ranges = Some(vec!["198.51.100.0/24".into()]);
+    assert_eq!(reconcile(Arc::new(svc.clone()), h.ctx.clone()).await.unwrap(), Action::await_change());
+    let tunnel = h.api.get(TUNNEL).unwrap();
+    assert_eq!(tunnel["spec"]["sourceRanges"], json!(["198.51.100.0/24"]));
+    assert_eq!(tunnel["spec"]["region"], json!("fra1"), "only the ranges are patched");
+    assert_eq!(h.api.event_reasons(), ["SourceRangesChanged"]);
+    // Once the cache shows them, nothing more is written.
+    h.tunnels.apply_watcher_event(&watcher::Event::Apply(serde_json::from_value(tunnel).unwrap()));
+    let writes = h.api.writes().len();
+    reconcile(Arc::new(svc), h.ctx.clone()).await.unwrap();
+    assert_eq!(h.api.writes().len(), writes);
+}

@@ -7,13 +7,19 @@ use crate::controllers::tunnel::observe::Probe;
 /// Answers every check with the current answer ([`FakeProbe::answer`]); records `ip:port`.
 pub struct FakeProbe {
     answered: Mutex<bool>,
+    reachable: Mutex<bool>,
     checked: Mutex<Vec<String>>,
 }
 
 impl FakeProbe {
     /// A probe whose checks pass (`true`) or fail as a refused connection would (`false`).
     pub fn answering(answered: bool) -> Self {
-        FakeProbe { answered: Mutex::new(answered), checked: Mutex::default() }
+        FakeProbe { answered: Mutex::new(answered), reachable: Mutex::new(true), checked: Mutex::default() }
+    }
+
+    /// Whether the exit server's control port accepts connections (by default it does).
+    pub fn reach(&self, reachable: bool) {
+        *self.reachable.lock().unwrap() = reachable;
     }
 
     pub fn answer(&self, answered: bool) {
@@ -36,5 +42,9 @@ impl Probe for FakeProbe {
         } else {
             Err(format!("cannot connect to {host_ip}:{port}: Connection refused (fake)"))
         }
+    }
+
+    async fn reachable(&self, _host_ip: &str, _port: u16) -> bool {
+        *self.reachable.lock().unwrap()
     }
 }

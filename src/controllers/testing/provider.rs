@@ -26,6 +26,9 @@ struct Hosts {
     binding: Option<AddressBinding>,
     /// Whether `reconfigure` refuses, as a cloud VM's fixed user data does.
     fixed_config: bool,
+    /// Whether `sync_source_ranges` enforces them (as EC2), and what each host admits.
+    enforce_ranges: bool,
+    ranges: BTreeMap<String, Vec<String>>,
 }
 
 impl Hosts {
@@ -116,6 +119,16 @@ impl FakeProvider {
     /// `reconfigure` answers "cannot" from now on, as for cloud VMs: the host is replaced.
     pub fn fix_config(&self) {
         self.hosts.lock().unwrap().fixed_config = true;
+    }
+
+    /// `sync_source_ranges` enforces the ranges from now on, as EC2 does.
+    pub fn enforce_ranges(&self) {
+        self.hosts.lock().unwrap().enforce_ranges = true;
+    }
+
+    /// The source ranges host `id` admits to its first service port, as last synced.
+    pub fn ranges_of(&self, id: &str) -> Option<Vec<String>> {
+        self.hosts.lock().unwrap().ranges.get(id).cloned()
     }
 
     /// Every reserved address, as stored (with the tags it was reserved with).
@@ -237,6 +250,19 @@ impl HostProvider for FakeProvider {
         let h = self.call("list_addresses_by_tag")?;
         let reported = h.addresses.values().map(|a| h.report(a));
         Ok(reported.filter(|a| a.tags.get(key).map(String::as_str) == Some(value)).collect())
+    }
+    async fn sync_source_ranges(&self, id: &str, server: &ExitServer) -> Result<bool, HostError> {
+        let mut h = self.call("sync_source_ranges")?;
+        if !h.enforce_ranges {
+            return Ok(false);
+        }
+        let ranges = server.services.first().map(|s| s.source_ranges.clone()).unwrap_or_default();
+        h.ranges.insert(id.to_string(), ranges);
+        Ok(true)
+    }
+    /// Its hosts download nothing: no artifact check (tests/tunnel/artifact.rs has one).
+    fn fetches_artifact(&self) -> bool {
+        false
     }
     fn name(&self) -> &'static str {
         NAME

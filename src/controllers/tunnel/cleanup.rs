@@ -7,59 +7,57 @@ use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::ObjectRef;
 use tracing::info;
 
+use super::phases::Pass;
 use super::plan::{Blocked, provider_for};
-use super::status::{Writer, not_ready};
+use super::status::not_ready;
 use super::{Context, FINALIZER, act, desired};
 use crate::controllers::{has_finalizer, object_key, remove_finalizer};
-use crate::crd::tunnel::{AddressDeletionPolicy, Tunnel, TunnelPhase};
+use crate::crd::tunnel::{AddressDeletionPolicy, Tunnel, TunnelPhase, TunnelStatus};
 use crate::error::{Error, Result};
 
 /// Deletes the exit server (the recorded one and any other carrying the Tunnel's UID), clears the
 /// Service's ingress if this Tunnel set it, and releases the finalizer. A host already gone counts
 /// as deleted; a provider that is not configured keeps the finalizer (deleting the Tunnel then
 /// would leak the host), with the reason in status.
-pub async fn cleanup(tunnel: &Tunnel, api: &Api<Tunnel>, ctx: &Context, status: &mut Writer<'_>) -> Result<Action> {
+pub async fn cleanup(tunnel: &Tunnel, api: &Api<Tunnel>, ctx: &Context) -> Result<Action> {
     if !has_finalizer(tunnel, FINALIZER) {
         return Ok(Action::await_change());
     }
+    let mut pass = Pass::new(tunnel, api, ctx);
     let uid = tunnel.uid().ok_or(Error::MissingObjectKey("uid"))?;
-    let ns = tunnel.namespace().ok_or(Error::MissingObjectKey("namespace"))?;
-    let recorded_host = status.current().host_id.clone();
-    let provider = match provider_for(tunnel, status.current(), &ctx.providers) {
+    let recorded_host = pass.status().host_id.clone();
+    let provider = match provider_for(tunnel, pass.status(), &ctx.providers) {
         Ok(p) => Some(p),
         // Never created a host: nothing to delete.
-        Err(_) if recorded_host.is_none() && status.current().address_id.is_none() => None,
+        Err(_) if recorded_host.is_none() && pass.status().address_id.is_none() => None,
         Err(Blocked(_, reason, message)) => {
             let message = format!("{message}; the exit server cannot be deleted, so the Tunnel is kept");
-            status
-                .write(|s| {
-                    s.phase = Some(TunnelPhase::Deleting);
-                    s.conditions = not_ready(reason, &message);
-                })
-                .await?;
+            pass.record(|s| {
+                s.phase = Some(TunnelPhase::Deleting);
+                s.conditions = not_ready(reason, &message);
+            })
+            .await?;
             return Ok(Action::requeue(Duration::from_secs(60)));
         }
     };
-    status
-        .write(|s| {
-            s.phase = Some(TunnelPhase::Deleting);
-            s.conditions = not_ready("Deleting", "deleting the exit server");
-        })
-        .await?;
+    pass.record(|s| {
+        s.phase = Some(TunnelPhase::Deleting);
+        s.conditions = not_ready("Deleting", "deleting the exit server");
+    })
+    .await?;
     // The address goes off the Service before the host goes: once released, the IP may be
     // someone else's, and must never be advertised as this Service's.
-    if let Some(service) = ctx.services.get(&ObjectRef::new(&tunnel.spec.service_ref.name).within(&ns))
-        && desired::controls_service_status(tunnel, &service)
+    if let Some(service) = &pass.service
+        && desired::controls_service_status(tunnel, service)
     {
-        act::unpublish_before_delete(&service, ctx).await?;
+        act::unpublish_before_delete(service, ctx).await?;
     }
     if let Some(provider) = &provider
-        && (tunnel.spec.reserves_address() || status.current().address_id.is_some())
+        && (tunnel.spec.reserves_address() || pass.status().address_id.is_some())
     {
-        addresses(tunnel, provider.as_ref(), &uid, ctx, status).await?;
+        addresses(tunnel, provider.as_ref(), &uid, ctx, pass.status()).await?;
     }
     if let Some(provider) = provider {
         let mut ids: Vec<String> = recorded_host.into_iter().collect();
@@ -80,7 +78,7 @@ pub async fn cleanup(tunnel: &Tunnel, api: &Api<Tunnel>, ctx: &Context, status: 
     }
     // Conditional on the version our own status write produced, not the one we were handed.
     let mut current = tunnel.clone();
-    current.metadata.resource_version = status.resource_version();
+    current.metadata.resource_version = pass.resource_version();
     ctx.api_writes.inc();
     remove_finalizer(api, &current, FINALIZER).await?;
     let key = object_key(tunnel);
@@ -97,12 +95,12 @@ async fn addresses(
     provider: &dyn providers::HostProvider,
     uid: &str,
     ctx: &Context,
-    status: &Writer<'_>,
+    status: &TunnelStatus,
 ) -> Result<()> {
-    let found = match super::observe::find_address(provider, status.current(), uid).await {
+    let found = match super::observe::find_address(provider, status, uid).await {
         Ok(found) => found,
         // A provider without reserved addresses never reserved one: it must not keep the Tunnel.
-        Err(Error::Host(providers::HostError::Invalid { .. })) if status.current().address_id.is_none() => {
+        Err(Error::Host(providers::HostError::Invalid { .. })) if status.address_id.is_none() => {
             return Ok(());
         }
         Err(e) => return Err(e),

@@ -5,12 +5,14 @@ use std::collections::BTreeMap;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, Service};
-use kube::{Resource, ResourceExt};
-use providers::userdata::{ClientService, ExitServer, NoiseKeypair, Protocol, TunnelClient, TunnelService};
+use kube::ResourceExt;
+use kube::api::ObjectMeta;
+use providers::exit::userdata::{ClientService, ExitServer, NoiseKeypair, Protocol, TunnelClient, TunnelService};
+use providers::hosts::{TAG_CLUSTER, TAG_DELETION_POLICY, owner_tags};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use crate::controllers::MANAGED_BY;
+use crate::controllers::{MANAGED_BY, owned};
 use crate::crd::tunnel::{Tunnel, TunnelPort};
 use crate::error::{Error, Result};
 
@@ -47,7 +49,7 @@ pub fn service_ports(service: &Service, control_port: u16, health_port: u16) -> 
         if protocol == "TCP" && p.port == i32::from(health_port) {
             return Err(PortProblem::HealthReserved(p.port));
         }
-        if protocol == "TCP" && p.port == i32::from(providers::push::PUSH_PORT) {
+        if protocol == "TCP" && p.port == i32::from(providers::exit::push::PUSH_PORT) {
             return Err(PortProblem::PushReserved(p.port));
         }
         ports.push(TunnelPort { port: p.port, protocol });
@@ -94,7 +96,7 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// What the exit server runs: the Service's ports and the health check's.
+/// What the exit server runs: the Service's ports (from anywhere, see `ranges::restrict`) and the health check's.
 pub fn exit_server(ports: &[TunnelPort], credentials: &Credentials, control_port: u16, health_port: u16) -> ExitServer {
     let mut services: Vec<TunnelService> = ports
         .iter()
@@ -104,6 +106,7 @@ pub fn exit_server(ports: &[TunnelPort], credentials: &Credentials, control_port
             // Validated by service_ports: 1..=65535 comes from the Service's schema.
             port: u16::try_from(p.port).unwrap_or_default(),
             token: credentials.token.clone(),
+            source_ranges: Vec::new(),
         })
         .collect();
     services.push(crate::tunnel::health_server_service(health_port, &credentials.token));
@@ -177,8 +180,7 @@ pub fn client_labels(tunnel: &Tunnel) -> BTreeMap<String, String> {
     ])
 }
 
-/// SHA-256 of the client config: a pod template annotation, so a config change rolls the pod
-/// (a mounted Secret's update is not noticed by the tunnel client).
+/// SHA-256 of the client config as a pod annotation: a change rolls the pod (the client misses Secret updates).
 pub fn checksum(text: &str) -> String {
     hex(&Sha256::digest(text.as_bytes()))
 }
@@ -228,26 +230,45 @@ pub const KEY_PUBLIC: &str = "noise-public-key";
 pub const KEY_TOKEN: &str = "token";
 pub const KEY_CLIENT: &str = "client.toml";
 
+/// The server-side apply of the client config into the Tunnel's Secret (only that key). It
+/// carries the Secret's labels and owner too: if the Secret was deleted since it was read, the
+/// apply creates it, and a Secret without them would be refused by the admission policy (it lets
+/// skyport write only labelled objects) and never garbage-collected.
+pub fn client_config(tunnel: &Tunnel, client_toml: &str) -> Result<serde_json::Value> {
+    Ok(json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": owned_meta(tunnel, &secret_name(tunnel))?,
+        "stringData": {KEY_CLIENT: client_toml},
+    }))
+}
+
+/// The tags of the Tunnel's hosts and of its reserved address: the owner's and the cluster's,
+/// and with a reserved address its deletion policy, on the hosts as well (a DigitalOcean
+/// reserved IP carries no tags of its own, only its droplet's).
+pub fn tags(tunnel: &Tunnel, cluster_id: &str) -> Result<BTreeMap<String, String>> {
+    let ns = tunnel.namespace().ok_or(Error::MissingObjectKey("namespace"))?;
+    let uid = tunnel.uid().ok_or(Error::MissingObjectKey("uid"))?;
+    let mut tags = owner_tags(&uid, &ns, &tunnel.name_any());
+    tags.insert(TAG_CLUSTER.to_string(), cluster_id.to_string());
+    if tunnel.spec.reserves_address() {
+        tags.insert(TAG_DELETION_POLICY.to_string(), format!("{:?}", tunnel.spec.address_deletion_policy()));
+    }
+    Ok(tags)
+}
+
 /// Pod template annotation carrying [`checksum`] of the client config.
 pub const CHECKSUM_ANNOTATION: &str = "skyport.dev/config-checksum";
 
-pub fn managed_labels(tunnel: &Tunnel) -> BTreeMap<String, String> {
-    BTreeMap::from([
-        (MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string()),
-        ("skyport.dev/tunnel".to_string(), fit_label(&tunnel.name_any())),
-    ])
+/// Metadata of an object the Tunnel owns ([`owned::meta`]), labelled with the Tunnel's name.
+fn owned_meta(tunnel: &Tunnel, name: &str) -> Result<ObjectMeta> {
+    owned::meta(tunnel, name, [("skyport.dev/tunnel".to_string(), fit_label(&tunnel.name_any()))])
 }
 
 /// The Tunnel's Secret holding fresh `credentials` (the client config is added later).
 pub fn secret(tunnel: &Tunnel, credentials: &Credentials) -> Result<Secret> {
-    let owner = tunnel.controller_owner_ref(&()).ok_or(Error::MissingObjectKey("uid"))?;
     Ok(Secret {
-        metadata: kube::api::ObjectMeta {
-            name: Some(secret_name(tunnel)),
-            labels: Some(managed_labels(tunnel)),
-            owner_references: Some(vec![owner]),
-            ..Default::default()
-        },
+        metadata: owned_meta(tunnel, &secret_name(tunnel))?,
         type_: Some("Opaque".into()),
         data: Some(BTreeMap::from([
             (KEY_PRIVATE.to_string(), ByteString(credentials.keypair.private_key.clone().into_bytes())),
@@ -261,16 +282,11 @@ pub fn secret(tunnel: &Tunnel, credentials: &Credentials) -> Result<Secret> {
 /// The client Deployment: one replica (two clients with one token would take the service from
 /// each other), `Recreate` for the same reason, restarted when the config checksum changes.
 pub fn deployment(tunnel: &Tunnel, image: &str, checksum: &str) -> Result<Deployment> {
-    let owner = tunnel.controller_owner_ref(&()).ok_or(Error::MissingObjectKey("uid"))?;
     let labels = client_labels(tunnel);
     let value = json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {
-            "name": deployment_name(tunnel),
-            "labels": managed_labels(tunnel),
-            "ownerReferences": [owner],
-        },
+        "metadata": owned_meta(tunnel, &deployment_name(tunnel))?,
         "spec": {
             "replicas": 1,
             "strategy": {"type": "Recreate"},
@@ -283,7 +299,9 @@ pub fn deployment(tunnel: &Tunnel, image: &str, checksum: &str) -> Result<Deploy
                     // fsGroup: the mounted config is root's, mode 0440; its group lets uid 65532 read it.
                     "securityContext": {
                         "runAsNonRoot": true,
-                        "runAsUser": 65532, "runAsGroup": 65532, "fsGroup": 65532,
+                        "runAsUser": 65532,
+                        "runAsGroup": 65532,
+                        "fsGroup": 65532,
                         "seccompProfile": {"type": "RuntimeDefault"},
                     },
                     "containers": [{
@@ -314,136 +332,8 @@ pub fn deployment(tunnel: &Tunnel, image: &str, checksum: &str) -> Result<Deploy
             },
         },
     });
-    serde_json::from_value(value).map_err(|e| Error::InvalidSpec(format!("client Deployment: {e}")))
+    serde_json::from_value(value).map_err(|e| Error::Internal(format!("client Deployment: {e}")))
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn service(ports: serde_json::Value) -> Service {
-        serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "web", "namespace": "team-a", "uid": "svc-uid"},
-            "spec": {"type": "LoadBalancer", "clusterIP": "10.0.0.7", "ports": ports},
-        }))
-        .unwrap()
-    }
-
-    #[test]
-    fn ports_are_sorted_deduplicated_and_default_to_tcp() {
-        let svc = service(serde_json::json!([
-            {"name": "dns", "port": 53, "protocol": "UDP"},
-            {"name": "https", "port": 443},
-            {"name": "http", "port": 80, "protocol": "TCP"},
-            {"name": "dns-tcp", "port": 53, "protocol": "TCP"},
-        ]));
-        let ports = service_ports(&svc, 2333, 2334).unwrap();
-        let got: Vec<_> = ports.iter().map(|p| (p.port, p.protocol.as_str())).collect();
-        assert_eq!(got, [(53, "TCP"), (53, "UDP"), (80, "TCP"), (443, "TCP")]);
-        assert_eq!(ports.iter().map(service_name).collect::<Vec<_>>(), ["tcp-53", "udp-53", "tcp-80", "tcp-443"]);
-    }
-
-    #[test]
-    fn sctp_the_control_port_and_no_ports_are_explained() {
-        let sctp = service(serde_json::json!([{"name": "sig", "port": 3868, "protocol": "SCTP"}]));
-        assert_eq!(
-            service_ports(&sctp, 2333, 2334).unwrap_err().to_string(),
-            "port 3868 (sig) uses SCTP; tunnels carry TCP and UDP only"
-        );
-        let clash = service(serde_json::json!([{"port": 2333}]));
-        assert!(matches!(service_ports(&clash, 2333, 2334), Err(PortProblem::Reserved(2333))));
-        let health = service(serde_json::json!([{"port": 2334}]));
-        let problem = service_ports(&health, 2333, 2334).unwrap_err();
-        assert_eq!(problem, PortProblem::HealthReserved(2334));
-        assert!(problem.to_string().contains("--tunnel-health-port"), "{problem}");
-        let udp_ok = service(serde_json::json!([{"port": 2333, "protocol": "UDP"}, {"port": 2334, "protocol": "UDP"}]));
-        assert!(service_ports(&udp_ok, 2333, 2334).is_ok(), "only the TCP control and health ports are taken");
-        let push = service(serde_json::json!([{"port": 2335}]));
-        assert_eq!(service_ports(&push, 2333, 2334), Err(PortProblem::PushReserved(2335)));
-        let push_udp = service(serde_json::json!([{"port": 2335, "protocol": "UDP"}]));
-        assert!(service_ports(&push_udp, 2333, 2334).is_ok());
-        assert_eq!(service_ports(&service(serde_json::json!([])), 2333, 2334), Err(PortProblem::NoPorts));
-    }
-
-    #[test]
-    fn server_and_client_agree_on_names_tokens_and_keys() {
-        let creds = Credentials::generate();
-        let ports =
-            vec![TunnelPort { port: 80, protocol: "TCP".into() }, TunnelPort { port: 53, protocol: "UDP".into() }];
-        let server = exit_server(&ports, &creds, 2333, 2334);
-        let client = client(&ports, &creds, "203.0.113.9", (2333, 2334), "10.0.0.7");
-        assert_eq!(client.remote_addr, "203.0.113.9:2333");
-        assert_eq!(client.server_public_key, creds.keypair.public_key);
-        assert_eq!(server.noise_private_key, creds.keypair.private_key);
-        for (s, c) in server.services.iter().zip(&client.services) {
-            assert_eq!((&s.name, s.protocol, &s.token), (&c.name, c.protocol, &c.token));
-            if s.name == crate::tunnel::HEALTH_SERVICE {
-                // The health check ends at the client's own responder, never at the Service.
-                assert_eq!((s.port, c.local_addr.as_str()), (2334, "127.0.0.1:2334"));
-            } else {
-                assert_eq!(c.local_addr, format!("10.0.0.7:{}", s.port));
-            }
-        }
-        assert_eq!(server.services.len(), ports.len() + 1, "the Service's ports and the health port");
-        assert_eq!(client.services.len(), server.services.len());
-        let v6 = super::client(&ports, &creds, "203.0.113.9", (2333, 2334), "fd00::7");
-        assert_eq!(v6.services[0].local_addr, "[fd00::7]:80");
-        assert!(!format!("{creds:?}").contains(&creds.token));
-    }
-
-    #[test]
-    fn host_names_are_valid_labels_and_unique_when_shortened() {
-        assert_eq!(host_name("team-a", "web-tunnel"), "skyport-team-a-web-tunnel");
-        assert_eq!(host_name("ns", "a.b"), "skyport-ns-a-b");
-        let long = host_name(&"n".repeat(63), "web-tunnel");
-        assert_eq!(long.len(), 63);
-        assert_ne!(long, host_name(&"n".repeat(63), "api-tunnel"));
-        assert!(long.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
-    }
-
-    #[test]
-    fn only_the_controlling_tunnel_writes_the_service_status() {
-        let svc = service(serde_json::json!([{"port": 80}]));
-        let owned: Tunnel = serde_json::from_value(serde_json::json!({
-            "apiVersion": "skyport.dev/v1alpha1", "kind": "Tunnel",
-            "metadata": {"name": "web-tunnel", "ownerReferences": [
-                {"apiVersion": "v1", "kind": "Service", "name": "web", "uid": "svc-uid", "controller": true}]},
-            "spec": {"serviceRef": {"name": "web"}},
-        }))
-        .unwrap();
-        assert!(controls_service_status(&owned, &svc));
-        let mut by_hand = owned.clone();
-        by_hand.metadata.owner_references = None;
-        assert!(!controls_service_status(&by_hand, &svc));
-    }
-
-    #[test]
-    fn ingress_is_compared_as_the_api_returns_it() {
-        let ports = vec![TunnelPort { port: 80, protocol: "TCP".into() }];
-        let want = ingress("203.0.113.9", &ports);
-        let mut svc = service(serde_json::json!([{"port": 80}]));
-        assert!(!ingress_matches(&svc, &want));
-        svc.status =
-            Some(serde_json::from_value(serde_json::json!({"loadBalancer": {"ingress": want.clone()}})).unwrap());
-        assert!(ingress_matches(&svc, &want));
-        assert!(!ingress_matches(&svc, &ingress("203.0.113.10", &ports)));
-    }
-
-    #[test]
-    fn ingress_without_ip_mode_from_a_server_without_the_gate_needs_no_write() {
-        let ports = [TunnelPort { port: 80, protocol: "TCP".into() }];
-        let want = ingress("203.0.113.9", &ports);
-        // What a server without LoadBalancerIPMode stores and returns for `want`.
-        let mut stored = want.clone();
-        stored[0].as_object_mut().unwrap().remove("ipMode");
-        let mut svc = service(serde_json::json!([{"port": 80, "protocol": "TCP"}]));
-        svc.status = Some(serde_json::from_value(serde_json::json!({"loadBalancer": {"ingress": stored}})).unwrap());
-        assert!(ingress_matches(&svc, &want), "the dropped field alone is no reason to write again");
-        assert!(!ingress_matches(&svc, &ingress("203.0.113.10", &ports)), "a changed address still is");
-        // A server that keeps ipMode but shows another one is corrected.
-        let mut vip = want.clone();
-        vip[0]["ipMode"] = serde_json::json!("VIP");
-        svc.status = Some(serde_json::from_value(serde_json::json!({"loadBalancer": {"ingress": vip}})).unwrap());
-        assert!(!ingress_matches(&svc, &want));
-    }
-}
+mod tests;

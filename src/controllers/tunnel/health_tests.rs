@@ -12,6 +12,7 @@ use serde_json::json;
 
 use super::tests::{Harness, SERVICE, harness, ready};
 use super::*;
+use crate::config::TunnelArgs;
 use crate::controllers::testing::provider::NAME;
 use crate::controllers::testing::requeue_secs;
 use crate::crd::condition::ConditionStatus;
@@ -32,6 +33,15 @@ impl Harness {
     fn sync_service(&mut self) {
         let svc: Service = serde_json::from_value(self.api.get(SERVICE).unwrap()).unwrap();
         self.services.apply_watcher_event(&watcher::Event::Apply(svc));
+    }
+
+    /// The client Deployment reports an available replica, as the cluster would once its pod
+    /// runs (the fake API has no Deployment controller).
+    fn client_available(&self) {
+        let path = "/apis/apps/v1/namespaces/ns/deployments/web-tunnel-client";
+        let mut deployment = self.api.get(path).expect("the client Deployment");
+        deployment["status"] = json!({"replicas": 1, "availableReplicas": 1});
+        self.api.put(path, deployment);
     }
 
     fn warnings(&self) -> Vec<(String, String)> {
@@ -88,6 +98,7 @@ async fn past_the_boot_timeout_the_tunnel_is_not_established_with_one_warning_on
     h.add_service();
     h.probe.answer(false);
     h.reconcile(h.new_tunnel()).await.unwrap();
+    h.client_available();
     h.ctx.failing.backdate("h-1", h.ctx.settings.boot_timeout);
     let action = h.reconcile(Arc::new(h.current())).await.unwrap();
     assert_health_poll(&action);
@@ -113,6 +124,7 @@ async fn past_replace_after_the_host_is_replaced_once_and_the_new_one_gets_a_fre
     h.add_service();
     h.probe.answer(false);
     h.reconcile(h.new_tunnel()).await.unwrap();
+    h.client_available();
     h.ctx.failing.backdate("h-1", h.ctx.settings.replace_after);
     let action = h.reconcile(Arc::new(h.current())).await.unwrap();
     assert_eq!(action, Action::requeue(BOOT_POLL));
@@ -145,6 +157,7 @@ async fn the_ingress_is_cleared_before_an_unhealthy_host_is_deleted_even_with_a_
     h.add_service();
     h.reconcile(h.new_tunnel()).await.unwrap();
     assert_eq!(ingress(&h)[0]["ip"], json!("203.0.113.1"));
+    h.client_available();
     h.probe.answer(false);
     h.ctx.failing.backdate("h-1", h.ctx.settings.replace_after);
     h.provider.fail_next("delete", HostError::Unavailable { provider: NAME, message: "503".into() });
@@ -199,4 +212,83 @@ async fn the_health_port_is_refused_as_a_service_port_with_the_reason_on_tunnel_
     assert_eq!(h.warnings(), expected);
     assert!(h.provider.calls().is_empty(), "no cloud call for a Service that cannot be served");
     assert!(h.probe.checked().is_empty());
+}
+
+/// A client that never runs must not buy a new exit server every `--tunnel-replace-after`: the
+/// fault is named (on the Tunnel and the Service, once) and the one host is kept.
+#[tokio::test]
+async fn a_client_that_never_runs_costs_no_new_exit_server() {
+    let mut h = harness();
+    h.add_service();
+    h.probe.answer(false);
+    h.reconcile(h.new_tunnel()).await.unwrap();
+    for _ in 0..3 {
+        h.ctx.failing.backdate("h-1", 10 * h.ctx.settings.replace_after);
+        assert_health_poll(&h.reconcile(Arc::new(h.current())).await.unwrap());
+    }
+    let t = h.current();
+    assert_eq!(ready(&t), (ConditionStatus::False, "ClientNotAvailable".into()));
+    let message = crate::controllers::status::ready_condition(&t).unwrap().message.clone();
+    assert!(message.contains("web-tunnel-client") && message.contains("cannot help"), "{message}");
+    assert_eq!(t.status.as_ref().unwrap().replacements, None);
+    let calls = h.provider.calls();
+    assert_eq!(calls.iter().filter(|c| **c == "create").count(), 1, "{calls:?}");
+    assert!(!calls.contains(&"delete"), "{calls:?}");
+    let expected =
+        [("Tunnel".to_string(), "ClientNotAvailable".to_string()), ("Service".into(), "ClientNotAvailable".into())];
+    assert_eq!(h.warnings(), expected);
+}
+
+/// An exit server that cannot be reached is replaced, each replacement waiting twice as long
+/// as the one before, and at most `--tunnel-max-replacements` times; the count is in status and
+/// starts over once the tunnel works.
+#[tokio::test]
+async fn an_unreachable_exit_server_is_replaced_with_backoff_and_at_most_the_maximum() {
+    let minute = std::time::Duration::from_secs(60);
+    let settings =
+        TunnelArgs { boot_timeout: minute / 2, replace_after: minute, max_replacements: 2, ..Default::default() };
+    let mut h = super::tests::harness_settings(settings);
+    h.add_service();
+    h.probe.answer(false);
+    h.probe.reach(false);
+    h.reconcile(h.new_tunnel()).await.unwrap();
+    let creates = |h: &Harness| h.provider.calls().iter().filter(|c| **c == "create").count();
+
+    h.ctx.failing.backdate("h-1", minute);
+    assert_eq!(h.reconcile(Arc::new(h.current())).await.unwrap(), Action::requeue(BOOT_POLL));
+    let status = h.current().status.unwrap();
+    assert_eq!((status.replacements, status.host_id), (Some(1), None));
+    assert!(status.next_replacement_after.is_some());
+    assert_eq!(h.warnings()[0], ("Tunnel".to_string(), "ExitServerUnreachable".to_string()));
+    h.reconcile(Arc::new(h.current())).await.unwrap();
+    assert_eq!(creates(&h), 2);
+
+    // The second host must fail twice as long.
+    h.ctx.failing.backdate("h-2", minute);
+    assert_health_poll(&h.reconcile(Arc::new(h.current())).await.unwrap());
+    assert_eq!(ready(&h.current()), (ConditionStatus::False, "ExitServerUnreachable".into()));
+    assert_eq!(creates(&h), 2, "replaced again after replace_after");
+    h.ctx.failing.backdate("h-2", minute);
+    assert_eq!(h.reconcile(Arc::new(h.current())).await.unwrap(), Action::requeue(BOOT_POLL));
+    h.reconcile(Arc::new(h.current())).await.unwrap();
+    assert_eq!(creates(&h), 3);
+
+    // At the maximum the host is kept, with the cause and what to do.
+    for _ in 0..3 {
+        h.ctx.failing.backdate("h-3", 100 * minute);
+        assert_health_poll(&h.reconcile(Arc::new(h.current())).await.unwrap());
+    }
+    let t = h.current();
+    assert_eq!(ready(&t), (ConditionStatus::False, "ExitServerUnreachable".into()));
+    let message = crate::controllers::status::ready_condition(&t).unwrap().message.clone();
+    assert!(message.contains("stopped replacing") && message.contains("--tunnel-max-replacements 2"), "{message}");
+    assert_eq!(creates(&h), 3, "{:?}", h.provider.calls());
+    assert_eq!(t.status.as_ref().unwrap().replacements, Some(2));
+
+    // Working again: Active, and the count starts over.
+    h.probe.answer(true);
+    h.reconcile(Arc::new(t)).await.unwrap();
+    let status = h.current().status.unwrap();
+    assert_eq!((status.replacements, status.next_replacement_after), (None, None));
+    assert_eq!(ready(&h.current()), (ConditionStatus::True, "Active".into()));
 }

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Client, Resource, ResourceExt};
+use providers::exit::userdata::NoiseKeypair;
 use providers::hosts::TAG_TUNNEL_UID;
-use providers::userdata::NoiseKeypair;
 use providers::{Address, Host, HostProvider};
 use tracing::info;
 
@@ -161,6 +161,11 @@ pub trait Probe: Send + Sync {
     /// `Ok` only if this tunnel's client answered through `host_ip:port`. The error is a message
     /// for status and Events: it names the address, never the token.
     async fn check(&self, host_ip: &str, port: u16, token: &str) -> std::result::Result<(), String>;
+
+    /// Whether `host_ip:port` accepts a TCP connection: asked of the exit server's control port,
+    /// which it binds whether or not a client is connected, to tell a server that is down or
+    /// unreachable from one that waits for its client.
+    async fn reachable(&self, host_ip: &str, port: u16) -> bool;
 }
 
 /// The real check, [`crate::tunnel::probe`]: a fresh nonce to the exit server's health port must
@@ -179,6 +184,12 @@ impl Probe for NetworkProbe {
         let ip: std::net::IpAddr =
             host_ip.parse().map_err(|_| format!("the exit server's address {host_ip:?} is not an IP address"))?;
         crate::tunnel::probe(std::net::SocketAddr::new(ip, port), token, PROBE_TIMEOUT).await.map_err(|e| e.to_string())
+    }
+
+    async fn reachable(&self, host_ip: &str, port: u16) -> bool {
+        let Ok(ip) = host_ip.parse::<std::net::IpAddr>() else { return false };
+        let connect = tokio::net::TcpStream::connect(std::net::SocketAddr::new(ip, port));
+        matches!(tokio::time::timeout(PROBE_TIMEOUT, connect).await, Ok(Ok(_)))
     }
 }
 

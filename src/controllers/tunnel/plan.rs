@@ -1,6 +1,7 @@
 //! What to do, from what was observed: pure, so every branch is unit tested.
 
 pub mod address;
+pub mod replace;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -210,7 +211,7 @@ pub fn check_health_settings(
     if control_port == health_port {
         return Err(format!("--tunnel-health-port {health_port} must differ from --tunnel-control-port"));
     }
-    let push = providers::push::PUSH_PORT;
+    let push = providers::exit::push::PUSH_PORT;
     if control_port == push || health_port == push {
         return Err(format!(
             "--tunnel-control-port and --tunnel-health-port must differ from {push}, the exit server's push port"

@@ -176,7 +176,13 @@ mod tests {
         let server = ExitServer {
             control_port: 2333,
             noise_private_key: NoiseKeypair::generate().private_key,
-            services: vec![TunnelService { name: "s".into(), protocol: Protocol::Tcp, port: 18090, token: "t".into() }],
+            services: vec![TunnelService {
+                name: "s".into(),
+                protocol: Protocol::Tcp,
+                port: 18090,
+                token: "t".into(),
+                source_ranges: Vec::new(),
+            }],
         };
         let request = HostRequest {
             name: "skyport-team-a-web-tunnel".into(),

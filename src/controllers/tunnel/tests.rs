@@ -36,12 +36,29 @@ fn harness_with(providers: Providers, provider: Arc<FakeProvider>) -> Harness {
 }
 
 fn harness_on((client, api): (kube::Client, FakeApi), providers: Providers, provider: Arc<FakeProvider>) -> Harness {
+    harness_set(client, api, (providers, provider), TunnelArgs::default())
+}
+
+/// [`harness`] with other settings.
+pub(super) fn harness_settings(settings: TunnelArgs) -> Harness {
+    let provider = Arc::new(FakeProvider::default());
+    let providers = Providers::new(Some(NAME.into()), vec![provider.clone() as Arc<dyn HostProvider>]);
+    let (client, api) = FakeApi::start();
+    harness_set(client, api, (providers, provider), settings)
+}
+
+fn harness_set(
+    client: kube::Client,
+    api: FakeApi,
+    (providers, provider): (Providers, Arc<FakeProvider>),
+    settings: TunnelArgs,
+) -> Harness {
     let (tunnels, tunnel_writer) = ready_store();
     let (services, service_writer) = ready_store();
     let probe = Arc::new(FakeProbe::answering(true));
     let state = State {
         providers,
-        settings: TunnelArgs::default(),
+        settings,
         cluster_id: "cluster-1".into(),
         namespace: Some("ns".into()),
         tunnels,

@@ -1,20 +1,24 @@
 //! Writes: the credentials Secret, the client Deployment, the Service's load-balancer status;
-//! [`host`]: the exit server; [`address`]: its reserved address.
-//! Each is written only when it differs from what exists, so an Active Tunnel costs no writes.
+//! [`host`]: the exit server; [`address`]: its reserved address. Each step is one write (and
+//! its Event); which step, and what status records of it, is the spine's
+//! ([`super::phases`]). Each is written only when it differs from what exists, so an Active
+//! Tunnel costs no writes.
 
 pub mod address;
 pub mod host;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, Service};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tracing::info;
 
 use super::Context;
-use super::desired::{self, CHECKSUM_ANNOTATION, Credentials, KEY_CLIENT};
-use crate::controllers::FIELD_MANAGER;
+use providers::HostProvider;
+
+use super::desired::{self, CHECKSUM_ANNOTATION, Credentials};
+use crate::controllers::{FIELD_MANAGER, owned};
 use crate::crd::tunnel::Tunnel;
 use crate::error::{Error, Result};
 
@@ -23,12 +27,7 @@ use crate::error::{Error, Result};
 pub async fn create_secret(tunnel: &Tunnel, secrets: &Api<Secret>, ctx: &Context) -> Result<Option<Credentials>> {
     let credentials = Credentials::generate();
     let secret = desired::secret(tunnel, &credentials)?;
-    ctx.api_writes.inc();
-    match secrets.create(&PostParams::default(), &secret).await {
-        Ok(_) => Ok(Some(credentials)),
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(None),
-        Err(e) => Err(e.into()),
-    }
+    Ok(owned::create(secrets, &secret, &ctx.api_writes).await?.then_some(credentials))
 }
 
 /// Deletes a credentials Secret an earlier Tunnel of the same name left (see
@@ -56,27 +55,14 @@ pub async fn delete_stale_secret(
     }
 }
 
-/// Writes `client_toml` into the Secret (only that key, by server-side apply). The apply carries
-/// the Secret's labels and owner too: if the Secret was deleted since it was read, the apply
-/// creates it, and a Secret without them would be refused by the admission policy (it lets
-/// skyport write only labelled objects) and never garbage-collected.
+/// Writes `client_toml` into the Secret ([`desired::client_config`]).
 pub async fn write_client_config(
     tunnel: &Tunnel,
     secrets: &Api<Secret>,
     client_toml: &str,
     ctx: &Context,
 ) -> Result<()> {
-    let owner = tunnel.controller_owner_ref(&()).ok_or(Error::MissingObjectKey("uid"))?;
-    let patch = json!({
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {
-            "name": desired::secret_name(tunnel),
-            "labels": desired::managed_labels(tunnel),
-            "ownerReferences": [owner],
-        },
-        "stringData": {KEY_CLIENT: client_toml},
-    });
+    let patch = desired::client_config(tunnel, client_toml)?;
     ctx.api_writes.inc();
     secrets
         .patch(&desired::secret_name(tunnel), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
@@ -85,7 +71,8 @@ pub async fn write_client_config(
 }
 
 /// Applies the client Deployment unless the existing one already runs `image` with `checksum`.
-pub async fn ensure_deployment(tunnel: &Tunnel, ns: &str, image: &str, checksum: &str, ctx: &Context) -> Result<()> {
+/// Returns whether it has an available replica (as the API server last reported).
+pub async fn ensure_deployment(tunnel: &Tunnel, ns: &str, image: &str, checksum: &str, ctx: &Context) -> Result<bool> {
     let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
     let name = desired::deployment_name(tunnel);
     if let Some(current) = api.get_opt(&name).await? {
@@ -98,13 +85,17 @@ pub async fn ensure_deployment(tunnel: &Tunnel, ns: &str, image: &str, checksum:
             template.and_then(|t| t.spec.as_ref()).and_then(|s| s.containers.first()).and_then(|c| c.image.as_deref());
         let ours = current.owner_references().iter().any(|r| Some(&r.uid) == tunnel.meta().uid.as_ref());
         if ours && sum.map(String::as_str) == Some(checksum) && current_image == Some(image) {
-            return Ok(());
+            return Ok(available(&current));
         }
     }
     ctx.api_writes.inc();
     let want = desired::deployment(tunnel, image, checksum)?;
-    api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&want)).await?;
-    Ok(())
+    let applied = api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&want)).await?;
+    Ok(available(&applied))
+}
+
+fn available(deployment: &Deployment) -> bool {
+    deployment.status.as_ref().and_then(|s| s.available_replicas).unwrap_or(0) > 0
 }
 
 /// Sets (or with `None` clears) the Service's `status.loadBalancer.ingress`, when it differs.
@@ -141,4 +132,20 @@ pub async fn unpublish_before_delete(service: &Service, ctx: &Context) -> Result
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
         other => other.map(|_| ()).map_err(Into::into),
     }
+}
+
+/// Deletes host `id` after taking its address off the Service (see [`unpublish_before_delete`]),
+/// and forgets its health clock.
+pub async fn delete_unpublished(
+    provider: &dyn HostProvider,
+    id: &str,
+    publishes: Option<&Service>,
+    ctx: &Context,
+) -> Result<()> {
+    if let Some(service) = publishes {
+        unpublish_before_delete(service, ctx).await?;
+    }
+    provider.delete(id).await?;
+    ctx.failing.forget(id);
+    Ok(())
 }

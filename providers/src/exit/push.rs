@@ -12,12 +12,17 @@
 //! 2. client → server: [`VERSION`], a new generation (u64 BE), a random 24-byte nonce, the length
 //!    (u32 BE, at most [`MAX_CONFIG`] + 16) and the new `server.toml` sealed with
 //!    XChaCha20-Poly1305; the version and generation are authenticated as associated data;
-//! 3. server → client: one [`Answer`] byte, sent only after the new config is in place.
+//! 3. server → client: one [`Answer`] byte and a 16-byte tag sealing it to this exchange (the
+//!    client's nonce and generation) under the push key, sent only after the new config is in
+//!    place, so an answer cannot be forged or replayed from another push.
 //!
 //! The server refuses a frame that does not open, a generation not above the one it persisted
 //! (a replay, even across restarts), and a config that changes its control port or Noise key.
-//! The greeting's generation is not secret and not trusted: a forged one can only make a push be
-//! refused, which a network attacker could do anyway.
+//! Generations are milliseconds since the epoch at least: a new server starts at its own start
+//! time, and the operator pushes `max(server's + 1, now)`, so generations keep rising across
+//! replacement hosts with the same keys, and a push captured before a host existed is stale
+//! there. The greeting's generation is not secret and not trusted: a forged one can only make a
+//! push be refused, which a network attacker could do anyway.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -28,14 +33,12 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::userdata::ExitServer;
 use crate::error::HostError;
-use crate::hosts::HostProvider;
-use crate::userdata::{ExitServer, render_server_toml};
 
-/// The TCP port exit servers take pushes on (beside rathole's control port, 2333).
-pub const PUSH_PORT: u16 = 2335;
+pub use super::userdata::PUSH_PORT;
 /// Protocol version; a server refuses others.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Start of the server's greeting, so a client never mistakes another service for a server.
 pub const GREETING: &[u8; 7] = b"SKYPUSH";
 /// Largest `server.toml` a push may carry (a config of 1000 services is about 200 KiB).
@@ -50,6 +53,10 @@ const KEY_CONTEXT: &[u8] = b"skyport-tunnel-push-v1\0";
 const GREETING_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a client waits for the whole exchange by default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bytes of the server's answer: the [`Answer`] byte and its tag.
+pub const ANSWER_LEN: usize = 1 + TAG_LEN;
+/// Domain separation of the answer's tag from the frame's.
+const ANSWER_CONTEXT: &[u8] = b"skyport-tunnel-push-answer";
 
 /// The server's one-byte answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,12 +101,16 @@ pub enum PushError {
     Connect(SocketAddr, std::io::Error),
     #[error("{0} did not complete the push within {1:?}")]
     Timeout(SocketAddr, Duration),
-    #[error("{0} accepted the connection but is not a skyport exit server taking pushes: {1}")]
-    NoGreeting(SocketAddr, &'static str),
+    #[error("{0} accepted the connection but sent no greeting (busy, or still starting)")]
+    NoGreeting(SocketAddr),
+    #[error("{0} is not a skyport exit server taking pushes of this version: {1}")]
+    Foreign(SocketAddr, &'static str),
     #[error("{0}: {1}")]
     Protocol(SocketAddr, String),
     #[error("{0} refused the push: {1:?}")]
     Answered(SocketAddr, Answer),
+    #[error("{0} answered {1:?} without proof of this push's key: another key, or not the exit server")]
+    Unproven(SocketAddr, Answer),
     #[error("the frame does not open with this key")]
     Open,
     #[error("malformed push frame: {0}")]
@@ -140,6 +151,48 @@ fn aad(version: u8, generation: u64) -> [u8; 9] {
     out[0] = version;
     out[1..].copy_from_slice(&generation.to_be_bytes());
     out
+}
+
+/// Milliseconds since the epoch: the least generation a push carries, and a new server's first.
+pub fn now_generation() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The answer's nonce: the frame's with its top bit flipped, so it never equals a frame nonce
+/// of this key but by a 2^-192 chance (frame nonces are random).
+fn answer_nonce(frame: &Frame) -> [u8; NONCE_LEN] {
+    let mut nonce = frame.nonce;
+    nonce[0] ^= 0x80;
+    nonce
+}
+
+fn answer_aad(frame: &Frame, answer: u8) -> Vec<u8> {
+    let mut out = ANSWER_CONTEXT.to_vec();
+    out.extend_from_slice(&aad(frame.version, frame.generation));
+    out.push(answer);
+    out
+}
+
+/// The server's answer to `frame`, tagged under `key` (the server's own).
+pub fn seal_answer(key: &PushKey, frame: &Frame, answer: Answer) -> [u8; ANSWER_LEN] {
+    let mut out = [0u8; ANSWER_LEN];
+    out[0] = answer as u8;
+    let aad = answer_aad(frame, answer as u8);
+    if let Ok(tag) = key.cipher().encrypt(XNonce::from_slice(&answer_nonce(frame)), Payload { msg: &[], aad: &aad }) {
+        out[1..].copy_from_slice(&tag);
+    }
+    out
+}
+
+/// The answer, if its tag proves it was made for `frame` with `key`; else what it claims.
+pub fn open_answer(key: &PushKey, frame: &Frame, bytes: &[u8; ANSWER_LEN]) -> Result<Answer, Option<Answer>> {
+    let claimed = Answer::from_byte(bytes[0]);
+    let aad = answer_aad(frame, bytes[0]);
+    key.cipher()
+        .decrypt(XNonce::from_slice(&answer_nonce(frame)), Payload { msg: &bytes[1..], aad: &aad })
+        .ok()
+        .and(claimed)
+        .ok_or(claimed)
 }
 
 /// A client's frame: the header fields and the sealed config.
@@ -216,8 +269,8 @@ pub fn greeting(generation: u64) -> [u8; GREETING_LEN] {
 }
 
 /// Pushes `config` (a rendered `server.toml`) to the exit server at `address`, sealed with
-/// `key`, with the generation after the server's; returns that generation once the server
-/// answered that the config is in place.
+/// `key`, with a generation above the server's and at least [`now_generation`]; returns that
+/// generation once the server proved that the config is in place.
 pub async fn push(address: SocketAddr, key: &PushKey, config: &str, timeout: Duration) -> Result<u64, PushError> {
     let connect = tokio::time::timeout(timeout, TcpStream::connect(address))
         .await
@@ -225,60 +278,46 @@ pub async fn push(address: SocketAddr, key: &PushKey, config: &str, timeout: Dur
     let mut conn = connect.map_err(|e| PushError::Connect(address, e))?;
     let greeted = async {
         let mut hello = [0u8; GREETING_LEN];
-        conn.read_exact(&mut hello).await.map_err(|_| PushError::NoGreeting(address, "no greeting"))?;
+        conn.read_exact(&mut hello).await.map_err(|_| PushError::NoGreeting(address))?;
         if &hello[..GREETING.len()] != GREETING {
-            return Err(PushError::NoGreeting(address, "another greeting"));
+            return Err(PushError::Foreign(address, "another greeting"));
         }
         if hello[GREETING.len()] != VERSION {
-            return Err(PushError::NoGreeting(address, "another push version"));
+            return Err(PushError::Foreign(address, "another push version"));
         }
         Ok(hello)
     };
-    // Something that accepts connections but never greets is not a push receiver either.
+    // A server at its connection limit closes at once; one still starting may not greet yet.
     let hello = tokio::time::timeout(timeout.min(GREETING_TIMEOUT), greeted)
         .await
-        .map_err(|_| PushError::NoGreeting(address, "no greeting"))??;
+        .map_err(|_| PushError::NoGreeting(address))??;
     let work = async {
         let protocol = |what: &str| PushError::Protocol(address, what.to_string());
         let current = u64::from_be_bytes(hello[GREETING.len() + 1..].try_into().unwrap_or_default());
-        let generation = current.checked_add(1).ok_or_else(|| protocol("generation exhausted"))?;
+        let generation = current.checked_add(1).ok_or_else(|| protocol("generation exhausted"))?.max(now_generation());
         let frame = Frame::seal(key, generation, config.as_bytes())?;
         conn.write_all(&frame.to_bytes()).await.map_err(|e| protocol(&format!("sending: {e}")))?;
-        let answer = conn.read_u8().await.map_err(|_| protocol("closed without an answer"))?;
-        match Answer::from_byte(answer) {
-            Some(Answer::Applied) => Ok(generation),
-            Some(other) => Err(PushError::Answered(address, other)),
-            None => Err(protocol("unknown answer")),
+        let mut answer = [0u8; ANSWER_LEN];
+        conn.read_exact(&mut answer).await.map_err(|_| protocol("closed without an answer"))?;
+        match open_answer(key, &frame, &answer) {
+            Ok(Answer::Applied) => Ok(generation),
+            Ok(other) => Err(PushError::Answered(address, other)),
+            Err(Some(claimed)) => Err(PushError::Unproven(address, claimed)),
+            Err(None) => Err(protocol("unknown answer")),
         }
     };
     tokio::time::timeout(timeout, work).await.map_err(|_| PushError::Timeout(address, timeout))?
 }
 
-/// [`crate::HostProvider::reconfigure`] of a cloud host: pushes `server` (rendered for a VM) to
-/// the host's public address.
-pub async fn reconfigure_running<P: HostProvider + ?Sized>(
-    provider: &P,
-    id: &str,
-    server: &ExitServer,
-) -> Result<bool, HostError> {
-    let name = provider.name();
-    let host =
-        provider.get(id).await?.ok_or_else(|| HostError::NotFound { provider: name, message: format!("host {id}") })?;
-    let Some(ip) = host.public_ipv4 else {
-        return Err(HostError::Unavailable { provider: name, message: format!("host {id} has no public address yet") });
-    };
-    let config =
-        render_server_toml(server).map_err(|e| HostError::Invalid { provider: name, message: e.to_string() })?;
-    reconfigure_host(name, &ip, server, &config).await
-}
-
 /// Pushes `config` (the host's rendered `server.toml`, sealed with the key derived from
-/// `server`'s Noise key) to the host at `ip`. `Ok(false)` when the host cannot take this push
-/// and only a new one can serve `server`, so the controller replaces it instead: nothing takes
-/// pushes there (a host made by a skyport without them, one that cannot be reached, or something
-/// else answering on the port), the host
-/// holds another Noise key (the Tunnel's Secret was re-created), or the config moves the control
-/// port. A config the server finds invalid, or a failure on the way, is an error.
+/// `server`'s Noise key) to the host at `ip`. `Ok(false)` only when the host answered that it
+/// cannot take this push and only a new one can serve `server`, so the controller replaces it:
+/// something else greets on the port (another service, or an exit server of another push
+/// version), the host holds another Noise key (the Tunnel's Secret was re-created: its refusal
+/// cannot carry our key's proof), or the config moves the control port. What a retry can still
+/// fix is an error the controller retries with backoff, never a reason to buy a new host: no
+/// connection, no greeting (busy or still starting), a timeout, an answer without proof.
+/// A config the server finds invalid is an error too.
 pub async fn reconfigure_host(
     provider: &'static str,
     ip: &str,
@@ -307,11 +346,14 @@ async fn reconfigure_at(
             tracing::info!(provider, %ip, generation, "pushed the exit server's new configuration");
             Ok(true)
         }
-        Err(e @ (PushError::Connect(..) | PushError::NoGreeting(..))) => {
-            tracing::warn!(provider, error = %e, "the exit server takes no configuration pushes");
+        Err(e @ PushError::Foreign(..)) => {
+            tracing::warn!(provider, error = %e, "the exit server takes no configuration pushes of this version");
             Ok(false)
         }
-        Err(e @ PushError::Answered(_, Answer::Unauthenticated | Answer::Identity)) => {
+        Err(
+            e @ (PushError::Answered(_, Answer::Identity)
+            | PushError::Unproven(_, Answer::Unauthenticated | Answer::Identity)),
+        ) => {
             tracing::warn!(provider, error = %e, "the exit server runs with other credentials or control port");
             Ok(false)
         }
@@ -323,97 +365,4 @@ async fn reconfigure_at(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const KEY: &str = "wCR3TomqL60P4MLphr9nSLR+tS5cgq7pccADVo2zaaQ=";
-    const OTHER: &str = "ljQqivQjyn4K6qv2SSldOpHeLToaIIzXNB+C6GYVXvY=";
-
-    #[tokio::test]
-    async fn a_frame_round_trips_and_opens_only_with_its_key_untampered() {
-        let key = PushKey::derive(KEY).unwrap();
-        let frame = Frame::seal(&key, 7, b"[server]\n").unwrap();
-        let bytes = frame.to_bytes();
-        let read = Frame::read(&mut bytes.as_slice()).await.unwrap();
-        assert_eq!(read, frame);
-        assert_eq!(read.open(&key).unwrap(), b"[server]\n");
-        assert!(!bytes.windows(9).any(|w| w == b"[server]\n"), "the config is not in the clear");
-
-        assert!(matches!(read.open(&PushKey::derive(OTHER).unwrap()), Err(PushError::Open)));
-        // Every header field and every sealed byte is authenticated.
-        let mut later = read.clone();
-        later.generation = 8;
-        assert!(matches!(later.open(&key), Err(PushError::Open)));
-        for i in 0..read.sealed.len() {
-            let mut flipped = read.clone();
-            flipped.sealed[i] ^= 1;
-            assert!(matches!(flipped.open(&key), Err(PushError::Open)), "byte {i}");
-        }
-        let mut nonce = read.clone();
-        nonce.nonce[0] ^= 1;
-        assert!(matches!(nonce.open(&key), Err(PushError::Open)));
-    }
-
-    #[test]
-    fn the_push_key_is_derived_not_the_noise_key_and_never_printed() {
-        use base64::Engine as _;
-        let key = PushKey::derive(KEY).unwrap();
-        let raw = base64::engine::general_purpose::STANDARD.decode(KEY).unwrap();
-        assert_ne!(key.0.as_slice(), raw.as_slice());
-        assert_eq!(key, PushKey::derive(KEY).unwrap());
-        assert_ne!(key, PushKey::derive(OTHER).unwrap());
-        assert_eq!(format!("{key:?}"), "PushKey(<redacted>)");
-        assert!(matches!(PushKey::derive("c2hvcnQ="), Err(PushError::InvalidKey)));
-        assert!(matches!(PushKey::derive("not base64!"), Err(PushError::InvalidKey)));
-    }
-
-    #[tokio::test]
-    async fn a_host_that_takes_no_push_is_left_to_be_replaced_and_a_refusal_is_an_error() {
-        let server = ExitServer { control_port: 2333, noise_private_key: KEY.into(), services: vec![] };
-        // Nothing listens.
-        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-        assert!(!reconfigure_at("t", free, &server, "").await.unwrap());
-        // Something else listens: it greets otherwise, or not at all.
-        for greeting in [&b"SSH-2.0-OpenSSH_9.2\r\n"[..], b""] {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let address = listener.local_addr().unwrap();
-            tokio::spawn(async move {
-                let (mut conn, _) = listener.accept().await.unwrap();
-                conn.write_all(greeting).await.unwrap();
-            });
-            assert!(!reconfigure_at("t", address, &server, "").await.unwrap());
-        }
-        // A push receiver that refuses: the config is invalid (an error), or sealed under
-        // another key (the host holds other credentials: replace it).
-        for (answer, replace) in [(Answer::Refused, None), (Answer::Unauthenticated, Some(false))] {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let address = listener.local_addr().unwrap();
-            tokio::spawn(async move {
-                let (mut conn, _) = listener.accept().await.unwrap();
-                conn.write_all(&greeting(3)).await.unwrap();
-                let frame = Frame::read(&mut conn).await.unwrap();
-                assert_eq!(frame.generation, 4, "the generation after the server's");
-                conn.write_all(&[answer as u8]).await.unwrap();
-            });
-            let got = reconfigure_at("t", address, &server, "[server]").await;
-            match replace {
-                Some(value) => assert_eq!(got.unwrap(), value),
-                None => assert!(matches!(got, Err(HostError::Invalid { .. })), "{got:?}"),
-            }
-        }
-    }
-
-    #[tokio::test]
-    async fn oversized_or_foreign_frames_are_refused_before_allocating() {
-        let key = PushKey::derive(KEY).unwrap();
-        let mut bytes = Frame::seal(&key, 1, b"x").unwrap().to_bytes();
-        bytes[0] = 9;
-        assert!(matches!(Frame::read(&mut bytes.as_slice()).await, Err(PushError::Malformed("unknown version"))));
-        let mut huge = Frame::seal(&key, 1, b"x").unwrap().to_bytes();
-        huge[33..37].copy_from_slice(&u32::MAX.to_be_bytes());
-        assert!(matches!(Frame::read(&mut huge.as_slice()).await, Err(PushError::Malformed("length out of bounds"))));
-        let short = Frame::seal(&key, 1, b"x").unwrap().to_bytes();
-        assert!(matches!(Frame::read(&mut &short[..20]).await, Err(PushError::Malformed("truncated frame"))));
-        assert!(Frame::seal(&key, 1, &vec![0u8; MAX_CONFIG + 1]).is_err());
-    }
-}
+mod tests;

@@ -8,7 +8,7 @@ use serde_json::Value;
 const KEY: &str = "cGhhbnRvbS1rZXktZm9yLXRlc3RzLW9ubHktMzJieXRlcw==";
 
 fn service(name: &str, protocol: Protocol, port: u16, token: &str) -> TunnelService {
-    TunnelService { name: name.into(), protocol, port, token: token.into() }
+    TunnelService { name: name.into(), protocol, port, token: token.into(), source_ranges: Vec::new() }
 }
 
 fn sample() -> ExitServer {
@@ -253,7 +253,13 @@ fn the_local_server_config_binds_one_address() {
     let server = ExitServer {
         control_port: 2333,
         noise_private_key: GENKEY_PRIVATE.into(),
-        services: vec![TunnelService { name: "tcp-80".into(), protocol: Protocol::Tcp, port: 80, token: "t".into() }],
+        services: vec![TunnelService {
+            name: "tcp-80".into(),
+            protocol: Protocol::Tcp,
+            port: 80,
+            token: "t".into(),
+            source_ranges: Vec::new(),
+        }],
     };
     let toml = render_server_toml_on(&server, "127.77.0.3").unwrap();
     assert!(toml.contains("bind_addr = \"127.77.0.3:2333\"") && toml.contains("bind_addr = \"127.77.0.3:80\""));

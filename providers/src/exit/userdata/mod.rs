@@ -16,7 +16,7 @@
 //! - writes a systemd unit that runs `skyport tunnel server` as that user, allowed to bind ports
 //!   below 1024 and nothing more;
 //! - writes an nftables ruleset that drops all inbound traffic except the control port (TCP),
-//!   the push port ([`crate::push::PUSH_PORT`], TCP), the service ports (TCP and UDP as given),
+//!   the push port ([`PUSH_PORT`], TCP), the service ports (TCP and UDP as given),
 //!   replies, loopback and ICMP. SSH stays closed: the operator never logs in;
 //! - writes a path unit that, whenever a config push replaces `server.toml`, runs a root oneshot
 //!   (`skyport tunnel firewall`) re-rendering that ruleset from the new config's port numbers and
@@ -29,19 +29,21 @@ use std::collections::BTreeSet;
 use serde::Serialize;
 use serde_saphyr::LitString;
 
-use crate::push::PUSH_PORT;
-
 mod rathole;
+mod units;
 
 pub use rathole::{
     ClientService, NOISE_PATTERN, NoiseKeypair, TunnelClient, render_client_toml, render_server_toml,
     render_server_toml_on,
 };
+pub use units::{render_firewall_path, render_firewall_unit, render_unit};
 
 /// The rathole version built into skyport (the latest stable, 2023-10-01).
 pub const RATHOLE_VERSION: &str = "0.5.0";
 /// Default TCP port the tunnel client dials.
 pub const DEFAULT_CONTROL_PORT: u16 = 2333;
+/// The TCP port exit servers take config pushes on ([`super::push`]), beside the control port.
+pub const PUSH_PORT: u16 = 2335;
 
 /// Where the server configuration lives on the exit server.
 pub const SERVER_CONFIG_PATH: &str = "/etc/skyport/server.toml";
@@ -101,6 +103,10 @@ pub struct TunnelService {
     pub port: u16,
     /// The service's token (secret).
     pub token: String,
+    /// CIDRs allowed to reach `port` (the Service's `loadBalancerSourceRanges`); empty: anywhere.
+    /// Enforced by the cloud firewall where the provider has one per host (EC2 security groups);
+    /// the host's own nftables ruleset opens the port to anywhere.
+    pub source_ranges: Vec<String>,
 }
 
 impl std::fmt::Debug for TunnelService {
@@ -110,6 +116,7 @@ impl std::fmt::Debug for TunnelService {
             .field("protocol", &self.protocol)
             .field("port", &self.port)
             .field("token", &"<redacted>")
+            .field("source_ranges", &self.source_ranges)
             .finish()
     }
 }
@@ -246,65 +253,6 @@ pub fn render_nftables_ports(tcp: &BTreeSet<u16>, udp: &BTreeSet<u16>) -> String
     out.push_str("  }\n");
     out.push_str("}\n");
     out
-}
-
-/// The systemd unit running the tunnel server.
-pub fn render_unit() -> String {
-    format!(
-        "[Unit]\n\
-         Description=skyport exit server (tunnel server, rathole {RATHOLE_VERSION})\n\
-         After=network-online.target nftables.service\n\
-         Requires=nftables.service\n\
-         Wants=network-online.target\n\
-         \n\
-         [Service]\n\
-         User={SERVICE_USER}\n\
-         Group={SERVICE_USER}\n\
-         ExecStart={BINARY_PATH} tunnel server --config {SERVER_CONFIG_PATH}\n\
-         Restart=always\n\
-         RestartSec=1\n\
-         LimitNOFILE=1048576\n\
-         AmbientCapabilities=CAP_NET_BIND_SERVICE\n\
-         CapabilityBoundingSet=CAP_NET_BIND_SERVICE\n\
-         NoNewPrivileges=true\n\
-         ProtectSystem=strict\n\
-         ReadWritePaths={CONFIG_DIR}\n\
-         ProtectHome=true\n\
-         PrivateTmp=true\n\
-         \n\
-         [Install]\n\
-         WantedBy=multi-user.target\n"
-    )
-}
-
-/// The oneshot unit that makes the firewall follow the server config's ports (see
-/// [`render_nftables_ports`]); the ruleset file is rewritten too, so a reboot loads the same.
-pub fn render_firewall_unit() -> String {
-    format!(
-        "[Unit]\n\
-         Description=skyport exit server firewall: open exactly the tunnel's ports\n\
-         After=nftables.service\n\
-         \n\
-         [Service]\n\
-         Type=oneshot\n\
-         ExecStart={BINARY_PATH} tunnel firewall --config {SERVER_CONFIG_PATH} --output {NFTABLES_PATH}\n\
-         ExecStart=/usr/sbin/nft -f {NFTABLES_PATH}\n"
-    )
-}
-
-/// The path unit starting [`render_firewall_unit`] when the server config is replaced.
-pub fn render_firewall_path() -> String {
-    format!(
-        "[Unit]\n\
-         Description=skyport exit server: follow pushed tunnel ports with the firewall\n\
-         \n\
-         [Path]\n\
-         PathChanged={SERVER_CONFIG_PATH}\n\
-         Unit={FIREWALL_UNIT_NAME}\n\
-         \n\
-         [Install]\n\
-         WantedBy=multi-user.target\n"
-    )
 }
 
 #[derive(Serialize)]

@@ -1,0 +1,353 @@
+//! The `guest` host provider: every exit server is a booted Debian guest on this machine
+//! ([`machine`]: systemd-nspawn, systemd as PID 1, real cloud-init), so the Tunnel controller
+//! drives the same path as on a cloud: it renders the user data, the guest's cloud-init
+//! installs the firewall, downloads the exit-server binary from `--exit-server-url`, checks its
+//! digest and starts the server under systemd. Nothing is started for the guest from outside.
+//!
+//! Each guest boots from a throwaway overlay of a cached root file system
+//! (tests/env/build-guest.sh) in a network namespace of its own, joined to the host by a veth
+//! pair; its public IPv4 is its end of that pair, reachable from this machine only. A server on
+//! the host (a mirror of the binary) is reachable from every guest as [`HOST_ALIAS`]; guests can
+//! be made to trust a private CA for it ([`GuestSettings::ca_file`]).
+//!
+//! State lives on disk, one folder per guest under the state directory — `host.json` (id, name,
+//! link, tags, creation time) beside the guest's overlay, console log and nspawn's pid — so
+//! guests outlive an operator restart, as VMs do, and are found again by tag. A guest whose
+//! nspawn has exited (powered off behind skyport's back) reads as [`HostState::Stopped`], which
+//! the Tunnel controller replaces; `delete` powers it off and removes every trace of it.
+//!
+//! Needs root and systemd-nspawn; [`GuestProvider::new`] says so when either is missing.
+
+mod addresses;
+pub mod machine;
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Mutex;
+
+pub use machine::{HOST_ALIAS, Machine};
+
+use crate::error::HostError;
+use crate::hosts::{Address, AddressBinding, AddressRequest, Host, HostProvider, HostRequest, HostState};
+use crate::limiter::Limiter;
+
+const PROVIDER: &str = "guest";
+/// Host ids: this prefix and 8 hex digits; also the machine's and its network namespace's name.
+const ID_PREFIX: &str = "skg";
+
+/// Settings of the guest provider.
+#[derive(Debug, Clone)]
+pub struct GuestSettings {
+    /// One folder per guest is kept here.
+    pub state_dir: PathBuf,
+    /// The cached root file system every guest boots an overlay of.
+    pub rootfs: PathBuf,
+    /// PEM CA certificates every guest trusts besides Debian's (a private mirror's CA).
+    pub ca_file: Option<PathBuf>,
+    /// How long `delete` waits for a guest to power off before killing it.
+    pub stop_grace: Duration,
+}
+
+impl GuestSettings {
+    /// No extra CA, a 20 s shutdown grace.
+    pub fn new(state_dir: impl Into<PathBuf>, rootfs: impl Into<PathBuf>) -> Self {
+        GuestSettings {
+            state_dir: state_dir.into(),
+            rootfs: rootfs.into(),
+            ca_file: None,
+            stop_grace: Duration::from_secs(20),
+        }
+    }
+}
+
+/// `host.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Record {
+    id: String,
+    name: String,
+    machine: Machine,
+    tags: BTreeMap<String, String>,
+    created_unix: u64,
+}
+
+/// Exit servers as booted guests.
+pub struct GuestProvider {
+    settings: GuestSettings,
+    ca: Option<String>,
+    limiter: Limiter,
+    /// Serialises address allocation and folder creation.
+    lock: Mutex<()>,
+}
+
+impl GuestProvider {
+    /// A provider keeping its guests under `settings.state_dir` (created if missing). Fails when
+    /// guests cannot boot here (not root, no systemd-nspawn), the root file system is not one, or
+    /// the CA file holds no certificate.
+    pub fn new(settings: GuestSettings) -> Result<Self, HostError> {
+        let invalid = |message: String| HostError::Invalid { provider: PROVIDER, message };
+        machine::check_host().map_err(|e| invalid(format!("the guest provider cannot run here: {e}")))?;
+        if !settings.rootfs.join("etc/cloud").is_dir() {
+            return Err(invalid(format!(
+                "{} is not a guest root file system with cloud-init (build one with tests/env/build-guest.sh)",
+                settings.rootfs.display()
+            )));
+        }
+        let ca = match &settings.ca_file {
+            Some(path) => {
+                let pem = std::fs::read_to_string(path).map_err(|e| invalid(format!("{}: {e}", path.display())))?;
+                if !pem.contains("-----BEGIN CERTIFICATE-----") {
+                    return Err(invalid(format!("{} holds no PEM certificate", path.display())));
+                }
+                Some(pem)
+            }
+            None => None,
+        };
+        std::fs::create_dir_all(&settings.state_dir)
+            .map_err(|e| unavailable(format!("cannot create state directory {}: {e}", settings.state_dir.display())))?;
+        // Booting costs this machine's CPU, not a cloud's quota; the limiter keeps a burst of
+        // creates from starting more guests at once than it boots well, and counts every call.
+        let limiter =
+            Limiter::new(NonZeroU32::new(5).unwrap_or(NonZeroU32::MIN), NonZeroU32::new(10).unwrap_or(NonZeroU32::MIN));
+        Ok(GuestProvider { settings, ca, limiter, lock: Mutex::new(()) })
+    }
+
+    /// The guest behind host `id` (its files, console and cloud-init logs), for tests and
+    /// debugging; `None` when there is no such host.
+    pub fn machine(&self, id: &str) -> Option<Machine> {
+        self.read_record(id).ok().flatten().map(|r| r.machine)
+    }
+
+    /// Powers off and removes every guest of the state directory and releases its reserved
+    /// addresses, blocking, without the limiter: for tests and the playground to leave nothing
+    /// behind whatever happened to them.
+    pub fn remove_all(&self) {
+        for record in self.records().unwrap_or_default() {
+            let _ = std::fs::remove_file(self.host_dir(&record.id).join("host.json"));
+            record.machine.tear_down();
+        }
+        for address in self.reserved().unwrap_or_default() {
+            let _ = self.unreserve(&address.ip.to_string());
+        }
+    }
+
+    fn host_dir(&self, id: &str) -> PathBuf {
+        self.settings.state_dir.join(id)
+    }
+
+    fn read_record(&self, id: &str) -> Result<Option<Record>, HostError> {
+        if !valid_id(id) {
+            return Ok(None);
+        }
+        let path = self.host_dir(id).join("host.json");
+        match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| unavailable(format!("corrupt {}: {e}", path.display()))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(unavailable(format!("cannot read {}: {e}", path.display()))),
+        }
+    }
+
+    fn records(&self) -> Result<Vec<Record>, HostError> {
+        let entries = std::fs::read_dir(&self.settings.state_dir)
+            .map_err(|e| unavailable(format!("cannot list {}: {e}", self.settings.state_dir.display())))?;
+        let mut out = Vec::new();
+        for entry in entries.flatten() {
+            let id = entry.file_name().to_string_lossy().into_owned();
+            match self.read_record(&id) {
+                Ok(Some(r)) => out.push(r),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(host = %id, error = %e, "skipping an unreadable guest"),
+            }
+        }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
+    }
+
+    fn host(record: &Record) -> Host {
+        let state = if record.machine.pid().is_some() { HostState::Running } else { HostState::Stopped };
+        Host {
+            id: record.id.clone(),
+            name: record.name.clone(),
+            public_ipv4: Some(record.machine.ip.to_string()),
+            state,
+            tags: record.tags.clone(),
+        }
+    }
+
+    /// Prepares, records and boots a guest; on failure removes whatever was made.
+    async fn make(&self, request: &HostRequest) -> Result<Host, HostError> {
+        let _guard = self.lock.lock().await;
+        let link = self.free_address_of(&request.tags)?;
+        let mut avoid: Vec<Ipv4Addr> = self.records()?.iter().map(|r| r.machine.ip).collect();
+        avoid.extend(self.reserved()?.iter().map(|r| r.ip));
+        let id = format!("{ID_PREFIX}{:08x}", rand::random::<u32>());
+        let record = Record {
+            id: id.clone(),
+            name: request.name.clone(),
+            machine: Machine {
+                name: id.clone(),
+                ip: Ipv4Addr::UNSPECIFIED,
+                host_ip: Ipv4Addr::UNSPECIFIED,
+                dir: self.host_dir(&id),
+            },
+            tags: request.tags.clone(),
+            created_unix: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        };
+        let (rootfs, ca, user_data) =
+            (self.settings.rootfs.clone(), self.ca.clone(), Arc::new(request.user_data.clone()));
+        // Mounts, `ip` and file copies block: off the runtime's threads.
+        tokio::task::spawn_blocking(move || boot(record, &rootfs, ca.as_deref(), &user_data, link, &avoid))
+            .await
+            .map_err(|e| unavailable(format!("guest start panicked: {e}")))?
+    }
+
+    fn finish<T>(&self, operation: &'static str, result: &Result<T, HostError>) {
+        let outcome = match result {
+            Ok(_) => crate::limiter::SUCCESS,
+            Err(e) => e.label(),
+        };
+        self.limiter.counters.record_outcome(operation, outcome);
+    }
+}
+
+fn boot(
+    mut record: Record,
+    rootfs: &std::path::Path,
+    ca: Option<&str>,
+    user_data: &str,
+    link: Option<Ipv4Addr>,
+    avoid: &[Ipv4Addr],
+) -> Result<Host, HostError> {
+    let dir = record.machine.dir.clone();
+    record.machine = Machine::prepare(&record.id, rootfs, &dir, link, avoid).map_err(unavailable)?;
+    let started = (|| {
+        if let Some(pem) = ca {
+            record.machine.trust(pem)?;
+        }
+        // Recorded before it boots: a crash from here on leaves a guest that is found again.
+        let json = serde_json::to_vec_pretty(&record).map_err(|e| e.to_string())?;
+        std::fs::write(dir.join("host.json"), json).map_err(|e| format!("host.json: {e}"))?;
+        record.machine.boot(user_data)
+    })();
+    match started {
+        Ok(mut child) => {
+            // Reaped when it ends, so a guest powered off does not linger as a zombie.
+            std::thread::spawn(move || child.wait());
+            Ok(GuestProvider::host(&record))
+        }
+        Err(e) => {
+            record.machine.tear_down();
+            let _ = std::fs::remove_dir_all(&dir);
+            Err(unavailable(e))
+        }
+    }
+}
+
+fn unavailable(message: String) -> HostError {
+    HostError::Unavailable { provider: PROVIDER, message }
+}
+
+fn valid_id(id: &str) -> bool {
+    id.strip_prefix(ID_PREFIX).is_some_and(|hex| hex.len() == 8 && hex.chars().all(|c| c.is_ascii_hexdigit()))
+}
+
+#[async_trait]
+impl HostProvider for GuestProvider {
+    async fn create(&self, request: &HostRequest) -> Result<Host, HostError> {
+        self.limiter.acquire("CreateHost").await;
+        let result = self.make(request).await;
+        self.finish("CreateHost", &result);
+        result
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<Host>, HostError> {
+        self.limiter.acquire("GetHost").await;
+        let result = self.read_record(id).map(|r| r.as_ref().map(Self::host));
+        self.finish("GetHost", &result);
+        result
+    }
+
+    async fn delete(&self, id: &str) -> Result<(), HostError> {
+        self.limiter.acquire("DeleteHost").await;
+        let result = async {
+            let Some(record) = self.read_record(id)? else { return Ok(()) };
+            // Unlisted first: a delete cut short leaves no host that looks alive.
+            let json = self.host_dir(id).join("host.json");
+            std::fs::remove_file(&json).map_err(|e| unavailable(format!("cannot remove {}: {e}", json.display())))?;
+            let grace = self.settings.stop_grace;
+            tokio::task::spawn_blocking(move || {
+                record.machine.stop(grace);
+                record.machine.tear_down();
+            })
+            .await
+            .map_err(|e| unavailable(format!("guest removal panicked: {e}")))
+        }
+        .await;
+        self.finish("DeleteHost", &result);
+        result
+    }
+
+    async fn list_by_tag(&self, key: &str, value: &str) -> Result<Vec<Host>, HostError> {
+        self.limiter.acquire("ListHosts").await;
+        let result = self.records().map(|records| {
+            records.iter().filter(|r| r.tags.get(key).map(String::as_str) == Some(value)).map(Self::host).collect()
+        });
+        self.finish("ListHosts", &result);
+        result
+    }
+
+    fn address_binding(&self) -> AddressBinding {
+        AddressBinding::AtCreate
+    }
+
+    async fn reserve_address(&self, request: &AddressRequest) -> Result<Address, HostError> {
+        self.limiter.acquire("ReserveAddress").await;
+        let result = self.reserve(request).await;
+        self.finish("ReserveAddress", &result);
+        result
+    }
+
+    async fn get_address(&self, id: &str) -> Result<Option<Address>, HostError> {
+        self.limiter.acquire("GetAddress").await;
+        let result = self.find_address(id);
+        self.finish("GetAddress", &result);
+        result
+    }
+
+    async fn assign_address(&self, id: &str, host_id: &str) -> Result<(), HostError> {
+        self.limiter.acquire("AssignAddress").await;
+        let result = self.check_assigned(id, host_id);
+        self.finish("AssignAddress", &result);
+        result
+    }
+
+    async fn release_address(&self, id: &str) -> Result<(), HostError> {
+        self.limiter.acquire("ReleaseAddress").await;
+        let result = self.unreserve(id);
+        self.finish("ReleaseAddress", &result);
+        result
+    }
+
+    async fn list_addresses_by_tag(&self, key: &str, value: &str) -> Result<Vec<Address>, HostError> {
+        self.limiter.acquire("ListAddresses").await;
+        let result = self.addresses_by_tag(key, value);
+        self.finish("ListAddresses", &result);
+        result
+    }
+
+    fn name(&self) -> &'static str {
+        PROVIDER
+    }
+
+    fn limiter(&self) -> &Limiter {
+        &self.limiter
+    }
+}

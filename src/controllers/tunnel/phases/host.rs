@@ -1,0 +1,210 @@
+//! The host and address phases: the exit server stepped by [`plan::host_step`] until it runs
+//! with the Service's ports, and the reserved address stepped by [`address_step`] onto it. A
+//! created host or reserved address is recorded the moment it exists, so a crash never makes a
+//! second one; waiting is a short requeue, never a blocked worker.
+
+use providers::{Address, AddressBinding, Host, HostProvider};
+
+use super::super::plan::address::{self as address_plan, AddressStep, address_step};
+use super::super::plan::{self, HostStep};
+use super::super::status::not_ready;
+use super::super::{act, observe};
+use super::{Desired, Keys, Pass, Running};
+use crate::crd::tunnel::TunnelPhase;
+use crate::error::{Error, Result};
+
+/// Hosts a reconcile may step through before it gives up (a provider handing back hosts that
+/// are stopped at once must not make it spin).
+const MAX_HOST_STEPS: usize = 4;
+
+impl Pass<'_> {
+    /// Finds the exit server (deleting extras), prepares the reserved address, and steps the host
+    /// until it runs with the Service's ports. `None`: booting (or being deleted), look again soon.
+    pub(super) async fn host(&mut self, want: &Desired, keys: &Keys) -> Result<Option<Running>> {
+        let (tunnel, ctx, provider) = (self.tunnel, self.ctx, &want.provider);
+        let found = observe::find_host(provider.as_ref(), self.status(), &want.uid).await?;
+        act::host::delete_extras(provider.as_ref(), &found.extras, want.publishes(), ctx).await?;
+        let address = self.prepare_address(want).await?;
+        let address_id = address.as_ref().map(|a| a.id.as_str());
+        let mut host = found.host;
+        let mut configured = keys.configured.clone();
+        for _ in 0..MAX_HOST_STEPS {
+            match plan::host_step(host.as_ref(), &configured, &want.ports) {
+                HostStep::Ready { ip } => {
+                    let id = host.map(|h| h.id);
+                    return Ok(Some(Running { ip, id, address }));
+                }
+                HostStep::Wait { why } => {
+                    self.unpublish(want).await?;
+                    let (provider_name, id) = (provider.name().to_string(), host.map(|h| h.id));
+                    self.record(|s| {
+                        s.phase = Some(TunnelPhase::Provisioning);
+                        s.provider = Some(provider_name);
+                        s.host_id = id;
+                        s.conditions = not_ready("Provisioning", &why);
+                    })
+                    .await?;
+                    return Ok(None);
+                }
+                HostStep::Create => {
+                    self.unpublish(want).await?;
+                    if let Some(why) = address_held(provider.as_ref(), address_id).await? {
+                        self.record(|s| {
+                            s.phase = Some(TunnelPhase::Provisioning);
+                            s.host_id = None;
+                            s.conditions = not_ready("Provisioning", &why);
+                        })
+                        .await?;
+                        return Ok(None);
+                    }
+                    let created = act::host::create(tunnel, provider.as_ref(), &keys.server, address_id, ctx).await?;
+                    self.record_created(want, keys, &created).await?;
+                    configured = want.ports.clone();
+                    host = Some(created);
+                }
+                HostStep::Replace { id, why } => {
+                    act::host::replace_lost(tunnel, provider.as_ref(), (&id, &why), want.publishes(), ctx).await?;
+                    host = None;
+                }
+                HostStep::Reconfigure { id, ip: _ } => {
+                    let push = (id.as_str(), &keys.server, want.ports.as_slice());
+                    if act::host::reconfigure(tunnel, provider.as_ref(), push, want.publishes(), ctx).await? {
+                        let (ports, digest) = (want.ports.clone(), keys.digest.clone());
+                        self.record(|s| {
+                            s.ports = ports;
+                            s.credentials_digest = Some(digest);
+                        })
+                        .await?;
+                        configured = want.ports.clone();
+                    } else {
+                        host = None;
+                    }
+                }
+            }
+        }
+        Err(Error::Host(providers::HostError::Unavailable {
+            provider: provider.name(),
+            message: "the exit server did not reach a usable state".into(),
+        }))
+    }
+
+    /// Recorded before anything else can fail: a restart finds this host, not a new one.
+    async fn record_created(&mut self, want: &Desired, keys: &Keys, created: &Host) -> Result<()> {
+        let provider = want.provider.name();
+        let (ports, digest) = (want.ports.clone(), keys.digest.clone());
+        self.record(|s| {
+            s.phase = Some(TunnelPhase::Provisioning);
+            s.provider = Some(provider.to_string());
+            s.host_id = Some(created.id.clone());
+            s.host_ip = created.public_ipv4.clone();
+            s.ports = ports;
+            s.credentials_digest = Some(digest);
+            s.conditions = not_ready("Provisioning", &format!("created exit server {}", created.id));
+        })
+        .await?;
+        let note = format!("created exit server {} at {provider}", created.id);
+        self.ctx.publish(self.tunnel, kube::runtime::events::EventType::Normal, "Provisioning", note).await;
+        Ok(())
+    }
+
+    /// Takes the address off the Service while no host serves it.
+    async fn unpublish(&self, want: &Desired) -> Result<()> {
+        match want.publishes() {
+            Some(service) => act::set_ingress(service, None, self.ctx).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Before the exit server is stepped, for a Tunnel with a reserved address: finds it, takes a
+    /// released one off the Service, releases duplicates, and reserves the address where the
+    /// provider needs it first. `None` without one, or not yet reserved.
+    async fn prepare_address(&mut self, want: &Desired) -> Result<Option<Address>> {
+        let (tunnel, ctx, provider) = (self.tunnel, self.ctx, &want.provider);
+        if !tunnel.spec.reserves_address() {
+            return Ok(None);
+        }
+        let found = observe::find_address(provider.as_ref(), self.status(), &want.uid).await?;
+        act::address::release_extras(provider.as_ref(), &found.extras).await?;
+        if address_plan::lost(self.status().address_id.as_deref(), found.address.as_ref()) {
+            let old = self.status().address_ip.clone().unwrap_or_default();
+            act::address::lost(tunnel, &old, want.publishes(), ctx).await?;
+            self.record(|s| {
+                s.address_id = None;
+                s.address_ip = None;
+            })
+            .await?;
+        }
+        match found.address {
+            Some(address) => Ok(Some(address)),
+            None if address_plan::reserve_first(provider.address_binding(), None) => {
+                self.reserve(want, None).await.map(Some)
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Reserves the Tunnel's address (onto host `onto` if set) and records it at once.
+    async fn reserve(&mut self, want: &Desired, onto: Option<String>) -> Result<Address> {
+        let address = act::address::reserve(self.tunnel, want.provider.as_ref(), onto, self.ctx).await?;
+        let provider = want.provider.name().to_string();
+        self.record(|s| {
+            s.provider = Some(provider);
+            s.address_id = Some(address.id.clone());
+            s.address_ip = Some(address.ip.clone());
+        })
+        .await?;
+        Ok(address)
+    }
+
+    /// Steps the reserved address onto the running exit server; without one the Tunnel's address
+    /// is the host's own. `None`: the host was deleted to get the address at creation.
+    pub(super) async fn address(&mut self, want: &Desired, running: &Running) -> Result<Option<String>> {
+        let (tunnel, ctx, provider) = (self.tunnel, self.ctx, &want.provider);
+        if !tunnel.spec.reserves_address() {
+            return Ok(Some(running.ip.clone()));
+        }
+        let host_id = running.id.as_deref().unwrap_or_default();
+        let mut address = running.address.clone();
+        // Read before the host was created or replaced: where a new host takes the address at
+        // creation, only a fresh read shows it there.
+        if let Some(stale) = address.as_ref().filter(|a| a.host_id.as_deref() != Some(host_id)) {
+            address = provider.get_address(&stale.id).await?;
+        }
+        for _ in 0..3 {
+            match address_step(provider.address_binding(), address.as_ref(), host_id) {
+                AddressStep::Ready { ip } => return Ok(Some(ip)),
+                AddressStep::Reserve { onto } => address = Some(self.reserve(want, onto).await?),
+                AddressStep::Assign { id, host_id } => {
+                    let Some(current) = address.filter(|a| a.id == id) else { break };
+                    act::address::assign(tunnel, provider.as_ref(), &current, &host_id, ctx).await?;
+                    address = Some(Address { host_id: Some(host_id), ..current });
+                }
+                AddressStep::ReplaceHost { id, why } => {
+                    act::address::replace_host(tunnel, provider.as_ref(), (&id, &why), want.publishes(), ctx).await?;
+                    self.record(|s| {
+                        s.phase = Some(TunnelPhase::Provisioning);
+                        s.host_id = None;
+                        s.host_ip = None;
+                        s.conditions = not_ready("Replacing", &why);
+                    })
+                    .await?;
+                    return Ok(None);
+                }
+            }
+        }
+        Err(Error::Host(providers::HostError::Unavailable {
+            provider: provider.name(),
+            message: "the reserved address did not reach the exit server".into(),
+        }))
+    }
+}
+
+/// Why a new host must wait for the reserved address `id` ([`address_plan::may_create`]), read
+/// fresh: the host that held it may have just been deleted.
+async fn address_held(provider: &dyn HostProvider, id: Option<&str>) -> Result<Option<String>> {
+    let Some(id) = id.filter(|_| provider.address_binding() == AddressBinding::AtCreate) else {
+        return Ok(None);
+    };
+    let address = provider.get_address(id).await?;
+    Ok(address_plan::may_create(provider.address_binding(), address.as_ref()).err())
+}

@@ -1,0 +1,179 @@
+//! Who may reach the Service's ports on the exit server: `spec.sourceRanges` (the Service's
+//! `loadBalancerSourceRanges`), applied by the provider's cloud firewall per host where it has
+//! one (EC2 security groups), and said to be unenforced where it has none.
+//!
+//! The ranges travel in the exit server's description ([`providers::TunnelService`]), so a new
+//! host gets its firewall with them; a change reaches a running host through
+//! [`providers::HostProvider::sync_source_ranges`], which only touches the firewall (the exit
+//! server itself does not know the ranges). `status.sourceRanges` records what was applied, so a
+//! host is only touched when the ranges differ from it.
+
+use std::sync::Arc;
+
+use kube::runtime::events::EventType;
+use providers::{ExitServer, HostProvider};
+
+use super::Context;
+use super::plan::Blocked;
+use crate::crd::tunnel::{Tunnel, TunnelPhase};
+use crate::error::Result;
+
+/// Reason of a Tunnel whose `spec.sourceRanges` are not CIDRs (admission normally refuses them).
+pub const INVALID: &str = "InvalidSourceRanges";
+
+/// `server` with `ranges` (canonical) on every Service port; the health port stays open to the
+/// operator. Also returns the canonical ranges.
+pub fn restrict(mut server: ExitServer, ranges: &[String]) -> Result<(ExitServer, Vec<String>), Blocked> {
+    let mut canonical = Vec::new();
+    for r in ranges {
+        let c = providers::cidr::canonical(r)
+            .map_err(|e| Blocked(TunnelPhase::Failed, INVALID, format!("spec.sourceRanges: {e}")))?;
+        if !canonical.contains(&c) {
+            canonical.push(c);
+        }
+    }
+    canonical.sort();
+    for s in server.services.iter_mut().filter(|s| s.name != crate::tunnel::HEALTH_SERVICE) {
+        s.source_ranges = canonical.clone();
+    }
+    Ok((server, canonical))
+}
+
+/// Whether the host's firewall must be brought to `desired`: ranges never applied to this host
+/// (`status.sourceRanges` unset) or different ones. A host without recorded ranges that should
+/// admit anyone is left alone: it was created so, and nothing narrowed it since.
+pub fn needs_sync(recorded: Option<&[String]>, desired: &[String]) -> bool {
+    match recorded {
+        None => !desired.is_empty(),
+        Some(recorded) => recorded != desired,
+    }
+}
+
+/// What the `Ready` message adds: nothing when the ranges are enforced or there are none.
+pub fn note(enforced: bool, ranges: &[String], provider: &str) -> String {
+    if enforced || ranges.is_empty() {
+        return String::new();
+    }
+    format!(
+        "; spec.sourceRanges ({}) is not enforced: provider {provider} has no firewall per exit server (ec2 enforces it)",
+        ranges.join(", ")
+    )
+}
+
+/// Brings the running host's firewall to `ranges` when `recorded` (its `status.sourceRanges`)
+/// says it differs. Returns whether the provider enforces them, and what `status.sourceRanges`
+/// must become when that changed.
+pub async fn converge(
+    tunnel: &Tunnel,
+    provider: &Arc<dyn HostProvider>,
+    host_id: Option<&str>,
+    (server, ranges): (&ExitServer, &[String]),
+    recorded: Option<&[String]>,
+    ctx: &Context,
+) -> Result<(bool, Option<Option<Vec<String>>>)> {
+    let Some(id) = host_id else { return Ok((false, None)) };
+    if !needs_sync(recorded, ranges) {
+        return Ok((true, None));
+    }
+    let enforced = provider.sync_source_ranges(id, server).await?;
+    let now = enforced.then(|| ranges.to_vec());
+    if now.as_deref() == recorded {
+        return Ok((enforced, None));
+    }
+    if enforced && recorded.is_some() {
+        let from = crate::controllers::service::act::describe_ranges(ranges);
+        let note = format!("exit server {id} admits the Service's ports from {from}");
+        ctx.publish(tunnel, EventType::Normal, "SourceRangesChanged", note).await;
+    }
+    Ok((enforced, Some(now)))
+}
+
+#[cfg(test)]
+mod tests {
+    use providers::{Protocol, TunnelService};
+
+    use super::*;
+
+    fn server() -> ExitServer {
+        let service = |name: &str, port| TunnelService {
+            name: name.into(),
+            protocol: Protocol::Tcp,
+            port,
+            token: "t".into(),
+            source_ranges: Vec::new(),
+        };
+        ExitServer {
+            control_port: 2333,
+            noise_private_key: "k".into(),
+            services: vec![service("tcp-80", 80), service(crate::tunnel::HEALTH_SERVICE, 2334)],
+        }
+    }
+
+    #[test]
+    fn ranges_restrict_the_service_ports_but_never_the_health_port() {
+        let ranges = ["203.0.113.9/24".to_string(), "10.0.0.0/8".into(), "203.0.113.0/24".into()];
+        let (restricted, canonical) = restrict(server(), &ranges).unwrap();
+        assert_eq!(canonical, ["10.0.0.0/8", "203.0.113.0/24"], "canonical, sorted, once each");
+        assert_eq!(restricted.services[0].source_ranges, canonical);
+        assert!(restricted.services[1].source_ranges.is_empty(), "the operator probes the health port");
+        let (open, none) = restrict(server(), &[]).unwrap();
+        assert!(none.is_empty() && open.services.iter().all(|s| s.source_ranges.is_empty()));
+        let Err(Blocked(phase, reason, message)) = restrict(server(), &["10.0.0.0/33".into()]) else {
+            panic!("accepted a bad range")
+        };
+        assert_eq!((phase, reason), (TunnelPhase::Failed, INVALID));
+        assert!(message.contains("\"10.0.0.0/33\" is not a CIDR"), "{message}");
+    }
+
+    #[tokio::test]
+    async fn the_ranges_reach_an_enforcing_host_once_and_a_change_again() {
+        use crate::controllers::tunnel::tests::{harness, ready};
+        let mut h = harness();
+        h.provider.enforce_ranges();
+        h.add_service();
+        let mut tunnel = (*h.new_tunnel()).clone();
+        tunnel.spec.source_ranges = vec!["198.51.100.7/24".into()];
+        let tunnel = h.put_tunnel(&tunnel);
+        h.reconcile(tunnel.clone()).await.unwrap();
+        let stored = h.current();
+        assert_eq!(ready(&stored).1, "Active");
+        let host = stored.status.as_ref().unwrap().host_id.clone().unwrap();
+        assert_eq!(h.provider.ranges_of(&host), Some(vec!["198.51.100.0/24".to_string()]));
+        assert_eq!(stored.status.as_ref().unwrap().source_ranges, Some(vec!["198.51.100.0/24".to_string()]));
+        h.reconcile(Arc::new(stored.clone())).await.unwrap();
+        assert_eq!(h.provider.count("sync_source_ranges"), 1, "applied once, not every reconcile");
+
+        let mut changed = stored.clone();
+        changed.spec.source_ranges = vec!["203.0.113.0/24".into()];
+        h.reconcile(h.put_tunnel(&changed)).await.unwrap();
+        assert_eq!(h.provider.ranges_of(&host), Some(vec!["203.0.113.0/24".to_string()]), "same host");
+        assert_eq!(h.provider.count("create"), 1);
+        assert!(h.api.event_reasons().contains(&"SourceRangesChanged".to_string()));
+    }
+
+    #[tokio::test]
+    async fn a_provider_without_a_firewall_says_the_ranges_are_not_enforced() {
+        use crate::controllers::tunnel::tests::harness;
+        let mut h = harness();
+        h.add_service();
+        let mut tunnel = (*h.new_tunnel()).clone();
+        tunnel.spec.source_ranges = vec!["198.51.100.0/24".into()];
+        h.reconcile(h.put_tunnel(&tunnel)).await.unwrap();
+        let stored = h.current();
+        let ready = crate::controllers::status::ready_condition(&stored).unwrap();
+        assert!(ready.message.contains("is not enforced: provider fake"), "{}", ready.message);
+        assert_eq!(stored.status.as_ref().unwrap().source_ranges, None);
+    }
+
+    #[test]
+    fn a_host_is_synced_when_its_ranges_were_never_applied_or_differ() {
+        let want = ["10.0.0.0/8".to_string()];
+        assert!(needs_sync(None, &want));
+        assert!(!needs_sync(None, &[]), "a host created open to anyone, never narrowed");
+        assert!(needs_sync(Some(&[]), &want));
+        assert!(!needs_sync(Some(&want), &want));
+        assert_eq!(note(true, &want, "ec2"), "");
+        assert_eq!(note(false, &[], "local"), "");
+        assert!(note(false, &want, "hetzner").contains("not enforced: provider hetzner"));
+    }
+}
