@@ -40,3 +40,34 @@ fn kustomization_lists_every_manifest_in_deploy() {
         assert!(listed.contains(&name.as_str()), "{name} is not in deploy/kustomization.yaml");
     }
 }
+
+/// The release's assets carry the names the default `--exit-server-url` asks for, and digests a
+/// VM's check agrees with; a tag that is not the crate's version publishes nothing.
+#[test]
+fn release_assets_are_named_for_the_download_url_and_carry_their_digests() {
+    use sha2::{Digest, Sha256};
+    let dir = std::env::temp_dir().join(format!("skyport-release-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    for (platform, bytes) in [("amd64", "x86 binary"), ("arm64", "arm binary")] {
+        std::fs::create_dir_all(dir.join("dist").join(platform)).unwrap();
+        std::fs::write(dir.join("dist").join(platform).join("skyport"), bytes).unwrap();
+    }
+    let script = root().join("deploy/release.sh");
+    let run = |args: &[&std::ffi::OsStr]| std::process::Command::new(&script).args(args).output().unwrap();
+    let out = run(&["assets".as_ref(), dir.join("dist").as_os_str(), dir.join("out").as_os_str()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let values = read("deploy/helm/skyport/values.yaml");
+    assert!(values.contains("releases/download/v{version}/skyport-{arch}\""), "the default URL names skyport-{{arch}}");
+    for (arch, bytes) in [("x86_64", "x86 binary"), ("aarch64", "arm binary")] {
+        let asset = dir.join("out").join(format!("skyport-{arch}"));
+        assert_eq!(std::fs::read_to_string(&asset).unwrap(), bytes);
+        let digest: String = Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect();
+        let file = std::fs::read_to_string(dir.join("out").join(format!("skyport-{arch}.sha256"))).unwrap();
+        assert_eq!(file, format!("{digest}  skyport-{arch}\n"));
+        assert!(std::fs::read_to_string(dir.join("out/SHA256SUMS")).unwrap().contains(&file));
+    }
+    let version = env!("CARGO_PKG_VERSION");
+    assert!(run(&["check-version".as_ref(), version.as_ref()]).status.success());
+    assert!(!run(&["check-version".as_ref(), "0.0.0-not-this".as_ref()]).status.success());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
