@@ -8,11 +8,10 @@
 //! Queue cache may still show that Queue when the wake arrives. It also writes the account's
 //! status and wakes the Queues using an account whose spec changed or whose deletion began.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use futures::StreamExt;
-use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender, unbounded};
+use futures::channel::mpsc::UnboundedReceiver;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -20,9 +19,9 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::Context;
-use super::accounts::{Placement, target, unusable};
+use super::accounts::{Placement, unusable};
 use crate::controllers::status::StatusWriter;
-use crate::controllers::{error_policy, has_finalizer, hash_of, jittered, reconcile_with, remove_finalizer};
+use crate::controllers::{error_policy, has_finalizer, jittered, reconcile_with, remove_finalizer};
 use crate::crd::account::{AwsAccount, session_name};
 use crate::crd::condition::{Condition, ConditionStatus};
 use crate::crd::queue::Queue;
@@ -86,52 +85,6 @@ pub fn released(queue: &Queue, ctx: &Context) {
         usage.released.lock().unwrap_or_else(|p| p.into_inner()).insert(uid);
     }
     let _ = usage.wakes.unbounded_send(ObjectRef::new(name).within(ns));
-}
-
-/// What the AwsAccount reconciler remembers between its runs.
-pub struct Usage {
-    wakes: UnboundedSender<ObjectRef<AwsAccount>>,
-    /// UIDs of Queues whose cleanup finished, until the Queue cache drops them.
-    released: Mutex<HashSet<String>>,
-    /// Per AwsAccount UID: its generation and whether it is being deleted, when last reconciled.
-    seen: Mutex<HashMap<String, u64>>,
-}
-
-impl Usage {
-    /// A memory, and the wakes its [`released`] sends, for [`controller`].
-    pub fn new() -> (Self, UnboundedReceiver<ObjectRef<AwsAccount>>) {
-        let (wakes, rx) = unbounded();
-        (Usage { wakes, released: Mutex::default(), seen: Mutex::default() }, rx)
-    }
-
-    /// The Queues that name `account`, except those whose cleanup has finished.
-    fn users(&self, account: &AwsAccount, queues: &Store<Queue>) -> Vec<ObjectRef<Queue>> {
-        let (ns, name) = (account.namespace().unwrap_or_default(), account.name_any());
-        let mut released = self.released.lock().unwrap_or_else(|p| p.into_inner());
-        let mut users = Vec::new();
-        let mut cached = HashSet::new();
-        for q in queues.state() {
-            let uid = q.uid().unwrap_or_default();
-            let queue_ns = q.namespace().unwrap_or_default();
-            let names =
-                q.spec.account_ref.as_ref().is_some_and(|r| target(&queue_ns, r) == (ns.as_str(), name.as_str()));
-            if names && !released.contains(&uid) {
-                users.push(ObjectRef::from_obj(&*q));
-            }
-            cached.insert(uid);
-        }
-        // A release is needed only while the cache still shows the Queue.
-        released.retain(|uid| cached.contains(uid));
-        users
-    }
-
-    /// Whether `account`'s spec or deletion changed since it was last looked at (or it is new):
-    /// then the Queues using it look again.
-    fn changed(&self, account: &AwsAccount) -> bool {
-        let seen = hash_of((account.meta().generation, account.meta().deletion_timestamp.is_some()));
-        let uid = account.uid().unwrap_or_default();
-        self.seen.lock().unwrap_or_else(|p| p.into_inner()).insert(uid, seen) != Some(seen)
-    }
 }
 
 /// Runs the AwsAccount reconciler on `accounts` (the AwsAccount watch) and the wakes of
@@ -216,6 +169,7 @@ mod tests {
     use kube::runtime::{reflector, watcher};
 
     use super::*;
+    use crate::controllers::queue::accounts::Usage;
 
     #[test]
     fn a_queue_holds_its_account_until_its_cleanup_released_it() {

@@ -10,13 +10,16 @@
 //! ([`external_id`], [`session_name`]), never read from the spec, so cleanup can assume the
 //! recorded role even after the AwsAccount changed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use kube::ResourceExt;
+use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender, unbounded};
+
 use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Resource, ResourceExt};
 use providers::{AssumeRole, Limiter, QueueBackend, SqsProvider, SqsSettings};
 
+use crate::controllers::hash_of;
 use crate::crd::account::{AccountRef, AwsAccount, AwsAccountSpec, account_id, external_id, session_name};
 use crate::crd::queue::Queue;
 
@@ -48,7 +51,7 @@ pub struct Accounts {
     /// This cluster's id, part of every external id.
     cluster: String,
     /// Which Queues still hold which AwsAccounts.
-    pub usage: super::account_use::Usage,
+    pub usage: Usage,
     clients: Mutex<HashMap<String, (AwsAccountSpec, Arc<SqsProvider>)>>,
     budgets: Mutex<HashMap<(String, String), Arc<Limiter>>>,
 }
@@ -132,13 +135,13 @@ pub fn moved(queue: &Queue, spec: &AwsAccountSpec) -> Option<Refusal> {
 
 impl Accounts {
     pub fn new(store: Store<AwsAccount>, settings: SqsSettings) -> Self {
-        let (usage, _) = super::account_use::Usage::new();
+        let (usage, _) = Usage::new();
         let (clients, budgets) = (Mutex::default(), Mutex::default());
         Accounts { store, settings, cluster: String::new(), usage, clients, budgets }
     }
 
     /// In the cluster `cluster`, with `usage` (whose wakes reach the AwsAccount reconciler).
-    pub fn within(self, cluster: String, usage: super::account_use::Usage) -> Self {
+    pub fn within(self, cluster: String, usage: Usage) -> Self {
         Accounts { cluster, usage, ..self }
     }
 
@@ -280,6 +283,53 @@ fn own(default: &Arc<dyn QueueBackend>) -> Placement {
         role_arn: None,
         endpoint_url: None,
         holder: None,
+    }
+}
+
+/// What the AwsAccount reconciler ([`super::account_use`]) remembers between its runs.
+pub struct Usage {
+    pub(super) wakes: UnboundedSender<ObjectRef<AwsAccount>>,
+    /// UIDs of Queues whose cleanup finished, until the Queue cache drops them.
+    pub(super) released: Mutex<HashSet<String>>,
+    /// Per AwsAccount UID: its generation and whether it is being deleted, when last reconciled.
+    pub(super) seen: Mutex<HashMap<String, u64>>,
+}
+
+impl Usage {
+    /// A memory, and the wakes its [`super::account_use::released`] sends, for
+    /// [`super::account_use::controller`].
+    pub fn new() -> (Self, UnboundedReceiver<ObjectRef<AwsAccount>>) {
+        let (wakes, rx) = unbounded();
+        (Usage { wakes, released: Mutex::default(), seen: Mutex::default() }, rx)
+    }
+
+    /// The Queues that name `account`, except those whose cleanup has finished.
+    pub(super) fn users(&self, account: &AwsAccount, queues: &Store<Queue>) -> Vec<ObjectRef<Queue>> {
+        let (ns, name) = (account.namespace().unwrap_or_default(), account.name_any());
+        let mut released = self.released.lock().unwrap_or_else(|p| p.into_inner());
+        let mut users = Vec::new();
+        let mut cached = HashSet::new();
+        for q in queues.state() {
+            let uid = q.uid().unwrap_or_default();
+            let queue_ns = q.namespace().unwrap_or_default();
+            let names =
+                q.spec.account_ref.as_ref().is_some_and(|r| target(&queue_ns, r) == (ns.as_str(), name.as_str()));
+            if names && !released.contains(&uid) {
+                users.push(ObjectRef::from_obj(&*q));
+            }
+            cached.insert(uid);
+        }
+        // A release is needed only while the cache still shows the Queue.
+        released.retain(|uid| cached.contains(uid));
+        users
+    }
+
+    /// Whether `account`'s spec or deletion changed since it was last looked at (or it is new):
+    /// then the Queues using it look again.
+    pub(super) fn changed(&self, account: &AwsAccount) -> bool {
+        let seen = hash_of((account.meta().generation, account.meta().deletion_timestamp.is_some()));
+        let uid = account.uid().unwrap_or_default();
+        self.seen.lock().unwrap_or_else(|p| p.into_inner()).insert(uid, seen) != Some(seen)
     }
 }
 
