@@ -256,11 +256,7 @@ fn a_queue_made_outside_skyport_is_adopted_only_where_the_platform_granted_it() 
 fn writes_wait_for_a_fresh_look_at_the_owner_tag() {
     let d = want(&QueueSpec { visibility_timeout_seconds: Some(50), ..Default::default() });
     let observed = existing(&[("VisibilityTimeout", "11")], None, true);
-    assert_eq!(
-        plan(&d, &intent(false, false), &observed),
-        Plan::NeedTags,
-        "verified earlier is not enough to write"
-    );
+    assert_eq!(plan(&d, &intent(false, false), &observed), Plan::NeedTags, "verified earlier is not enough to write");
     let observed = existing(&[("VisibilityTimeout", "50")], None, true);
     assert_eq!(plan(&d, &intent(false, false), &observed), Plan::Apply { steps: vec![], adopting: false });
     let observed = existing(&[("VisibilityTimeout", "50")], None, false);
