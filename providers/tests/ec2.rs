@@ -188,16 +188,21 @@ async fn a_port_change_makes_the_group_open_exactly_the_new_ports_before_the_pus
         token: "tok3".into(),
         source_ranges: Vec::new(),
     });
-    // LocalStack's instance runs no exit server at its address, so the push finds nothing to
-    // take it: the host is reported as not reconfigurable (the controller replaces it), but
-    // the group already opens exactly the new ports.
+    // LocalStack's instance runs no exit server at its address: whatever the network does with
+    // the connection (refused, silent, accepted without a greeting), the push fails in a way a
+    // retry may fix, so the host is not given up (no replacement), but the group already opens
+    // exactly the new ports.
+    let transient = |r: Result<bool, HostError>| match r {
+        Err(HostError::Unavailable { .. }) => {}
+        other => panic!("a push nobody answers is a transient error, got {other:?}"),
+    };
     let started = std::time::Instant::now();
-    assert!(!p.reconfigure(&created.id, &request.server).await.unwrap());
+    transient(p.reconfigure(&created.id, &request.server).await);
     assert!(started.elapsed() < Duration::from_secs(15), "the push gave up within its timeout");
     let want = [tcp("80"), tcp("2333"), tcp("2335"), tcp("8443")];
     assert_eq!(rules_of(&p, &created.id).await, want);
-    // Again: nothing to change, nothing fails.
-    assert!(!p.reconfigure(&created.id, &request.server).await.unwrap());
+    // Again: nothing to change in the group.
+    transient(p.reconfigure(&created.id, &request.server).await);
     assert_eq!(rules_of(&p, &created.id).await, want);
     let calls = p.limiter().counters.outcomes();
     assert_eq!(calls.get(&("RevokeSecurityGroupIngress", "success")).copied(), Some(1), "{calls:?}");
