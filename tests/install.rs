@@ -213,7 +213,12 @@ async fn create_ready_queue(queues: &Api<Queue>, sqs: &aws_sdk_sqs::Client, name
 fn remove_earlier_install(node: &node::Node) {
     node.attempt("kubectl", &["-n", APP_NS, "delete", "services,queues", "--all", "--timeout=60s"]);
     node.attempt(&helm(), &["uninstall", "skyport", "--namespace", NS, "--wait"]);
-    let left = node.kubectl(&["-n", APP_NS, "get", "queues,tunnels", "-o", "name", "--ignore-not-found"], None);
+    // On a fresh cluster the CRDs are not there yet (the chart brings them), so nothing is left.
+    let left = if node.attempt("kubectl", &["get", "crd", "queues.skyport.dev", "tunnels.skyport.dev"]) {
+        node.kubectl(&["-n", APP_NS, "get", "queues,tunnels", "-o", "name", "--ignore-not-found"], None)
+    } else {
+        String::new()
+    };
     for object in left.lines() {
         node.attempt(
             "kubectl",
