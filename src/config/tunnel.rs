@@ -164,6 +164,20 @@ pub struct TunnelArgs {
     #[arg(long = "tunnel-withdraw-after", env = "SKYPORT_TUNNEL_WITHDRAW_AFTER", default_value = "30s", value_parser = humantime::parse_duration)]
     pub withdraw_after: Duration,
 
+    /// highAvailability Tunnels: how many health checks in a row the active exit server must
+    /// fail before its address moves to the standby (together with `--tunnel-failover-after`).
+    #[arg(long = "tunnel-failover-after-failures", env = "SKYPORT_TUNNEL_FAILOVER_AFTER_FAILURES", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub failover_failures: u32,
+
+    /// highAvailability Tunnels: how long the active exit server must have been failing the
+    /// health check before its address moves to the standby; a shorter failure is a blip.
+    #[arg(long = "tunnel-failover-after", env = "SKYPORT_TUNNEL_FAILOVER_AFTER", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub failover_after: Duration,
+
+    /// highAvailability Tunnels: how often both exit servers are checked end to end.
+    #[arg(long = "tunnel-failover-probe-interval", env = "SKYPORT_TUNNEL_FAILOVER_PROBE_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub failover_probe_interval: Duration,
+
     /// local provider: directory holding one folder per exit server process.
     #[arg(long = "local-state-dir", env = "SKYPORT_LOCAL_STATE_DIR", default_value = "/tmp/skyport-local-hosts")]
     pub local_state_dir: std::path::PathBuf,
@@ -248,6 +262,9 @@ impl Default for TunnelArgs {
             boot_timeout: Duration::from_secs(600),
             replace_after: Duration::from_secs(900),
             withdraw_after: Duration::from_secs(30),
+            failover_failures: 3,
+            failover_after: Duration::from_secs(2),
+            failover_probe_interval: Duration::from_secs(1),
             max_replacements: 3,
             local_state_dir: "/tmp/skyport-local-hosts".into(),
             local_addresses: (std::net::Ipv4Addr::new(127, 77, 0, 1), std::net::Ipv4Addr::new(127, 77, 255, 254)),

@@ -36,7 +36,9 @@ use super::Condition;
     validation = Rule::new("has(self.region) == has(oldSelf.region) && (!has(self.region) || self.region == oldSelf.region)").message("region is immutable: delete the Tunnel to move it (a new exit server with a new address is provisioned)"),
     validation = Rule::new("has(self.size) == has(oldSelf.size) && (!has(self.size) || self.size == oldSelf.size)").message("size is immutable: delete the Tunnel to resize it (a new exit server with a new address is provisioned)"),
     validation = Rule::new("has(self.address) == has(oldSelf.address) && (!has(self.address) || self.address == oldSelf.address)").message("address is immutable: a reserved address is tagged with its deletion policy when it is reserved; delete the Tunnel and create another to change it"),
-    validation = Rule::new("!has(self.sourceRanges) || self.sourceRanges.all(r, isCIDR(r))").message("sourceRanges must be CIDRs, like 203.0.113.0/24 or 2001:db8::/32")
+    validation = Rule::new("!has(self.sourceRanges) || self.sourceRanges.all(r, isCIDR(r))").message("sourceRanges must be CIDRs, like 203.0.113.0/24 or 2001:db8::/32"),
+    validation = Rule::new("!has(self.highAvailability) || (has(self.address) && self.address.mode == 'Reserved')").message("highAvailability needs address.mode: Reserved: the Service's address is a reserved address moved between the two exit servers"),
+    validation = Rule::new("has(self.highAvailability) == has(oldSelf.highAvailability) && (!has(self.highAvailability) || self.highAvailability == oldSelf.highAvailability)").message("highAvailability is immutable: delete the Tunnel and create another to change it")
 )]
 pub struct TunnelSpec {
     /// The Service in this namespace whose ports the exit server exposes. Immutable.
@@ -75,6 +77,34 @@ pub struct TunnelSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), inner(length(min = 1, max = 64)))]
     pub source_ranges: Vec<String>,
+
+    /// Two exit servers instead of one, each with its own tunnel client Pod; the Service's
+    /// address is the Tunnel's reserved address (so `address.mode: Reserved` is required), held
+    /// by the active server and moved to the standby when the active one fails its end-to-end
+    /// health check several times in a row (`--tunnel-failover-after-failures`, over at least
+    /// `--tunnel-failover-after`), never to a standby whose own check fails. Both servers, the
+    /// active one and the last failover are in `status.highAvailability`. Costs a second exit
+    /// server. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub high_availability: Option<HighAvailability>,
+}
+
+/// How a highly available Tunnel runs its exit servers.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HighAvailability {
+    /// `ActiveStandby` (default, the only mode): one server holds the reserved address and
+    /// carries the traffic, the other runs with its own client, ready to take the address over.
+    #[serde(default)]
+    pub mode: HighAvailabilityMode,
+}
+
+/// `ActiveStandby`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum HighAvailabilityMode {
+    /// One active exit server holding the reserved address, one standby.
+    #[default]
+    ActiveStandby,
 }
 
 /// Whether the Tunnel keeps one public address across exit server replacements.
@@ -121,6 +151,11 @@ impl TunnelSpec {
     /// Whether the Tunnel keeps a reserved address.
     pub fn reserves_address(&self) -> bool {
         self.address.as_ref().is_some_and(|a| a.mode == AddressMode::Reserved)
+    }
+
+    /// Whether the Tunnel runs an active and a standby exit server.
+    pub fn high_availability(&self) -> bool {
+        self.high_availability.is_some()
     }
 
     /// The deletion policy of the reserved address.
@@ -216,7 +251,65 @@ pub struct TunnelStatus {
     /// as the one before. Kept in status, so an operator restart does not reset it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_replacement_after: Option<String>,
+    /// With `spec.highAvailability`: both exit servers, which one holds the address, and the
+    /// last failover.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub high_availability: Option<HighAvailabilityStatus>,
     /// `Ready`: the exit server runs, the client is deployed and the Service's ports are exposed.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+}
+
+/// The exit servers of a highly available Tunnel.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HighAvailabilityStatus {
+    /// The provider's id of the exit server holding the reserved address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active: Option<String>,
+    /// Both exit servers, as last checked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub servers: Vec<ServerStatus>,
+    /// Failovers since the Tunnel was created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failovers: Option<u32>,
+    /// The last time the address moved to the standby, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failover: Option<Failover>,
+    /// Why the address cannot be moved quickly at this provider, when it cannot (Hetzner: a
+    /// primary IP moves only onto a powered-off server).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limitation: Option<String>,
+}
+
+/// One exit server of a highly available Tunnel.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerStatus {
+    /// `a` or `b`: the slot the server fills, kept across its replacements; its client
+    /// Deployment and its key in the credentials Secret are named after it.
+    pub slot: String,
+    /// The provider's id of the exit server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_id: Option<String>,
+    /// Its own public address, where its health is checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_ip: Option<String>,
+    /// Whether its last end-to-end health check passed.
+    #[serde(default)]
+    pub healthy: bool,
+}
+
+/// A move of the reserved address from one exit server to the other.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Failover {
+    /// When the address was moved (RFC 3339).
+    pub time: String,
+    /// The exit server that held it.
+    pub from: String,
+    /// The exit server that holds it now.
+    pub to: String,
+    /// What the health check of `from` said.
+    pub reason: String,
 }

@@ -343,6 +343,22 @@ pub fn cases() -> Vec<Case> {
             t("bt7", json!({"serviceRef": {"name": "web"}, "address": {"mode": "Static"}})),
             Refused(&["spec.address.mode", "Unsupported value"]),
         ),
+        case(
+            "high availability without a reserved address",
+            t("bt8", json!({"serviceRef": {"name": "web"}, "highAvailability": {}})),
+            Refused(&["highAvailability needs address.mode: Reserved"]),
+        ),
+        case(
+            "high availability with an ephemeral address",
+            t("bt9", json!({"serviceRef": {"name": "web"}, "address": {}, "highAvailability": {}})),
+            Refused(&["highAvailability needs address.mode: Reserved"]),
+        ),
+        edit(
+            "high availability turned on later",
+            t("et8", json!({"serviceRef": {"name": "gone"}, "address": {"mode": "Reserved"}})),
+            t("et8", json!({"serviceRef": {"name": "gone"}, "address": {"mode": "Reserved"}, "highAvailability": {}})),
+            Refused(&["highAvailability is immutable"]),
+        ),
         // Services the API server itself refuses.
         case("LoadBalancer Service with 0 ports", lb("s0", json!([])), Refused(&["spec.ports", "Required value"])),
     ]

@@ -21,6 +21,9 @@ pub const ANNOTATION_ADDRESS: &str = "skyport.dev/address";
 /// `delete` or `retain`: the Tunnel's `spec.address.deletionPolicy`.
 pub const ANNOTATION_ADDRESS_DELETION: &str = "skyport.dev/address-deletion-policy";
 
+/// `true` or `false`: the Tunnel's `spec.highAvailability` (needs `skyport.dev/address: reserved`).
+pub const ANNOTATION_HIGH_AVAILABILITY: &str = "skyport.dev/high-availability";
+
 /// Whether skyport serves `service`, with the reason when it does not (for logs).
 pub fn served(service: &Service, settings: &TunnelArgs) -> Result<(), &'static str> {
     let spec = service.spec.as_ref().ok_or("no spec")?;
@@ -60,6 +63,7 @@ pub fn tunnel_for(service: &Service) -> Result<Tunnel> {
             "region": annotation(ANNOTATION_REGION),
             "size": annotation(ANNOTATION_SIZE),
             "address": address(service)?,
+            "highAvailability": high_availability(service)?,
         },
     });
     let mut tunnel: Tunnel = serde_json::from_value(value).map_err(|e| Error::Internal(format!("Tunnel: {e}")))?;
@@ -108,6 +112,24 @@ fn address(service: &Service) -> Result<Option<serde_json::Value>> {
     Ok(Some(
         json!({"mode": mode.unwrap_or_else(|| "Ephemeral".into()), "deletionPolicy": policy.unwrap_or_else(|| "Delete".into())}),
     ))
+}
+
+/// `spec.highAvailability` from its annotation. Refused here, with the annotation's name, when
+/// the address is not reserved: the Tunnel would be refused at admission with the field's name.
+fn high_availability(service: &Service) -> Result<Option<serde_json::Value>> {
+    let Some(value) = service.annotations().get(ANNOTATION_HIGH_AVAILABILITY) else { return Ok(None) };
+    match value.trim().to_ascii_lowercase().as_str() {
+        "false" => Ok(None),
+        "true" if address(service)?.is_some_and(|a| a["mode"] == "Reserved") => {
+            Ok(Some(json!({"mode": "ActiveStandby"})))
+        }
+        "true" => Err(Error::InvalidSpec(format!(
+            "annotation {ANNOTATION_HIGH_AVAILABILITY}: \"true\" needs {ANNOTATION_ADDRESS}: reserved (the address moved between the two exit servers)"
+        ))),
+        other => Err(Error::InvalidSpec(format!(
+            "annotation {ANNOTATION_HIGH_AVAILABILITY}: {other:?} is not one of true, false"
+        ))),
+    }
 }
 
 /// Whether `service` is the controller owner of `tunnel`.
@@ -183,6 +205,28 @@ mod tests {
         let refused = annotated(&[(ANNOTATION_ADDRESS, "static")]).unwrap_err().to_string();
         assert!(refused.contains("skyport.dev/address") && refused.contains("\"static\""), "{refused}");
         assert!(annotated(&[(ANNOTATION_ADDRESS_DELETION, "keep")]).is_err());
+    }
+
+    #[test]
+    fn the_high_availability_annotation_needs_a_reserved_address() {
+        let annotated = |pairs: &[(&str, &str)]| {
+            let mut svc = service("LoadBalancer", Some(LOAD_BALANCER_CLASS), None);
+            for (k, v) in pairs {
+                svc.metadata.annotations.get_or_insert_default().insert(k.to_string(), v.to_string());
+            }
+            tunnel_for(&svc)
+        };
+        let t = annotated(&[(ANNOTATION_HIGH_AVAILABILITY, "True"), (ANNOTATION_ADDRESS, "reserved")]).unwrap();
+        assert!(t.spec.high_availability() && t.spec.reserves_address());
+        let off = annotated(&[(ANNOTATION_HIGH_AVAILABILITY, "false"), (ANNOTATION_ADDRESS, "reserved")]).unwrap();
+        assert!(!off.spec.high_availability());
+        assert!(!annotated(&[]).unwrap().spec.high_availability());
+        let alone = annotated(&[(ANNOTATION_HIGH_AVAILABILITY, "true")]).unwrap_err().to_string();
+        assert!(alone.contains("skyport.dev/address: reserved"), "{alone}");
+        let ephemeral = [(ANNOTATION_HIGH_AVAILABILITY, "true"), (ANNOTATION_ADDRESS, "ephemeral")];
+        assert!(annotated(&ephemeral).is_err());
+        let unknown = annotated(&[(ANNOTATION_HIGH_AVAILABILITY, "yes")]).unwrap_err().to_string();
+        assert!(unknown.contains("\"yes\""), "{unknown}");
     }
 
     #[test]

@@ -1,0 +1,217 @@
+//! Where the reserved address of a highly available Tunnel belongs: pure, from each exit
+//! server's recent health checks.
+//!
+//! The server holding the address is the active one. It keeps the address through a blip: only
+//! after [`Hysteresis::failures`] failed checks in a row spanning at least
+//! [`Hysteresis::after`] does the address move, and only to a server whose own last check
+//! passed. A server that recovers does not get the address back (nothing moves while the holder
+//! passes), so two servers failing in turn never bounce it to and fro.
+
+use std::time::Duration;
+
+/// What the health checks said of one exit server lately.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Health {
+    /// Checks failed in a row; 0 when the last one passed.
+    pub failures: u32,
+    /// Since the first failure of that streak; zero when the last check passed.
+    pub failing_for: Duration,
+}
+
+impl Health {
+    /// The last check passed.
+    pub fn passing(&self) -> bool {
+        self.failures == 0
+    }
+}
+
+/// One running exit server of the pair, as checked on its own address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Server<'a> {
+    pub id: &'a str,
+    pub health: Health,
+    /// The last failed check's message (for the failover's reason).
+    pub error: &'a str,
+}
+
+/// How much failing makes a failover, and when a failing standby is replaced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hysteresis {
+    /// Failed checks in a row (at least 1).
+    pub failures: u32,
+    /// Time the streak must span.
+    pub after: Duration,
+    /// How long the server without the address may fail before it is replaced.
+    pub replace_standby_after: Duration,
+}
+
+/// What to do with the address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FailoverStep {
+    /// Leave it where it is. `degraded` says why no server could take over, when none can.
+    Keep { degraded: Option<String> },
+    /// It is on neither server: put it on `to`, whose check passes.
+    Assign { to: String },
+    /// Take it from the failing holder `from` to `to`, whose check passes.
+    Move { from: String, to: String, reason: String },
+    /// The holder is fine; the other server failed long enough to be replaced.
+    ReplaceStandby { id: String, reason: String },
+}
+
+/// Decides from the running servers of the pair (up to two, in slot order) and the id of the
+/// host holding the address (`None`: unassigned, or on a host that is not running any more).
+pub fn failover_step(servers: &[Server], holder: Option<&str>, h: &Hysteresis) -> FailoverStep {
+    let active = holder.and_then(|id| servers.iter().find(|s| s.id == id));
+    let others = || servers.iter().filter(move |s| Some(s.id) != holder);
+    let healthy_other = others().find(|s| s.health.passing());
+    let Some(active) = active else {
+        return match (healthy_other, holder) {
+            (Some(to), None) => FailoverStep::Assign { to: to.id.to_string() },
+            (Some(to), Some(from)) => FailoverStep::Move {
+                from: from.to_string(),
+                to: to.id.to_string(),
+                reason: format!("exit server {from} is not running"),
+            },
+            (None, _) => FailoverStep::Keep { degraded: Some(no_healthy(servers)) },
+        };
+    };
+    if !failed(&active.health, h) {
+        let failing_standby = others().find(|s| s.health.failing_for >= h.replace_standby_after && !s.health.passing());
+        return match failing_standby {
+            Some(s) => FailoverStep::ReplaceStandby {
+                id: s.id.to_string(),
+                reason: format!(
+                    "standby exit server {} has failed its health check for {}: {}",
+                    s.id,
+                    whole_seconds(s.health.failing_for),
+                    s.error
+                ),
+            },
+            None => FailoverStep::Keep { degraded: None },
+        };
+    }
+    let reason = format!(
+        "exit server {} failed {} health checks in a row over {}: {}",
+        active.id,
+        active.health.failures,
+        whole_seconds(active.health.failing_for),
+        active.error
+    );
+    match healthy_other {
+        Some(to) => FailoverStep::Move { from: active.id.to_string(), to: to.id.to_string(), reason },
+        None => FailoverStep::Keep { degraded: Some(format!("{reason}; {}", no_healthy(servers))) },
+    }
+}
+
+/// Past the hysteresis: enough failures in a row, over long enough.
+fn failed(health: &Health, h: &Hysteresis) -> bool {
+    health.failures >= h.failures.max(1) && health.failing_for >= h.after
+}
+
+fn no_healthy(servers: &[Server]) -> String {
+    match servers.len() {
+        0 => "no exit server of the pair is running".into(),
+        _ => "no other exit server passes its health check, so the address stays".into(),
+    }
+}
+
+fn whole_seconds(d: Duration) -> humantime::FormattedDuration {
+    humantime::format_duration(Duration::from_secs(d.as_secs()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const H: Hysteresis =
+        Hysteresis { failures: 3, after: Duration::from_secs(2), replace_standby_after: Duration::from_secs(900) };
+
+    fn ok(id: &str) -> Server<'_> {
+        Server { id, health: Health::default(), error: "" }
+    }
+
+    fn failing(id: &str, failures: u32, secs: u64) -> Server<'_> {
+        Server { id, health: Health { failures, failing_for: Duration::from_secs(secs) }, error: "connection refused" }
+    }
+
+    #[test]
+    fn a_passing_holder_keeps_the_address() {
+        assert_eq!(failover_step(&[ok("a"), ok("b")], Some("a"), &H), FailoverStep::Keep { degraded: None });
+        let standby_down = [ok("a"), failing("b", 50, 60)];
+        assert_eq!(failover_step(&standby_down, Some("a"), &H), FailoverStep::Keep { degraded: None });
+    }
+
+    #[test]
+    fn a_blip_moves_nothing_neither_few_failures_nor_a_short_streak() {
+        for holder in [failing("a", 2, 60), failing("a", 10, 1), failing("a", 1, 0)] {
+            let step = failover_step(&[holder.clone(), ok("b")], Some("a"), &H);
+            assert_eq!(step, FailoverStep::Keep { degraded: None }, "{holder:?}");
+        }
+    }
+
+    #[test]
+    fn a_holder_failing_past_the_hysteresis_gives_the_address_to_a_passing_standby() {
+        let step = failover_step(&[failing("a", 3, 2), ok("b")], Some("a"), &H);
+        let FailoverStep::Move { from, to, reason } = step else { panic!("{step:?}") };
+        assert_eq!((from.as_str(), to.as_str()), ("a", "b"));
+        assert!(reason.contains("failed 3 health checks in a row over 2s: connection refused"), "{reason}");
+        let step = failover_step(&[ok("a"), failing("b", 4, 5)], Some("b"), &H);
+        assert!(matches!(step, FailoverStep::Move { ref to, .. } if to == "a"), "slot order does not matter: {step:?}");
+    }
+
+    #[test]
+    fn never_to_a_standby_whose_own_check_fails() {
+        for standby in [failing("b", 1, 0), failing("b", 30, 60)] {
+            let step = failover_step(&[failing("a", 5, 10), standby], Some("a"), &H);
+            let FailoverStep::Keep { degraded: Some(why) } = step else { panic!("{step:?}") };
+            assert!(why.contains("exit server a failed 5") && why.contains("address stays"), "{why}");
+        }
+        let alone = failover_step(&[failing("a", 5, 10)], Some("a"), &H);
+        assert!(matches!(alone, FailoverStep::Keep { degraded: Some(_) }), "no standby running: {alone:?}");
+    }
+
+    #[test]
+    fn a_holder_that_is_not_running_loses_the_address_at_once_to_a_passing_server() {
+        let step = failover_step(&[ok("b")], Some("a"), &H);
+        assert_eq!(
+            step,
+            FailoverStep::Move { from: "a".into(), to: "b".into(), reason: "exit server a is not running".into() }
+        );
+        let step = failover_step(&[failing("b", 1, 0)], Some("a"), &H);
+        assert!(matches!(step, FailoverStep::Keep { degraded: Some(_) }), "{step:?}");
+        let none = failover_step(&[], Some("a"), &H);
+        assert_eq!(none, FailoverStep::Keep { degraded: Some("no exit server of the pair is running".into()) });
+    }
+
+    #[test]
+    fn an_unassigned_address_goes_to_the_first_passing_server() {
+        assert_eq!(failover_step(&[ok("a"), ok("b")], None, &H), FailoverStep::Assign { to: "a".into() });
+        assert_eq!(failover_step(&[failing("a", 1, 0), ok("b")], None, &H), FailoverStep::Assign { to: "b".into() });
+        let step = failover_step(&[failing("a", 1, 0), failing("b", 1, 0)], None, &H);
+        assert!(matches!(step, FailoverStep::Keep { degraded: Some(_) }), "{step:?}");
+    }
+
+    #[test]
+    fn a_recovered_former_holder_does_not_take_the_address_back() {
+        // After a move b holds it; a passes again: nothing moves while b passes or blips.
+        assert_eq!(failover_step(&[ok("a"), ok("b")], Some("b"), &H), FailoverStep::Keep { degraded: None });
+        assert_eq!(failover_step(&[ok("a"), failing("b", 2, 1)], Some("b"), &H), FailoverStep::Keep { degraded: None });
+    }
+
+    #[test]
+    fn a_standby_failing_long_enough_is_replaced_while_the_holder_serves() {
+        let step = failover_step(&[ok("a"), failing("b", 900, 900)], Some("a"), &H);
+        let FailoverStep::ReplaceStandby { id, reason } = step else { panic!("{step:?}") };
+        assert_eq!(id, "b");
+        assert!(reason.contains("standby exit server b") && reason.contains("15m"), "{reason}");
+        let blip = failover_step(&[failing("a", 1, 0), failing("b", 900, 900)], Some("a"), &H);
+        assert!(matches!(blip, FailoverStep::ReplaceStandby { .. }), "a holder within its blip still serves");
+    }
+
+    #[test]
+    fn zero_failures_in_the_settings_still_needs_one_failed_check() {
+        let h = Hysteresis { failures: 0, after: Duration::ZERO, ..H };
+        assert_eq!(failover_step(&[ok("a"), ok("b")], Some("a"), &h), FailoverStep::Keep { degraded: None });
+        assert!(matches!(failover_step(&[failing("a", 1, 0), ok("b")], Some("a"), &h), FailoverStep::Move { .. }));
+    }
+}
