@@ -37,6 +37,11 @@ pub const TAG_TUNNEL_UID: &str = "skyport.dev/tunnel-uid";
 pub const TAG_TUNNEL_NAMESPACE: &str = "skyport.dev/tunnel-namespace";
 /// `metadata.name` of the owning Tunnel.
 pub const TAG_TUNNEL_NAME: &str = "skyport.dev/tunnel-name";
+/// On the two exit servers of a highly available Tunnel: which of the pair (`a` or `b`) a host
+/// is, kept by its replacements. Such a host gets its own address at creation, never the
+/// Tunnel's reserved one, which is moved onto it while it runs
+/// ([`HostProvider::assign_address`]).
+pub const TAG_TUNNEL_SLOT: &str = "skyport.dev/tunnel-slot";
 /// Identity of the cluster whose skyport created the host (the `kube-system` namespace's UID by
 /// default), so the orphan sweeps of several clusters sharing one cloud account never delete
 /// each other's hosts.
@@ -216,6 +221,18 @@ pub trait HostProvider: Send + Sync {
     /// The address with this id, or `None` when it was released.
     async fn get_address(&self, _id: &str) -> Result<Option<Address>, HostError> {
         Err(no_addresses(self.name()))
+    }
+    /// Whether [`HostProvider::assign_address`] moves a reserved address between two running
+    /// hosts within seconds, which a highly available Tunnel's failover needs; `Err` says why
+    /// not. By default where addresses are assigned to running hosts at all.
+    fn moves_addresses(&self) -> Result<(), String> {
+        match self.address_binding() {
+            AddressBinding::Assign | AddressBinding::WithHost => Ok(()),
+            AddressBinding::AtCreate => Err(format!(
+                "{} gives a reserved address to a host only when the host is created, so moving it to a standby means replacing that standby",
+                self.name()
+            )),
+        }
     }
     /// Points the address at host `host_id` (moving it from any earlier host); already there is
     /// success.

@@ -40,7 +40,9 @@ use process::{render, signal_group};
 
 use crate::error::HostError;
 use crate::exit::userdata::ExitServer;
-use crate::hosts::{Address, AddressBinding, AddressRequest, Host, HostProvider, HostRequest, HostState};
+use crate::hosts::{
+    Address, AddressBinding, AddressRequest, Host, HostProvider, HostRequest, HostState, TAG_TUNNEL_SLOT,
+};
 use crate::limiter::Limiter;
 
 const PROVIDER: &str = "local";
@@ -91,6 +93,11 @@ struct Record {
     /// Seconds since the Unix epoch; 0 in records written before it was kept.
     #[serde(default)]
     created_unix: u64,
+    /// The reserved address the service ports are bound to instead of `address`, once one was
+    /// moved onto this host ([`HostProvider::assign_address`] on a running host); the control
+    /// and push ports stay on `address`, where the host's client keeps dialing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    serving: Option<Ipv4Addr>,
 }
 
 /// Exit servers as local `skyport tunnel server` processes.
@@ -146,7 +153,7 @@ impl LocalProvider {
         Host {
             id: record.id.clone(),
             name: record.name.clone(),
-            public_ipv4: Some(record.address.to_string()),
+            public_ipv4: Some(record.serving.unwrap_or(record.address).to_string()),
             state,
             tags: record.tags.clone(),
         }
@@ -242,10 +249,15 @@ impl HostProvider for LocalProvider {
         self.limiter.acquire("CreateHost").await;
         let result = async {
             // Refuse a config rathole would reject before anything is allocated or created.
-            render(&request.server, self.settings.first_address)?;
+            render(&request.server, self.settings.first_address, None)?;
             let _guard = self.lock.lock().await;
-            // The Tunnel's reserved address if it has a free one, so a replacement keeps it.
-            let address = match self.free_address_of(&request.tags)? {
+            // The Tunnel's reserved address if it has a free one, so a replacement keeps it; a
+            // server of a highly available pair gets its own, the reserved one is moved onto it.
+            let reserved = match request.tags.contains_key(TAG_TUNNEL_SLOT) {
+                true => None,
+                false => self.free_address_of(&request.tags)?,
+            };
+            let address = match reserved {
                 Some(reserved) => reserved,
                 None => self.allocate(&self.taken()?, request.server.control_port)?,
             };
@@ -257,6 +269,7 @@ impl HostProvider for LocalProvider {
                 address,
                 tags: request.tags.clone(),
                 created_unix,
+                serving: None,
             };
             let dir = self.host_dir(&id);
             let mut child = None;
@@ -347,7 +360,7 @@ impl HostProvider for LocalProvider {
                 .ok_or_else(|| HostError::NotFound { provider: PROVIDER, message: format!("host {id}") })?;
             // Through the server's push port, as on a cloud VM, so the tests and the bench
             // exercise the mechanism cloud hosts rely on.
-            let config = render(server, record.address)?;
+            let config = render(server, record.address, record.serving)?;
             crate::exit::push::reconfigure_host(PROVIDER, &record.address.to_string(), server, &config).await
         }
         .await;
@@ -375,7 +388,7 @@ impl HostProvider for LocalProvider {
 
     async fn assign_address(&self, id: &str, host_id: &str) -> Result<(), HostError> {
         self.limiter.acquire("AssignAddress").await;
-        let result = self.check_assigned(id, host_id);
+        let result = self.move_address(id, host_id).await;
         self.finish("AssignAddress", &result);
         result
     }
@@ -392,6 +405,12 @@ impl HostProvider for LocalProvider {
         let result = self.addresses_by_tag(key, value);
         self.finish("ListAddresses", &result);
         result
+    }
+
+    /// A running server's service ports are rebound to the reserved address, which the machine
+    /// routes locally: the local analogue of a cloud re-pointing an address at another VM.
+    fn moves_addresses(&self) -> Result<(), String> {
+        Ok(())
     }
 
     /// Local exit servers run the operator's own executable; nothing is downloaded.

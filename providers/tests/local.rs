@@ -4,57 +4,14 @@
 //! reconfiguration in place, and a server killed out of band.
 
 mod contract;
+mod local_support;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use providers::exit::userdata::{
-    ClientService, ExitServer, NoiseKeypair, Protocol, TunnelClient, TunnelService, render_client_toml,
-};
+use local_support::*;
+use providers::exit::userdata::{ClientService, ExitServer, NoiseKeypair, Protocol, TunnelClient, TunnelService};
 use providers::hosts::{HostProvider, HostState, MANAGED_BY_VALUE, TAG_MANAGED_BY};
-use providers::local::{LocalProvider, LocalSettings};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream, UdpSocket};
-
-/// The skyport binary (another package's binary, so Cargo does not hand its path to this test).
-fn skyport() -> PathBuf {
-    let path = std::env::var_os("SKYPORT_EXE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/debug/skyport"));
-    assert!(path.exists(), "{} is missing: run `cargo build --bin skyport` (tests/run.sh does)", path.display());
-    path
-}
-
-/// A provider over a fresh state directory; dropping the guard (also when the test panics) kills
-/// the servers left in it and removes it, so a failed run leaves no process holding an address.
-fn provider(test: &str) -> (LocalProvider, StateDir) {
-    provider_with(test, skyport(), |_| {})
-}
-
-fn provider_with(test: &str, exe: PathBuf, tune: impl FnOnce(&mut LocalSettings)) -> (LocalProvider, StateDir) {
-    let dir = std::env::temp_dir().join(format!("skyport-local-provider-{test}-{:08x}", rand::random::<u32>()));
-    let mut settings = LocalSettings::new(&dir, exe);
-    tune(&mut settings);
-    (LocalProvider::new(settings).unwrap(), StateDir(dir))
-}
-
-struct StateDir(PathBuf);
-
-impl Drop for StateDir {
-    fn drop(&mut self) {
-        for entry in std::fs::read_dir(&self.0).into_iter().flatten().flatten() {
-            let Some(pid) = std::fs::read_to_string(entry.path().join("pid")).ok().and_then(|p| p.trim().parse().ok())
-            else {
-                continue;
-            };
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            if String::from_utf8_lossy(&cmdline).contains(&*entry.path().to_string_lossy()) {
-                let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-            }
-        }
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use tokio::net::{TcpStream, UdpSocket};
 
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]
@@ -71,84 +28,6 @@ async fn local_keeps_the_host_provider_contract() {
         public_address: false,
     };
     contract::run_with(&p, &request, expect).await;
-}
-
-/// A TCP echo server that first says which backend it is.
-async fn tcp_backend(tag: &'static str) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    tokio::spawn(async move {
-        while let Ok((mut conn, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let _ = conn.write_all(format!("{tag}\n").as_bytes()).await;
-                let (mut r, mut w) = conn.split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-            });
-        }
-    });
-    addr
-}
-
-async fn udp_backend() -> String {
-    let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    let addr = socket.local_addr().unwrap().to_string();
-    tokio::spawn(async move {
-        let mut buf = vec![0u8; 65536];
-        while let Ok((n, from)) = socket.recv_from(&mut buf).await {
-            let _ = socket.send_to(&buf[..n], from).await;
-        }
-    });
-    addr
-}
-
-/// Sends 1 MiB and returns (the backend's tag, whether every byte came back unchanged).
-async fn tcp_roundtrip(addr: String) -> Option<(String, bool)> {
-    let work = async {
-        let mut conn = TcpStream::connect(addr).await.ok()?;
-        let mut tag = Vec::new();
-        let mut b = [0u8; 1];
-        while conn.read_exact(&mut b).await.is_ok() && b[0] != b'\n' {
-            tag.push(b[0]);
-        }
-        if tag.is_empty() {
-            return None;
-        }
-        let payload: Vec<u8> = (0..1 << 20).map(|i| (i % 253) as u8).collect();
-        let (mut r, mut w) = conn.into_split();
-        let sent = payload.clone();
-        tokio::spawn(async move { w.write_all(&sent).await });
-        let mut back = vec![0u8; payload.len()];
-        r.read_exact(&mut back).await.ok()?;
-        Some((String::from_utf8(tag).ok()?, back == payload))
-    };
-    tokio::time::timeout(Duration::from_secs(10), work).await.ok()?
-}
-
-/// `skyport tunnel client` with `client`'s config, killed when the handle drops.
-fn start_client(name: &str, client: &TunnelClient) -> (tokio::process::Child, PathBuf) {
-    let config = std::env::temp_dir().join(format!("skyport-local-client-{name}-{:08x}.toml", rand::random::<u32>()));
-    std::fs::write(&config, render_client_toml(client).unwrap()).unwrap();
-    let child = tokio::process::Command::new(skyport())
-        .args(["tunnel", "client", "--config"])
-        .arg(&config)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    (child, config)
-}
-
-async fn until<T, F: std::future::Future<Output = Option<T>>>(what: &str, mut f: impl FnMut() -> F) -> T {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 #[tokio::test]

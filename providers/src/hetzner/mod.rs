@@ -282,6 +282,12 @@ impl HostProvider for HetznerProvider {
         AddressBinding::AtCreate
     }
 
+    fn moves_addresses(&self) -> Result<(), String> {
+        Err("Hetzner Cloud assigns a primary IP only to a powered-off server, so it cannot move to a running standby; \
+             a failover would mean stopping the standby first (tens of seconds without service)"
+            .into())
+    }
+
     async fn reserve_address(&self, request: &AddressRequest) -> Result<Address, HostError> {
         self.reserve(request).await
     }

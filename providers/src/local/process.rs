@@ -9,7 +9,7 @@ use nix::unistd::Pid;
 
 use super::{LocalProvider, PROVIDER, Record, WATCHING, unavailable};
 use crate::error::HostError;
-use crate::exit::userdata::{ExitServer, render_server_toml_on};
+use crate::exit::userdata::{ExitServer, render_server_toml_split};
 
 impl LocalProvider {
     /// The server's pid if it runs: alive, and its command line names this host's config (a
@@ -23,13 +23,10 @@ impl LocalProvider {
         (ours && running(pid)).then_some(pid)
     }
 
-    pub(super) fn write_config(&self, dir: &Path, server: &ExitServer, address: Ipv4Addr) -> Result<(), HostError> {
-        let text = render(server, address)?;
-        let tmp = dir.join("server.toml.tmp");
-        write_private(&tmp, &text).map_err(|e| unavailable(format!("cannot write {}: {e}", tmp.display())))?;
+    pub(super) fn write_config(&self, dir: &Path, server: &ExitServer, record: &Record) -> Result<(), HostError> {
+        let text = render(server, record.address, record.serving)?;
         // A rename is one event for rathole's watcher: it never reads a half-written file.
-        std::fs::rename(&tmp, dir.join("server.toml"))
-            .map_err(|e| unavailable(format!("cannot replace server.toml: {e}")))
+        replace_config(dir, &text)
     }
 
     fn spawn(&self, dir: &Path) -> Result<tokio::process::Child, HostError> {
@@ -60,7 +57,7 @@ impl LocalProvider {
         child: &mut Option<tokio::process::Child>,
     ) -> Result<(), HostError> {
         std::fs::create_dir_all(dir).map_err(|e| unavailable(format!("cannot create {}: {e}", dir.display())))?;
-        self.write_config(dir, server, record.address)?;
+        self.write_config(dir, server, record)?;
         let json = serde_json::to_vec_pretty(record).map_err(|e| unavailable(e.to_string()))?;
         std::fs::write(dir.join("host.json"), json).map_err(|e| unavailable(format!("host.json: {e}")))?;
         let process = child.insert(self.spawn(dir)?);
@@ -92,9 +89,36 @@ impl LocalProvider {
     }
 }
 
-pub(super) fn render(server: &ExitServer, address: Ipv4Addr) -> Result<String, HostError> {
-    render_server_toml_on(server, &address.to_string())
+/// The server's config: the control port on `address`, the service ports on `serving` if set.
+pub(super) fn render(server: &ExitServer, address: Ipv4Addr, serving: Option<Ipv4Addr>) -> Result<String, HostError> {
+    let services = serving.unwrap_or(address).to_string();
+    render_server_toml_split(server, &address.to_string(), &services)
         .map_err(|e| HostError::Invalid { provider: PROVIDER, message: e.to_string() })
+}
+
+/// `config` (a `server.toml` [`render`] wrote) with every service port bound to `ip` instead,
+/// the control port unchanged: rathole re-binds the services whose section changed.
+pub(super) fn rebind_services(config: &str, ip: Ipv4Addr) -> String {
+    let mut in_service = false;
+    let mut out = String::with_capacity(config.len());
+    for line in config.lines() {
+        if line.starts_with('[') {
+            in_service = line.starts_with("[server.services.");
+        }
+        match line.strip_prefix("bind_addr = \"").and_then(|rest| rest.rsplit_once(':')) {
+            Some((_, port)) if in_service => out.push_str(&format!("bind_addr = \"{ip}:{port}\n")),
+            _ => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// Replaces `dir`'s `server.toml` with `text` by a rename (one event for rathole's watcher).
+pub(super) fn replace_config(dir: &Path, text: &str) -> Result<(), HostError> {
+    let tmp = dir.join("server.toml.tmp");
+    write_private(&tmp, text).map_err(|e| unavailable(format!("cannot write {}: {e}", tmp.display())))?;
+    std::fs::rename(&tmp, dir.join("server.toml")).map_err(|e| unavailable(format!("cannot replace server.toml: {e}")))
 }
 
 /// The log's last line for an error message, unless it quotes one of the server's secrets

@@ -34,7 +34,7 @@ mod units;
 
 pub use rathole::{
     ClientService, NOISE_PATTERN, NoiseKeypair, TunnelClient, render_client_toml, render_server_toml,
-    render_server_toml_on,
+    render_server_toml_on, render_server_toml_split,
 };
 pub use units::{render_firewall_path, render_firewall_unit, render_unit};
 
