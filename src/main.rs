@@ -253,6 +253,8 @@ async fn start_tunnels(
     state
         .metrics
         .add_orphan_addresses(move || released.orphan_addresses_released.load(std::sync::atomic::Ordering::Relaxed));
+    let moved = ctx.clone();
+    state.metrics.add_failovers(move || moved.failovers.load(std::sync::atomic::Ordering::Relaxed));
     Ok(async move {
         tokio::join!(tunnels, services);
     }

@@ -14,6 +14,7 @@
 //! | `skyport_kube_api_writes_total` | `controller` |
 //! | `skyport_orphan_hosts_deleted_total` (while the Tunnel controllers run) | |
 //! | `skyport_orphan_addresses_released_total` (while the Tunnel controllers run) | |
+//! | `skyport_tunnel_failovers_total` (while the Tunnel controllers run) | |
 //! | `skyport_cloud_api_calls_total` | `provider`, `operation`, `outcome` (`success` or an error label) |
 //! | `skyport_rate_limiter_waits_total` | `provider` |
 //! | `skyport_rate_limiter_wait_seconds_total` | `provider` |
@@ -139,6 +140,7 @@ struct Sources {
     clouds: Vec<CloudSource>,
     orphans: Option<CounterFn>,
     orphan_addresses: Option<CounterFn>,
+    failovers: Option<CounterFn>,
 }
 
 /// Reads the registered controllers and providers on each scrape.
@@ -209,6 +211,11 @@ impl Collector for SourcesCollector {
                 "Reserved addresses the orphan sweep released (tagged by this cluster, no Tunnel left, not Retain)";
             let m = enc.encode_descriptor("orphan_addresses_released", help, None, MetricType::Counter)?;
             ConstCounter::new(released()).encode(m)?;
+        }
+        if let Some(failovers) = &sources.failovers {
+            let help = "Reserved addresses of highly available Tunnels moved to the standby exit server";
+            let m = enc.encode_descriptor("tunnel_failovers", help, None, MetricType::Counter)?;
+            ConstCounter::new(failovers()).encode(m)?;
         }
         let clouds: Vec<(&'static str, CloudSnapshot)> =
             sources.clouds.iter().map(|c| (c.provider, (c.snapshot)())).collect();
@@ -300,6 +307,11 @@ impl Metrics {
         self.sources.0.lock().unwrap_or_else(|p| p.into_inner()).orphan_addresses = Some(Box::new(released));
     }
 
+    /// Adds the Tunnel controller's count of failovers.
+    pub fn add_failovers(&self, failovers: impl Fn() -> u64 + Send + Sync + 'static) {
+        self.sources.0.lock().unwrap_or_else(|p| p.into_inner()).failovers = Some(Box::new(failovers));
+    }
+
     /// The current values as OpenMetrics text ([`CONTENT_TYPE`]).
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -328,6 +340,7 @@ mod tests {
         metrics.leader.set(1);
         metrics.add_orphans(|| 3);
         metrics.add_orphan_addresses(|| 2);
+        metrics.add_failovers(|| 4);
 
         let text = metrics.encode();
         for line in [
@@ -346,6 +359,7 @@ mod tests {
             "skyport_leader 1",
             "skyport_orphan_hosts_deleted_total 3",
             "skyport_orphan_addresses_released_total 2",
+            "skyport_tunnel_failovers_total 4",
             r#"skyport_build_info{version="#,
             "# TYPE skyport_reconcile_duration_seconds histogram",
             "# EOF",

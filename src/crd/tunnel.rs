@@ -166,10 +166,16 @@ impl TunnelSpec {
 
 /// Rules on the whole object (they need `metadata.name`), as (CEL rule, message); added to the
 /// CRD's root schema by [`super::all`].
-pub const ROOT_RULES: &[(&str, &str)] = &[(
-    "size(self.metadata.name) <= 235",
-    "a Tunnel's name is at most 235 characters: its client Deployment is named <name>-client and that Deployment's ReplicaSets add up to 11 more, within Kubernetes' 253",
-)];
+pub const ROOT_RULES: &[(&str, &str)] = &[
+    (
+        "size(self.metadata.name) <= 235",
+        "a Tunnel's name is at most 235 characters: its client Deployment is named <name>-client and that Deployment's ReplicaSets add up to 11 more, within Kubernetes' 253",
+    ),
+    (
+        "!has(self.spec.highAvailability) || size(self.metadata.name) <= 233",
+        "a highly available Tunnel's name is at most 233 characters: its client Deployments are named <name>-client-a and <name>-client-b",
+    ),
+];
 
 /// A Service in the Tunnel's namespace.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -292,7 +298,8 @@ pub struct ServerStatus {
     /// The provider's id of the exit server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_id: Option<String>,
-    /// Its own public address, where its health is checked.
+    /// Its own public address, which its client dials (the reserved address is moved onto it
+    /// beside that).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_ip: Option<String>,
     /// Whether its last end-to-end health check passed.

@@ -9,17 +9,34 @@ pub struct FakeProbe {
     answered: Mutex<bool>,
     reachable: Mutex<bool>,
     checked: Mutex<Vec<String>>,
+    /// Addresses whose checks fail whatever the answer.
+    refused: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl FakeProbe {
     /// A probe whose checks pass (`true`) or fail as a refused connection would (`false`).
     pub fn answering(answered: bool) -> Self {
-        FakeProbe { answered: Mutex::new(answered), reachable: Mutex::new(true), checked: Mutex::default() }
+        FakeProbe {
+            answered: Mutex::new(answered),
+            reachable: Mutex::new(true),
+            checked: Mutex::default(),
+            refused: Mutex::default(),
+        }
     }
 
     /// Whether the exit server's control port accepts connections (by default it does).
     pub fn reach(&self, reachable: bool) {
         *self.reachable.lock().unwrap() = reachable;
+    }
+
+    /// Checks at `ip` fail (`true`) or answer as the others do (`false`).
+    pub fn refuse(&self, ip: &str, refused: bool) {
+        let mut set = self.refused.lock().unwrap();
+        if refused {
+            set.insert(ip.to_string())
+        } else {
+            set.remove(ip)
+        };
     }
 
     pub fn answer(&self, answered: bool) {
@@ -37,7 +54,7 @@ impl Probe for FakeProbe {
     async fn check(&self, host_ip: &str, port: u16, token: &str) -> Result<(), String> {
         assert!(!token.is_empty(), "the probe is given the tunnel's token");
         self.checked.lock().unwrap().push(format!("{host_ip}:{port}"));
-        if *self.answered.lock().unwrap() {
+        if *self.answered.lock().unwrap() && !self.refused.lock().unwrap().contains(host_ip) {
             Ok(())
         } else {
             Err(format!("cannot connect to {host_ip}:{port}: Connection refused (fake)"))

@@ -47,6 +47,10 @@ impl Hosts {
         if let Some(address) = self.addresses.get_mut(id) {
             address.host_id = Some(host_id.to_string());
         }
+        // The host it leaves gets its own address back (`h-N`'s is 203.0.113.N).
+        for host in self.by_id.values_mut().filter(|h| h.public_ipv4.as_deref() == Some(&ip)) {
+            host.public_ipv4 = host.id.strip_prefix("h-").map(|n| format!("203.0.113.{n}"));
+        }
         if let Some(host) = self.by_id.get_mut(host_id) {
             host.public_ipv4 = Some(ip);
         }

@@ -166,7 +166,7 @@ pub fn fit_label(value: &str) -> String {
 /// name, unique in its namespace, so two clients in the operator's namespace never select each
 /// other's pods.
 pub fn client_labels(tunnel: &Tunnel, at: &Placement) -> BTreeMap<String, String> {
-    let instance = if at.beside { tunnel.name_any() } else { at.deployment.clone() };
+    let instance = if at.beside && at.slot.is_none() { tunnel.name_any() } else { at.deployment.clone() };
     BTreeMap::from([
         ("app.kubernetes.io/name".into(), "skyport-tunnel-client".into()),
         ("app.kubernetes.io/instance".into(), fit_label(&instance)),
@@ -234,6 +234,21 @@ pub fn client_config(tunnel: &Tunnel, at: &Placement, client_toml: &str) -> Resu
         "kind": "Secret",
         "metadata": at.meta(tunnel, &at.secret)?,
         "stringData": {KEY_CLIENT: client_toml},
+    }))
+}
+
+/// Like [`client_config`], for the clients of a highly available pair: every key in `configs`
+/// (by [`Placement::client_key`]) in one apply, as an apply drops the keys it no longer names.
+pub fn pair_client_config(
+    tunnel: &Tunnel,
+    at: &Placement,
+    configs: &BTreeMap<String, String>,
+) -> Result<serde_json::Value> {
+    Ok(json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": at.meta(tunnel, &at.secret)?,
+        "stringData": configs,
     }))
 }
 
@@ -313,7 +328,7 @@ pub fn deployment(tunnel: &Tunnel, at: &Placement, image: &str, checksum: &str) 
                         "name": "config",
                         "secret": {
                             "secretName": at.secret,
-                            "items": [{"key": KEY_CLIENT, "path": "client.toml"}],
+                            "items": [{"key": at.client_key(), "path": "client.toml"}],
                             "defaultMode": 0o440,
                         },
                     }],

@@ -20,6 +20,8 @@ pub mod desired;
 #[cfg(test)]
 mod health_tests;
 pub mod observe;
+#[cfg(test)]
+mod pair_tests;
 pub mod phases;
 pub mod placement;
 #[cfg(test)]
@@ -80,6 +82,10 @@ pub struct State {
     pub sweeps: std::sync::atomic::AtomicU64,
     /// Since when each host fails the health check.
     pub failing: observe::FailingClocks,
+    /// Failed checks in a row of a highly available Tunnel's exit servers.
+    pub streaks: observe::Streaks,
+    /// Failovers of highly available Tunnels: the reserved address moved to the standby.
+    pub failovers: std::sync::atomic::AtomicU64,
     /// The end-to-end health check ([`observe::NetworkProbe`]; a fake in reconcile tests).
     pub probe: Arc<dyn observe::Probe>,
 }
@@ -137,6 +143,8 @@ pub fn controller(
         orphan_addresses_released: Default::default(),
         sweeps: Default::default(),
         failing: Default::default(),
+        streaks: Default::default(),
+        failovers: Default::default(),
         probe: Arc::new(observe::NetworkProbe),
     };
     let ctx = Arc::new(Context::new(client, backoff, state));

@@ -1,19 +1,20 @@
 //! Reads what exists: the exit server and its reserved address at the provider, the credentials Secret in the cluster,
 //! whether the tunnel carries traffic ([`Probe`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Client, Resource, ResourceExt};
 use providers::exit::userdata::NoiseKeypair;
-use providers::hosts::TAG_TUNNEL_UID;
+use providers::hosts::{TAG_TUNNEL_SLOT, TAG_TUNNEL_UID};
 use providers::{Address, Host, HostProvider};
 use tracing::info;
 
 use super::desired::{Credentials, KEY_CLIENT, KEY_PRIVATE, KEY_TOKEN};
-use super::placement::Placement;
+use super::placement::{Placement, SLOTS};
+use super::plan::failover::Health;
 use crate::controllers::MANAGED_BY;
 use crate::controllers::owned::{self, Guarded};
 use crate::crd::tunnel::{Tunnel, TunnelStatus};
@@ -57,6 +58,65 @@ pub async fn find_host(provider: &dyn HostProvider, status: &TunnelStatus, uid: 
     Ok(Found { host, extras: hosts.collect() })
 }
 
+/// A highly available Tunnel's exit servers by slot ([`SLOTS`]): of the hosts carrying its UID
+/// tag (plus those recorded in status, which a lagging tag index may not list yet) and the
+/// slot's tag, the lowest id; `extras` are the others (a second one for a slot, or one without
+/// a slot), to delete.
+pub struct FoundPair {
+    pub hosts: [Option<Host>; 2],
+    pub extras: Vec<Host>,
+}
+
+/// Looks for a highly available Tunnel's exit servers (see [`FoundPair`]).
+pub async fn find_pair(provider: &dyn HostProvider, status: &TunnelStatus, uid: &str) -> Result<FoundPair> {
+    let mut hosts = provider.list_by_tag(TAG_TUNNEL_UID, uid).await?;
+    let recorded = status.high_availability.iter().flat_map(|ha| &ha.servers).filter_map(|s| s.host_id.clone());
+    for id in recorded.collect::<Vec<_>>() {
+        if status.provider.as_deref() == Some(provider.name())
+            && !hosts.iter().any(|h| h.id == id)
+            && let Some(host) = provider.get(&id).await?
+        {
+            hosts.push(host);
+        }
+    }
+    hosts.retain(|h| h.state != providers::HostState::Deleting);
+    hosts.sort_by(|a, b| a.id.cmp(&b.id));
+    let (mut pair, mut extras) = ([None, None], Vec::new());
+    for host in hosts {
+        let slot = host.tags.get(TAG_TUNNEL_SLOT).and_then(|s| SLOTS.iter().position(|slot| slot == s));
+        match slot {
+            Some(i) if pair[i].is_none() => pair[i] = Some(host),
+            _ => extras.push(host),
+        }
+    }
+    Ok(FoundPair { hosts: pair, extras })
+}
+
+/// Per host id: the streak of failed health checks of a highly available Tunnel's exit servers
+/// (how many in a row, since when). In memory, like [`FailingClocks`]: a restarted operator
+/// starts every streak anew, which only delays a failover by the hysteresis.
+#[derive(Default)]
+pub struct Streaks(Mutex<HashMap<String, (u32, Instant)>>);
+
+impl Streaks {
+    /// Records one check of `host`; returns its streak.
+    pub fn record(&self, host: &str, passed: bool) -> Health {
+        let mut streaks = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if passed {
+            streaks.remove(host);
+            return Health::default();
+        }
+        let (failures, since) = streaks.entry(host.to_string()).or_insert((0, Instant::now()));
+        *failures += 1;
+        Health { failures: *failures, failing_for: since.elapsed() }
+    }
+
+    /// Drops the streak of a host that is gone.
+    pub fn forget(&self, host: &str) {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(host);
+    }
+}
+
 /// The Tunnel's reserved address: the one recorded in status if it still exists (it is the one
 /// that may be published), else the lowest id of those carrying the Tunnel's UID tag.
 pub struct FoundAddress {
@@ -86,6 +146,8 @@ pub struct Stored {
     pub credentials: Credentials,
     /// The client config last written, if any.
     pub client_toml: Option<String>,
+    /// A highly available Tunnel's client configs, by Secret key ([`Placement::client_key`]).
+    pub pair_clients: BTreeMap<String, String>,
 }
 
 /// The Tunnel's credentials Secret as found.
@@ -128,7 +190,13 @@ pub async fn credentials(client: &Client, tunnel: &Tunnel, at: &Placement) -> Re
                     "Secret {name} holds an unusable {KEY_PRIVATE}; delete the Secret and the Tunnel to start over"
                 ))
             })?;
-            let stored = Stored { credentials: Credentials { keypair, token }, client_toml: read(KEY_CLIENT) };
+            let pair_clients = SLOTS
+                .iter()
+                .map(|slot| at.for_slot(slot).client_key())
+                .filter_map(|key| Some((key.clone(), read(&key)?)))
+                .collect();
+            let stored =
+                Stored { credentials: Credentials { keypair, token }, client_toml: read(KEY_CLIENT), pair_clients };
             Ok(SecretState::Stored(stored))
         }
         _ => Err(Error::InvalidSpec(format!(

@@ -15,6 +15,7 @@
 //! included). A phase that must wait returns `None` or a [`Blocked`].
 
 mod host;
+mod pair;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -76,6 +77,8 @@ pub struct Keys {
     credentials: desired::Credentials,
     /// The client config the Secret holds, if any.
     stored_client: Option<String>,
+    /// A highly available Tunnel's client configs the Secret holds, by key.
+    stored_pair: std::collections::BTreeMap<String, String>,
     /// [`plan::credentials_digest`] of `credentials`.
     digest: String,
     /// The ports the running host may be trusted to have ([`plan::configured_ports`]).
@@ -155,6 +158,9 @@ impl<'a> Pass<'a> {
     async fn phases(&mut self) -> Result<Action, Failure> {
         let desired = self.desired()?;
         let keys = self.credentials(&desired).await?;
+        if self.tunnel.spec.high_availability() {
+            return self.pair(&desired, &keys).await;
+        }
         let Some(running) = self.host(&desired, &keys).await? else { return Ok(Action::requeue(BOOT_POLL)) };
         let Some(ip) = self.address(&desired, &running).await? else { return Ok(Action::requeue(BOOT_POLL)) };
         let enforced = self.source_ranges(&desired, &keys, running.id.as_deref()).await?;
@@ -201,14 +207,16 @@ impl<'a> Pass<'a> {
         if let SecretState::Stale { secret_uid } = &secret {
             act::delete_stale_secret(&want.at, secret_uid.as_deref(), ctx).await?;
         }
-        let (credentials, stored_client, fresh) = match secret {
-            SecretState::Stored(stored) => (stored.credentials, stored.client_toml, false),
+        let (credentials, (stored_client, stored_pair), fresh) = match secret {
+            SecretState::Stored(stored) => (stored.credentials, (stored.client_toml, stored.pair_clients), false),
             SecretState::Missing | SecretState::Stale { .. } => {
                 match act::create_secret(tunnel, &want.at, ctx).await? {
-                    Some(created) => (created, None, true),
+                    Some(created) => (created, (None, Default::default()), true),
                     // Another run made it meanwhile: use what it stored.
                     None => match observe::credentials(&ctx.client, tunnel, &want.at).await? {
-                        SecretState::Stored(stored) => (stored.credentials, stored.client_toml, false),
+                        SecretState::Stored(stored) => {
+                            (stored.credentials, (stored.client_toml, stored.pair_clients), false)
+                        }
                         _ => {
                             let message = "the credentials Secret vanished right after it was created";
                             return Err(Error::Internal(message.into()).into());
@@ -225,7 +233,7 @@ impl<'a> Pass<'a> {
         // running server must get the new configuration: status remembers the host's keys' digest.
         let digest = plan::credentials_digest(&credentials);
         let configured = plan::configured_ports(self.status(), fresh, &digest);
-        Ok(Keys { credentials, stored_client, digest, configured, server, source_ranges })
+        Ok(Keys { credentials, stored_client, stored_pair, digest, configured, server, source_ranges })
     }
 
     /// The running host's cloud firewall brought to `spec.sourceRanges` where the provider has
@@ -241,19 +249,24 @@ impl<'a> Pass<'a> {
         Ok(enforced)
     }
 
+    /// The Service's cluster IP, where the tunnel client forwards.
+    fn cluster_ip(&self, want: &Desired) -> Result<String, Failure> {
+        let cluster_ip = want.service.spec.as_ref().and_then(|s| s.cluster_ip.clone()).filter(|ip| ip != "None");
+        cluster_ip.ok_or_else(|| {
+            let svc_name = &self.tunnel.spec.service_ref.name;
+            Failure::Blocked(Blocked(
+                TunnelPhase::Failed,
+                "InvalidService",
+                format!("Service {svc_name} has no cluster IP (headless); the tunnel client forwards to it"),
+            ))
+        })
+    }
+
     /// The client config in the Secret and the client Deployment, pointed at `ip`. Returns
     /// whether the Deployment has an available replica.
     async fn client(&mut self, want: &Desired, keys: &Keys, ip: &str) -> Result<bool, Failure> {
         let (tunnel, ctx) = (self.tunnel, self.ctx);
-        let svc_name = &tunnel.spec.service_ref.name;
-        let cluster_ip = want.service.spec.as_ref().and_then(|s| s.cluster_ip.clone()).filter(|ip| ip != "None");
-        let Some(cluster_ip) = cluster_ip else {
-            return Err(Failure::Blocked(Blocked(
-                TunnelPhase::Failed,
-                "InvalidService",
-                format!("Service {svc_name} has no cluster IP (headless); the tunnel client forwards to it"),
-            )));
-        };
+        let cluster_ip = self.cluster_ip(want)?;
         let ports = (ctx.settings.control_port, ctx.settings.health_port);
         let client = desired::client(&want.ports, &keys.credentials, ip, ports, &cluster_ip);
         let client_toml = render_client_toml(&client).map_err(|e| Error::Internal(format!("client config: {e}")))?;

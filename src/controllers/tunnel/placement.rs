@@ -28,6 +28,9 @@ pub const LABEL_TUNNEL_NAMESPACE: &str = "skyport.dev/tunnel-namespace";
 /// Label: the Tunnel's UID; what proves a client in the operator's namespace is this Tunnel's.
 pub const LABEL_TUNNEL_UID: &str = "skyport.dev/tunnel-uid";
 
+/// The slots of a highly available Tunnel's two exit servers.
+pub const SLOTS: [&str; 2] = ["a", "b"];
+
 /// The Tunnel's client objects: namespace and names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placement {
@@ -36,6 +39,8 @@ pub struct Placement {
     pub secret: String,
     /// In the Tunnel's own namespace, controlled by it.
     pub beside: bool,
+    /// The exit server of a highly available pair this client serves ([`Placement::for_slot`]).
+    pub slot: Option<&'static str>,
     tunnel_namespace: String,
     tunnel_name: String,
     tunnel_uid: String,
@@ -55,6 +60,7 @@ impl Placement {
             namespace,
             deployment,
             secret,
+            slot: None,
             tunnel_namespace,
             tunnel_name,
             tunnel_uid,
@@ -66,6 +72,20 @@ impl Placement {
         let client_namespace = client_namespace.filter(|ns| !ns.is_empty()).unwrap_or(namespace);
         let base = if client_namespace == namespace { name.to_string() } else { base_name(namespace, name) };
         (client_namespace.to_string(), format!("{base}-client"), format!("{base}-credentials"))
+    }
+
+    /// The client of the pair's exit server `slot`: its own Deployment (`<deployment>-<slot>`)
+    /// and config key, the same Secret.
+    pub fn for_slot(&self, slot: &'static str) -> Placement {
+        Placement { deployment: format!("{}-{slot}", self.deployment), slot: Some(slot), ..self.clone() }
+    }
+
+    /// The Secret key holding this client's config.
+    pub fn client_key(&self) -> String {
+        match self.slot {
+            Some(slot) => format!("client-{slot}.toml"),
+            None => super::desired::KEY_CLIENT.to_string(),
+        }
     }
 
     /// Labels of both objects: which Tunnel they serve.

@@ -67,6 +67,8 @@ fn harness_set(
         orphan_addresses_released: Default::default(),
         sweeps: Default::default(),
         failing: Default::default(),
+        streaks: Default::default(),
+        failovers: Default::default(),
         probe: probe.clone(),
     };
     let backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));

@@ -98,7 +98,7 @@ pub async fn create(
     tunnel: &Tunnel,
     provider: &dyn HostProvider,
     server: &ExitServer,
-    address: Option<&str>,
+    (address, slot): (Option<&str>, Option<&str>),
     ctx: &Context,
 ) -> Result<Host> {
     let ns = tunnel.namespace().ok_or(Error::MissingObjectKey("namespace"))?;
@@ -110,14 +110,13 @@ pub async fn create(
         (None, Some(id)) => provider.address_region(id).await?,
         (None, None) => None,
     };
-    let request = HostRequest {
-        name: desired::host_name(&ns, &tunnel.name_any()),
-        region,
-        size: tunnel.spec.size.clone(),
-        user_data,
-        server: server.clone(),
-        tags: desired::tags(tunnel, &ctx.cluster_id)?,
-    };
+    let mut tags = desired::tags(tunnel, &ctx.cluster_id)?;
+    let mut name = desired::host_name(&ns, &tunnel.name_any());
+    if let Some(slot) = slot {
+        tags.insert(providers::hosts::TAG_TUNNEL_SLOT.to_string(), slot.to_string());
+        name = format!("{}-{slot}", name.trim_end_matches('-'));
+    }
+    let request = HostRequest { name, region, size: tunnel.spec.size.clone(), user_data, server: server.clone(), tags };
     let created = provider.create(&request).await?;
     info!(host = %created.id, provider = provider.name(), "created exit server");
     Ok(created)

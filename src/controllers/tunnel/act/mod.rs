@@ -18,7 +18,7 @@ use super::Context;
 use providers::HostProvider;
 
 use super::desired::{self, CHECKSUM_ANNOTATION, Credentials};
-use super::placement::Placement;
+use super::placement::{Placement, SLOTS};
 use crate::controllers::{FIELD_MANAGER, owned};
 use crate::crd::tunnel::Tunnel;
 use crate::error::{Error, Result};
@@ -62,6 +62,21 @@ pub async fn write_client_config(tunnel: &Tunnel, at: &Placement, client_toml: &
     Ok(())
 }
 
+/// Writes a highly available Tunnel's client configs into the Secret, all in one apply
+/// ([`desired::pair_client_config`]).
+pub async fn write_pair_client_config(
+    tunnel: &Tunnel,
+    at: &Placement,
+    configs: &std::collections::BTreeMap<String, String>,
+    ctx: &Context,
+) -> Result<()> {
+    let patch = desired::pair_client_config(tunnel, at, configs)?;
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &at.namespace);
+    ctx.api_writes.inc();
+    secrets.patch(&at.secret, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await?;
+    Ok(())
+}
+
 /// Applies the client Deployment unless the existing one already runs `image` with `checksum`.
 /// Returns whether it has an available replica (as the API server last reported).
 pub async fn ensure_deployment(
@@ -99,10 +114,13 @@ pub async fn delete_client(at: &Placement, ctx: &Context) -> Result<()> {
         return Ok(());
     }
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &at.namespace);
-    if let Some(current) = deployments.get_opt(&at.deployment).await?
-        && at.is_ours(&current.metadata)
-    {
-        delete_precisely(&deployments, &at.deployment, current.metadata.uid, ctx).await?;
+    // A highly available Tunnel's clients are one per exit server of the pair.
+    for name in [at.deployment.clone(), at.for_slot(SLOTS[0]).deployment, at.for_slot(SLOTS[1]).deployment] {
+        if let Some(current) = deployments.get_opt(&name).await?
+            && at.is_ours(&current.metadata)
+        {
+            delete_precisely(&deployments, &name, current.metadata.uid, ctx).await?;
+        }
     }
     let tests = at.secret_tests(&<crate::crd::tunnel::Tunnel as Resource>::api_version(&()));
     if let owned::Guarded::Ours(secret) =

@@ -57,7 +57,8 @@ impl Pass<'_> {
                         .await?;
                         return Ok(None);
                     }
-                    let created = act::host::create(tunnel, provider.as_ref(), &keys.server, address_id, ctx).await?;
+                    let created =
+                        act::host::create(tunnel, provider.as_ref(), &keys.server, (address_id, None), ctx).await?;
                     self.record_created(want, keys, &created).await?;
                     configured = want.ports.clone();
                     host = Some(created);
@@ -118,7 +119,7 @@ impl Pass<'_> {
     /// Before the exit server is stepped, for a Tunnel with a reserved address: finds it, takes a
     /// released one off the Service, releases duplicates, and reserves the address where the
     /// provider needs it first. `None` without one, or not yet reserved.
-    async fn prepare_address(&mut self, want: &Desired) -> Result<Option<Address>> {
+    pub(super) async fn prepare_address(&mut self, want: &Desired) -> Result<Option<Address>> {
         let (tunnel, ctx, provider) = (self.tunnel, self.ctx, &want.provider);
         if !tunnel.spec.reserves_address() {
             return Ok(None);
@@ -144,7 +145,7 @@ impl Pass<'_> {
     }
 
     /// Reserves the Tunnel's address (onto host `onto` if set) and records it at once.
-    async fn reserve(&mut self, want: &Desired, onto: Option<String>) -> Result<Address> {
+    pub(super) async fn reserve(&mut self, want: &Desired, onto: Option<String>) -> Result<Address> {
         let address = act::address::reserve(self.tunnel, want.provider.as_ref(), onto, self.ctx).await?;
         let provider = want.provider.name().to_string();
         self.record(|s| {

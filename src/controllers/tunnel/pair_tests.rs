@@ -1,0 +1,166 @@
+//! A highly available Tunnel through whole reconciles: two exit servers with a client each, the
+//! reserved address on the one that works, moved with hysteresis, never onto a failing one.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use providers::hosts::TAG_TUNNEL_SLOT;
+use providers::{AddressBinding, HostState};
+use serde_json::json;
+
+use super::tests::{Harness, SERVICE, harness_settings, ready};
+use super::*;
+use crate::config::TunnelArgs;
+use crate::crd::condition::ConditionStatus;
+use crate::crd::tunnel::{AddressMode, HighAvailability, TunnelAddress};
+
+const SECRET: &str = "/api/v1/namespaces/ns/secrets/web-tunnel-credentials";
+
+/// An HA Tunnel whose failover needs 3 failed checks in a row (and no minimum time).
+fn pair() -> (Harness, Arc<Tunnel>) {
+    let settings = TunnelArgs { failover_failures: 3, failover_after: Duration::ZERO, ..Default::default() };
+    let mut h = harness_settings(settings);
+    h.add_service();
+    let mut t = (*h.new_tunnel()).clone();
+    t.spec.address = Some(TunnelAddress { mode: AddressMode::Reserved, ..Default::default() });
+    t.spec.high_availability = Some(HighAvailability::default());
+    let t = h.put_tunnel(&t);
+    (h, t)
+}
+
+fn ha(h: &Harness) -> HighAvailabilityStatus {
+    h.current().status.unwrap().high_availability.expect("highAvailability status")
+}
+
+fn ingress_ip(h: &Harness) -> serde_json::Value {
+    h.api.get(SERVICE).unwrap()["status"]["loadBalancer"]["ingress"][0]["ip"].clone()
+}
+
+async fn pass(h: &Harness) {
+    let action = h.reconcile(Arc::new(h.current())).await.unwrap();
+    assert!(crate::controllers::testing::requeue_secs(&action) <= 1.0, "{action:?}");
+}
+
+use crate::crd::tunnel::HighAvailabilityStatus;
+
+#[tokio::test]
+async fn two_servers_two_clients_and_the_reserved_address_on_the_first_that_works() {
+    let (h, t) = pair();
+    h.reconcile(t).await.unwrap();
+    let hosts = h.provider.hosts();
+    let slots: Vec<_> = hosts.iter().map(|h| h.tags[TAG_TUNNEL_SLOT].as_str()).collect();
+    assert_eq!(slots, ["a", "b"]);
+    let [address] = h.provider.addresses().try_into().expect("one reserved address");
+    assert_eq!(address.host_id.as_deref(), Some("h-1"));
+    let status = h.current().status.unwrap();
+    assert_eq!(ready(&h.current()), (ConditionStatus::True, "Active".into()));
+    assert_eq!((status.host_id.as_deref(), status.host_ip.as_deref()), (Some("h-1"), Some(address.ip.as_str())));
+    let ha = status.high_availability.unwrap();
+    assert_eq!(ha.active.as_deref(), Some("h-1"));
+    let own: Vec<_> = ha.servers.iter().map(|s| (s.slot.as_str(), s.host_ip.as_deref(), s.healthy)).collect();
+    assert_eq!(own, [("a", Some("203.0.113.1"), true), ("b", Some("203.0.113.2"), true)]);
+    assert_eq!(ingress_ip(&h), json!(address.ip));
+    // Each client dials its own server's own address, from its own key of the one Secret.
+    let secret = h.api.get(SECRET).unwrap();
+    assert!(secret["stringData"]["client-a.toml"].as_str().unwrap().contains("203.0.113.1:2333"));
+    assert!(secret["stringData"]["client-b.toml"].as_str().unwrap().contains("203.0.113.2:2333"));
+    for slot in ["a", "b"] {
+        let d = h.api.get(&format!("/apis/apps/v1/namespaces/ns/deployments/web-tunnel-client-{slot}")).unwrap();
+        let items = &d["spec"]["template"]["spec"]["volumes"][0]["secret"]["items"][0];
+        assert_eq!(items["key"], json!(format!("client-{slot}.toml")));
+        let instance = &d["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"];
+        assert_eq!(instance, &json!(format!("web-tunnel-client-{slot}")), "the two never select each other's pods");
+    }
+    assert!(h.api.get("/apis/apps/v1/namespaces/ns/deployments/web-tunnel-client").is_none());
+}
+
+#[tokio::test]
+async fn a_blip_moves_nothing_a_failing_holder_loses_the_address_to_the_standby() {
+    let (h, t) = pair();
+    h.reconcile(t).await.unwrap();
+    let reserved = h.provider.addresses()[0].ip.clone();
+    // Two failures, then a pass: a blip.
+    h.probe.refuse(&reserved, true);
+    pass(&h).await;
+    pass(&h).await;
+    h.probe.refuse(&reserved, false);
+    pass(&h).await;
+    assert_eq!(ha(&h).active.as_deref(), Some("h-1"));
+    assert!(!h.api.event_reasons().contains(&"Failover".to_string()));
+
+    // Three in a row: the address goes to h-2, whose own check passes.
+    h.probe.refuse(&reserved, true);
+    pass(&h).await;
+    pass(&h).await;
+    assert_eq!(ha(&h).active.as_deref(), Some("h-1"), "two failures are within the hysteresis");
+    assert!(!ha(&h).servers[0].healthy);
+    pass(&h).await;
+    h.probe.refuse(&reserved, false);
+    let status = ha(&h);
+    assert_eq!(status.active.as_deref(), Some("h-2"));
+    assert_eq!(h.provider.addresses()[0].host_id.as_deref(), Some("h-2"));
+    assert_eq!(status.failovers, Some(1));
+    let last = status.last_failover.unwrap();
+    assert_eq!((last.from.as_str(), last.to.as_str()), ("h-1", "h-2"));
+    assert!(last.reason.contains("failed 3 health checks in a row") && last.reason.contains("refused"), "{last:?}");
+    assert_eq!(h.api.event_reasons().iter().filter(|r| *r == "Failover").count(), 2, "on the Tunnel and the Service");
+    assert_eq!(h.ctx.failovers.load(Ordering::Relaxed), 1);
+    assert_eq!(ingress_ip(&h), json!(reserved), "the Service keeps its address");
+    assert_eq!(ready(&h.current()), (ConditionStatus::True, "Active".into()));
+
+    // h-1 passes again: nothing moves back.
+    pass(&h).await;
+    assert_eq!(ha(&h).active.as_deref(), Some("h-2"));
+    assert_eq!(h.ctx.failovers.load(Ordering::Relaxed), 1);
+}
+
+#[tokio::test]
+async fn never_onto_a_standby_whose_own_check_fails() {
+    let (h, t) = pair();
+    h.reconcile(t).await.unwrap();
+    let reserved = h.provider.addresses()[0].ip.clone();
+    h.probe.refuse(&reserved, true);
+    h.probe.refuse("203.0.113.2", true);
+    for _ in 0..5 {
+        pass(&h).await;
+    }
+    assert_eq!(ha(&h).active.as_deref(), Some("h-1"));
+    let (status, reason) = ready(&h.current());
+    assert_eq!((status, reason.as_str()), (ConditionStatus::False, "WaitingForTunnel"));
+    let message = crate::controllers::status::ready_condition(&h.current()).unwrap().message.clone();
+    assert!(message.contains("address stays"), "{message}");
+    assert_eq!(h.ctx.failovers.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test]
+async fn a_stopped_holder_loses_the_address_at_once_and_its_slot_is_filled_again() {
+    let (h, t) = pair();
+    h.reconcile(t).await.unwrap();
+    let mut dead = h.provider.hosts().remove(0);
+    dead.state = HostState::Stopped;
+    h.provider.insert(dead);
+    pass(&h).await;
+    assert_eq!(ha(&h).active.as_deref(), Some("h-2"), "in one pass, without the hysteresis");
+    let last = ha(&h).last_failover.unwrap();
+    assert!(last.reason.contains("not running"), "{last:?}");
+    assert!(!h.provider.hosts().iter().any(|host| host.id == "h-1"), "the stopped host was deleted");
+    pass(&h).await;
+    let slots: Vec<_> = h.provider.hosts().iter().map(|h| (h.id.clone(), h.tags[TAG_TUNNEL_SLOT].clone())).collect();
+    assert_eq!(slots, [("h-2".to_string(), "b".to_string()), ("h-3".to_string(), "a".to_string())]);
+    assert_eq!(ha(&h).active.as_deref(), Some("h-2"));
+    let secret = h.api.get(SECRET).unwrap();
+    assert!(secret["stringData"]["client-a.toml"].as_str().unwrap().contains("203.0.113.3:2333"));
+}
+
+#[tokio::test]
+async fn a_provider_that_cannot_move_addresses_is_refused_before_any_host() {
+    let (h, t) = pair();
+    h.provider.bind_addresses(AddressBinding::AtCreate);
+    h.reconcile(t).await.unwrap();
+    assert!(h.provider.hosts().is_empty());
+    let t = h.current();
+    assert_eq!(ready(&t), (ConditionStatus::False, "HighAvailabilityUnavailable".into()));
+    let limitation = t.status.unwrap().high_availability.unwrap().limitation.unwrap();
+    assert!(limitation.contains("only when the host is created"), "{limitation}");
+}

@@ -1,0 +1,298 @@
+//! The spine of a highly available Tunnel (`spec.highAvailability`): two exit servers, one per
+//! slot ([`SLOTS`]), each with its own client Deployment, and the reserved address on the one
+//! whose tunnel works.
+//!
+//! Each pass: the provider must move addresses between running hosts; the address is found or
+//! reserved; each slot's host is created, waited for or reconfigured; both clients are written;
+//! every running host is checked end to end at its current address; [`failover_step`] decides
+//! where the address goes (a stopped holder loses it at once, a failing one after the
+//! hysteresis, never to a server whose own check fails); stopped hosts are replaced after that;
+//! status records both servers. A pass is due every `--tunnel-failover-probe-interval`.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use providers::exit::userdata::render_client_toml;
+use providers::{Address, Host, HostState};
+
+use super::super::placement::SLOTS;
+use super::super::plan::Blocked;
+use super::super::plan::failover::{FailoverStep, Health, Hysteresis, Server, failover_step};
+use super::super::status::not_ready;
+use super::super::{act, desired, observe};
+use super::{Desired, Failure, Keys, Pass};
+use crate::controllers::jittered;
+use crate::crd::condition::{Condition, ConditionStatus};
+use crate::crd::tunnel::{Failover, HighAvailabilityStatus, ServerStatus, TunnelPhase};
+use crate::error::{Error, Result};
+
+/// One slot's exit server as this pass found it.
+struct Slot {
+    slot: &'static str,
+    host: Option<Host>,
+    /// Its own address, which its client dials: as recorded for this host, else as first seen.
+    own_ip: Option<String>,
+    /// Its end-to-end check at its current address, when it runs: the streak and the error.
+    check: Option<(Health, String)>,
+}
+
+impl Slot {
+    fn running_ip(&self) -> Option<&str> {
+        self.host.as_ref().filter(|h| h.state == HostState::Running).and_then(|h| h.public_ipv4.as_deref())
+    }
+
+    fn id(&self) -> Option<&str> {
+        self.host.as_ref().map(|h| h.id.as_str())
+    }
+}
+
+impl Pass<'_> {
+    /// The phases after the credentials, for a highly available Tunnel.
+    pub(super) async fn pair(&mut self, want: &Desired, keys: &Keys) -> Result<Action, Failure> {
+        let (tunnel, ctx, provider) = (self.tunnel, self.ctx, want.provider.clone());
+        if let Err(why) = provider.moves_addresses() {
+            let limitation = why.clone();
+            self.record(|s| s.high_availability.get_or_insert_default().limitation = Some(limitation)).await?;
+            let message = format!(
+                "{why}; highAvailability is not available at {}, so no exit server was created: create a Tunnel without it, or at another provider",
+                provider.name()
+            );
+            return Err(Failure::Blocked(Blocked(TunnelPhase::Failed, "HighAvailabilityUnavailable", message)));
+        }
+        let mut address = self.prepare_address(want).await?;
+        let found = observe::find_pair(provider.as_ref(), self.status(), &want.uid).await?;
+        act::host::delete_extras(provider.as_ref(), &found.extras, None, ctx).await?;
+        let recorded = self.status().high_availability.clone().unwrap_or_default();
+        let reserved_ip = address.as_ref().map(|a| a.ip.clone());
+        let mut slots = Vec::new();
+        for (slot, host) in SLOTS.into_iter().zip(found.hosts) {
+            let host = match host {
+                Some(host) => host,
+                None => self.create_slot(want, keys, slot).await?,
+            };
+            let kept = recorded.servers.iter().find(|s| s.slot == slot && s.host_id.as_deref() == Some(&host.id));
+            let own_ip = kept.and_then(|s| s.host_ip.clone()).or_else(|| {
+                // A host seen first while it holds the reserved address (status lost) does not
+                // show its own; its client waits until it is replaced.
+                host.public_ipv4
+                    .clone()
+                    .filter(|ip| host.state == HostState::Running && Some(ip) != reserved_ip.as_ref())
+            });
+            slots.push(Slot { slot, host: Some(host), own_ip, check: None });
+        }
+        let ports_current = self.reconfigure_pair(want, keys, &mut slots).await?;
+        self.pair_clients(want, keys, &slots).await?;
+        self.check_pair(keys, &mut slots).await;
+
+        let hysteresis = Hysteresis {
+            failures: ctx.settings.failover_failures,
+            after: ctx.settings.failover_after,
+            replace_standby_after: ctx.settings.replace_after,
+        };
+        let servers: Vec<Server> = slots
+            .iter()
+            .filter_map(|s| Some(Server { id: s.id()?, health: s.check.as_ref()?.0, error: &s.check.as_ref()?.1 }))
+            .collect();
+        let holder = address.as_ref().and_then(|a| a.host_id.clone());
+        let step = failover_step(&servers, holder.as_deref(), &hysteresis);
+        let mut last_failover = recorded.last_failover.clone();
+        let mut failovers = recorded.failovers;
+        let mut degraded = None;
+        match step {
+            FailoverStep::Keep { degraded: why } => degraded = why,
+            FailoverStep::Assign { to } => address = Some(self.put_address(want, address, &to).await?),
+            FailoverStep::Move { from, to, reason } => {
+                address = Some(self.put_address(want, address, &to).await?);
+                let note = format!("moved the reserved address from exit server {from} to {to}: {reason}");
+                ctx.publish(tunnel, EventType::Warning, "Failover", note.clone()).await;
+                ctx.publish_on(&kube::Resource::object_ref(&*want.service, &()), EventType::Warning, "Failover", note)
+                    .await;
+                ctx.failovers.fetch_add(1, Ordering::Relaxed);
+                failovers = Some(failovers.unwrap_or(0) + 1);
+                let time = k8s_openapi::jiff::Timestamp::now().to_string();
+                last_failover = Some(Failover { time, from, to, reason });
+            }
+            FailoverStep::ReplaceStandby { id, reason } => {
+                act::host::replace_lost(tunnel, provider.as_ref(), (&id, &reason), None, ctx).await?;
+                ctx.streaks.forget(&id);
+                slots.iter_mut().filter(|s| s.id() == Some(id.as_str())).for_each(|s| s.host = None);
+            }
+        }
+        // Stopped hosts go once the address is off them; their slots are filled next pass.
+        for slot in slots.iter_mut().filter(|s| s.host.as_ref().is_some_and(|h| h.state == HostState::Stopped)) {
+            let id = slot.id().unwrap_or_default().to_string();
+            let why = format!("exit server {id} (slot {}) is no longer running", slot.slot);
+            act::host::replace_lost(tunnel, provider.as_ref(), (&id, &why), None, ctx).await?;
+            ctx.streaks.forget(&id);
+            slot.host = None;
+        }
+
+        let active = address.as_ref().and_then(|a| a.host_id.clone());
+        let active_slot = slots.iter().find(|s| s.id().is_some() && s.id() == active.as_deref());
+        let active_check = active_slot.and_then(|s| s.check.as_ref());
+        let ready = active_check.is_some_and(|(h, _)| h.passing());
+        let withdraw = !ready && active_check.is_none_or(|(h, _)| h.failing_for >= ctx.settings.withdraw_after);
+        if let Some(service) = want.publishes() {
+            match (&address, ready) {
+                (Some(a), true) => act::set_ingress(service, Some(desired::ingress(&a.ip, &want.ports)), ctx).await?,
+                _ if withdraw => act::set_ingress(service, None, ctx).await?,
+                _ => {}
+            }
+        }
+        let servers: Vec<ServerStatus> = slots
+            .iter()
+            .map(|s| ServerStatus {
+                slot: s.slot.to_string(),
+                host_id: s.id().map(str::to_string),
+                host_ip: s.own_ip.clone().filter(|_| s.host.is_some()),
+                healthy: s.check.as_ref().is_some_and(|(h, _)| h.passing()),
+            })
+            .collect();
+        let condition = match (&address, ready) {
+            (Some(a), true) => Condition::new(
+                "Ready",
+                ConditionStatus::True,
+                "Active",
+                format!(
+                    "reserved address {} on exit server {} forwards {} to Service {}; its tunnel passed its health check; standby: {}",
+                    a.ip,
+                    active.as_deref().unwrap_or_default(),
+                    super::super::status::describe(&want.ports),
+                    tunnel.spec.service_ref.name,
+                    standby_note(&slots, active.as_deref()),
+                ),
+            ),
+            _ => {
+                let why = degraded.unwrap_or_else(|| "waiting for an exit server of the pair to carry traffic".into());
+                not_ready("WaitingForTunnel", &why).remove(0)
+            }
+        };
+        let (provider_name, digest, ports) = (provider.name().to_string(), keys.digest.clone(), want.ports.clone());
+        let generation = tunnel.metadata.generation;
+        let limitation = None;
+        self.record(|s| {
+            s.provider = Some(provider_name);
+            s.host_id = active.clone();
+            s.host_ip = address.as_ref().filter(|_| active.is_some()).map(|a| a.ip.clone());
+            if ports_current {
+                s.ports = ports;
+                s.credentials_digest = Some(digest);
+            }
+            s.high_availability =
+                Some(HighAvailabilityStatus { active, servers, failovers, last_failover, limitation });
+            s.phase = Some(if ready { TunnelPhase::Active } else { TunnelPhase::Provisioning });
+            if ready {
+                s.observed_generation = generation;
+            }
+            s.conditions = vec![condition];
+        })
+        .await?;
+        Ok(Action::requeue(jittered(ctx.settings.failover_probe_interval.max(Duration::from_millis(100)))))
+    }
+
+    /// Creates slot `slot`'s exit server and records it at once.
+    async fn create_slot(&mut self, want: &Desired, keys: &Keys, slot: &'static str) -> Result<Host> {
+        let provider = want.provider.as_ref();
+        let created = act::host::create(self.tunnel, provider, &keys.server, (None, Some(slot)), self.ctx).await?;
+        let (id, name) = (created.id.clone(), provider.name().to_string());
+        self.record(|s| {
+            s.provider = Some(name);
+            let ha = s.high_availability.get_or_insert_default();
+            ha.servers.retain(|server| server.slot != slot);
+            ha.servers.push(ServerStatus { slot: slot.to_string(), host_id: Some(id), ..Default::default() });
+            ha.servers.sort_by(|a, b| a.slot.cmp(&b.slot));
+        })
+        .await?;
+        let note = format!("created exit server {} (slot {slot}) at {}", created.id, provider.name());
+        self.ctx.publish(self.tunnel, EventType::Normal, "Provisioning", note).await;
+        Ok(created)
+    }
+
+    /// Pushes the Service's ports to running hosts that lack them; a host that cannot take the
+    /// push was deleted. Whether every host now has them.
+    async fn reconfigure_pair(&mut self, want: &Desired, keys: &Keys, slots: &mut [Slot]) -> Result<bool> {
+        if keys.configured == want.ports {
+            return Ok(true);
+        }
+        let mut all = true;
+        for slot in slots.iter_mut() {
+            let Some(id) = slot.running_ip().and(slot.id()).map(str::to_string) else { continue };
+            let push = (id.as_str(), &keys.server, want.ports.as_slice());
+            if !act::host::reconfigure(self.tunnel, want.provider.as_ref(), push, None, self.ctx).await? {
+                slot.host = None;
+                all = false;
+            }
+        }
+        Ok(all)
+    }
+
+    /// One client config per slot whose host's own address is known (all in one Secret write,
+    /// only when one changed), and one client Deployment for each.
+    async fn pair_clients(&mut self, want: &Desired, keys: &Keys, slots: &[Slot]) -> Result<(), Failure> {
+        let (tunnel, ctx) = (self.tunnel, self.ctx);
+        let cluster_ip = self.cluster_ip(want)?;
+        let ports = (ctx.settings.control_port, ctx.settings.health_port);
+        let mut configs: BTreeMap<String, String> = keys.stored_pair.clone();
+        let mut deployments = Vec::new();
+        for slot in slots {
+            let Some(ip) = slot.own_ip.as_deref() else { continue };
+            let client = desired::client(&want.ports, &keys.credentials, ip, ports, &cluster_ip);
+            let toml = render_client_toml(&client).map_err(|e| Error::Internal(format!("client config: {e}")))?;
+            let at = want.at.for_slot(slot.slot);
+            deployments.push((at.clone(), desired::checksum(&toml)));
+            configs.insert(at.client_key(), toml);
+        }
+        if configs != keys.stored_pair {
+            act::write_pair_client_config(tunnel, &want.at, &configs, ctx).await?;
+        }
+        for (at, checksum) in deployments {
+            act::ensure_deployment(tunnel, &at, &ctx.settings.client_image, &checksum, ctx).await?;
+        }
+        Ok(())
+    }
+
+    /// Checks every running host end to end at its current address, both at once.
+    async fn check_pair(&self, keys: &Keys, slots: &mut [Slot]) {
+        let (ctx, token) = (self.ctx, keys.credentials.token.as_str());
+        let checks = slots.iter().map(|s| async move {
+            match (s.running_ip(), s.id()) {
+                (Some(ip), Some(id)) => {
+                    let result = ctx.probe.check(ip, ctx.settings.health_port, token).await;
+                    let error = result.as_ref().err().cloned().unwrap_or_default();
+                    Some((ctx.streaks.record(id, result.is_ok()), error))
+                }
+                _ => None,
+            }
+        });
+        let results = futures::future::join_all(checks).await;
+        for (slot, check) in slots.iter_mut().zip(results) {
+            slot.check = check;
+        }
+    }
+
+    /// Puts the reserved address on running host `to`, reserving it there where the provider
+    /// reserves only onto a host (DigitalOcean).
+    async fn put_address(&mut self, want: &Desired, address: Option<Address>, to: &str) -> Result<Address> {
+        match address {
+            Some(a) => {
+                act::address::assign(self.tunnel, want.provider.as_ref(), &a, to, self.ctx).await?;
+                Ok(Address { host_id: Some(to.to_string()), ..a })
+            }
+            None => self.reserve(want, Some(to.to_string())).await,
+        }
+    }
+}
+
+/// How the server without the address stands, for the Ready message.
+fn standby_note(slots: &[Slot], active: Option<&str>) -> String {
+    let standby = slots.iter().find(|s| s.id() != active);
+    match standby.and_then(|s| Some((s.id()?, s.check.as_ref()))) {
+        Some((id, Some((h, _)))) if h.passing() => format!("exit server {id}, passing its health check"),
+        Some((id, Some((_, error)))) => format!("exit server {id}, failing its health check: {error}"),
+        Some((id, None)) => format!("exit server {id}, not running yet"),
+        None => "none running".into(),
+    }
+}
