@@ -30,6 +30,7 @@ mod tunnel;
 mod tunnel_address;
 mod tunnel_allow;
 mod tunnel_clients;
+mod tunnel_failover;
 mod tunnel_faults;
 mod tunnel_guest;
 mod two_operators;
