@@ -223,16 +223,19 @@ pub trait HostProvider: Send + Sync {
         Err(no_addresses(self.name()))
     }
     /// Whether [`HostProvider::assign_address`] moves a reserved address between two running
-    /// hosts within seconds, which a highly available Tunnel's failover needs; `Err` says why
-    /// not. By default where addresses are assigned to running hosts at all.
+    /// hosts within seconds while each keeps the address its client dials, which a highly
+    /// available Tunnel's failover needs; `Err` says why not. Only adapters whose move is
+    /// proven by tests say yes.
     fn moves_addresses(&self) -> Result<(), String> {
-        match self.address_binding() {
-            AddressBinding::Assign | AddressBinding::WithHost => Ok(()),
-            AddressBinding::AtCreate => Err(format!(
+        Err(match self.address_binding() {
+            AddressBinding::AtCreate => format!(
                 "{} gives a reserved address to a host only when the host is created, so moving it to a standby means replacing that standby",
                 self.name()
-            )),
-        }
+            ),
+            AddressBinding::Assign | AddressBinding::WithHost => {
+                format!("skyport does not move reserved addresses between running exit servers at {} yet", self.name())
+            }
+        })
     }
     /// Points the address at host `host_id` (moving it from any earlier host); already there is
     /// success.

@@ -207,6 +207,13 @@ impl HostProvider for FakeProvider {
     fn address_binding(&self) -> AddressBinding {
         self.hosts.lock().unwrap().binding()
     }
+    /// As a cloud whose addresses are assigned to running hosts would.
+    fn moves_addresses(&self) -> Result<(), String> {
+        match self.address_binding() {
+            AddressBinding::AtCreate => Err("the fake gives addresses only when the host is created".into()),
+            AddressBinding::Assign | AddressBinding::WithHost => Ok(()),
+        }
+    }
     async fn reserve_address(&self, request: &AddressRequest) -> Result<Address, HostError> {
         let mut h = self.call("reserve_address")?;
         let binding = h.binding();
