@@ -67,85 +67,195 @@ impl Drop for Requests {
     }
 }
 
+/// A highly available Tunnel for the Service `web` (TCP 18480), its two clients run by
+/// stand-in kubelets, Active with both servers passing and bytes through the reserved address.
+struct Pair {
+    ns: TestNs,
+    op: TunnelOperator,
+    services: Api<Service>,
+    tunnels: Api<Tunnel>,
+    /// Slot a's and b's client runners.
+    clients: [Option<ClientRunner>; 2],
+    /// The reserved address.
+    ip: String,
+    /// The exit server holding it.
+    active: String,
+}
+
+const PORT: u16 = 18480;
+
+impl Pair {
+    async fn start(prefix: &str) -> Self {
+        let ns = TestNs::new(prefix).await;
+        let op = TunnelOperator::start(&ns, fast_tunnel_settings()).await;
+        let services: Api<Service> = ns.api();
+        let tunnels: Api<Tunnel> = ns.api();
+        let annotations =
+            serde_json::json!({"skyport.dev/address": "reserved", "skyport.dev/high-availability": "true"});
+        let ports = serde_json::json!([{"name": "http", "port": PORT, "protocol": "TCP"}]);
+        let web = service("web", Some("skyport.dev/tunnel"), annotations, ports);
+        services.create(&Default::default(), &web).await.unwrap();
+        let clients = ["a", "b"].map(|slot| {
+            let name = format!("web-tunnel-client-{slot}");
+            Some(ClientRunner::start(ns.client.clone(), &ns.name, &name, Backends::default()))
+        });
+        let t = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+        let ip = t.status.as_ref().and_then(|s| s.address_ip.clone()).expect("addressIp");
+        let active = ha(&t).active.expect("an active exit server");
+        eventually("both exit servers pass their checks", Duration::from_secs(30), || async {
+            let t = tunnels.get("web-tunnel").await.ok()?;
+            (ha(&t).servers.iter().filter(|s| s.healthy).count() == 2).then_some(())
+        })
+        .await;
+        eventually("Service shows the reserved address", Duration::from_secs(20), || async {
+            (ingress_ip(&services.get("web").await.ok()?)? == ip).then_some(())
+        })
+        .await;
+        carries(&ip, PORT, None).await;
+        Pair { ns, op, services, tunnels, clients, ip, active }
+    }
+
+    /// Runs `fault` while requests go to the reserved address; waits for the address to move
+    /// off the active server and requests to be answered again. Returns the Tunnel then, how
+    /// long the move took and the longest gap without an answer.
+    async fn failover(&mut self, what: &str, fault: impl FnOnce(&mut Self)) -> (Tunnel, Duration, Duration) {
+        let requests = Requests::start(self.ip.clone(), PORT);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let started = Instant::now();
+        fault(self);
+        let first = self.active.clone();
+        let moved = eventually("the address on the standby", Duration::from_secs(30), || async {
+            let t = self.tunnels.get("web-tunnel").await.ok()?;
+            ha(&t).active.filter(|a| *a != first).map(|_| t)
+        })
+        .await;
+        let moved_after = started.elapsed();
+        eventually("requests through the same address again", Duration::from_secs(30), || async {
+            let last = *requests.succeeded.lock().unwrap().last()?;
+            (last > started).then_some(())
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let gap = requests.longest_gap();
+        let sent = requests.sent.load(std::sync::atomic::Ordering::Relaxed);
+        let ok = requests.succeeded.lock().unwrap().len();
+        // A benchmark figure, not an assertion of speed.
+        println!(
+            "failover after {what} (local provider, defaults: 3 failed checks over 2 s, 1 s probe): address moved \
+             {:.1} s after it; longest gap without a successful request {:.1} s ({ok} of {sent} requests answered)",
+            moved_after.as_secs_f64(),
+            gap.as_secs_f64()
+        );
+        let status = ha(&moved);
+        let last = status.last_failover.clone().expect("lastFailover");
+        assert_eq!(last.from, first);
+        assert_eq!(status.failovers, Some(1));
+        let service = self.services.get("web").await.unwrap();
+        assert_eq!(ingress_ip(&service).as_deref(), Some(self.ip.as_str()), "the same address");
+        let events = tunnels::events(&self.ns.client, &self.ns.name, "web-tunnel").await;
+        assert!(events.iter().any(|(reason, note)| reason == "Failover" && note.contains(&first)), "{events:?}");
+        carries(&self.ip, PORT, None).await;
+        (moved, moved_after, gap)
+    }
+
+    fn slot_of(&self, t: &Tunnel, host: &str) -> usize {
+        let slot = ha(t).servers.iter().find(|s| s.host_id.as_deref() == Some(host)).map(|s| s.slot.clone());
+        ["a", "b"].iter().position(|s| Some(s.to_string()) == slot).expect("the host's slot")
+    }
+}
+
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn a_killed_active_exit_server_hands_the_address_to_the_standby() {
-    let ns = TestNs::new("tun-ha").await;
-    let op = TunnelOperator::start(&ns, fast_tunnel_settings()).await;
-    let services: Api<Service> = ns.api();
-    let tunnels: Api<Tunnel> = ns.api();
-    let annotations = serde_json::json!({"skyport.dev/address": "reserved", "skyport.dev/high-availability": "true"});
-    let ports = serde_json::json!([{"name": "http", "port": 18480, "protocol": "TCP"}]);
-    services
-        .create(&Default::default(), &service("web", Some("skyport.dev/tunnel"), annotations, ports))
-        .await
-        .unwrap();
-    let _clients = ["a", "b"].map(|slot| {
-        ClientRunner::start(ns.client.clone(), &ns.name, &format!("web-tunnel-client-{slot}"), Backends::default())
-    });
-
-    let t = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
-    let ip = t.status.as_ref().and_then(|s| s.address_ip.clone()).expect("addressIp");
-    let first = ha(&t).active.expect("an active exit server");
-    eventually("both exit servers pass their checks", Duration::from_secs(30), || async {
-        let t = tunnels.get("web-tunnel").await.ok()?;
-        (ha(&t).servers.iter().filter(|s| s.healthy).count() == 2).then_some(())
-    })
-    .await;
-    eventually("Service shows the reserved address", Duration::from_secs(20), || async {
-        (ingress_ip(&services.get("web").await.ok()?)? == ip).then_some(())
-    })
-    .await;
-    carries(&ip, 18480, None).await;
-
-    let requests = Requests::start(ip.clone(), 18480);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let killed = Instant::now();
-    tunnels::kill_exit_server(&op, &first);
-    let moved = eventually("the address on the standby", Duration::from_secs(30), || async {
-        let t = tunnels.get("web-tunnel").await.ok()?;
-        ha(&t).active.filter(|a| *a != first).map(|_| t)
-    })
-    .await;
-    let moved_after = killed.elapsed();
-    eventually("requests through the same address again", Duration::from_secs(30), || async {
-        let last = *requests.succeeded.lock().unwrap().last()?;
-        (last > killed).then_some(())
-    })
-    .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let gap = requests.longest_gap();
-    let sent = requests.sent.load(std::sync::atomic::Ordering::Relaxed);
-    let ok = requests.succeeded.lock().unwrap().len();
-    drop(requests);
-    // A benchmark figure, not an assertion of speed.
-    println!(
-        "failover (local provider, defaults: 3 failed checks over 2 s, 1 s probe): address moved {:.1} s after the kill; \
-         longest gap without a successful request {:.1} s ({ok} of {sent} requests answered)",
-        moved_after.as_secs_f64(),
-        gap.as_secs_f64()
-    );
-
-    let status = ha(&moved);
-    let last = status.last_failover.expect("lastFailover");
-    assert_eq!(last.from, first);
-    assert!(last.reason.contains("not running") || last.reason.contains("health checks"), "{last:?}");
-    assert_eq!(status.failovers, Some(1));
-    assert_eq!(ingress_ip(&services.get("web").await.unwrap()).as_deref(), Some(ip.as_str()), "the same address");
-    let events = tunnels::events(&ns.client, &ns.name, "web-tunnel").await;
-    assert!(events.iter().any(|(reason, note)| reason == "Failover" && note.contains(&first)), "{events:?}");
-    carries(&ip, 18480, None).await;
+    let mut pair = Pair::start("tun-ha").await;
+    let first = pair.active.clone();
+    let (moved, _, _) =
+        pair.failover("the active exit server was killed", |p| tunnels::kill_exit_server(&p.op, &p.active)).await;
+    let last = ha(&moved).last_failover.unwrap();
+    assert!(last.reason.contains("not running"), "{last:?}");
 
     // The killed server's slot gets a new exit server, which becomes the passing standby.
     eventually("a new standby passing its check", Duration::from_secs(60), || async {
-        let t = tunnels.get("web-tunnel").await.ok()?;
+        let t = pair.tunnels.get("web-tunnel").await.ok()?;
         let servers = ha(&t).servers;
         let fresh = servers.iter().all(|s| s.healthy && s.host_id.as_deref() != Some(first.as_str()));
         (servers.len() == 2 && fresh).then_some(())
     })
     .await;
     let uid = moved.metadata.uid.clone().unwrap();
-    assert_eq!(op.local.list_by_tag(TAG_TUNNEL_UID, &uid).await.unwrap().len(), 2, "no leftover exit server");
-    assert_eq!(op.local.list_addresses_by_tag(TAG_TUNNEL_UID, &uid).await.unwrap().len(), 1);
-    finish_tunnels(op, ns).await;
+    assert_eq!(pair.op.local.list_by_tag(TAG_TUNNEL_UID, &uid).await.unwrap().len(), 2, "no leftover exit server");
+    assert_eq!(pair.op.local.list_addresses_by_tag(TAG_TUNNEL_UID, &uid).await.unwrap().len(), 1);
+    finish_tunnels(pair.op, pair.ns).await;
+}
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn a_client_that_stays_down_hands_the_address_to_the_standby_after_the_hysteresis() {
+    let mut pair = Pair::start("tun-ha-client").await;
+    let t = pair.tunnels.get("web-tunnel").await.unwrap();
+    let slot = pair.slot_of(&t, &pair.active.clone());
+    // Its node is gone: the client process dies and nothing starts it again.
+    let (moved, moved_after, _) =
+        pair.failover("the active server's client stopped", |p| drop(p.clients[slot].take())).await;
+    let last = ha(&moved).last_failover.unwrap();
+    assert!(last.reason.contains("health checks in a row"), "{last:?}");
+    assert!(moved_after >= Duration::from_secs(2), "no move before the hysteresis: {moved_after:?}");
+
+    // The client comes back: the address stays where it is, both servers pass.
+    pair.clients[slot] = Some(ClientRunner::start(
+        pair.ns.client.clone(),
+        &pair.ns.name,
+        &format!("web-tunnel-client-{}", ["a", "b"][slot]),
+        Backends::default(),
+    ));
+    eventually("both exit servers pass again", Duration::from_secs(30), || async {
+        let t = pair.tunnels.get("web-tunnel").await.ok()?;
+        (ha(&t).servers.iter().filter(|s| s.healthy).count() == 2).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let t = pair.tunnels.get("web-tunnel").await.unwrap();
+    assert_eq!(ha(&t).active, ha(&moved).active, "no move back to a recovered server");
+    assert_eq!(ha(&t).failovers, Some(1));
+    finish_tunnels(pair.op, pair.ns).await;
+}
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn a_config_change_rolls_the_clients_one_at_a_time_through_a_handover() {
+    let pair = Pair::start("tun-ha-roll").await;
+    let first = pair.active.clone();
+    let requests = Requests::start(pair.ip.clone(), PORT);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let started = Instant::now();
+    // A port added to the Service: both clients need a new config, so both restart.
+    let ports = serde_json::json!({"spec": {"ports": [
+        {"name": "http", "port": PORT, "protocol": "TCP"},
+        {"name": "extra", "port": PORT + 1, "protocol": "TCP"},
+    ]}});
+    pair.services.patch("web", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&ports)).await.unwrap();
+    let handed = eventually("the address handed to the other server", Duration::from_secs(60), || async {
+        let t = pair.tunnels.get("web-tunnel").await.ok()?;
+        ha(&t).active.filter(|a| *a != first).map(|_| t)
+    })
+    .await;
+    carries(&pair.ip, PORT + 1, None).await;
+    eventually("both servers pass with their new clients", Duration::from_secs(60), || async {
+        let t = pair.tunnels.get("web-tunnel").await.ok()?;
+        (ha(&t).servers.iter().filter(|s| s.healthy).count() == 2).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (gap, sent) = (requests.longest_gap(), requests.sent.load(std::sync::atomic::Ordering::Relaxed));
+    let ok = requests.succeeded.lock().unwrap().len();
+    println!(
+        "client roll through a handover (local provider): done {:.1} s after the port change; longest gap without a \
+         successful request {:.1} s ({ok} of {sent} requests answered)",
+        started.elapsed().as_secs_f64(),
+        gap.as_secs_f64()
+    );
+    assert_eq!(ha(&handed).failovers, None, "a planned handover is no failover");
+    let events = tunnels::events(&pair.ns.client, &pair.ns.name, "web-tunnel").await;
+    assert!(events.iter().any(|(reason, _)| reason == "Handover"), "{events:?}");
+    finish_tunnels(pair.op, pair.ns).await;
 }

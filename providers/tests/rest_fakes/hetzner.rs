@@ -180,6 +180,9 @@ async fn hetzner_refuses_to_move_a_primary_ip_onto_a_running_server() {
     let e = provider.assign_address(&address.id, &host.id).await.unwrap_err();
     assert_eq!(e.class(), ErrorClass::Permanent, "{e}");
     assert!(e.to_string().contains("powered off"), "{e}");
+    // So a highly available Tunnel, which moves the address onto a running standby, is refused.
+    let why = provider.moves_addresses().unwrap_err();
+    assert!(why.contains("powered-off server"), "{why}");
 }
 
 #[tokio::test]

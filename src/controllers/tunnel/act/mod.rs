@@ -86,23 +86,51 @@ pub async fn ensure_deployment(
     checksum: &str,
     ctx: &Context,
 ) -> Result<bool> {
-    let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &at.namespace);
-    let name = &at.deployment;
-    if let Some(current) = api.get_opt(name).await? {
-        let template = current.spec.as_ref().map(|s| &s.template);
-        let sum = template
-            .and_then(|t| t.metadata.as_ref())
-            .and_then(|m| m.annotations.as_ref())
-            .and_then(|a| a.get(CHECKSUM_ANNOTATION));
-        let current_image =
-            template.and_then(|t| t.spec.as_ref()).and_then(|s| s.containers.first()).and_then(|c| c.image.as_deref());
-        if at.is_ours(&current.metadata) && sum.map(String::as_str) == Some(checksum) && current_image == Some(image) {
-            return Ok(available(&current));
-        }
+    match deployed(at, image, checksum, ctx).await? {
+        Deployed::Current { available } => Ok(available),
+        Deployed::Missing | Deployed::Stale => apply_deployment(tunnel, at, image, checksum, ctx).await,
     }
+}
+
+/// The client Deployment against what it should be.
+pub enum Deployed {
+    Missing,
+    /// Not this Tunnel's, or another image or config.
+    Stale,
+    Current {
+        available: bool,
+    },
+}
+
+/// Whether the client Deployment exists, is this Tunnel's and runs `image` with `checksum`.
+pub async fn deployed(at: &Placement, image: &str, checksum: &str, ctx: &Context) -> Result<Deployed> {
+    let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &at.namespace);
+    let Some(current) = api.get_opt(&at.deployment).await? else { return Ok(Deployed::Missing) };
+    let template = current.spec.as_ref().map(|s| &s.template);
+    let sum = template
+        .and_then(|t| t.metadata.as_ref())
+        .and_then(|m| m.annotations.as_ref())
+        .and_then(|a| a.get(CHECKSUM_ANNOTATION));
+    let current_image =
+        template.and_then(|t| t.spec.as_ref()).and_then(|s| s.containers.first()).and_then(|c| c.image.as_deref());
+    match at.is_ours(&current.metadata) && sum.map(String::as_str) == Some(checksum) && current_image == Some(image) {
+        true => Ok(Deployed::Current { available: available(&current) }),
+        false => Ok(Deployed::Stale),
+    }
+}
+
+/// Applies the client Deployment; whether it has an available replica.
+pub async fn apply_deployment(
+    tunnel: &Tunnel,
+    at: &Placement,
+    image: &str,
+    checksum: &str,
+    ctx: &Context,
+) -> Result<bool> {
+    let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &at.namespace);
     ctx.api_writes.inc();
     let want = desired::deployment(tunnel, at, image, checksum)?;
-    let applied = api.patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&want)).await?;
+    let applied = api.patch(&at.deployment, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&want)).await?;
     Ok(available(&applied))
 }
 

@@ -3,11 +3,12 @@
 //! whose tunnel works.
 //!
 //! Each pass: the provider must move addresses between running hosts; the address is found or
-//! reserved; each slot's host is created, waited for or reconfigured; both clients are written;
-//! every running host is checked end to end at its current address; [`failover_step`] decides
-//! where the address goes (a stopped holder loses it at once, a failing one after the
-//! hysteresis, never to a server whose own check fails); stopped hosts are replaced after that;
-//! status records both servers. A pass is due every `--tunnel-failover-probe-interval`.
+//! reserved; each slot's host is created, waited for or reconfigured; every running host is
+//! checked end to end at its current address; [`failover_step`] decides where the address goes
+//! (a stopped holder loses it at once, a failing one after the hysteresis, never to a server
+//! whose own check fails); stopped hosts are replaced after that; the clients are written and
+//! rolled one at a time ([`roll`]); status records both servers. A pass is due every
+//! `--tunnel-failover-probe-interval`.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -18,9 +19,10 @@ use kube::runtime::events::EventType;
 use providers::exit::userdata::render_client_toml;
 use providers::{Address, Host, HostState};
 
+use super::super::placement::Placement;
 use super::super::placement::SLOTS;
 use super::super::plan::Blocked;
-use super::super::plan::failover::{FailoverStep, Health, Hysteresis, Server, failover_step};
+use super::super::plan::failover::{Client, FailoverStep, Health, Hysteresis, Server, failover_step, roll};
 use super::super::status::not_ready;
 use super::super::{act, desired, observe};
 use super::{Desired, Failure, Keys, Pass};
@@ -28,6 +30,10 @@ use crate::controllers::jittered;
 use crate::crd::condition::{Condition, ConditionStatus};
 use crate::crd::tunnel::{Failover, HighAvailabilityStatus, ServerStatus, TunnelPhase};
 use crate::error::{Error, Result};
+
+/// How long the holder's stale client waits for the other server to pass its check before it is
+/// rolled in place: a client Pod normally restarts within seconds.
+const ROLL_PATIENCE: Duration = Duration::from_secs(60);
 
 /// One slot's exit server as this pass found it.
 struct Slot {
@@ -84,7 +90,6 @@ impl Pass<'_> {
             slots.push(Slot { slot, host: Some(host), own_ip, check: None });
         }
         let ports_current = self.reconfigure_pair(want, keys, &mut slots).await?;
-        self.pair_clients(want, keys, &slots).await?;
         self.check_pair(keys, &mut slots).await;
 
         let hysteresis = Hysteresis {
@@ -129,6 +134,8 @@ impl Pass<'_> {
             ctx.streaks.forget(&id);
             slot.host = None;
         }
+
+        self.pair_clients(want, keys, &slots, &mut address).await?;
 
         let active = address.as_ref().and_then(|a| a.host_id.clone());
         let active_slot = slots.iter().find(|s| s.id().is_some() && s.id() == active.as_deref());
@@ -230,26 +237,61 @@ impl Pass<'_> {
     }
 
     /// One client config per slot whose host's own address is known (all in one Secret write,
-    /// only when one changed), and one client Deployment for each.
-    async fn pair_clients(&mut self, want: &Desired, keys: &Keys, slots: &[Slot]) -> Result<(), Failure> {
+    /// only when one changed), and one client Deployment for each, rolled one at a time
+    /// ([`roll`]): the holder's last, after the address was handed to the other server.
+    async fn pair_clients(
+        &mut self,
+        want: &Desired,
+        keys: &Keys,
+        slots: &[Slot],
+        address: &mut Option<Address>,
+    ) -> Result<(), Failure> {
         let (tunnel, ctx) = (self.tunnel, self.ctx);
         let cluster_ip = self.cluster_ip(want)?;
         let ports = (ctx.settings.control_port, ctx.settings.health_port);
+        let image = ctx.settings.client_image.as_str();
         let mut configs: BTreeMap<String, String> = keys.stored_pair.clone();
-        let mut deployments = Vec::new();
-        for slot in slots {
-            let Some(ip) = slot.own_ip.as_deref() else { continue };
+        let mut wanted: [Option<(Placement, String)>; 2] = [None, None];
+        let mut clients = [None, None];
+        for (i, slot) in slots.iter().enumerate() {
+            let Some(ip) = slot.own_ip.as_deref().filter(|_| slot.host.is_some()) else { continue };
             let client = desired::client(&want.ports, &keys.credentials, ip, ports, &cluster_ip);
             let toml = render_client_toml(&client).map_err(|e| Error::Internal(format!("client config: {e}")))?;
             let at = want.at.for_slot(slot.slot);
-            deployments.push((at.clone(), desired::checksum(&toml)));
+            let checksum = desired::checksum(&toml);
+            clients[i] = Some(match act::deployed(&at, image, &checksum, ctx).await? {
+                act::Deployed::Missing => Client::Missing,
+                act::Deployed::Stale => Client::Stale,
+                act::Deployed::Current { .. } => Client::Current,
+            });
             configs.insert(at.client_key(), toml);
+            wanted[i] = Some((at, checksum));
         }
         if configs != keys.stored_pair {
             act::write_pair_client_config(tunnel, &want.at, &configs, ctx).await?;
         }
-        for (at, checksum) in deployments {
-            act::ensure_deployment(tunnel, &at, &ctx.settings.client_image, &checksum, ctx).await?;
+        let holder = address
+            .as_ref()
+            .and_then(|a| slots.iter().position(|s| s.id().is_some() && s.id() == a.host_id.as_deref()));
+        let health = |i: usize| slots[i].check.as_ref().map(|(h, _)| *h);
+        let passing = [0, 1].map(|i| health(i).is_some_and(|h| h.passing()));
+        // A server not running yet (booting, being replaced) is waited for like a failing one.
+        let failing_for = [0, 1].map(|i| health(i).map_or(Duration::ZERO, |h| h.failing_for));
+        let step = roll(clients, holder, passing, failing_for, ROLL_PATIENCE);
+        if let (Some(to), Some(from)) = (step.handover_to, holder)
+            && let Some(to_id) = slots[to].id()
+        {
+            *address = Some(self.put_address(want, address.take(), to_id).await?);
+            let from_id = slots[from].id().unwrap_or_default();
+            let note = format!(
+                "moved the reserved address from exit server {from_id} to {to_id}, whose client is current, to roll the client of {from_id}"
+            );
+            ctx.publish(tunnel, EventType::Normal, "Handover", note).await;
+        }
+        for i in step.apply {
+            if let Some((at, checksum)) = &wanted[i] {
+                act::apply_deployment(tunnel, at, image, checksum, ctx).await?;
+            }
         }
         Ok(())
     }

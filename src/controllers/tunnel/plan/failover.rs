@@ -103,6 +103,65 @@ pub fn failover_step(servers: &[Server], holder: Option<&str>, h: &Hysteresis) -
     }
 }
 
+/// A client Deployment of the pair against what it should be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Client {
+    Current,
+    /// Another config or image: applying it restarts the client.
+    Stale,
+    /// Not there: nothing to interrupt.
+    Missing,
+}
+
+/// What to do about the pair's clients this pass.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Roll {
+    /// First move the address to this slot (its client is current and passes), so rolling the
+    /// holder's client does not interrupt the Service.
+    pub handover_to: Option<usize>,
+    /// Apply these slots' Deployments.
+    pub apply: Vec<usize>,
+}
+
+/// Rolls the pair's clients one at a time: a missing one is made at once; a stale one of the
+/// server without the address first; the holder's only once the other is current and passes
+/// (handing the address over to it first), or once the other has failed for `patience` (then
+/// no server is better, as with a single exit server). `clients[i]` is slot `i`'s client (`None`
+/// without a server to point it at), `other_failing_for[i]` how long slot `i` has been failing.
+pub fn roll(
+    clients: [Option<Client>; 2],
+    holder: Option<usize>,
+    passing: [bool; 2],
+    failing_for: [Duration; 2],
+    patience: Duration,
+) -> Roll {
+    let mut roll = Roll::default();
+    let stale = |i: usize| clients[i] == Some(Client::Stale);
+    for (i, client) in clients.iter().enumerate() {
+        let wanted = match client {
+            Some(Client::Missing) => true,
+            Some(Client::Stale) => Some(i) != holder,
+            _ => false,
+        };
+        if wanted {
+            roll.apply.push(i);
+        }
+    }
+    let Some(h) = holder.filter(|h| stale(*h)) else { return roll };
+    let other = 1 - h;
+    match clients[other] {
+        Some(Client::Current) if passing[other] => {
+            roll.handover_to = Some(other);
+            roll.apply.push(h);
+        }
+        Some(Client::Stale | Client::Missing) => {}
+        _ if failing_for[other] >= patience => roll.apply.push(h),
+        _ => {}
+    }
+    roll.apply.sort_unstable();
+    roll
+}
+
 /// Past the hysteresis: enough failures in a row, over long enough.
 fn failed(health: &Health, h: &Hysteresis) -> bool {
     health.failures >= h.failures.max(1) && health.failing_for >= h.after
@@ -206,6 +265,40 @@ mod tests {
         assert!(reason.contains("standby exit server b") && reason.contains("15m"), "{reason}");
         let blip = failover_step(&[failing("a", 1, 0), failing("b", 900, 900)], Some("a"), &H);
         assert!(matches!(blip, FailoverStep::ReplaceStandby { .. }), "a holder within its blip still serves");
+    }
+
+    #[test]
+    fn clients_roll_one_at_a_time_the_holders_last_after_a_handover() {
+        use Client::*;
+        let (zero, patience) = ([Duration::ZERO; 2], Duration::from_secs(60));
+        let all = |c| [Some(c), Some(c)];
+        assert_eq!(roll(all(Current), Some(0), [true; 2], zero, patience), Roll::default());
+        // Both stale: the standby (b) first; the holder waits.
+        assert_eq!(roll(all(Stale), Some(0), [true; 2], zero, patience), Roll { handover_to: None, apply: vec![1] });
+        // b rolled and restarting (not passing yet): the holder still waits.
+        let waiting = roll([Some(Stale), Some(Current)], Some(0), [true, false], zero, patience);
+        assert_eq!(waiting, Roll::default());
+        // b passes: the address goes to b, then a's client rolls.
+        let handover = roll([Some(Stale), Some(Current)], Some(0), [true; 2], zero, patience);
+        assert_eq!(handover, Roll { handover_to: Some(1), apply: vec![0] });
+        // b has been failing past the patience: no better server, a rolls in place.
+        let alone = roll([Some(Stale), Some(Current)], Some(0), [true, false], [Duration::ZERO, patience], patience);
+        assert_eq!(alone, Roll { handover_to: None, apply: vec![0] });
+        let no_standby = roll([Some(Stale), None], Some(0), [true, false], [Duration::ZERO, patience], patience);
+        assert_eq!(no_standby.apply, [0]);
+    }
+
+    #[test]
+    fn missing_clients_are_made_at_once_and_without_a_holder_everything_applies() {
+        use Client::*;
+        let (zero, patience) = ([Duration::ZERO; 2], Duration::from_secs(60));
+        let r = roll([Some(Missing), Some(Missing)], None, [false; 2], zero, patience);
+        assert_eq!(r, Roll { handover_to: None, apply: vec![0, 1] });
+        let r = roll([Some(Missing), Some(Current)], Some(0), [false, true], zero, patience);
+        assert_eq!(r.apply, [0], "the holder's client is gone anyway");
+        let r = roll([Some(Stale), Some(Stale)], None, [true; 2], zero, patience);
+        assert_eq!(r.apply, [0, 1], "no address to protect yet");
+        assert_eq!(roll([None, Some(Stale)], Some(1), [false, true], zero, patience), Roll::default());
     }
 
     #[test]
