@@ -139,14 +139,7 @@ async fn deployments_are_limited_to_unprivileged_tunnel_clients(
     let dry_run = PostParams { dry_run: true, ..Default::default() };
     let client: Deployment = serde_json::from_value(exact.clone()).unwrap();
     let deployments: Api<Deployment> = Api::namespaced(sa.clone(), client_ns);
-    // The policy reads its parameters (the image) from a ConfigMap its informer may not have
-    // seen yet right after an install.
-    crate::common::eventually(
-        "the tunnel client skyport writes admitted",
-        std::time::Duration::from_secs(30),
-        || async { deployments.create(&dry_run, &client).await.ok().map(drop) },
-    )
-    .await;
+    deployments.create(&dry_run, &client).await.expect("the tunnel client skyport writes is admitted");
     let pod = "/spec/template/spec";
     let variants: [(&str, &str, Value); 14] = [
         ("a privileged container", "/containers/0/securityContext", json!({"privileged": true})),
