@@ -33,8 +33,10 @@ def layer(files, dirs, texts):
     seen = set()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for dest, mode in dirs:
-            add_dirs(tar, seen, dest + "/x")
+            # Parents only: a tar naming a path twice is refused by containers/storage (buildah).
+            add_dirs(tar, seen, dest)
             d = dest.strip("/")
+            seen.add(d)
             info = tarfile.TarInfo(d)
             info.type, info.mode, info.mtime = tarfile.DIRTYPE, mode, EPOCH
             tar.addfile(info)
