@@ -35,6 +35,11 @@ async fn kubectl_apply_k_runs_the_operator_from_an_overlay_and_delete_k_leaves_n
     let image = operator.spec.as_ref().map(|s| s.containers[0].image.clone().unwrap_or_default());
     assert_eq!(image, Some(format!("{repository}:{tag}")), "the overlay's image runs");
     super::hardened(&node, &operator, "skyport", super::MEMORY_LIMIT);
+    assert_eq!(
+        tunnel_client_image(&operator),
+        format!("{repository}:{tag}"),
+        "the overlay's image also runs the tunnel clients, so they are the operator's version"
+    );
 
     node.kubectl(&["create", "namespace", APP_NS], None);
     let queues: Api<Queue> = Api::namespaced(node.client.clone(), APP_NS);
@@ -66,6 +71,16 @@ async fn kubectl_apply_k_runs_the_operator_from_an_overlay_and_delete_k_leaves_n
     let left: Vec<&str> = cluster.lines().filter(|l| l.contains("skyport")).collect();
     assert!(left.is_empty(), "cluster-scoped objects left behind after kubectl delete -k: {left:?}");
     node.kubectl(&["delete", "namespace", APP_NS, "--wait=false"], None);
+}
+
+/// The image the operator gives tunnel clients, by clap's rule: the flag, else its environment
+/// variable, else the built-in default.
+fn tunnel_client_image(pod: &Pod) -> String {
+    let container = &pod.spec.as_ref().expect("Pod spec").containers[0];
+    let flag = container.args.iter().flatten().find_map(|a| a.strip_prefix("--tunnel-client-image="));
+    let env = container.env.iter().flatten().find(|e| e.name == "SKYPORT_TUNNEL_CLIENT_IMAGE");
+    let env = env.and_then(|e| e.value.as_deref());
+    flag.or(env).unwrap_or(skyport::config::OWN_IMAGE).to_string()
 }
 
 /// A kustomization over deploy/ in a fresh directory: the image and the AWS Secret only.
