@@ -9,8 +9,8 @@
 #   - the `build` stage (rust:alpine + apk): the same static musl binary, built with cargo on the
 #     host (the `dev` profile by default, for build time; SKYPORT_IMAGE_PROFILE=dist builds the
 #     Dockerfile's profile, ~25 min cold on 2 cores);
-#   - the base gcr.io/distroless/static-debian12:nonroot: a stand-in written by oci-image.py with
-#     what the project relies on from distroless: Debian's CA bundle at
+#   - the base gcr.io/distroless/static-debian12:nonroot: a stand-in made with `buildah from
+#     scratch` holding what the project relies on from distroless: Debian's CA bundle at
 #     /etc/ssl/certs/ca-certificates.crt (and SSL_CERT_FILE naming it), root/nobody/nonroot in
 #     /etc/passwd and /etc/group, /tmp, /home/nonroot, no shell.
 # The tag is the hash of what went in (binary, Dockerfile, base), so a change is a new image.
@@ -42,22 +42,8 @@ fi
 mkdir -p "$out/image-build-stage"
 strip -o "$out/image-build-stage/skyport" "$out/skyport"
 
-base_args=(
-  --file /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:644
-  --dir /tmp:1777 --dir /home/nonroot:700
-  --text "/etc/passwd=root:x:0:0:root:/root:/sbin/nologin
-nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin
-nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin
-"
-  --text "/etc/group=root:x:0:
-nobody:x:65534:
-nonroot:x:65532:
-"
-  --user 65532 --env SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
-)
-sum="$( { sha256sum "$out/image-build-stage/skyport" "$ROOT/Dockerfile" "$ROOT/tests/env/oci-image.py" \
-  /etc/ssl/certs/ca-certificates.crt; printf '%s\n' "${base_args[@]}" "$(buildah --version)"; } \
-  | sha256sum | cut -c1-16)"
+sum="$(cat "$out/image-build-stage/skyport" "$ROOT/Dockerfile" "${BASH_SOURCE[0]}" \
+  /etc/ssl/certs/ca-certificates.crt <(buildah --version) | sha256sum | cut -c1-16)"
 ref="skyport.test/skyport:$profile-$sum"
 archive="$out/skyport-image-$sum.tar"
 if [[ ! -f "$archive" ]]; then
@@ -66,9 +52,25 @@ if [[ ! -f "$archive" ]]; then
   store="$(mktemp -d "$out/buildah.XXXXXX")"
   trap 'rm -rf "$store"' EXIT
   b() { buildah --root "$store/root" --runroot "$store/run" --storage-driver vfs "$@"; }
-  python3 "$ROOT/tests/env/oci-image.py" "$store/base.tar" localhost/skyport-test/distroless-static:nonroot "${base_args[@]}"
-  b pull -q oci-archive:"$store/base.tar" >/dev/null
-  # No RUN runs (the stages with RUN are replaced), so no container runtime is involved.
+
+  # The distroless stand-in, from scratch: only files, nothing runs in it.
+  base="$(b from scratch)"
+  rootfs="$(b mount "$base")"
+  install -D -m 644 /etc/ssl/certs/ca-certificates.crt "$rootfs/etc/ssl/certs/ca-certificates.crt"
+  install -d -m 1777 "$rootfs/tmp"
+  install -d -m 700 -o 65532 -g 65532 "$rootfs/home/nonroot"
+  printf '%s\n' root:x:0:0:root:/root:/sbin/nologin nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin \
+    nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin >"$rootfs/etc/passwd"
+  printf '%s\n' root:x:0: nobody:x:65534: nonroot:x:65532: >"$rootfs/etc/group"
+  chmod 644 "$rootfs/etc/passwd" "$rootfs/etc/group"
+  b umount "$base" >/dev/null
+  b config --user 65532 --workingdir /home/nonroot \
+    --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    --env SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt "$base"
+  b commit -q --timestamp 0 "$base" localhost/skyport-test/distroless-static:nonroot >/dev/null
+
+  # The Dockerfile. No RUN runs (the stages with RUN are replaced), so no container runtime is
+  # involved.
   b build -q --pull=never --timestamp 0 -f "$ROOT/Dockerfile" -t "$ref" \
     --build-context build="$out/image-build-stage" \
     --build-context "$base_ref=container-image://localhost/skyport-test/distroless-static:nonroot" \

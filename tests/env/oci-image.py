@@ -33,10 +33,8 @@ def layer(files, dirs, texts):
     seen = set()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for dest, mode in dirs:
-            # Parents only: a tar naming a path twice is refused by containers/storage (buildah).
-            add_dirs(tar, seen, dest)
+            add_dirs(tar, seen, dest + "/x")
             d = dest.strip("/")
-            seen.add(d)
             info = tarfile.TarInfo(d)
             info.type, info.mode, info.mtime = tarfile.DIRTYPE, mode, EPOCH
             tar.addfile(info)
