@@ -32,7 +32,9 @@ command -v musl-gcc >/dev/null || missing+=(musl-tools)   # C parts of the musl 
 command -v buildah >/dev/null || missing+=(buildah)
 if ((${#missing[@]})); then
   echo "build-image: installing ${missing[*]}" >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+  apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2; }
+  # A machine whose package lists are missing or stale needs them fetched first.
+  apt_install || { apt-get update -qq >&2 && apt_install; }
 fi
 [[ -f /etc/ssl/certs/ca-certificates.crt ]] || { echo "build-image: no CA bundle (Debian's ca-certificates)" >&2; exit 1; }
 (cd "$ROOT" && cargo build --profile "$profile" --locked --target "$target" --bin skyport >&2)
