@@ -167,19 +167,20 @@ async fn helm_install_on_the_node_runs_the_operator_as_users_get_it_and_uninstal
     ]);
     let operator = ready_pods(&pods, 1).await.remove(0);
     hardened(&node, &operator, "skyport", MEMORY_LIMIT);
-    let address = tunnel::web_through_a_tunnel(&node, APP_NS).await;
-    let app_pods: Api<Pod> = Api::namespaced(node.client.clone(), APP_NS);
-    let client = app_pods.get(&tunnel::client_pod(&node, APP_NS).await).await.expect("client Pod");
+    let address = tunnel::web_through_a_tunnel(&node, APP_NS, NS).await;
+    // The client runs in the operator's namespace; the tenant's holds only its own Pods.
+    let client = pods.get(&tunnel::client_pod(&node, NS).await).await.expect("client Pod");
     hardened(&node, &client, "tunnel-client", CLIENT_MEMORY_LIMIT);
+    let app_pods: Api<Pod> = Api::namespaced(node.client.clone(), APP_NS);
+    let clients = ListParams::default().labels("app.kubernetes.io/name=skyport-tunnel-client");
+    assert!(app_pods.list(&clients).await.unwrap().items.is_empty(), "a tunnel client in {APP_NS}");
 
     // Uninstall as deploy/README.md says: LoadBalancer Services and Queues first, while the
     // operator runs; the exit server goes with the Service.
     node.kubectl(&["-n", APP_NS, "delete", "service", "web"], None);
     eventually("the exit server gone", TIMEOUT, || async { tunnel::get(&address).await.is_none().then_some(()) }).await;
     eventually("the tunnel client Pod gone", TIMEOUT, || async {
-        let list =
-            app_pods.list(&ListParams::default().labels("app.kubernetes.io/name=skyport-tunnel-client")).await.ok()?;
-        list.items.is_empty().then_some(())
+        pods.list(&clients).await.ok()?.items.is_empty().then_some(())
     })
     .await;
     queues.delete_collection(&DeleteParams::default(), &ListParams::default()).await.expect("delete Queues");
