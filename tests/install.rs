@@ -109,7 +109,15 @@ async fn helm_install_on_the_node_runs_the_operator_as_users_get_it_and_uninstal
     // And through the metrics Service's cluster IP, which only kube-proxy's rules lead to a Pod.
     let service =
         node.kubectl(&["-n", NS, "get", "service", "skyport-metrics", "-o", "jsonpath={.spec.clusterIP}"], None);
-    assert!(scrape(&format!("{service}:8080")).await.contains("skyport_build_info"));
+    // kube-proxy programs a new Service's rules shortly after its endpoints appear (its sync
+    // period), and until then refuses connections; after a Service of the same name was just
+    // removed (the kustomize install) that moment is visible.
+    let service = format!("{service}:8080");
+    eventually("kube-proxy forwarding to skyport-metrics", TIMEOUT, || async {
+        tokio::net::TcpStream::connect(&service).await.ok().map(drop)
+    })
+    .await;
+    assert!(scrape(&service).await.contains("skyport_build_info"));
 
     // A Queue goes Ready: the leader reached SQS (LocalStack) from its Pod.
     node.kubectl(&["create", "namespace", APP_NS], None);
