@@ -1,9 +1,11 @@
 //! `kubectl apply -k` on the test node, as deploy/README.md tells users to install: an overlay
-//! that sets the image with kustomize's `images:` and generates the `skyport-aws` Secret (region,
-//! LocalStack's endpoint, credentials), deploy/ itself unchanged. The operator Pod becomes Ready and runs
-//! hardened, a Queue goes Ready, and after the README's uninstall (Queues first, then
-//! `kubectl delete -k`) nothing of the install is left: not the namespace, the CRDs, the
-//! cluster-wide RBAC and admission policies, nor the SQS queue.
+//! that sets the image with kustomize's `images:` (and, by its `replacements:`, in the admission
+//! policy), generates the `skyport-aws` Secret (region, LocalStack's endpoint, credentials) and
+//! selects the local exit-server provider, deploy/ itself unchanged. The operator Pod becomes Ready and runs hardened, a Queue goes Ready, a
+//! LoadBalancer Service carries HTTP through a tunnel client Pod of the overlay's image, and
+//! after the README's uninstall (Services and Queues first, then `kubectl delete -k`) nothing of
+//! the install is left: not the namespace, the CRDs, the cluster-wide RBAC and admission
+//! policies, nor the SQS queue.
 
 use std::path::{Component, Path, PathBuf};
 
@@ -11,7 +13,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams};
 use skyport::crd::Queue;
 
-use super::{NS, ONE_INSTALL_AT_A_TIME, TIMEOUT, node};
+use super::{NS, ONE_INSTALL_AT_A_TIME, TIMEOUT, node, tunnel};
 use crate::common::{self, eventually};
 use crate::deploy::harness::root;
 
@@ -25,7 +27,7 @@ async fn kubectl_apply_k_runs_the_operator_from_an_overlay_and_delete_k_leaves_n
     let (repository, tag) = node.import_skyport_image();
     super::remove_earlier_installs(&node);
 
-    let overlay = overlay(&repository, &tag, &node.aws_endpoint);
+    let overlay = overlay(&repository, &tag, &node.aws_endpoint, &node.exit_addresses);
     let overlay = overlay.to_string_lossy();
     node.kubectl(&["apply", "-k", &overlay], None);
     node.kubectl(&["-n", NS, "rollout", "status", "deployment/skyport", "--timeout=4m"], None);
@@ -35,18 +37,28 @@ async fn kubectl_apply_k_runs_the_operator_from_an_overlay_and_delete_k_leaves_n
     let image = operator.spec.as_ref().map(|s| s.containers[0].image.clone().unwrap_or_default());
     assert_eq!(image, Some(format!("{repository}:{tag}")), "the overlay's image runs");
     super::hardened(&node, &operator, "skyport", super::MEMORY_LIMIT);
-    assert_eq!(
-        tunnel_client_image(&operator),
-        format!("{repository}:{tag}"),
-        "the overlay's image also runs the tunnel clients, so they are the operator's version"
-    );
 
     node.kubectl(&["create", "namespace", APP_NS], None);
     let queues: Api<Queue> = Api::namespaced(node.client.clone(), APP_NS);
     let sqs = common::sqs().await;
     super::create_ready_queue(&queues, &sqs, APP_NS, "orders").await;
 
-    // deploy/README.md's uninstall: Queues while the operator runs, then everything else.
+    // A LoadBalancer Service: the client Pod runs the overlay's image too (the admission policy
+    // admits exactly the image the operator hands its clients), so bytes flow.
+    let address = tunnel::web_through_a_tunnel(&node, APP_NS, NS).await;
+    let client = pods.get(&tunnel::client_pod(&node, NS).await).await.expect("client Pod");
+    let image = client.spec.as_ref().map(|s| s.containers[0].image.clone().unwrap_or_default());
+    assert_eq!(image, Some(format!("{repository}:{tag}")), "the tunnel client runs the overlay's image");
+    super::hardened(&node, &client, "tunnel-client", super::CLIENT_MEMORY_LIMIT);
+    node.kubectl(&["-n", APP_NS, "delete", "service", "web"], None);
+    eventually("the exit server gone", TIMEOUT, || async { tunnel::get(&address).await.is_none().then_some(()) }).await;
+    eventually("the tunnel client Pod gone", TIMEOUT, || async {
+        let clients = ListParams::default().labels("app.kubernetes.io/name=skyport-tunnel-client");
+        pods.list(&clients).await.ok()?.items.is_empty().then_some(())
+    })
+    .await;
+
+    // deploy/README.md's uninstall: Services and Queues while the operator runs, then the rest.
     queues.delete_collection(&DeleteParams::default(), &ListParams::default()).await.expect("delete Queues");
     common::wait_gone(&queues, "orders", TIMEOUT).await;
     let gone = super::sqs_name(APP_NS, "orders");
@@ -73,18 +85,11 @@ async fn kubectl_apply_k_runs_the_operator_from_an_overlay_and_delete_k_leaves_n
     node.kubectl(&["delete", "namespace", APP_NS, "--wait=false"], None);
 }
 
-/// The image the operator gives tunnel clients, by clap's rule: the flag, else its environment
-/// variable, else the built-in default.
-fn tunnel_client_image(pod: &Pod) -> String {
-    let container = &pod.spec.as_ref().expect("Pod spec").containers[0];
-    let flag = container.args.iter().flatten().find_map(|a| a.strip_prefix("--tunnel-client-image="));
-    let env = container.env.iter().flatten().find(|e| e.name == "SKYPORT_TUNNEL_CLIENT_IMAGE");
-    let env = env.and_then(|e| e.value.as_deref());
-    flag.or(env).unwrap_or(skyport::config::OWN_IMAGE).to_string()
-}
-
-/// A kustomization over deploy/ in a fresh directory: the image and the AWS Secret only.
-fn overlay(repository: &str, tag: &str, aws_endpoint: &str) -> PathBuf {
+/// A kustomization over deploy/ in a fresh directory: the image, the AWS Secret, and the local
+/// exit-server provider as the chart's `tunnel.provider: local` renders it (on the node's
+/// network, for tunnel client Pods to reach its servers, which the namespace's Pod Security
+/// level must then allow; state in an emptyDir, the root is read-only).
+fn overlay(repository: &str, tag: &str, aws_endpoint: &str, exit_addresses: &str) -> PathBuf {
     let dir = std::env::temp_dir().join("skyport-install-overlay");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("overlay directory");
@@ -98,6 +103,13 @@ images:
   - name: ghcr.io/skyport-dev/skyport
     newName: {repository}
     newTag: {tag}
+# deploy/README.md's overlay: the admission policy admits tunnel clients of this image only.
+replacements:
+  - source: {{kind: Deployment, name: skyport, fieldPath: 'spec.template.spec.containers.[name=skyport].image'}}
+    targets:
+      - select: {{kind: ValidatingAdmissionPolicy, name: skyport-writes-only-its-own-objects}}
+        fieldPaths: ['spec.variables.[name=clientImage].expression']
+        options: {{delimiter: \"'\", index: 1}}
 secretGenerator:
   - name: skyport-aws
     namespace: {NS}
@@ -108,6 +120,23 @@ secretGenerator:
       - AWS_SECRET_ACCESS_KEY={secret}
 generatorOptions:
   disableNameSuffixHash: true
+patches:
+  # The base's namespace enforces the restricted Pod Security Standard, which forbids the
+  # node's network.
+  - target: {{kind: Namespace, name: {NS}}}
+    patch: |
+      - {{op: replace, path: /metadata/labels/pod-security.kubernetes.io~1enforce, value: privileged}}
+  - target: {{kind: Deployment, name: skyport}}
+    patch: |
+      - {{op: add, path: /spec/template/spec/hostNetwork, value: true}}
+      - {{op: add, path: /spec/template/spec/dnsPolicy, value: ClusterFirstWithHostNet}}
+      - {{op: add, path: /spec/template/spec/containers/0/args/-, value: --provider=local}}
+      - {{op: add, path: /spec/template/spec/containers/0/args/-, value: --local-state-dir=/var/run/skyport-local-hosts}}
+      - {{op: add, path: /spec/template/spec/containers/0/args/-, value: --local-addresses={exit_addresses}}}
+      - {{op: add, path: /spec/template/spec/volumes, value: [{{name: local-hosts, emptyDir: {{}}}}]}}
+      - op: add
+        path: /spec/template/spec/containers/0/volumeMounts
+        value: [{{name: local-hosts, mountPath: /var/run/skyport-local-hosts}}]
 ",
         base = relative(&dir, &root().join("deploy")),
         key = var("AWS_ACCESS_KEY_ID"),
