@@ -137,10 +137,17 @@ async fn deployments_are_limited_to_unprivileged_tunnel_clients(
     // The client as skyport writes it is admitted in the operator's namespace (a dry run), so
     // each refusal below is for the one thing changed.
     let dry_run = PostParams { dry_run: true, ..Default::default() };
+    let pod = "/spec/template/spec";
     let client: Deployment = serde_json::from_value(exact.clone()).unwrap();
     let deployments: Api<Deployment> = Api::namespaced(sa.clone(), client_ns);
     deployments.create(&dry_run, &client).await.expect("the tunnel client skyport writes is admitted");
-    let pod = "/spec/template/spec";
+    // A highly available Tunnel's two clients too, each mounting only its Tunnel's Secret.
+    let slot = serde_json::to_value(desired::deployment(t, &at.for_slot("b"), OWN_IMAGE, "0").unwrap()).unwrap();
+    let slot_client: Deployment = serde_json::from_value(slot.clone()).unwrap();
+    deployments.create(&dry_run, &slot_client).await.expect("a highly available Tunnel's client is admitted");
+    let mut foreign = slot.clone();
+    set(&mut foreign, &format!("{pod}/volumes/0/secret/secretName"), json!("skyport-aws"));
+    create_refused::<Deployment>(sa, admin, client_ns, foreign, "a pair's client mounting another Secret").await;
     let variants: [(&str, &str, Value); 14] = [
         ("a privileged container", "/containers/0/securityContext", json!({"privileged": true})),
         ("a container allowed to escalate", "/containers/0/securityContext/allowPrivilegeEscalation", json!(true)),
