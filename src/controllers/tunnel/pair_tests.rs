@@ -196,3 +196,36 @@ async fn a_config_change_rolls_the_standbys_client_first_then_hands_the_address_
     pass(&h).await;
     assert_eq!(ha(&h).active.as_deref(), Some("h-2"), "and it stays");
 }
+
+#[tokio::test]
+async fn in_the_operators_namespace_both_clients_go_with_the_tunnel_and_so_do_both_servers() {
+    let settings = TunnelArgs { client_namespace: Some("skyport-system".into()), ..Default::default() };
+    let mut h = harness_settings(settings);
+    h.add_service();
+    let mut t = (*h.new_tunnel()).clone();
+    t.spec.address = Some(TunnelAddress { mode: AddressMode::Reserved, ..Default::default() });
+    t.spec.high_availability = Some(HighAvailability::default());
+    let t = h.put_tunnel(&t);
+    h.reconcile(t.clone()).await.unwrap();
+    assert_eq!(ready(&h.current()), (ConditionStatus::True, "Active".into()));
+    let at = placement::Placement::of(&t, Some("skyport-system")).unwrap();
+    let paths = ["a", "b"]
+        .map(|slot| format!("/apis/apps/v1/namespaces/skyport-system/deployments/{}", at.for_slot(slot).deployment));
+    for path in &paths {
+        let d = h.api.get(path).expect("a client per server in the operator's namespace");
+        assert_eq!(d["metadata"]["labels"][placement::LABEL_TUNNEL_UID], json!("tunnel-uid"), "{path}");
+    }
+
+    let mut t = h.current();
+    t.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
+    let svc = serde_json::from_value(h.api.get(SERVICE).unwrap()).unwrap();
+    h.services.apply_watcher_event(&kube::runtime::watcher::Event::Apply(svc));
+    h.reconcile(h.put_tunnel(&t)).await.unwrap();
+    assert_eq!(h.current().metadata.finalizers, Some(vec![]));
+    for path in &paths {
+        assert!(h.api.get(path).is_none(), "{path} deleted with its Tunnel");
+    }
+    assert!(h.provider.hosts().is_empty(), "both exit servers deleted");
+    assert!(h.provider.addresses().is_empty(), "the address released");
+}
