@@ -255,6 +255,8 @@ async fn start_tunnels(
         .add_orphan_addresses(move || released.orphan_addresses_released.load(std::sync::atomic::Ordering::Relaxed));
     let moved = ctx.clone();
     state.metrics.add_failovers(move || moved.failovers.load(std::sync::atomic::Ordering::Relaxed));
+    let unserved = ctx.clone();
+    state.metrics.add_unserved(move || unserved.unserved.seconds());
     Ok(async move {
         tokio::join!(tunnels, services);
     }

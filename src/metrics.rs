@@ -15,6 +15,7 @@
 //! | `skyport_orphan_hosts_deleted_total` (while the Tunnel controllers run) | |
 //! | `skyport_orphan_addresses_released_total` (while the Tunnel controllers run) | |
 //! | `skyport_tunnel_failovers_total` (while the Tunnel controllers run) | |
+//! | `skyport_tunnel_unserved_seconds_total` (while the Tunnel controllers run) | |
 //! | `skyport_cloud_api_calls_total` | `provider`, `operation`, `outcome` (`success` or an error label) |
 //! | `skyport_rate_limiter_waits_total` | `provider` |
 //! | `skyport_rate_limiter_wait_seconds_total` | `provider` |
@@ -141,6 +142,7 @@ struct Sources {
     orphans: Option<CounterFn>,
     orphan_addresses: Option<CounterFn>,
     failovers: Option<CounterFn>,
+    unserved: Option<Box<dyn Fn() -> f64 + Send + Sync>>,
 }
 
 /// Reads the registered controllers and providers on each scrape.
@@ -216,6 +218,11 @@ impl Collector for SourcesCollector {
             let help = "Reserved addresses of highly available Tunnels moved to the standby exit server";
             let m = enc.encode_descriptor("tunnel_failovers", help, None, MetricType::Counter)?;
             ConstCounter::new(failovers()).encode(m)?;
+        }
+        if let Some(unserved) = &sources.unserved {
+            let help = "Seconds highly available Tunnels that were Active once spent with no exit server passing behind their address";
+            let m = enc.encode_descriptor("tunnel_unserved_seconds", help, None, MetricType::Counter)?;
+            ConstCounter::new(unserved()).encode(m)?;
         }
         let clouds: Vec<(&'static str, CloudSnapshot)> =
             sources.clouds.iter().map(|c| (c.provider, (c.snapshot)())).collect();
@@ -312,6 +319,11 @@ impl Metrics {
         self.sources.0.lock().unwrap_or_else(|p| p.into_inner()).failovers = Some(Box::new(failovers));
     }
 
+    /// Adds the Tunnel controller's time without a healthy path.
+    pub fn add_unserved(&self, seconds: impl Fn() -> f64 + Send + Sync + 'static) {
+        self.sources.0.lock().unwrap_or_else(|p| p.into_inner()).unserved = Some(Box::new(seconds));
+    }
+
     /// The current values as OpenMetrics text ([`CONTENT_TYPE`]).
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -341,6 +353,7 @@ mod tests {
         metrics.add_orphans(|| 3);
         metrics.add_orphan_addresses(|| 2);
         metrics.add_failovers(|| 4);
+        metrics.add_unserved(|| 1.5);
 
         let text = metrics.encode();
         for line in [
@@ -360,6 +373,7 @@ mod tests {
             "skyport_orphan_hosts_deleted_total 3",
             "skyport_orphan_addresses_released_total 2",
             "skyport_tunnel_failovers_total 4",
+            "skyport_tunnel_unserved_seconds_total 1.5",
             r#"skyport_build_info{version="#,
             "# TYPE skyport_reconcile_duration_seconds histogram",
             "# EOF",

@@ -86,6 +86,8 @@ pub struct State {
     pub streaks: observe::Streaks,
     /// Failovers of highly available Tunnels: the reserved address moved to the standby.
     pub failovers: std::sync::atomic::AtomicU64,
+    /// Time highly available Tunnels spent without a server passing behind their address.
+    pub unserved: observe::Unserved,
     /// The end-to-end health check ([`observe::NetworkProbe`]; a fake in reconcile tests).
     pub probe: Arc<dyn observe::Probe>,
 }
@@ -145,6 +147,7 @@ pub fn controller(
         failing: Default::default(),
         streaks: Default::default(),
         failovers: Default::default(),
+        unserved: Default::default(),
         probe: Arc::new(observe::NetworkProbe),
     };
     let ctx = Arc::new(Context::new(client, backoff, state));

@@ -117,6 +117,40 @@ impl Streaks {
     }
 }
 
+/// The time highly available Tunnels spent unserved: Active once, then a pass without a server
+/// passing behind the address. Summed pass by pass: each adds the time since that Tunnel's
+/// previous pass, at most [`UNSERVED_STEP`] (a longer one means the operator was away).
+#[derive(Default)]
+pub struct Unserved {
+    last: Mutex<HashMap<String, Instant>>,
+    micros: std::sync::atomic::AtomicU64,
+}
+
+/// The most one pass adds to [`Unserved`].
+pub const UNSERVED_STEP: Duration = Duration::from_secs(5);
+
+impl Unserved {
+    /// Records a pass of Tunnel `uid`: `serving` is `None` before it was first Active.
+    pub fn record(&self, uid: &str, serving: Option<bool>) {
+        let now = Instant::now();
+        let previous = self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(uid.to_string(), now);
+        if let (Some(previous), Some(false)) = (previous, serving) {
+            let step = now.duration_since(previous).min(UNSERVED_STEP);
+            let micros = u64::try_from(step.as_micros()).unwrap_or(u64::MAX);
+            self.micros.fetch_add(micros, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Drops a deleted Tunnel.
+    pub fn forget(&self, uid: &str) {
+        self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(uid);
+    }
+
+    pub fn seconds(&self) -> f64 {
+        Duration::from_micros(self.micros.load(std::sync::atomic::Ordering::Relaxed)).as_secs_f64()
+    }
+}
+
 /// The Tunnel's reserved address: the one recorded in status if it still exists (it is the one
 /// that may be published), else the lowest id of those carrying the Tunnel's UID tag.
 pub struct FoundAddress {

@@ -229,3 +229,20 @@ async fn in_the_operators_namespace_both_clients_go_with_the_tunnel_and_so_do_bo
     assert!(h.provider.hosts().is_empty(), "both exit servers deleted");
     assert!(h.provider.addresses().is_empty(), "the address released");
 }
+
+#[tokio::test]
+async fn time_without_a_passing_server_is_counted_once_the_tunnel_was_active() {
+    let (h, t) = pair();
+    h.probe.answer(false);
+    h.reconcile(t).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    pass(&h).await;
+    assert_eq!(h.ctx.unserved.seconds(), 0.0, "booting is not unserved");
+    h.probe.answer(true);
+    pass(&h).await;
+    h.probe.answer(false);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    pass(&h).await;
+    let unserved = h.ctx.unserved.seconds();
+    assert!(unserved >= 0.05, "{unserved}");
+}

@@ -69,6 +69,7 @@ fn harness_set(
         failing: Default::default(),
         streaks: Default::default(),
         failovers: Default::default(),
+        unserved: Default::default(),
         probe: probe.clone(),
     };
     let backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));

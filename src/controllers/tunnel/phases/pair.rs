@@ -141,6 +141,8 @@ impl Pass<'_> {
         let active_slot = slots.iter().find(|s| s.id().is_some() && s.id() == active.as_deref());
         let active_check = active_slot.and_then(|s| s.check.as_ref());
         let ready = active_check.is_some_and(|(h, _)| h.passing());
+        let was_active = self.status().observed_generation.is_some() || ready;
+        ctx.unserved.record(&want.uid, was_active.then_some(ready));
         let withdraw = !ready && active_check.is_none_or(|(h, _)| h.failing_for >= ctx.settings.withdraw_after);
         if let Some(service) = want.publishes() {
             match (&address, ready) {
