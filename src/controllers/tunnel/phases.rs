@@ -10,6 +10,10 @@
 //! 6. [`Pass::traffic`]: the end-to-end probe decides Ready and the Service's ingress, or a
 //!    replacement.
 //!
+//! A highly available Tunnel (`spec.highAvailability`) leaves after the credentials for
+//! [`Pass::pair`] (`pair.rs`): two exit servers, two clients, the reserved address moved between
+//! them.
+//!
 //! Each phase decides with `plan`, writes with `act` and records what it reached through
 //! [`Pass::record`], the one place that writes a Tunnel's status (deletion and failure reports
 //! included). A phase that must wait returns `None` or a [`Blocked`].
