@@ -275,6 +275,12 @@ impl HostProvider for DigitalOceanProvider {
         self.assign(id, host_id).await
     }
 
+    /// An assign action re-points a reserved IP at another running droplet in its region; each
+    /// droplet keeps its own public address, which its tunnel client dials.
+    fn moves_addresses(&self) -> Result<(), String> {
+        Ok(())
+    }
+
     async fn release_address(&self, id: &str) -> Result<(), HostError> {
         self.release(id).await
     }

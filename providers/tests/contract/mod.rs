@@ -200,7 +200,7 @@ pub async fn run_addresses(provider: &dyn HostProvider, base: &HostRequest, regi
 }
 
 /// Creates a host and reads it until it runs with a public address.
-async fn running(provider: &dyn HostProvider, request: &HostRequest, expect: &Expect) -> providers::Host {
+pub async fn running(provider: &dyn HostProvider, request: &HostRequest, expect: &Expect) -> providers::Host {
     let created = provider.create(request).await.expect("create");
     for _ in 0..expect.polls_until_running.max(1) {
         tokio::time::sleep(expect.interval).await;

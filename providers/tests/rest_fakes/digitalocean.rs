@@ -223,3 +223,39 @@ async fn digitalocean_the_droplet_limit_is_a_quota_not_a_permanent_error() {
     bad.size = Some("s-64vcpu-huge".into());
     assert_eq!(provider.create(&bad).await.unwrap_err().class(), ErrorClass::Permanent);
 }
+
+#[tokio::test]
+async fn digitalocean_moves_a_reserved_ip_between_running_droplets_each_keeping_its_own_address() {
+    let (_fake, base) = Fake::start(Kind::DigitalOcean).await;
+    let provider = do_provider(&base, TOKEN, 200);
+    assert_eq!(provider.moves_addresses(), Ok(()), "a highly available Tunnel may run here");
+    let expect = contract::Expect::booting_cloud(POLLS_UNTIL_RUNNING + 2);
+    let first = contract::running(&provider, &request("skyport-pair-a", UID), &expect).await;
+    let address = provider
+        .reserve_address(&providers::AddressRequest {
+            name: "skyport-pair".into(),
+            region: None,
+            tags: request("x", UID).tags,
+            host_id: Some(first.id.clone()),
+        })
+        .await
+        .unwrap();
+    // The second droplet where the reserved IP can go (DigitalOcean picks a region otherwise),
+    // as the controller creates it.
+    let mut standby = request("skyport-pair-b", UID);
+    standby.region = provider.address_region(&address.id).await.unwrap();
+    assert!(standby.region.is_some());
+    let second = contract::running(&provider, &standby, &expect).await;
+    // Moved while both run, as a failover does; then back.
+    for to in [&second, &first] {
+        provider.assign_address(&address.id, &to.id).await.unwrap();
+        let got = provider.get_address(&address.id).await.unwrap().expect("still reserved");
+        assert_eq!(got.host_id.as_deref(), Some(to.id.as_str()));
+    }
+    // Each droplet keeps its own public address, which its tunnel client dials.
+    for host in [&first, &second] {
+        let now = provider.get(&host.id).await.unwrap().unwrap();
+        assert_eq!(now.public_ipv4, host.public_ipv4);
+        assert_ne!(now.public_ipv4.as_deref(), Some(address.ip.as_str()));
+    }
+}

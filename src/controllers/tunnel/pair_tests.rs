@@ -246,3 +246,25 @@ async fn time_without_a_passing_server_is_counted_once_the_tunnel_was_active() {
     let unserved = h.ctx.unserved.seconds();
     assert!(unserved >= 0.05, "{unserved}");
 }
+
+#[tokio::test]
+async fn where_the_address_comes_with_a_first_host_the_second_waits_for_it() {
+    let (h, t) = pair();
+    h.provider.bind_addresses(AddressBinding::WithHost);
+    h.reconcile(t).await.unwrap();
+    assert_eq!(h.provider.hosts().len(), 1, "slot b waits for the address's region");
+    let [address] = h.provider.addresses().try_into().expect("reserved onto the first host");
+    assert_eq!(address.host_id.as_deref(), Some("h-1"));
+    pass(&h).await;
+    let slots: Vec<_> = h.provider.hosts().iter().map(|h| h.tags[TAG_TUNNEL_SLOT].clone()).collect();
+    assert_eq!(slots, ["a", "b"]);
+    // And a failover moves it with an assign, as on DigitalOcean.
+    let reserved = address.ip.clone();
+    h.probe.refuse(&reserved, true);
+    for _ in 0..3 {
+        pass(&h).await;
+    }
+    h.probe.refuse(&reserved, false);
+    assert_eq!(ha(&h).active.as_deref(), Some("h-2"));
+    assert_eq!(h.provider.addresses()[0].host_id.as_deref(), Some("h-2"));
+}

@@ -17,7 +17,7 @@ use std::time::Duration;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use providers::exit::userdata::render_client_toml;
-use providers::{Address, Host, HostState};
+use providers::{Address, AddressBinding, Host, HostState};
 
 use super::super::placement::Placement;
 use super::super::placement::SLOTS;
@@ -74,10 +74,19 @@ impl Pass<'_> {
         let recorded = self.status().high_availability.clone().unwrap_or_default();
         let reserved_ip = address.as_ref().map(|a| a.ip.clone());
         let mut slots = Vec::new();
+        // Where a reserved address exists only once it is on a first host (DigitalOcean), the
+        // second host waits for it, to be made in its region: the address cannot move between
+        // regions, and a provider left to pick may pick two.
+        let wait_for_address = address.is_none() && provider.address_binding() == AddressBinding::WithHost;
+        let address_id = address.as_ref().map(|a| a.id.clone());
         for (slot, host) in SLOTS.into_iter().zip(found.hosts) {
             let host = match host {
                 Some(host) => host,
-                None => self.create_slot(want, keys, slot).await?,
+                None if wait_for_address && slot != SLOTS[0] => {
+                    slots.push(Slot { slot, host: None, own_ip: None, check: None });
+                    continue;
+                }
+                None => self.create_slot(want, keys, (slot, address_id.as_deref())).await?,
             };
             let kept = recorded.servers.iter().find(|s| s.slot == slot && s.host_id.as_deref() == Some(&host.id));
             let own_ip = kept.and_then(|s| s.host_ip.clone()).or_else(|| {
@@ -202,10 +211,16 @@ impl Pass<'_> {
         Ok(Action::requeue(jittered(ctx.settings.failover_probe_interval.max(Duration::from_millis(100)))))
     }
 
-    /// Creates slot `slot`'s exit server and records it at once.
-    async fn create_slot(&mut self, want: &Desired, keys: &Keys, slot: &'static str) -> Result<Host> {
+    /// Creates slot `slot`'s exit server (where reserved address `address` can reach it) and
+    /// records it at once.
+    async fn create_slot(
+        &mut self,
+        want: &Desired,
+        keys: &Keys,
+        (slot, address): (&'static str, Option<&str>),
+    ) -> Result<Host> {
         let provider = want.provider.as_ref();
-        let created = act::host::create(self.tunnel, provider, &keys.server, (None, Some(slot)), self.ctx).await?;
+        let created = act::host::create(self.tunnel, provider, &keys.server, (address, Some(slot)), self.ctx).await?;
         let (id, name) = (created.id.clone(), provider.name().to_string());
         self.record(|s| {
             s.provider = Some(name);
