@@ -7,6 +7,8 @@
 //! object the server wrongly admits is deleted with the admin client before the test fails, so a
 //! failing run leaves nothing behind in kube-system.
 
+use std::time::Duration;
+
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -144,7 +146,11 @@ async fn deployments_are_limited_to_unprivileged_tunnel_clients(
     // A highly available Tunnel's two clients too, each mounting only its Tunnel's Secret.
     let slot = serde_json::to_value(desired::deployment(t, &at.for_slot("b"), OWN_IMAGE, "0").unwrap()).unwrap();
     let slot_client: Deployment = serde_json::from_value(slot.clone()).unwrap();
-    deployments.create(&dry_run, &slot_client).await.expect("a highly available Tunnel's client is admitted");
+    // Waited for: an API server that had an older policy picks the applied one up a moment later.
+    crate::common::eventually("a highly available Tunnel's client admitted", Duration::from_secs(30), || async {
+        deployments.create(&dry_run, &slot_client).await.ok().map(|_| ())
+    })
+    .await;
     let mut foreign = slot.clone();
     set(&mut foreign, &format!("{pod}/volumes/0/secret/secretName"), json!("skyport-aws"));
     create_refused::<Deployment>(sa, admin, client_ns, foreign, "a pair's client mounting another Secret").await;
