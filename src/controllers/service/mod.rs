@@ -10,8 +10,9 @@
 //! The Tunnel carries a controller reference to the Service, so deleting the Service garbage
 //! collects the Tunnel (whose finalizer deletes the exit server), and a deleted Tunnel is made
 //! again at once: `kubectl delete tunnel` means "give me a fresh exit server".
-//! Annotations `skyport.dev/provider`, `skyport.dev/region` and `skyport.dev/size` on the Service
-//! fill the Tunnel's spec when it is created; its `loadBalancerSourceRanges` become the Tunnel's
+//! Annotations `skyport.dev/provider`, `skyport.dev/region`, `skyport.dev/size`,
+//! `skyport.dev/address`, `skyport.dev/address-deletion-policy` and
+//! `skyport.dev/high-availability` on the Service fill the Tunnel's spec when it is created; its `loadBalancerSourceRanges` become the Tunnel's
 //! `spec.sourceRanges` and follow every change.
 //!
 //! Stages: [`desired`] (which Services, which Tunnel), [`plan`] (the step), [`act`] (the
