@@ -20,6 +20,7 @@
 
 mod addresses;
 pub mod machine;
+pub mod processes;
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
