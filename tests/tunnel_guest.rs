@@ -176,3 +176,72 @@ async fn a_tunnel_on_booted_guests_carries_bytes_follows_ports_outlives_a_stoppe
     assert!(files.is_empty(), "files left in the state directory: {files:?}");
     tunnels::finish_tunnels(op, ns).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "boots Debian guests: root, tests/env/build-guest.sh, the static build and tests/env.sh up"]
+async fn a_guest_that_refuses_the_binary_is_named_as_such_and_never_replaced() {
+    let Some(rootfs) = rootfs_or_skip("a_guest_that_refuses_the_binary") else { return };
+    let exe = guest_exe();
+    // The mirror serves another file than the one whose digest the operator derives.
+    let mut tampered = std::fs::read(&exe).unwrap();
+    tampered.extend_from_slice(b"\0tampered");
+    let mirror = https_mirror(tampered).await;
+    let ns = TestNs::new("tun-refused").await;
+    let state = std::env::temp_dir().join(format!("skyport-test-guests-{}", ns.name));
+    let mut guest_settings = GuestSettings::new(&state, &rootfs);
+    guest_settings.ca_file = Some(mirror.ca_file.clone());
+    let guests = Arc::new(GuestProvider::new(guest_settings).expect("guest provider"));
+    let _guests = Guests(guests.clone(), state.clone());
+    // Long enough for a busy machine's guest to have reported before a replacement is due.
+    let replace_after = Duration::from_secs(40);
+    let settings = skyport::config::TunnelArgs {
+        provider: Some("guest".into()),
+        exit_server_url: mirror.url_template.clone(),
+        skip_exit_server_check: true,
+        // Past these a VM that cannot be reached was replaced, with a generic reason.
+        boot_timeout: Duration::from_secs(20),
+        replace_after,
+        max_replacements: 3,
+        ..tunnels::fast_tunnel_settings()
+    };
+    let op = TunnelOperator::start_serving(&ns, settings, vec![guests.clone()], exe.clone()).await;
+    let services: Api<Service> = ns.api();
+    let tunnels: Api<Tunnel> = ns.api();
+    let ports = serde_json::json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
+    services
+        .create(&Default::default(), &service("web", Some("skyport.dev/tunnel"), serde_json::json!({}), ports))
+        .await
+        .unwrap();
+
+    let refused = eventually("Ready=False ExitServerArtifactRefused", Duration::from_secs(180), || async {
+        let t = tunnels.get("web-tunnel").await.ok()?;
+        let (_, reason, message) = tunnels::ready(&t)?;
+        (reason == "ExitServerArtifactRefused").then_some((t, message))
+    })
+    .await;
+    let (tunnel, message) = refused;
+    assert!(message.contains("digest-mismatch") && message.contains("--exit-server-url"), "{message}");
+    let id = host_id(&tunnel);
+    let reasons: Vec<String> = events(&ns.client, &ns.name, "web-tunnel").await.into_iter().map(|e| e.0).collect();
+    assert!(reasons.contains(&"ExitServerArtifactRefused".to_string()), "{reasons:?}");
+    let for_service: Vec<String> = events(&ns.client, &ns.name, "web").await.into_iter().map(|e| e.0).collect();
+    assert!(
+        for_service.contains(&"ExitServerArtifactRefused".to_string()),
+        "the Service's owner is told: {for_service:?}"
+    );
+
+    // Well past the replacement wait: the same guest, no new VM, no second download.
+    tokio::time::sleep(replace_after + Duration::from_secs(10)).await;
+    let after = tunnels.get("web-tunnel").await.unwrap();
+    assert_eq!(tunnels::ready(&after).map(|r| r.1), Some("ExitServerArtifactRefused".into()));
+    assert_eq!(host_id(&after), id, "a VM that refused the artifact was replaced");
+    assert_eq!(after.status.as_ref().and_then(|s| s.replacements), None);
+    let owned = guests.list_by_tag(TAG_TUNNEL_UID, &after.uid().unwrap()).await.unwrap();
+    assert_eq!(owned.len(), 1, "one guest: {owned:?}");
+    assert_eq!(mirror.downloads(), 1, "no other VM downloaded the binary");
+
+    services.delete("web", &DeleteParams::default()).await.unwrap();
+    tunnels::gone(&tunnels, "web-tunnel").await;
+    assert!(traces(&id).is_empty(), "the guest left {:?}", traces(&id));
+    tunnels::finish_tunnels(op, ns).await;
+}

@@ -305,6 +305,14 @@ impl HostProvider for GuestProvider {
         result
     }
 
+    /// The guest's console: nspawn's output, which is what the guest writes to `/dev/console`.
+    async fn console_output(&self, id: &str) -> Result<Option<String>, HostError> {
+        self.limiter.acquire("GetConsoleOutput").await;
+        let result = self.read_record(id).map(|r| r.map(|r| r.machine.console()));
+        self.finish("GetConsoleOutput", &result);
+        result
+    }
+
     fn address_binding(&self) -> AddressBinding {
         AddressBinding::AtCreate
     }

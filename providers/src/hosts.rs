@@ -204,6 +204,15 @@ pub trait HostProvider: Send + Sync {
     fn fetches_artifact(&self) -> bool {
         true
     }
+    /// What the host's console printed, as far as the provider keeps it (EC2's
+    /// GetConsoleOutput, a guest's console): the exit server's install script reports its
+    /// outcome there ([`crate::exit::userdata::InstallReport`]), so the operator can tell a VM
+    /// that refused the artifact from one it cannot reach. `Ok(None)`: this provider reads no
+    /// consoles (the default), or the host has none yet. May hold anything the VM printed: read
+    /// the report from it, never pass it on.
+    async fn console_output(&self, _id: &str) -> Result<Option<String>, HostError> {
+        Ok(None)
+    }
     /// How reserved addresses get onto hosts here.
     fn address_binding(&self) -> AddressBinding {
         AddressBinding::Assign
