@@ -217,23 +217,29 @@ pub trait HostProvider: Send + Sync {
     fn address_binding(&self) -> AddressBinding {
         AddressBinding::Assign
     }
+    /// Where this provider keeps its reserved addresses as files beside its hosts (`local`,
+    /// `guest`), which makes the address methods below theirs; `None` (the default) for the
+    /// clouds, which override those methods with their own API.
+    fn booked(&self) -> Option<&dyn crate::reservations::Booked> {
+        None
+    }
     /// Reserves a public address tagged with `request.tags` (and assigns it to
     /// `request.host_id` if set). Not idempotent: callers look up by tag first.
-    async fn reserve_address(&self, _request: &AddressRequest) -> Result<Address, HostError> {
-        Err(no_addresses(self.name()))
+    async fn reserve_address(&self, request: &AddressRequest) -> Result<Address, HostError> {
+        self.booked().ok_or_else(|| no_addresses(self.name()))?.reserve(request).await
     }
     /// The address with this id, or `None` when it was released.
-    async fn get_address(&self, _id: &str) -> Result<Option<Address>, HostError> {
-        Err(no_addresses(self.name()))
+    async fn get_address(&self, id: &str) -> Result<Option<Address>, HostError> {
+        self.booked().ok_or_else(|| no_addresses(self.name()))?.find_address(id).await
     }
     /// Points the address at host `host_id` (moving it from any earlier host); already there is
     /// success.
-    async fn assign_address(&self, _id: &str, _host_id: &str) -> Result<(), HostError> {
-        Err(no_addresses(self.name()))
+    async fn assign_address(&self, id: &str, host_id: &str) -> Result<(), HostError> {
+        self.booked().ok_or_else(|| no_addresses(self.name()))?.check_assigned(id, host_id).await
     }
     /// Unassigns and releases the address; one already released counts as released.
-    async fn release_address(&self, _id: &str) -> Result<(), HostError> {
-        Err(no_addresses(self.name()))
+    async fn release_address(&self, id: &str) -> Result<(), HostError> {
+        self.booked().ok_or_else(|| no_addresses(self.name()))?.unreserve(id).await
     }
     /// The region a reserved address is bound to, where a host must be created to take it;
     /// `None` where any host of the provider's region can (the default).
@@ -241,8 +247,8 @@ pub trait HostProvider: Send + Sync {
         Ok(None)
     }
     /// All reserved addresses carrying the canonical tag `key=value`, across every page.
-    async fn list_addresses_by_tag(&self, _key: &str, _value: &str) -> Result<Vec<Address>, HostError> {
-        Err(no_addresses(self.name()))
+    async fn list_addresses_by_tag(&self, key: &str, value: &str) -> Result<Vec<Address>, HostError> {
+        self.booked().ok_or_else(|| no_addresses(self.name()))?.addresses_by_tag(key, value).await
     }
     /// Short provider name for messages, metrics and config (`digitalocean`, `hetzner`).
     fn name(&self) -> &'static str;
