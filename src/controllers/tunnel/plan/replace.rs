@@ -259,7 +259,7 @@ mod tests {
         assert_eq!(not_started.reason(), "ExitServerNotStarted");
         let started = unreachable().with_report(Some(InstallReport::Started));
         assert_eq!((started.reason(), started), ("ExitServerUnreachable", Cause::StartedButUnreachable));
-        assert_eq!(unreachable().with_report(None), Cause::ExitServerUnreachable, "no console: as before");
+        assert_eq!(unreachable().with_report(None), Cause::ExitServerUnreachable, "no console: the probe's cause");
         // A reachable server's cause is not the console's to change.
         let client = Cause::diagnose(true, false).with_report(Some(InstallReport::ArtifactRefused("x".into())));
         assert_eq!(client, Cause::ClientNotAvailable);
