@@ -83,13 +83,12 @@ async fn a_tunnel_on_booted_guests_carries_bytes_follows_ports_outlives_a_stoppe
     guest_settings.ca_file = Some(mirror.ca_file.clone());
     let guests = Arc::new(GuestProvider::new(guest_settings).expect("guest provider"));
     let _guests = Guests(guests.clone(), state.clone());
-    let settings = skyport::config::TunnelArgs {
+    // The operator checks the binary on the mirror before buying a guest, as it would on a cloud.
+    let settings = mirror.check_settings(skyport::config::TunnelArgs {
         provider: Some("guest".into()),
         exit_server_url: mirror.url_template.clone(),
-        // The mirror's name resolves on the guests only, and its CA is theirs alone.
-        skip_exit_server_check: true,
         ..tunnels::fast_tunnel_settings()
-    };
+    });
     let op = TunnelOperator::start_serving(&ns, settings, vec![guests.clone()], exe.clone()).await;
     let services: Api<Service> = ns.api();
     let tunnels: Api<Tunnel> = ns.api();
@@ -114,6 +113,7 @@ async fn a_tunnel_on_booted_guests_carries_bytes_follows_ports_outlives_a_stoppe
     let installed = std::fs::read(machine.root().join("usr/local/bin/skyport")).unwrap();
     assert_eq!(sha256_hex(&installed), digest, "the guest runs the binary the operator vouched for");
     assert_eq!(mirror.downloads(), 1, "one download, over HTTPS");
+    assert_eq!(mirror.checks(), 1, "the operator checked the file before buying the guest");
     let owned = guests.list_by_tag(TAG_TUNNEL_UID, &first.uid().unwrap()).await.unwrap();
     assert_eq!(owned.iter().map(|h| h.id.as_str()).collect::<Vec<_>>(), [id.as_str()], "one guest, by owner tag");
 
@@ -197,6 +197,8 @@ async fn a_guest_that_refuses_the_binary_is_named_as_such_and_never_replaced() {
     let settings = skyport::config::TunnelArgs {
         provider: Some("guest".into()),
         exit_server_url: mirror.url_template.clone(),
+        // The VMs reach a mirror the operator does not (its check would refuse this file before
+        // any VM is bought): only the VM can tell.
         skip_exit_server_check: true,
         // Past these a VM that cannot be reached was replaced, with a generic reason.
         boot_timeout: Duration::from_secs(20),

@@ -110,6 +110,18 @@ pub struct TunnelArgs {
     #[arg(long = "skip-exit-server-check", env = "SKYPORT_SKIP_EXIT_SERVER_CHECK", default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub skip_exit_server_check: bool,
 
+    /// PEM file of CA certificates the operator's exit-server binary check trusts besides the
+    /// system's: a `--exit-server-url` mirror with a private CA (the VMs' image must trust it
+    /// too).
+    #[arg(long = "exit-server-ca-file", env = "SKYPORT_EXIT_SERVER_CA_FILE")]
+    pub exit_server_ca_file: Option<std::path::PathBuf>,
+
+    /// `NAME=ADDRESS`: the exit-server binary check reaches host NAME of `--exit-server-url` at
+    /// ADDRESS instead of resolving it, for a mirror the VMs know by a name the operator's DNS
+    /// does not (the port stays the URL's). Repeatable, or comma-separated.
+    #[arg(long = "exit-server-resolve", env = "SKYPORT_EXIT_SERVER_RESOLVE", value_delimiter = ',')]
+    pub exit_server_resolve: Vec<String>,
+
     /// How long a passed exit-server binary check is trusted before the file is downloaded and
     /// checked again (a failed one is retried after at most 30s).
     #[arg(long = "exit-server-check-ttl", env = "SKYPORT_EXIT_SERVER_CHECK_TTL", default_value = "1h", value_parser = humantime::parse_duration)]
@@ -234,6 +246,8 @@ impl Default for TunnelArgs {
             exit_server_url: DEFAULT_EXIT_SERVER_URL.into(),
             exit_server_sha256: Vec::new(),
             skip_exit_server_check: false,
+            exit_server_ca_file: None,
+            exit_server_resolve: Vec::new(),
             exit_server_check_ttl: Duration::from_secs(3600),
             self_exe: "/proc/self/exe".into(),
             control_port: 2333,
