@@ -221,12 +221,7 @@ impl Machine {
     /// this machine (a recycled pid belongs to some other program).
     pub fn pid(&self) -> Option<i32> {
         let pid: i32 = std::fs::read_to_string(self.dir.join("pid")).ok()?.trim().parse().ok()?;
-        let cmdline = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).ok()?).into_owned();
-        let ours = cmdline.split('\0').any(|arg| arg == format!("--machine={}", self.name));
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // The state follows the parenthesised command name; Z = exited, not yet reaped.
-        let zombie = stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z'));
-        (ours && !zombie).then_some(pid)
+        (processes::is_nspawn_of(pid, &self.name) && !processes::zombie(pid)).then_some(pid)
     }
 
     /// Powers the guest off in order (nspawn turns SIGTERM into a shutdown of the guest's

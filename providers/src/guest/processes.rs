@@ -13,11 +13,10 @@
 //! pid does not pass for it), so a sweep can tell the guests of a process that died without
 //! cleaning up (a test run cut short) from the guests of one that still runs.
 
-use std::os::unix::fs::MetadataExt as _;
-use std::time::{Duration, Instant};
-
 use std::net::Ipv4Addr;
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
