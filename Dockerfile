@@ -11,6 +11,10 @@
 #   docker build --target release-binary --output type=local,dest=dist .   # dist/skyport
 #
 # Then point the Deployment at it (deploy/README.md, "Build the image yourself").
+#
+# The tests build this file with buildah (tests/env/build-image.sh): no registry is reachable
+# there, so `--build-context` supplies the `build` stage (the same musl binary built on the host)
+# and the distroless base (a stand-in with its CA bundle and users); the final stage is as below.
 
 FROM rust:1.94-alpine AS build
 # gcc: rathole's build script (vergen) compiles C code through the cc crate; make: jemalloc

@@ -23,6 +23,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tracing::info;
 
 pub mod firewall;
+pub mod ports;
 pub mod push;
 pub mod verify;
 
@@ -66,6 +67,12 @@ pub async fn run(role: Role, config: PathBuf, push_port: u16) -> anyhow::Result<
             .with_context(|| format!("health responder cannot listen on {}", service.local_addr))?;
         info!(address = %service.local_addr, "answering the operator's tunnel health check");
         tokio::spawn(respond(listener, token));
+    }
+    // A port the server cannot listen on would leave its service dead behind a passing health
+    // check; the server refuses to start instead, and says which ([`ports`]).
+    if role == Role::Server {
+        let problems = ports::unbindable(&parsed, &ports::Ports::new());
+        anyhow::ensure!(problems.is_empty(), "cannot listen on the tunnel's service ports: {}", problems.join("; "));
     }
     // Listening before rathole starts: once the control port answers, pushes are taken too.
     if role == Role::Server && push_port != 0 {

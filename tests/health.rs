@@ -81,3 +81,41 @@ async fn the_health_check_passes_only_while_the_exit_server_serves_this_client()
     .await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// rathole binds a service's port only once a client connects for it, and one it cannot bind
+/// would leave that service dead behind a passing health check: the exit server refuses to start
+/// with a port it cannot listen on, and names it.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_exit_server_that_cannot_listen_on_a_service_port_does_not_start() {
+    let ip = format!("127.79.{}.{}", rand::random::<u8>(), 1 + rand::random::<u8>() % 250);
+    let taken = std::net::TcpListener::bind((ip.as_str(), 0)).unwrap();
+    let taken_port = taken.local_addr().unwrap().port();
+    let dir = std::env::temp_dir().join(format!("skyport-ports-{}", rand::random::<u32>()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let token = "t0k";
+    let mut server = ExitServer {
+        control_port: free_port(&ip),
+        noise_private_key: NoiseKeypair::generate().private_key,
+        services: vec![health_server_service(free_port(&ip), token)],
+    };
+    server.services.push(providers::TunnelService {
+        name: "tcp-web".into(),
+        protocol: providers::Protocol::Tcp,
+        port: taken_port,
+        token: token.into(),
+        source_ranges: Vec::new(),
+    });
+    std::fs::write(dir.join("server.toml"), render_server_toml_on(&server, &ip).unwrap()).unwrap();
+    let out = tokio::process::Command::new(skyport_exe())
+        .args(["tunnel", "server", "--config"])
+        .arg(dir.join("server.toml"))
+        .env("NO_COLOR", "1")
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(20), out).await.expect("the server gave up").unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "it started: {said}");
+    assert!(said.contains(&format!("tcp-web (tcp {ip}:{taken_port})")), "{said}");
+    let control = tokio::net::TcpStream::connect((ip.as_str(), server.control_port)).await;
+    assert!(control.is_err(), "no control port either: nothing to pass a health check");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -6,11 +6,14 @@
 //! standby replaces when it is killed, serve metrics on the Pod and through the Service, make a
 //! Queue Ready, and `helm uninstall` leaves nothing of the release behind.
 //!
+//! tests/install/kustomize.rs does the same with `kubectl apply -k`.
+//!
 //! Without the node the test fails with the reason `tests/env.sh up` recorded; `SKYPORT_NODE=0`
 //! skips it and says so.
 
 use crate::common;
 
+mod kustomize;
 mod node;
 mod tunnel;
 
@@ -33,12 +36,17 @@ const TIMEOUT: Duration = Duration::from_secs(120);
 const MEMORY_LIMIT: u64 = 256 * 1024 * 1024;
 const CLIENT_MEMORY_LIMIT: u64 = 128 * 1024 * 1024;
 
+/// The tests here install the same cluster-wide objects (CRDs, ClusterRoles, policies) on the one
+/// node, so they take turns.
+static ONE_INSTALL_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the test environment's node: tests/env.sh up"]
 async fn helm_install_on_the_node_runs_the_operator_as_users_get_it_and_uninstalls_cleanly() {
     let Some(node) = node::node().await else { return };
+    let _turn = ONE_INSTALL_AT_A_TIME.lock().await;
     let (repository, tag) = node.import_skyport_image();
-    remove_earlier_install(&node);
+    remove_earlier_installs(&node);
 
     // The credentials Secret the chart's default values name (aws.credentialsSecret).
     node.kubectl(&["create", "namespace", NS], None);
@@ -101,13 +109,21 @@ async fn helm_install_on_the_node_runs_the_operator_as_users_get_it_and_uninstal
     // And through the metrics Service's cluster IP, which only kube-proxy's rules lead to a Pod.
     let service =
         node.kubectl(&["-n", NS, "get", "service", "skyport-metrics", "-o", "jsonpath={.spec.clusterIP}"], None);
-    assert!(scrape(&format!("{service}:8080")).await.contains("skyport_build_info"));
+    // kube-proxy programs a new Service's rules shortly after its endpoints appear (its sync
+    // period), and until then refuses connections; after a Service of the same name was just
+    // removed (the kustomize install) that moment is visible.
+    let service = format!("{service}:8080");
+    eventually("kube-proxy forwarding to skyport-metrics", TIMEOUT, || async {
+        tokio::net::TcpStream::connect(&service).await.ok().map(drop)
+    })
+    .await;
+    assert!(scrape(&service).await.contains("skyport_build_info"));
 
     // A Queue goes Ready: the leader reached SQS (LocalStack) from its Pod.
     node.kubectl(&["create", "namespace", APP_NS], None);
     let queues: Api<Queue> = Api::namespaced(node.client.clone(), APP_NS);
     let sqs = common::sqs().await;
-    create_ready_queue(&queues, &sqs, "orders").await;
+    create_ready_queue(&queues, &sqs, APP_NS, "orders").await;
 
     // Kill the leader's process, as a crash would: once the Lease expires a live replica holds it
     // (the standby, or the killed container the kubelet restarted, whichever locks it first).
@@ -136,7 +152,7 @@ async fn helm_install_on_the_node_runs_the_operator_as_users_get_it_and_uninstal
     })
     .await;
     ready_pods(&pods, 2).await;
-    create_ready_queue(&queues, &sqs, "after-failover").await;
+    create_ready_queue(&queues, &sqs, APP_NS, "after-failover").await;
 
     // Tunnels with the local provider: its exit servers run in the operator's container, which
     // then takes the node's network (tunnel.local), so one replica.
@@ -159,25 +175,26 @@ async fn helm_install_on_the_node_runs_the_operator_as_users_get_it_and_uninstal
     ]);
     let operator = ready_pods(&pods, 1).await.remove(0);
     hardened(&node, &operator, "skyport", MEMORY_LIMIT);
-    let address = tunnel::web_through_a_tunnel(&node, APP_NS).await;
-    let app_pods: Api<Pod> = Api::namespaced(node.client.clone(), APP_NS);
-    let client = app_pods.get(&tunnel::client_pod(&node, APP_NS).await).await.expect("client Pod");
+    let address = tunnel::web_through_a_tunnel(&node, APP_NS, NS).await;
+    // The client runs in the operator's namespace; the tenant's holds only its own Pods.
+    let client = pods.get(&tunnel::client_pod(&node, NS).await).await.expect("client Pod");
     hardened(&node, &client, "tunnel-client", CLIENT_MEMORY_LIMIT);
+    let app_pods: Api<Pod> = Api::namespaced(node.client.clone(), APP_NS);
+    let clients = ListParams::default().labels("app.kubernetes.io/name=skyport-tunnel-client");
+    assert!(app_pods.list(&clients).await.unwrap().items.is_empty(), "a tunnel client in {APP_NS}");
 
     // Uninstall as deploy/README.md says: LoadBalancer Services and Queues first, while the
     // operator runs; the exit server goes with the Service.
     node.kubectl(&["-n", APP_NS, "delete", "service", "web"], None);
     eventually("the exit server gone", TIMEOUT, || async { tunnel::get(&address).await.is_none().then_some(()) }).await;
     eventually("the tunnel client Pod gone", TIMEOUT, || async {
-        let list =
-            app_pods.list(&ListParams::default().labels("app.kubernetes.io/name=skyport-tunnel-client")).await.ok()?;
-        list.items.is_empty().then_some(())
+        pods.list(&clients).await.ok()?.items.is_empty().then_some(())
     })
     .await;
     queues.delete_collection(&DeleteParams::default(), &ListParams::default()).await.expect("delete Queues");
     for name in ["orders", "after-failover"] {
         common::wait_gone(&queues, name, TIMEOUT).await;
-        let gone = sqs_name(name);
+        let gone = sqs_name(APP_NS, name);
         eventually(&format!("SQS queue {gone} deleted"), TIMEOUT, || async {
             (!common::queue_exists(&sqs, &gone).await).then_some(())
         })
@@ -198,34 +215,44 @@ async fn holder(leases: &Api<Lease>) -> Option<String> {
 }
 
 /// The name SQS gets for a Queue without spec.queueName: `<namespace>_<name>`.
-fn sqs_name(queue: &str) -> String {
-    format!("{APP_NS}_{queue}")
+fn sqs_name(ns: &str, queue: &str) -> String {
+    format!("{ns}_{queue}")
 }
 
-async fn create_ready_queue(queues: &Api<Queue>, sqs: &aws_sdk_sqs::Client, name: &str) {
+async fn create_ready_queue(queues: &Api<Queue>, sqs: &aws_sdk_sqs::Client, ns: &str, name: &str) {
     queues.create(&PostParams::default(), &common::queue(name, json!({}))).await.expect("create Queue");
     common::wait_ready(queues, name, ConditionStatus::True, "Available", TIMEOUT).await;
-    assert!(common::queue_exists(sqs, &sqs_name(name)).await, "SQS has the queue of {name}");
+    assert!(common::queue_exists(sqs, &sqs_name(ns, name)).await, "SQS has the queue of {name}");
 }
 
-/// What a failed earlier run may have left: its Services and Queues (deleted while its operator
-/// may still run, else their finalizers are released by hand), the release, the namespaces.
-fn remove_earlier_install(node: &node::Node) {
-    node.attempt("kubectl", &["-n", APP_NS, "delete", "services,queues", "--all", "--timeout=60s"]);
-    node.attempt(&helm(), &["uninstall", "skyport", "--namespace", NS, "--wait"]);
-    // On a fresh cluster the CRDs are not there yet (the chart brings them), so nothing is left.
-    let left = if node.attempt("kubectl", &["get", "crd", "queues.skyport.dev", "tunnels.skyport.dev"]) {
-        node.kubectl(&["-n", APP_NS, "get", "queues,tunnels", "-o", "name", "--ignore-not-found"], None)
-    } else {
-        String::new()
-    };
-    for object in left.lines() {
-        node.attempt(
-            "kubectl",
-            &["-n", APP_NS, "patch", object, "--type=merge", "-p", r#"{"metadata":{"finalizers":null}}"#],
-        );
+/// What a failed earlier run of either test may have left: its Services and Queues (deleted
+/// while its operator may still run, else their finalizers are released by hand), the Helm
+/// release or the kustomize install, the namespaces.
+fn remove_earlier_installs(node: &node::Node) {
+    let app_namespaces = [APP_NS, kustomize::APP_NS];
+    for ns in app_namespaces {
+        node.attempt("kubectl", &["-n", ns, "delete", "services,queues", "--all", "--timeout=60s"]);
     }
-    node.attempt("kubectl", &["delete", "namespace", APP_NS, NS, "--ignore-not-found", "--timeout=120s"]);
+    node.attempt(&helm(), &["uninstall", "skyport", "--namespace", NS, "--wait"]);
+    // On a fresh cluster the CRDs are not there yet (the install brings them), so nothing is left.
+    if node.attempt("kubectl", &["get", "crd", "queues.skyport.dev", "tunnels.skyport.dev"]) {
+        for ns in app_namespaces {
+            let left = node.kubectl(&["-n", ns, "get", "queues,tunnels", "-o", "name", "--ignore-not-found"], None);
+            for object in left.lines() {
+                node.attempt(
+                    "kubectl",
+                    &["-n", ns, "patch", object, "--type=merge", "-p", r#"{"metadata":{"finalizers":null}}"#],
+                );
+            }
+        }
+    }
+    // The kustomize base names every object a kustomize install made (its overlay adds only the
+    // Secret, which goes with the namespace).
+    let base = crate::deploy::harness::root().join("deploy");
+    node.attempt("kubectl", &["delete", "-k", &base.to_string_lossy(), "--ignore-not-found", "--timeout=120s"]);
+    let mut namespaces = vec!["delete", "namespace", NS, "--ignore-not-found", "--timeout=120s"];
+    namespaces.extend(app_namespaces);
+    node.attempt("kubectl", &namespaces);
 }
 
 /// Every object of the release, namespaced or not, is gone. The Secret and namespace the test

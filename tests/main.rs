@@ -29,6 +29,7 @@ mod shutdown;
 mod tunnel;
 mod tunnel_address;
 mod tunnel_allow;
+mod tunnel_clients;
 mod tunnel_faults;
 mod tunnel_guest;
 mod two_operators;

@@ -24,6 +24,7 @@ use k8s_openapi::api::events::v1::Event;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
+use skyport::controllers::tunnel::placement::Placement;
 use skyport::crd::{ConditionStatus, Queue};
 use tokio::sync::oneshot;
 
@@ -189,7 +190,7 @@ async fn a_stolen_service_account_token_reaches_nothing_beyond_skyports_objects(
     install_deploy_once().await;
     let sa = service_account_client(&admin).await;
     let ns = TestNs::new("rbac-esc").await;
-    escalations::escalations_are_refused(&admin, &sa, &ns.name).await;
+    escalations::escalations_are_refused(&admin, &sa, &ns.name, (INSTALL_NS, "skyport")).await;
     ns.cleanup().await;
 }
 
@@ -207,7 +208,10 @@ async fn tunnel_controllers_work_with_the_deploy_service_account() {
     // The cluster id as the binary reads it: the kube-system namespace's UID.
     let mut settings = tunnels::fast_tunnel_settings();
     settings.cluster_id = Some(skyport::hosts::cluster_id(&sa, &settings).await.expect("read kube-system as the SA"));
+    // As installed: the client and its credentials in the operator's namespace.
+    settings.client_namespace = Some(INSTALL_NS.into());
     let op = tunnels::TunnelOperator::start_as(sa.clone(), &ns, settings).await;
+    let (_, client, _) = Placement::names(&ns.name, "web-tunnel", Some(INSTALL_NS));
 
     let services: Api<Service> = ns.api();
     let svc: Service = serde_json::from_value(json!({
@@ -217,12 +221,8 @@ async fn tunnel_controllers_work_with_the_deploy_service_account() {
     .unwrap();
     services.create(&PostParams::default(), &svc).await.unwrap();
     // Active needs the tunnel client running (the kubelet's part here).
-    let _client = common::kubelet::ClientRunner::start(
-        ns.client.clone(),
-        &ns.name,
-        "web-tunnel-client",
-        common::kubelet::Backends::default(),
-    );
+    let _client =
+        common::kubelet::ClientRunner::start(admin.clone(), INSTALL_NS, &client, common::kubelet::Backends::default());
     let tunnels_api: Api<Tunnel> = ns.api();
     let tunnel = eventually("Tunnel Active", ACTIVE_TIMEOUT, || async {
         let t = tunnels_api.get("web-tunnel").await.ok()?;
@@ -235,7 +235,10 @@ async fn tunnel_controllers_work_with_the_deploy_service_account() {
         (s.status?.load_balancer?.ingress?.first()?.ip.as_deref()? == ip).then_some(())
     })
     .await;
-    let _: Deployment = ns.api().get("web-tunnel-client").await.expect("client Deployment");
+    let clients: Api<Deployment> = Api::namespaced(admin.clone(), INSTALL_NS);
+    clients.get(&client).await.expect("the client Deployment in the operator's namespace");
+    let beside = ns.api::<Deployment>().list(&ListParams::default()).await.unwrap().items;
+    assert!(beside.is_empty(), "no Deployment in the tenant's namespace: {beside:?}");
     // Deleting the Tunnel (finalizer, ingress cleared, a new Tunnel made) works as the SA too.
     tunnels_api.delete("web-tunnel", &DeleteParams::default()).await.unwrap();
     eventually("a new Tunnel Active", Duration::from_secs(60), || async {
@@ -255,6 +258,8 @@ async fn tunnel_controllers_work_with_the_deploy_service_account() {
     );
     unrelated_writes_are_refused(&admin, &sa, &ns.name).await;
     tunnels::finish_tunnels(op, ns).await;
+    // No owner reference crosses namespaces: the Tunnel's cleanup deleted its client.
+    assert!(clients.get_opt(&client).await.unwrap().is_none(), "the client outlived its Tunnel");
 }
 
 /// What RBAC cannot express, the admission policy does: the ServiceAccount may create and patch
@@ -339,25 +344,23 @@ async fn controllers_work_with_only_the_namespaced_role_of_a_watch_namespace_ins
     assert!(ctx.metrics.errors().is_empty(), "Queue reconciles failed with the Role: {:?}", ctx.metrics.errors());
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
-    escalations::escalations_are_refused(&admin, &sa, &ns.name).await;
+    escalations::escalations_are_refused(&admin, &sa, &ns.name, (RELEASE_NS, "skyport-ns")).await;
 
     // The Tunnel and Service controllers, with the cluster id from the chart's value.
     let mut settings = tunnels::fast_tunnel_settings();
     settings.cluster_id = Some("rbac-ns-test".into());
+    settings.client_namespace = Some(RELEASE_NS.into());
     let op = tunnels::TunnelOperator::start_as(sa.clone(), &ns, settings).await;
+    let (_, client, _) = Placement::names(&ns.name, "web-tunnel", Some(RELEASE_NS));
     let svc: Service = serde_json::from_value(json!({
         "metadata": {"name": "web"},
         "spec": {"type": "LoadBalancer", "loadBalancerClass": "skyport.dev/tunnel", "ports": [{"port": 8080}]},
     }))
     .unwrap();
     ns.api::<Service>().create(&PostParams::default(), &svc).await.unwrap();
-    // Active needs the tunnel client running (the kubelet's part here).
-    let _client = common::kubelet::ClientRunner::start(
-        ns.client.clone(),
-        &ns.name,
-        "web-tunnel-client",
-        common::kubelet::Backends::default(),
-    );
+    // Active needs the tunnel client running (the kubelet's part here), in the release's namespace.
+    let _client =
+        common::kubelet::ClientRunner::start(admin.clone(), RELEASE_NS, &client, common::kubelet::Backends::default());
     let tunnels_api: Api<Tunnel> = ns.api();
     eventually("Tunnel Active with the Role", ACTIVE_TIMEOUT, || async {
         let t = tunnels_api.get("web-tunnel").await.ok()?;

@@ -95,6 +95,12 @@ pub struct TunnelArgs {
     #[arg(long = "tunnel-client-image", env = "SKYPORT_TUNNEL_CLIENT_IMAGE", default_value = OWN_IMAGE)]
     pub client_image: String,
 
+    /// Namespace of every Tunnel's client Deployment and credentials Secret: the operator's own
+    /// (the Helm chart and manifests pass it), so skyport writes no Deployment, and keeps no
+    /// Tunnel's keys, in any other namespace. Unset: beside each Tunnel, in its namespace.
+    #[arg(long = "tunnel-client-namespace", env = "SKYPORT_TUNNEL_CLIENT_NAMESPACE")]
+    pub client_namespace: Option<String>,
+
     /// Where exit servers download the skyport binary they run (`skyport tunnel server`).
     /// `{version}` and `{arch}` (`uname -m` of the VM: x86_64, aarch64) are replaced; point it at
     /// a mirror for air-gapped installs. The VM checks the file against the SHA-256 of this
@@ -243,6 +249,7 @@ impl Default for TunnelArgs {
             service_backoff_max: Duration::from_secs(5),
             orphan_sweep_interval: Duration::from_secs(600),
             client_image: OWN_IMAGE.into(),
+            client_namespace: None,
             exit_server_url: DEFAULT_EXIT_SERVER_URL.into(),
             exit_server_sha256: Vec::new(),
             skip_exit_server_check: false,

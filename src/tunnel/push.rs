@@ -170,6 +170,17 @@ impl Receiver {
         if server.bind_addr != self.bind_addr || key != Some(self.private_key.as_str()) {
             return Answer::Identity;
         }
+        // New ports must be free here, or the push would promise a service nobody can reach
+        // ([`super::ports`]); the ones the running config has are held by this server already.
+        let running = match rathole::Config::from_file(&self.config).await {
+            Ok(current) => super::ports::bound(&current),
+            Err(_) => return Answer::Failed,
+        };
+        let problems = super::ports::unbindable(&parsed, &running);
+        if !problems.is_empty() {
+            warn!(ports = %problems.join("; "), "refused a pushed configuration: cannot listen on its ports");
+            return Answer::Refused;
+        }
         Answer::Applied
     }
 }

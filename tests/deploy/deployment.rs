@@ -33,6 +33,12 @@ fn deployment_is_hardened_probed_and_passes_flags_the_binary_accepts() {
         .collect();
     assert!(env.contains(&("POD_NAME".into(), "metadata.name".into())), "{env:?}");
     assert!(env.contains(&("POD_NAMESPACE".into(), "metadata.namespace".into())), "{env:?}");
+    let client_image = container.env.iter().flatten().find(|e| e.name == "SKYPORT_TUNNEL_CLIENT_IMAGE");
+    assert_eq!(
+        client_image.and_then(|e| e.value.clone()),
+        container.image.clone(),
+        "tunnel clients run the operator's image, where an overlay's `images:` changes both"
+    );
     let secrets: Vec<(String, Option<bool>)> = container
         .env_from
         .clone()

@@ -57,14 +57,9 @@ fn rbac_grants_exactly_the_calls_the_controllers_make() {
         "/services:list",                       // Service watch (both controllers)
         "/services:watch",                      //
         "/services/status:patch",               // status.loadBalancer.ingress
-        "/secrets:create",                      // generated once; a new Secret export
-        "/secrets:patch",                       // client config, exports; reading its own back
+        "/secrets:create",                      // a new Secret export
+        "/secrets:patch",                       // exports; reading its own back
         "/secrets:delete",                      // a Secret export removed from a Queue's spec
-        "apps/deployments:get",                 // compare before applying
-        "apps/deployments:list",                // client Deployments watch (by label)
-        "apps/deployments:watch",               //
-        "apps/deployments:create",              // server-side apply of a new Deployment
-        "apps/deployments:patch",               // server-side apply
         "/namespaces[kube-system]:get",         // cluster id for queue and host tags
         "skyport.dev/awsaccounts:patch",        // the in-use finalizer
         "skyport.dev/awsaccounts/status:patch", // the derived external id
@@ -80,6 +75,25 @@ fn rbac_grants_exactly_the_calls_the_controllers_make() {
     ];
     expected.sort();
     assert_eq!(rules(lease.rules), expected);
+    // Tunnel clients and their credentials: in the operator's namespace only, no Deployment
+    // anywhere else.
+    let clients: Role = serde_json::from_value(find(&docs, "Role", "skyport-tunnel-clients").clone()).unwrap();
+    assert_eq!(clients.metadata.namespace.as_deref(), Some("skyport-system"));
+    let mut expected = vec![
+        "apps/deployments:get",    // compare before applying
+        "apps/deployments:list",   // client Deployments watch (by label), orphan sweep
+        "apps/deployments:watch",  //
+        "apps/deployments:create", // server-side apply of a new Deployment
+        "apps/deployments:patch",  // server-side apply
+        "apps/deployments:delete", // with its Tunnel (no owner reference across namespaces)
+        "/secrets:create",         // credentials generated once
+        "/secrets:patch",          // client config; reading its own back
+        "/secrets:delete",         // with its Tunnel; an earlier Tunnel's keys
+    ];
+    expected.sort();
+    assert_eq!(rules(clients.rules), expected);
+    let binding = find(&docs, "RoleBinding", "skyport-tunnel-clients");
+    assert_eq!(binding["subjects"][0]["name"], "skyport");
 }
 
 /// The ClusterRole's rules without the one cluster-scoped read (kube-system's UID): what a

@@ -1,7 +1,7 @@
 //! A LoadBalancer Service of the installed operator, end to end on the node: a public client on
 //! the host → the exit server (the local provider's `skyport tunnel server`, a process in the
 //! operator's container on the node's network) → the tunnel client Pod skyport deploys from its
-//! image → the Service's cluster IP, which only kube-proxy's rules resolve → the backend Pod.
+//! image in its own namespace → the Service's cluster IP, which only kube-proxy's rules resolve → the backend Pod.
 
 use std::time::Duration;
 
@@ -17,11 +17,13 @@ const BODY: &str = "hello from the backend Pod";
 const TIMEOUT: Duration = Duration::from_secs(180);
 
 /// Serves `BODY` over HTTP on port 8080 from a busybox Pod, behind Service `web` (LoadBalancer,
-/// class skyport.dev/tunnel, port 9080 → 8080); returns the exit server's address:port once
-/// bytes flow through it. Port 9080: the local provider's servers run as the operator's
-/// non-root user, which cannot bind ports below 1024 (a cloud exit server can).
-pub async fn web_through_a_tunnel(node: &Node, ns: &str) -> String {
+/// class skyport.dev/tunnel, port 9080 → 8080) in `ns`; returns the exit server's address:port
+/// once bytes flow through it. The tunnel client runs in `operator_ns`. Port 9080: the local
+/// provider's servers run as the operator's non-root user, which cannot bind ports below 1024
+/// (a cloud exit server can).
+pub async fn web_through_a_tunnel(node: &Node, ns: &str, operator_ns: &str) -> String {
     let pods: Api<Pod> = Api::namespaced(node.client.clone(), ns);
+    let operator_pods: Api<Pod> = Api::namespaced(node.client.clone(), operator_ns);
     let script = format!(
         "/bin/busybox mkdir -p /tmp/www && echo '{BODY}' > /tmp/www/index.html && exec /bin/busybox httpd -f -p 8080 -h /tmp/www"
     );
@@ -56,8 +58,8 @@ pub async fn web_through_a_tunnel(node: &Node, ns: &str) -> String {
     })
     .await;
     let client = eventually("a Running tunnel client Pod", TIMEOUT, || async {
-        let list =
-            pods.list(&ListParams::default().labels("app.kubernetes.io/name=skyport-tunnel-client")).await.ok()?;
+        let clients = ListParams::default().labels("app.kubernetes.io/name=skyport-tunnel-client");
+        let list = operator_pods.list(&clients).await.ok()?;
         list.items.into_iter().find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
     })
     .await;

@@ -14,7 +14,9 @@ use kube::{Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+use skyport::config::OWN_IMAGE;
 use skyport::controllers::tunnel::desired;
+use skyport::controllers::tunnel::placement::{LABEL_TUNNEL_UID, Placement};
 use skyport::crd::{Queue, Tunnel};
 
 use super::forbidden;
@@ -44,8 +46,9 @@ fn owner(api_version: &str, kind: &str, name: &str, uid: &str) -> Value {
     json!({"apiVersion": api_version, "kind": kind, "name": name, "uid": uid, "controller": true})
 }
 
-/// Checks every escalation of a stolen token in `ns` (a namespace the ServiceAccount works in).
-pub async fn escalations_are_refused(admin: &Client, sa: &Client, ns: &str) {
+/// Checks every escalation of a stolen token in `ns` (a namespace the ServiceAccount works in)
+/// and in `operator`'s namespace (where its Deployment of that name and the tunnel clients live).
+pub async fn escalations_are_refused(admin: &Client, sa: &Client, ns: &str, operator: (&str, &str)) {
     let queues: Api<Queue> = Api::namespaced(admin.clone(), ns);
     let q = queues.create(&PostParams::default(), &queue("escalation", json!({}))).await.unwrap();
     let queue_owner = owner("skyport.dev/v1alpha1", "Queue", "escalation", q.meta().uid.as_deref().unwrap());
@@ -56,8 +59,9 @@ pub async fn escalations_are_refused(admin: &Client, sa: &Client, ns: &str) {
     .unwrap();
     let tunnel = Api::<Tunnel>::namespaced(admin.clone(), ns).create(&PostParams::default(), &tunnel).await.unwrap();
 
-    secrets_are_limited_to_opaque_owned_ones(admin, sa, ns, &queue_owner).await;
-    deployments_are_limited_to_unprivileged_tunnel_clients(admin, sa, ns, &tunnel).await;
+    let tunnel_owner = owner("skyport.dev/v1alpha1", "Tunnel", "escalation", tunnel.meta().uid.as_deref().unwrap());
+    secrets_are_limited_to_opaque_owned_ones(admin, sa, ns, (&queue_owner, &tunnel_owner)).await;
+    deployments_are_limited_to_unprivileged_tunnel_clients(admin, sa, (ns, operator), &tunnel).await;
     service_status_is_limited_to_skyports_class(admin, sa, ns).await;
     specs_are_never_written(admin, sa, ns).await;
 
@@ -70,7 +74,12 @@ pub async fn escalations_are_refused(admin: &Client, sa: &Client, ns: &str) {
     queues.delete("escalation", &gone).await.unwrap();
 }
 
-async fn secrets_are_limited_to_opaque_owned_ones(admin: &Client, sa: &Client, ns: &str, queue_owner: &Value) {
+async fn secrets_are_limited_to_opaque_owned_ones(
+    admin: &Client,
+    sa: &Client,
+    ns: &str,
+    (queue_owner, tunnel_owner): (&Value, &Value),
+) {
     // The token controller fills such a Secret with a token of whichever ServiceAccount its
     // annotation names.
     let token_secret = |owners: Value| {
@@ -95,8 +104,11 @@ async fn secrets_are_limited_to_opaque_owned_ones(admin: &Client, sa: &Client, n
     let what = "a labelled Secret without an owner";
     create_refused::<Secret>(sa, admin, ns, opaque("no-owner", json!([])), what).await;
     let foreign = owner("v1", "ConfigMap", "x", "00000000-0000-0000-0000-000000000000");
-    let what = "a Secret owned by something other than a Queue or Tunnel";
+    let what = "a Secret owned by something other than a Queue";
     create_refused::<Secret>(sa, admin, ns, opaque("foreign-owner", json!([foreign])), what).await;
+    // A Tunnel's keys live in the operator's namespace only, never beside the Tunnel.
+    let what = "a Secret owned by a Tunnel in a tenant's namespace";
+    create_refused::<Secret>(sa, admin, ns, opaque("tunnel-owned", json!([tunnel_owner])), what).await;
     let what = "a labelled ConfigMap without an owner";
     let cm = json!({"metadata": {"name": "no-owner", "labels": {MANAGED.0: MANAGED.1}}, "data": {"k": "v"}});
     create_refused::<ConfigMap>(sa, admin, ns, cm, what).await;
@@ -114,10 +126,22 @@ async fn secrets_are_limited_to_opaque_owned_ones(admin: &Client, sa: &Client, n
     forbidden(as_sa.get("no-such-secret").await, "probe Secret names (403 before 404)");
 }
 
-async fn deployments_are_limited_to_unprivileged_tunnel_clients(admin: &Client, sa: &Client, ns: &str, t: &Tunnel) {
-    let exact = serde_json::to_value(desired::deployment(t, "example.com/skyport:test", "0").unwrap()).unwrap();
+async fn deployments_are_limited_to_unprivileged_tunnel_clients(
+    admin: &Client,
+    sa: &Client,
+    (ns, (client_ns, operator)): (&str, (&str, &str)),
+    t: &Tunnel,
+) {
+    let at = Placement::of(t, Some(client_ns)).unwrap();
+    let exact = serde_json::to_value(desired::deployment(t, &at, OWN_IMAGE, "0").unwrap()).unwrap();
+    // The client as skyport writes it is admitted in the operator's namespace (a dry run), so
+    // each refusal below is for the one thing changed.
+    let dry_run = PostParams { dry_run: true, ..Default::default() };
+    let client: Deployment = serde_json::from_value(exact.clone()).unwrap();
+    let deployments: Api<Deployment> = Api::namespaced(sa.clone(), client_ns);
+    deployments.create(&dry_run, &client).await.expect("the tunnel client skyport writes is admitted");
     let pod = "/spec/template/spec";
-    let variants: [(&str, &str, Value); 12] = [
+    let variants: [(&str, &str, Value); 14] = [
         ("a privileged container", "/containers/0/securityContext", json!({"privileged": true})),
         ("a container allowed to escalate", "/containers/0/securityContext/allowPrivilegeEscalation", json!(true)),
         ("an added capability", "/containers/0/securityContext/capabilities/add", json!(["NET_ADMIN"])),
@@ -128,18 +152,39 @@ async fn deployments_are_limited_to_unprivileged_tunnel_clients(admin: &Client, 
         ("a ServiceAccount token", "/automountServiceAccountToken", json!(true)),
         ("a root user", "/securityContext/runAsNonRoot", json!(false)),
         ("a hostPath volume", "/volumes/0", json!({"name": "config", "hostPath": {"path": "/etc/kubernetes"}})),
-        ("another Secret mounted", "/volumes/0/secret/secretName", json!("someone-elses")),
-        ("a second container", "/containers/1", json!({"name": "extra", "image": "busybox"})),
+        ("another Secret mounted", "/volumes/0/secret/secretName", json!("skyport-aws")),
+        ("a second container", "/containers/1", json!({"name": "extra", "image": OWN_IMAGE})),
+        ("another image", "/containers/0/image", json!("example.com/anything:latest")),
+        ("an environment", "/containers/0/env", json!([{"name": "X", "value": "y"}])),
     ];
     for (what, path, value) in variants {
         let mut d = exact.clone();
         set(&mut d, &format!("{pod}{path}"), value);
         let what = format!("a Tunnel's client Deployment with {what}");
-        create_refused::<Deployment>(sa, admin, ns, d, &what).await;
+        create_refused::<Deployment>(sa, admin, client_ns, d, &what).await;
     }
-    let mut unowned = exact.clone();
-    unowned["metadata"]["ownerReferences"] = json!([]);
-    create_refused::<Deployment>(sa, admin, ns, unowned, "a labelled Deployment without an owner").await;
+    let mut unlabelled = exact.clone();
+    unlabelled["metadata"]["labels"].as_object_mut().unwrap().remove(LABEL_TUNNEL_UID);
+    create_refused::<Deployment>(sa, admin, client_ns, unlabelled, "a client without its Tunnel's UID label").await;
+    // No Deployment at all outside the operator's namespace, not even the exact client.
+    let mut elsewhere = exact.clone();
+    elsewhere["metadata"]["namespace"] = json!(ns);
+    create_refused::<Deployment>(sa, admin, ns, elsewhere, "a tunnel client in a tenant's namespace").await;
+    // The operator's own objects in its namespace are not tunnel clients: not changed, not read.
+    forbidden(
+        deployments.patch(operator, &PatchParams::default(), &Patch::Merge(json!({}))).await,
+        "change the operator's own Deployment",
+    );
+    let secret: Secret =
+        serde_json::from_value(json!({"metadata": {"name": format!("operators-{ns}")}, "stringData": {"k": "v"}}))
+            .unwrap();
+    let name = secret.metadata.name.clone().unwrap();
+    Api::<Secret>::namespaced(admin.clone(), client_ns).create(&PostParams::default(), &secret).await.unwrap();
+    let read = Api::<Secret>::namespaced(sa.clone(), client_ns)
+        .patch(&name, &PatchParams::default(), &Patch::Merge(json!({})))
+        .await;
+    Api::<Secret>::namespaced(admin.clone(), client_ns).delete(&name, &DeleteParams::default()).await.unwrap();
+    forbidden(read, "read a Secret of the operator's namespace back from a no-op patch");
 
     // The classic: a labelled privileged pod on the host network in kube-system.
     let mut privileged = exact.clone();

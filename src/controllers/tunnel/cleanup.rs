@@ -1,5 +1,6 @@
 //! Deleting a Tunnel: the Service's ingress is cleared, its reserved address released (or kept,
-//! with `deletionPolicy: Retain`), its exit servers deleted, then the finalizer goes.
+//! with `deletionPolicy: Retain`), its exit servers and a client in the operator's namespace
+//! deleted, then the finalizer goes.
 
 use std::time::Duration;
 
@@ -10,6 +11,7 @@ use kube::runtime::events::EventType;
 use tracing::info;
 
 use super::phases::Pass;
+use super::placement::Placement;
 use super::plan::{Blocked, provider_for};
 use super::status::not_ready;
 use super::{Context, FINALIZER, act, desired};
@@ -76,6 +78,9 @@ pub async fn cleanup(tunnel: &Tunnel, api: &Api<Tunnel>, ctx: &Context) -> Resul
             ctx.publish(tunnel, EventType::Normal, "Deleted", note).await;
         }
     }
+    // The client has nothing left to connect to; in the operator's namespace nothing else
+    // would delete it.
+    act::delete_client(&Placement::of(tunnel, ctx.settings.client_namespace.as_deref())?, ctx).await?;
     // Conditional on the version our own status write produced, not the one we were handed.
     let mut current = tunnel.clone();
     current.metadata.resource_version = pass.resource_version();

@@ -6,13 +6,13 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, Service};
 use kube::ResourceExt;
-use kube::api::ObjectMeta;
 use providers::exit::userdata::{ClientService, ExitServer, NoiseKeypair, Protocol, TunnelClient, TunnelService};
 use providers::hosts::{TAG_CLUSTER, TAG_DELETION_POLICY, owner_tags};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use crate::controllers::{MANAGED_BY, owned};
+use super::placement::Placement;
+use crate::controllers::MANAGED_BY;
 use crate::crd::tunnel::{Tunnel, TunnelPort};
 use crate::error::{Error, Result};
 
@@ -162,20 +162,14 @@ pub fn fit_label(value: &str) -> String {
     format!("{head}-{suffix}")
 }
 
-/// Names of the objects a Tunnel owns.
-pub fn secret_name(tunnel: &Tunnel) -> String {
-    format!("{}-credentials", tunnel.name_any())
-}
-
-pub fn deployment_name(tunnel: &Tunnel) -> String {
-    format!("{}-client", tunnel.name_any())
-}
-
-/// Labels of the client Deployment's pods (and its selector).
-pub fn client_labels(tunnel: &Tunnel) -> BTreeMap<String, String> {
+/// Labels of the client Deployment's pods (and its selector): the instance is the Deployment's
+/// name, unique in its namespace, so two clients in the operator's namespace never select each
+/// other's pods.
+pub fn client_labels(tunnel: &Tunnel, at: &Placement) -> BTreeMap<String, String> {
+    let instance = if at.beside { tunnel.name_any() } else { at.deployment.clone() };
     BTreeMap::from([
         ("app.kubernetes.io/name".into(), "skyport-tunnel-client".into()),
-        ("app.kubernetes.io/instance".into(), fit_label(&tunnel.name_any())),
+        ("app.kubernetes.io/instance".into(), fit_label(&instance)),
         (MANAGED_BY.0.into(), MANAGED_BY.1.into()),
     ])
 }
@@ -234,11 +228,11 @@ pub const KEY_CLIENT: &str = "client.toml";
 /// carries the Secret's labels and owner too: if the Secret was deleted since it was read, the
 /// apply creates it, and a Secret without them would be refused by the admission policy (it lets
 /// skyport write only labelled objects) and never garbage-collected.
-pub fn client_config(tunnel: &Tunnel, client_toml: &str) -> Result<serde_json::Value> {
+pub fn client_config(tunnel: &Tunnel, at: &Placement, client_toml: &str) -> Result<serde_json::Value> {
     Ok(json!({
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": owned_meta(tunnel, &secret_name(tunnel))?,
+        "metadata": at.meta(tunnel, &at.secret)?,
         "stringData": {KEY_CLIENT: client_toml},
     }))
 }
@@ -260,15 +254,10 @@ pub fn tags(tunnel: &Tunnel, cluster_id: &str) -> Result<BTreeMap<String, String
 /// Pod template annotation carrying [`checksum`] of the client config.
 pub const CHECKSUM_ANNOTATION: &str = "skyport.dev/config-checksum";
 
-/// Metadata of an object the Tunnel owns ([`owned::meta`]), labelled with the Tunnel's name.
-fn owned_meta(tunnel: &Tunnel, name: &str) -> Result<ObjectMeta> {
-    owned::meta(tunnel, name, [("skyport.dev/tunnel".to_string(), fit_label(&tunnel.name_any()))])
-}
-
 /// The Tunnel's Secret holding fresh `credentials` (the client config is added later).
-pub fn secret(tunnel: &Tunnel, credentials: &Credentials) -> Result<Secret> {
+pub fn secret(tunnel: &Tunnel, at: &Placement, credentials: &Credentials) -> Result<Secret> {
     Ok(Secret {
-        metadata: owned_meta(tunnel, &secret_name(tunnel))?,
+        metadata: at.meta(tunnel, &at.secret)?,
         type_: Some("Opaque".into()),
         data: Some(BTreeMap::from([
             (KEY_PRIVATE.to_string(), ByteString(credentials.keypair.private_key.clone().into_bytes())),
@@ -281,12 +270,12 @@ pub fn secret(tunnel: &Tunnel, credentials: &Credentials) -> Result<Secret> {
 
 /// The client Deployment: one replica (two clients with one token would take the service from
 /// each other), `Recreate` for the same reason, restarted when the config checksum changes.
-pub fn deployment(tunnel: &Tunnel, image: &str, checksum: &str) -> Result<Deployment> {
-    let labels = client_labels(tunnel);
+pub fn deployment(tunnel: &Tunnel, at: &Placement, image: &str, checksum: &str) -> Result<Deployment> {
+    let labels = client_labels(tunnel, at);
     let value = json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": owned_meta(tunnel, &deployment_name(tunnel))?,
+        "metadata": at.meta(tunnel, &at.deployment)?,
         "spec": {
             "replicas": 1,
             "strategy": {"type": "Recreate"},
@@ -323,7 +312,7 @@ pub fn deployment(tunnel: &Tunnel, image: &str, checksum: &str) -> Result<Deploy
                     "volumes": [{
                         "name": "config",
                         "secret": {
-                            "secretName": secret_name(tunnel),
+                            "secretName": at.secret,
                             "items": [{"key": KEY_CLIENT, "path": "client.toml"}],
                             "defaultMode": 0o440,
                         },

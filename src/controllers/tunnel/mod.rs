@@ -21,6 +21,9 @@ pub mod desired;
 mod health_tests;
 pub mod observe;
 pub mod phases;
+pub mod placement;
+#[cfg(test)]
+mod placement_tests;
 pub mod plan;
 pub mod ranges;
 pub mod status;
@@ -112,8 +115,12 @@ pub fn controller(
         .reflect(service_writer)
         .touched_objects()
         .predicate_filter(service_hash, Default::default());
-    // A deleted or edited client Deployment is put back; its status churn is ignored.
-    let deployments = scoped_api::<Deployment>(&client, scope);
+    // A deleted or edited client Deployment is put back; its status churn is ignored. In the
+    // operator's namespace only, when clients live there (no Deployment is read elsewhere).
+    let deployments = match settings.client_namespace.as_deref().filter(|ns| !ns.is_empty()) {
+        Some(ns) => Api::<Deployment>::namespaced(client.clone(), ns),
+        None => scoped_api::<Deployment>(&client, scope),
+    };
     let deployment_stream = watcher(deployments, watcher::Config::default().labels(&managed_selector()))
         .default_backoff()
         .touched_objects()
@@ -133,9 +140,9 @@ pub fn controller(
         probe: Arc::new(observe::NetworkProbe),
     };
     let ctx = Arc::new(Context::new(client, backoff, state));
-    let by_service = tunnel_reader.clone();
+    let (by_service, by_client) = (tunnel_reader.clone(), tunnel_reader.clone());
     let run = Controller::for_stream(tunnel_stream, tunnel_reader)
-        .owns_stream(deployment_stream)
+        .watches_stream(deployment_stream, move |d: Deployment| client_of(&d, &by_client))
         .watches_stream(service_stream, move |service: Service| {
             let (ns, name) = (service.namespace(), service.name_any());
             by_service
@@ -159,6 +166,16 @@ pub fn controller(
 fn service_hash(s: &Service) -> Option<u64> {
     let spec = serde_json::to_string(&s.spec).unwrap_or_default();
     Some(hash_of((&s.metadata.uid, s.metadata.deletion_timestamp.is_some(), spec)))
+}
+
+/// The Tunnel a client Deployment serves: its controller beside it, its UID label elsewhere.
+fn client_of(d: &Deployment, tunnels: &Store<Tunnel>) -> Option<ObjectRef<Tunnel>> {
+    if let Some(owner) = d.owner_references().iter().find(|r| r.controller == Some(true) && r.kind == "Tunnel") {
+        return Some(ObjectRef::new(&owner.name).within(&d.namespace()?));
+    }
+    let uid = d.labels().get(placement::LABEL_TUNNEL_UID)?;
+    let tunnel = tunnels.state().into_iter().find(|t| t.uid().as_ref() == Some(uid))?;
+    Some(ObjectRef::from_obj(&*tunnel))
 }
 
 fn deployment_hash(d: &Deployment) -> Option<u64> {

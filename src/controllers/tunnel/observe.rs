@@ -12,7 +12,8 @@ use providers::hosts::TAG_TUNNEL_UID;
 use providers::{Address, Host, HostProvider};
 use tracing::info;
 
-use super::desired::{Credentials, KEY_CLIENT, KEY_PRIVATE, KEY_TOKEN, secret_name};
+use super::desired::{Credentials, KEY_CLIENT, KEY_PRIVATE, KEY_TOKEN};
+use super::placement::Placement;
 use crate::controllers::MANAGED_BY;
 use crate::controllers::owned::{self, Guarded};
 use crate::crd::tunnel::{Tunnel, TunnelStatus};
@@ -102,22 +103,21 @@ pub enum SecretState {
 /// ([`owned`]: skyport has no `get` on Secrets). A Secret skyport labelled that another Tunnel of
 /// this name controls (an earlier one, deleted) is [`SecretState::Stale`]; any other Secret of
 /// that name is someone else's: not read, not replaced, reported.
-pub async fn credentials(client: &Client, tunnel: &Tunnel) -> Result<SecretState> {
-    let (ns, name) = (tunnel.namespace().ok_or(Error::MissingObjectKey("namespace"))?, secret_name(tunnel));
+pub async fn credentials(client: &Client, tunnel: &Tunnel, at: &Placement) -> Result<SecretState> {
+    let name = &at.secret;
     let tunnel_uid = tunnel.uid().ok_or(Error::MissingObjectKey("uid"))?;
-    let (api_version, tunnel_name) = (Tunnel::api_version(&()), tunnel.name_any());
-    let tests = owned::owner_tests(&[("apiVersion", &api_version), ("kind", "Tunnel"), ("name", &tunnel_name)]);
-    let secret = match owned::json_patch::<Secret>(client, &ns, &name, &tests).await? {
+    let tests = at.secret_tests(&Tunnel::api_version(&()));
+    let secret = match owned::json_patch::<Secret>(client, &at.namespace, name, &tests).await? {
         Guarded::Missing => return Ok(SecretState::Missing),
         Guarded::Ours(secret) => secret,
-        Guarded::NotOurs => return Err(not_this_tunnels(&name)),
+        Guarded::NotOurs => return Err(not_this_tunnels(name)),
     };
-    if stale(&secret, &tunnel_uid) {
+    if !at.is_ours(&secret.metadata) {
+        // In the operator's namespace the tests proved it a Tunnel's of this namespace and name.
+        if at.beside && !stale(&secret, &tunnel_uid) {
+            return Err(not_this_tunnels(name));
+        }
         return Ok(SecretState::Stale { secret_uid: secret.metadata.uid.clone() });
-    }
-    let controller = secret.metadata.owner_references.iter().flatten().find(|o| o.controller == Some(true));
-    if controller.is_none_or(|o| o.uid != tunnel_uid) {
-        return Err(not_this_tunnels(&name));
     }
     let data = secret.data.unwrap_or_default();
     let read = |key: &str| data.get(key).and_then(|v| String::from_utf8(v.0.clone()).ok());

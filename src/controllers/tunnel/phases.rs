@@ -20,7 +20,7 @@ mod host;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
@@ -29,6 +29,7 @@ use providers::HostProvider;
 use providers::exit::userdata::{ExitServer, render_client_toml};
 
 use super::observe::SecretState;
+use super::placement::Placement;
 use super::plan::replace::{self, Cause, Unhealthy};
 use super::plan::{self, Blocked, TrafficStep};
 use super::status::{self, Writer, describe};
@@ -59,6 +60,8 @@ pub struct Desired {
     /// Whether this Tunnel writes the Service's ingress ([`desired::controls_service_status`]).
     publishes: bool,
     provider: Arc<dyn HostProvider>,
+    /// Where the client Deployment and credentials Secret live.
+    at: Placement,
     uid: String,
     ports: Vec<TunnelPort>,
 }
@@ -188,24 +191,24 @@ impl<'a> Pass<'a> {
         }
         let provider = plan::provider_for(tunnel, self.status(), &ctx.providers).map_err(Failure::Blocked)?;
         let publishes = desired::controls_service_status(tunnel, &service);
-        Ok(Desired { service, publishes, provider, uid, ports })
+        let at = Placement::of(tunnel, ctx.settings.client_namespace.as_deref())?;
+        Ok(Desired { service, publishes, provider, at, uid, ports })
     }
 
     /// The credentials Secret: read, or created once (an earlier Tunnel's stale one deleted first).
     async fn credentials(&mut self, want: &Desired) -> Result<Keys, Failure> {
         let (tunnel, ctx) = (self.tunnel, self.ctx);
-        let secrets: Api<Secret> = crate::controllers::api_beside(&ctx.client, tunnel)?;
-        let secret = observe::credentials(&ctx.client, tunnel).await?;
+        let secret = observe::credentials(&ctx.client, tunnel, &want.at).await?;
         if let SecretState::Stale { secret_uid } = &secret {
-            act::delete_stale_secret(tunnel, &secrets, secret_uid.as_deref(), ctx).await?;
+            act::delete_stale_secret(&want.at, secret_uid.as_deref(), ctx).await?;
         }
         let (credentials, stored_client, fresh) = match secret {
             SecretState::Stored(stored) => (stored.credentials, stored.client_toml, false),
             SecretState::Missing | SecretState::Stale { .. } => {
-                match act::create_secret(tunnel, &secrets, ctx).await? {
+                match act::create_secret(tunnel, &want.at, ctx).await? {
                     Some(created) => (created, None, true),
                     // Another run made it meanwhile: use what it stored.
-                    None => match observe::credentials(&ctx.client, tunnel).await? {
+                    None => match observe::credentials(&ctx.client, tunnel, &want.at).await? {
                         SecretState::Stored(stored) => (stored.credentials, stored.client_toml, false),
                         _ => {
                             let message = "the credentials Secret vanished right after it was created";
@@ -256,12 +259,10 @@ impl<'a> Pass<'a> {
         let client = desired::client(&want.ports, &keys.credentials, ip, ports, &cluster_ip);
         let client_toml = render_client_toml(&client).map_err(|e| Error::Internal(format!("client config: {e}")))?;
         if keys.stored_client.as_deref() != Some(client_toml.as_str()) {
-            let secrets: Api<Secret> = crate::controllers::api_beside(&ctx.client, tunnel)?;
-            act::write_client_config(tunnel, &secrets, &client_toml, ctx).await?;
+            act::write_client_config(tunnel, &want.at, &client_toml, ctx).await?;
         }
-        let ns = crate::controllers::context::namespace_of(tunnel)?;
         let checksum = desired::checksum(&client_toml);
-        Ok(act::ensure_deployment(tunnel, &ns, &ctx.settings.client_image, &checksum, ctx).await?)
+        Ok(act::ensure_deployment(tunnel, &want.at, &ctx.settings.client_image, &checksum, ctx).await?)
     }
 
     /// Ready means traffic can flow: only a tunnel that passed the end-to-end check gets the
@@ -312,7 +313,7 @@ impl<'a> Pass<'a> {
                     replace_after: settings.replace_after,
                     max: settings.max_replacements,
                 };
-                let client = desired::deployment_name(tunnel);
+                let client = format!("{}/{}", want.at.namespace, want.at.deployment);
                 let now = (k8s_openapi::jiff::Timestamp::now(), client.as_str());
                 match replace::unhealthy((&cause, &error), failing_for, self.status(), &limits, now) {
                     Unhealthy::Report { reason, message } => {

@@ -1,17 +1,26 @@
 //! The orphan sweep: exit servers and reserved addresses tagged by this cluster's skyport whose
-//! Tunnel no longer exists are deleted and released (a `Retain` address is kept). Normally the finalizer deletes every host; the sweep catches what a removed
+//! Tunnel no longer exists are deleted and released (a `Retain` address is kept), and so are
+//! tunnel clients left in the operator's namespace. Normally the finalizer deletes every host; the sweep catches what a removed
 //! finalizer, a deleted namespace with a force-removed finalizer or a bug left behind.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
+use kube::api::{Api, ListParams};
 use providers::hosts::{TAG_CLUSTER, TAG_DELETION_POLICY, TAG_TUNNEL_NAMESPACE, TAG_TUNNEL_UID};
 use providers::{Address, Host, HostProvider};
 use tracing::{Instrument, info, info_span, warn};
 
 use super::Context;
+use super::act;
+use super::placement::{LABEL_TUNNEL_NAMESPACE, LABEL_TUNNEL_UID};
+use crate::controllers::MANAGED_BY;
+use crate::controllers::owned::{self, Guarded};
+use serde_json::json;
 
 /// Runs a sweep every `--orphan-sweep-interval` (the first one after one interval, when the
 /// Tunnel cache is complete) until `shutdown`. An interval of 0 disables it.
@@ -55,8 +64,63 @@ pub async fn sweep_once(ctx: &Context) -> usize {
             deleted += delete(provider.as_ref(), host, ctx).await;
         }
     }
+    delete_orphaned_clients(ctx).await;
     ctx.sweeps.fetch_add(1, Ordering::Relaxed);
     deleted
+}
+
+/// Deletes the client Deployments (and their Secrets) in the operator's namespace whose Tunnel
+/// is gone: across namespaces no owner reference lets the garbage collector do it. Listed
+/// before the live Tunnels are read, as in [`find_orphans`].
+async fn delete_orphaned_clients(ctx: &Context) {
+    let Some(namespace) = ctx.settings.client_namespace.as_deref().filter(|ns| !ns.is_empty()) else { return };
+    let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), namespace);
+    let selector = format!("{}={},{LABEL_TUNNEL_UID}", MANAGED_BY.0, MANAGED_BY.1);
+    let listed = match api.list(&ListParams::default().labels(&selector)).await {
+        Ok(listed) => listed.items,
+        Err(e) => {
+            warn!(error = %e, "orphan sweep could not list tunnel clients");
+            return;
+        }
+    };
+    let live: HashSet<String> = ctx.tunnels.state().iter().filter_map(|t| t.uid()).collect();
+    for client in listed {
+        let labels = client.labels();
+        let (Some(uid), tunnel_ns) = (labels.get(LABEL_TUNNEL_UID), labels.get(LABEL_TUNNEL_NAMESPACE)) else {
+            continue;
+        };
+        let watched = ctx.namespace.as_deref().is_none_or(|ns| tunnel_ns.map(String::as_str) == Some(ns));
+        if live.contains(uid) || !watched {
+            continue;
+        }
+        let name = client.name_any();
+        let secret = format!("{}-credentials", name.strip_suffix("-client").unwrap_or(&name));
+        match delete_client_of(&api, &client, &secret, uid, ctx).await {
+            Ok(()) => info!(client = %name, tunnel_uid = %uid, "deleted orphaned tunnel client"),
+            Err(e) => warn!(client = %name, error = %e, "could not delete orphaned tunnel client"),
+        }
+    }
+}
+
+async fn delete_client_of(
+    api: &Api<Deployment>,
+    client: &Deployment,
+    secret: &str,
+    uid: &str,
+    ctx: &Context,
+) -> crate::error::Result<()> {
+    act::delete_precisely(api, &client.name_any(), client.metadata.uid.clone(), ctx).await?;
+    let namespace = client.namespace().unwrap_or_default();
+    let label = |key: &str| format!("/metadata/labels/{}", key.replace('/', "~1"));
+    let tests = [
+        json!({"op": "test", "path": label(MANAGED_BY.0), "value": MANAGED_BY.1}),
+        json!({"op": "test", "path": label(LABEL_TUNNEL_UID), "value": uid}),
+    ];
+    if let Guarded::Ours(found) = owned::json_patch::<Secret>(&ctx.client, &namespace, secret, &tests).await? {
+        let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+        act::delete_precisely(&secrets, secret, found.metadata.uid, ctx).await?;
+    }
+    Ok(())
 }
 
 /// The provider's hosts of this cluster whose Tunnel is not in `live`. The hosts are listed

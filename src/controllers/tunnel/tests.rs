@@ -378,7 +378,7 @@ async fn a_new_tunnel_never_runs_on_the_keys_of_a_deleted_one_of_the_same_name()
     let old = desired::Credentials::generate();
     let mut earlier = h.new_tunnel().as_ref().clone();
     earlier.metadata.uid = Some("deleted-tunnel-uid".into());
-    let leftover = desired::secret(&earlier, &old).unwrap();
+    let leftover = desired::secret(&earlier, &placement::Placement::of(&earlier, None).unwrap(), &old).unwrap();
     h.api.put(SECRET, serde_json::to_value(&leftover).unwrap());
 
     h.reconcile(h.new_tunnel()).await.unwrap();
@@ -417,7 +417,12 @@ async fn a_credentials_secret_skyport_did_not_label_is_never_deleted() {
     assert!(!observe::stale(&foreign, "tunnel-uid"));
     let mut earlier = h.new_tunnel().as_ref().clone();
     earlier.metadata.uid = Some("deleted-tunnel-uid".into());
-    let mut ours = desired::secret(&earlier, &desired::Credentials::generate()).unwrap();
+    let mut ours = desired::secret(
+        &earlier,
+        &placement::Placement::of(&earlier, None).unwrap(),
+        &desired::Credentials::generate(),
+    )
+    .unwrap();
     assert!(observe::stale(&ours, "tunnel-uid"));
     assert!(!observe::stale(&ours, "deleted-tunnel-uid"), "its own Tunnel's Secret is not stale");
     ours.metadata.labels = None;

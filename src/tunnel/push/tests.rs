@@ -133,6 +133,12 @@ async fn a_push_cannot_move_the_control_port_change_the_key_or_break_the_file() 
     let client = "[client]\nremote_addr = \"127.0.0.1:2333\"\n[client.services.a]\ntoken = \"t\"\nlocal_addr = \"127.0.0.1:1\"\n";
     assert_eq!(receiver.apply(&sealed(4, client)).await, Answer::Refused);
 
+    // A new port something else holds: the push would promise a service nobody can reach.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken_port = taken.local_addr().unwrap().port();
+    let unservable = toml(&server(2333, KEY, &[8080, taken_port]));
+    assert_eq!(receiver.apply(&sealed(5, &unservable)).await, Answer::Refused);
+
     let mut tampered = sealed(5, &toml(&server(2333, KEY, &[9999])));
     let last = tampered.sealed.len() - 1;
     tampered.sealed[last] ^= 0x80;

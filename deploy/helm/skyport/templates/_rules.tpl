@@ -40,18 +40,14 @@
   - apiGroups: [""]
     resources: ["services/status"]
     verbs: ["patch"]
-  # Each Tunnel's credentials Secret: created once, client config written by server-side apply.
   # Queue Secret exports (spec.exports): created, updated, and deleted when removed from the spec.
   # Never get, list or watch: a Secret is read back only as the answer to a patch whose tests
   # prove skyport's object controls it, and the admission policy refuses any write to a Secret
-  # that none does, so no other Secret can be read.
+  # that none does, so no other Secret can be read. (Tunnel clients and their credentials live
+  # in the operator's namespace only: see the Role skyport-tunnel-clients.)
   - apiGroups: [""]
     resources: ["secrets"]
     verbs: ["create", "patch", "delete"]
-  # Each Tunnel's client Deployment (server-side apply), watched by label.
-  - apiGroups: ["apps"]
-    resources: ["deployments"]
-    verbs: ["get", "list", "watch", "create", "patch"]
   # Events on the objects skyport manages.
   - apiGroups: ["events.k8s.io"]
     resources: ["events"]

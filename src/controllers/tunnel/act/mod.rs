@@ -18,34 +18,32 @@ use super::Context;
 use providers::HostProvider;
 
 use super::desired::{self, CHECKSUM_ANNOTATION, Credentials};
+use super::placement::Placement;
 use crate::controllers::{FIELD_MANAGER, owned};
 use crate::crd::tunnel::Tunnel;
 use crate::error::{Error, Result};
 
 /// Creates the Secret with fresh credentials. A Secret that appeared meanwhile (another run)
 /// wins: its credentials are read back, so both runs agree.
-pub async fn create_secret(tunnel: &Tunnel, secrets: &Api<Secret>, ctx: &Context) -> Result<Option<Credentials>> {
+pub async fn create_secret(tunnel: &Tunnel, at: &Placement, ctx: &Context) -> Result<Option<Credentials>> {
     let credentials = Credentials::generate();
-    let secret = desired::secret(tunnel, &credentials)?;
-    Ok(owned::create(secrets, &secret, &ctx.api_writes).await?.then_some(credentials))
+    let secret = desired::secret(tunnel, at, &credentials)?;
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &at.namespace);
+    Ok(owned::create(&secrets, &secret, &ctx.api_writes).await?.then_some(credentials))
 }
 
 /// Deletes a credentials Secret an earlier Tunnel of the same name left (see
 /// [`super::observe::SecretState::Stale`]); only that very object (uid precondition), so a
 /// Secret made meanwhile survives. Already gone is success.
-pub async fn delete_stale_secret(
-    tunnel: &Tunnel,
-    secrets: &Api<Secret>,
-    secret_uid: Option<&str>,
-    ctx: &Context,
-) -> Result<()> {
-    let name = desired::secret_name(tunnel);
+pub async fn delete_stale_secret(at: &Placement, secret_uid: Option<&str>, ctx: &Context) -> Result<()> {
+    let name = &at.secret;
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &at.namespace);
     let params = DeleteParams {
         preconditions: Some(Preconditions { uid: secret_uid.map(str::to_string), resource_version: None }),
         ..Default::default()
     };
     ctx.api_writes.inc();
-    match secrets.delete(&name, &params).await {
+    match secrets.delete(name, &params).await {
         Ok(_) => {
             info!(secret = %name, "deleted the credentials of an earlier Tunnel of this name");
             Ok(())
@@ -56,26 +54,26 @@ pub async fn delete_stale_secret(
 }
 
 /// Writes `client_toml` into the Secret ([`desired::client_config`]).
-pub async fn write_client_config(
-    tunnel: &Tunnel,
-    secrets: &Api<Secret>,
-    client_toml: &str,
-    ctx: &Context,
-) -> Result<()> {
-    let patch = desired::client_config(tunnel, client_toml)?;
+pub async fn write_client_config(tunnel: &Tunnel, at: &Placement, client_toml: &str, ctx: &Context) -> Result<()> {
+    let patch = desired::client_config(tunnel, at, client_toml)?;
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &at.namespace);
     ctx.api_writes.inc();
-    secrets
-        .patch(&desired::secret_name(tunnel), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch))
-        .await?;
+    secrets.patch(&at.secret, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await?;
     Ok(())
 }
 
 /// Applies the client Deployment unless the existing one already runs `image` with `checksum`.
 /// Returns whether it has an available replica (as the API server last reported).
-pub async fn ensure_deployment(tunnel: &Tunnel, ns: &str, image: &str, checksum: &str, ctx: &Context) -> Result<bool> {
-    let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
-    let name = desired::deployment_name(tunnel);
-    if let Some(current) = api.get_opt(&name).await? {
+pub async fn ensure_deployment(
+    tunnel: &Tunnel,
+    at: &Placement,
+    image: &str,
+    checksum: &str,
+    ctx: &Context,
+) -> Result<bool> {
+    let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &at.namespace);
+    let name = &at.deployment;
+    if let Some(current) = api.get_opt(name).await? {
         let template = current.spec.as_ref().map(|s| &s.template);
         let sum = template
             .and_then(|t| t.metadata.as_ref())
@@ -83,15 +81,53 @@ pub async fn ensure_deployment(tunnel: &Tunnel, ns: &str, image: &str, checksum:
             .and_then(|a| a.get(CHECKSUM_ANNOTATION));
         let current_image =
             template.and_then(|t| t.spec.as_ref()).and_then(|s| s.containers.first()).and_then(|c| c.image.as_deref());
-        let ours = current.owner_references().iter().any(|r| Some(&r.uid) == tunnel.meta().uid.as_ref());
-        if ours && sum.map(String::as_str) == Some(checksum) && current_image == Some(image) {
+        if at.is_ours(&current.metadata) && sum.map(String::as_str) == Some(checksum) && current_image == Some(image) {
             return Ok(available(&current));
         }
     }
     ctx.api_writes.inc();
-    let want = desired::deployment(tunnel, image, checksum)?;
-    let applied = api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&want)).await?;
+    let want = desired::deployment(tunnel, at, image, checksum)?;
+    let applied = api.patch(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&want)).await?;
     Ok(available(&applied))
+}
+
+/// Deletes the client Deployment and Secret of a Tunnel that is going, when they live in the
+/// operator's namespace (beside the Tunnel the garbage collector does it). Only objects
+/// [`Placement::is_ours`] says are this Tunnel's, by UID precondition; already gone is success.
+pub async fn delete_client(at: &Placement, ctx: &Context) -> Result<()> {
+    if at.beside {
+        return Ok(());
+    }
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &at.namespace);
+    if let Some(current) = deployments.get_opt(&at.deployment).await?
+        && at.is_ours(&current.metadata)
+    {
+        delete_precisely(&deployments, &at.deployment, current.metadata.uid, ctx).await?;
+    }
+    let tests = at.secret_tests(&<crate::crd::tunnel::Tunnel as Resource>::api_version(&()));
+    if let owned::Guarded::Ours(secret) =
+        owned::json_patch::<Secret>(&ctx.client, &at.namespace, &at.secret, &tests).await?
+        && at.is_ours(&secret.metadata)
+    {
+        let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &at.namespace);
+        delete_precisely(&secrets, &at.secret, secret.metadata.uid, ctx).await?;
+    }
+    Ok(())
+}
+
+/// Deletes `name` only if it still has `uid`; gone is success.
+pub async fn delete_precisely<K>(api: &Api<K>, name: &str, uid: Option<String>, ctx: &Context) -> Result<()>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let params =
+        DeleteParams { preconditions: Some(Preconditions { uid, resource_version: None }), ..Default::default() };
+    ctx.api_writes.inc();
+    match api.delete(name, &params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn available(deployment: &Deployment) -> bool {

@@ -1,0 +1,86 @@
+//! Tunnel clients in the operator's namespace (`--tunnel-client-namespace`, as the manifests
+//! install skyport): the client Deployment and credentials Secret of a tenant's Tunnel live there
+//! and nowhere in the tenant's namespace, serve the tunnel, and go with the Tunnel; one whose
+//! Tunnel vanished without its finalizer is deleted by the orphan sweep.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::kubelet::{Backends, ClientRunner};
+use common::tunnels::{self, TunnelOperator, finish_tunnels};
+use common::*;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Secret, Service};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use skyport::controllers::tunnel::placement::{LABEL_TUNNEL_UID, Placement};
+use skyport::crd::{Tunnel, TunnelPhase};
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn a_tenants_tunnel_client_and_keys_live_in_the_operators_namespace_and_go_with_it() {
+    let ns = TestNs::new("tun-tenant").await;
+    let operator = TestNs::new("tun-operator").await;
+    let settings =
+        skyport::config::TunnelArgs { client_namespace: Some(operator.name.clone()), ..tunnels::sweeping_settings() };
+    let op = TunnelOperator::start(&ns, settings).await;
+    let services: Api<Service> = ns.api();
+    services.create(&PostParams::default(), &tunnels::web("web")).await.unwrap();
+    let (_, client, secret) = Placement::names(&ns.name, "web-tunnel", Some(&operator.name));
+    let _kubelet = ClientRunner::start(operator.client.clone(), &operator.name, &client, Backends::default());
+    let tunnels_api: Api<Tunnel> = ns.api();
+    let tunnel = eventually("Tunnel Active", TIMEOUT, || async {
+        let t = tunnels_api.get("web-tunnel").await.ok()?;
+        (t.status.as_ref()?.phase == Some(TunnelPhase::Active)).then_some(t)
+    })
+    .await;
+
+    let deployments: Api<Deployment> = operator.api();
+    let secrets: Api<Secret> = operator.api();
+    let live = deployments.get(&client).await.expect("the client Deployment in the operator's namespace");
+    assert_eq!(live.metadata.labels.as_ref().unwrap().get(LABEL_TUNNEL_UID), tunnel.metadata.uid.as_ref());
+    secrets.get(&secret).await.expect("the credentials Secret in the operator's namespace");
+    assert!(ns.api::<Deployment>().list(&ListParams::default()).await.unwrap().items.is_empty());
+    let managed = ListParams::default().labels("app.kubernetes.io/managed-by=skyport");
+    assert!(ns.api::<Secret>().list(&managed).await.unwrap().items.is_empty(), "no Tunnel keys with the tenant");
+
+    // A client whose Tunnel vanished without its finalizer (its UID is nobody's now).
+    let (orphan_client, orphan_secret) = (format!("{client}-gone-client"), format!("{client}-gone-credentials"));
+    let mut orphan = live.clone();
+    orphan.metadata = kube::api::ObjectMeta {
+        name: Some(orphan_client.clone()),
+        labels: live.metadata.labels.clone().map(|mut l| {
+            l.insert(LABEL_TUNNEL_UID.into(), tunnels::uuid());
+            l
+        }),
+        ..Default::default()
+    };
+    orphan.status = None;
+    deployments.create(&PostParams::default(), &orphan).await.unwrap();
+    let keys: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": orphan_secret, "labels": orphan.metadata.labels},
+        "stringData": {"token": "x"},
+    }))
+    .unwrap();
+    secrets.create(&PostParams::default(), &keys).await.unwrap();
+    eventually("the orphaned client swept", Duration::from_secs(30), || async {
+        let gone = deployments.get_opt(&orphan_client).await.ok()?.is_none();
+        (gone && secrets.get_opt(&orphan_secret).await.ok()?.is_none()).then_some(())
+    })
+    .await;
+    assert!(deployments.get_opt(&client).await.unwrap().is_some(), "a live Tunnel's client is kept");
+
+    // The Service opts out: its Tunnel goes, and with it the client and its keys.
+    services.delete("web", &DeleteParams::default()).await.unwrap();
+    tunnels::gone(&tunnels_api, "web-tunnel").await;
+    eventually("the client and its keys deleted with the Tunnel", TIMEOUT, || async {
+        let gone = deployments.get_opt(&client).await.ok()?.is_none();
+        (gone && secrets.get_opt(&secret).await.ok()?.is_none()).then_some(())
+    })
+    .await;
+    assert!(op.ctx.metrics.errors().is_empty(), "reconciles failed: {:?}", op.ctx.metrics.errors());
+    finish_tunnels(op, ns).await;
+    operator.cleanup().await;
+}
