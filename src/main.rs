@@ -206,9 +206,9 @@ async fn start_tunnels(
         }
         // Said at start, before a Tunnel needs a host (which checks again, from the cache).
         if !t.skip_exit_server_check {
-            let ttl = t.exit_server_check_ttl;
+            let settings = t.clone();
             tokio::spawn(async move {
-                if let Err(e) = skyport::tunnel::verify::check(&artifacts, ttl).await {
+                if let Err(e) = skyport::tunnel::verify::check(&artifacts, &settings).await {
                     warn!(reason = e.reason(), "{e}");
                 }
             });

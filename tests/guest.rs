@@ -23,7 +23,7 @@ use common::eventually;
 use common::kubelet::{Backends, skyport_exe, tcp_echo, udp_echo};
 use common::mirror::https_mirror;
 use guest::{Guest, guest_exe, rootfs_or_skip};
-use providers::exit::userdata::{render_client_toml, render_cloud_config, render_server_toml};
+use providers::exit::userdata::{InstallReport, render_client_toml, render_cloud_config, render_server_toml};
 use providers::guest::HOST_ALIAS;
 use sha2::{Digest, Sha256};
 use skyport::controllers::tunnel::desired;
@@ -128,6 +128,12 @@ async fn a_guest_booted_with_the_user_data_carries_tcp_and_udp_to_the_cluster() 
         .expect("the exit server process runs");
     assert_eq!(uid, skyport_uid, "the server runs as the skyport user");
     assert_eq!(mirror.downloads(), 1, "one download");
+    // The install script says so on the console once the server has stayed up a moment.
+    let started = eventually("the install report on the console", Duration::from_secs(60), || async {
+        InstallReport::find(&guest.console()).filter(|r| *r == InstallReport::Started)
+    })
+    .await;
+    assert_eq!(started, InstallReport::Started);
 
     // The in-cluster side: `skyport tunnel client`, as the client Deployment runs it, in front of
     // echo backends on loopback (the Service's endpoints).
@@ -272,6 +278,14 @@ async fn a_tampered_binary_is_refused_on_the_guest() {
     assert_eq!(mirror.downloads(), 1, "the guest downloaded the binary");
     let output = guest.cloud_init_output();
     assert!(output.contains("refusing to run it"), "{}", guest.diagnostics());
+    // One line on the console says so, as the operator reads it.
+    let console = guest.console();
+    assert_eq!(
+        InstallReport::find(&console),
+        Some(InstallReport::ArtifactRefused("digest-mismatch".into())),
+        "{}",
+        guest.diagnostics()
+    );
     // Nothing unchecked is left where it could run, the service never started, and cloud-init
     // reports the failed script (what a cloud console shows).
     assert!(!guest.root().join("usr/local/bin/skyport").exists());

@@ -35,6 +35,9 @@ const TIMEOUT: Duration = Duration::from_secs(120);
 /// The chart's memory limit for the operator, and the one skyport gives its tunnel clients.
 const MEMORY_LIMIT: u64 = 256 * 1024 * 1024;
 const CLIENT_MEMORY_LIMIT: u64 = 128 * 1024 * 1024;
+/// The operator's health and metrics port when it runs on the node's network (the local
+/// provider): not 8080, which Services of the tunnel tests publish on the same host.
+pub const HOST_NETWORK_HTTP_PORT: u16 = 18381;
 
 /// The tests here install the same cluster-wide objects (CRDs, ClusterRoles, policies) on the one
 /// node, so they take turns.
@@ -155,7 +158,9 @@ async fn helm_install_on_the_node_runs_the_operator_as_users_get_it_and_uninstal
     create_ready_queue(&queues, &sqs, APP_NS, "after-failover").await;
 
     // Tunnels with the local provider: its exit servers run in the operator's container, which
-    // then takes the node's network (tunnel.local), so one replica.
+    // then takes the node's network (tunnel.local), so one replica; and a port of its own for
+    // health and metrics, since on the node's network 8080 is one the other tests' exit servers
+    // publish.
     node.helm(&[
         "upgrade",
         "skyport",
@@ -163,6 +168,8 @@ async fn helm_install_on_the_node_runs_the_operator_as_users_get_it_and_uninstal
         "--namespace",
         NS,
         "--reuse-values",
+        "--set",
+        &format!("httpPort={HOST_NETWORK_HTTP_PORT}"),
         "--set",
         "replicaCount=1",
         "--set",

@@ -39,6 +39,16 @@ impl Drop for Guests {
     }
 }
 
+/// A guest provider over a fresh state folder of `ns` whose guests trust `mirror`, and the guard
+/// that removes its guests.
+fn provider(ns: &TestNs, rootfs: &std::path::Path, mirror: &common::mirror::Mirror) -> (Arc<GuestProvider>, Guests) {
+    let state = std::env::temp_dir().join(format!("skyport-test-guests-{}", ns.name));
+    let mut settings = GuestSettings::new(&state, rootfs);
+    settings.ca_file = Some(mirror.ca_file.clone());
+    let guests = Arc::new(GuestProvider::new(settings).expect("guest provider"));
+    (guests.clone(), Guests(guests, state))
+}
+
 fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -78,18 +88,14 @@ async fn a_tunnel_on_booted_guests_carries_bytes_follows_ports_outlives_a_stoppe
     let digest = sha256_hex(&binary);
     let mirror = https_mirror(binary).await;
     let ns = TestNs::new("tun-guest").await;
-    let state = std::env::temp_dir().join(format!("skyport-test-guests-{}", ns.name));
-    let mut guest_settings = GuestSettings::new(&state, &rootfs);
-    guest_settings.ca_file = Some(mirror.ca_file.clone());
-    let guests = Arc::new(GuestProvider::new(guest_settings).expect("guest provider"));
-    let _guests = Guests(guests.clone(), state.clone());
-    let settings = skyport::config::TunnelArgs {
+    let (guests, guard) = provider(&ns, &rootfs, &mirror);
+    let state = guard.1.clone();
+    // The operator checks the binary on the mirror before buying a guest, as it would on a cloud.
+    let settings = mirror.check_settings(skyport::config::TunnelArgs {
         provider: Some("guest".into()),
         exit_server_url: mirror.url_template.clone(),
-        // The mirror's name resolves on the guests only, and its CA is theirs alone.
-        skip_exit_server_check: true,
         ..tunnels::fast_tunnel_settings()
-    };
+    });
     let op = TunnelOperator::start_serving(&ns, settings, vec![guests.clone()], exe.clone()).await;
     let services: Api<Service> = ns.api();
     let tunnels: Api<Tunnel> = ns.api();
@@ -114,6 +120,7 @@ async fn a_tunnel_on_booted_guests_carries_bytes_follows_ports_outlives_a_stoppe
     let installed = std::fs::read(machine.root().join("usr/local/bin/skyport")).unwrap();
     assert_eq!(sha256_hex(&installed), digest, "the guest runs the binary the operator vouched for");
     assert_eq!(mirror.downloads(), 1, "one download, over HTTPS");
+    assert_eq!(mirror.checks(), 1, "the operator checked the file before buying the guest");
     let owned = guests.list_by_tag(TAG_TUNNEL_UID, &first.uid().unwrap()).await.unwrap();
     assert_eq!(owned.iter().map(|h| h.id.as_str()).collect::<Vec<_>>(), [id.as_str()], "one guest, by owner tag");
 
@@ -174,5 +181,72 @@ async fn a_tunnel_on_booted_guests_carries_bytes_follows_ports_outlives_a_stoppe
     assert!(traces(&last).is_empty(), "the last guest left {:?}", traces(&last));
     let files: Vec<_> = std::fs::read_dir(&state).unwrap().flatten().map(|e| e.file_name()).collect();
     assert!(files.is_empty(), "files left in the state directory: {files:?}");
+    tunnels::finish_tunnels(op, ns).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "boots Debian guests: root, tests/env/build-guest.sh, the static build and tests/env.sh up"]
+async fn a_guest_that_refuses_the_binary_is_named_as_such_and_never_replaced() {
+    let Some(rootfs) = rootfs_or_skip("a_guest_that_refuses_the_binary") else { return };
+    let exe = guest_exe();
+    // The mirror serves another file than the one whose digest the operator derives.
+    let mut tampered = std::fs::read(&exe).unwrap();
+    tampered.extend_from_slice(b"\0tampered");
+    let mirror = https_mirror(tampered).await;
+    let ns = TestNs::new("tun-refused").await;
+    let (guests, _guard) = provider(&ns, &rootfs, &mirror);
+    // Long enough for a busy machine's guest to have reported before a replacement is due.
+    let replace_after = Duration::from_secs(40);
+    let settings = skyport::config::TunnelArgs {
+        provider: Some("guest".into()),
+        exit_server_url: mirror.url_template.clone(),
+        // The VMs reach a mirror the operator does not (its check would refuse this file before
+        // any VM is bought): only the VM can tell.
+        skip_exit_server_check: true,
+        // Past these a VM that cannot be reached was replaced, with a generic reason.
+        boot_timeout: Duration::from_secs(20),
+        replace_after,
+        max_replacements: 3,
+        ..tunnels::fast_tunnel_settings()
+    };
+    let op = TunnelOperator::start_serving(&ns, settings, vec![guests.clone()], exe.clone()).await;
+    let services: Api<Service> = ns.api();
+    let tunnels: Api<Tunnel> = ns.api();
+    let ports = serde_json::json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
+    services
+        .create(&Default::default(), &service("web", Some("skyport.dev/tunnel"), serde_json::json!({}), ports))
+        .await
+        .unwrap();
+
+    let refused = eventually("Ready=False ExitServerArtifactRefused", Duration::from_secs(180), || async {
+        let t = tunnels.get("web-tunnel").await.ok()?;
+        let (_, reason, message) = tunnels::ready(&t)?;
+        (reason == "ExitServerArtifactRefused").then_some((t, message))
+    })
+    .await;
+    let (tunnel, message) = refused;
+    assert!(message.contains("digest-mismatch") && message.contains("--exit-server-url"), "{message}");
+    let id = host_id(&tunnel);
+    let reasons: Vec<String> = events(&ns.client, &ns.name, "web-tunnel").await.into_iter().map(|e| e.0).collect();
+    assert!(reasons.contains(&"ExitServerArtifactRefused".to_string()), "{reasons:?}");
+    let for_service: Vec<String> = events(&ns.client, &ns.name, "web").await.into_iter().map(|e| e.0).collect();
+    assert!(
+        for_service.contains(&"ExitServerArtifactRefused".to_string()),
+        "the Service's owner is told: {for_service:?}"
+    );
+
+    // Well past the replacement wait: the same guest, no new VM, no second download.
+    tokio::time::sleep(replace_after + Duration::from_secs(10)).await;
+    let after = tunnels.get("web-tunnel").await.unwrap();
+    assert_eq!(tunnels::ready(&after).map(|r| r.1), Some("ExitServerArtifactRefused".into()));
+    assert_eq!(host_id(&after), id, "a VM that refused the artifact was replaced");
+    assert_eq!(after.status.as_ref().and_then(|s| s.replacements), None);
+    let owned = guests.list_by_tag(TAG_TUNNEL_UID, &after.uid().unwrap()).await.unwrap();
+    assert_eq!(owned.len(), 1, "one guest: {owned:?}");
+    assert_eq!(mirror.downloads(), 1, "no other VM downloaded the binary");
+
+    services.delete("web", &DeleteParams::default()).await.unwrap();
+    tunnels::gone(&tunnels, "web-tunnel").await;
+    assert!(traces(&id).is_empty(), "the guest left {:?}", traces(&id));
     tunnels::finish_tunnels(op, ns).await;
 }

@@ -20,6 +20,7 @@
 
 mod addresses;
 pub mod machine;
+pub mod processes;
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -35,8 +36,10 @@ use tokio::sync::Mutex;
 pub use machine::{HOST_ALIAS, Machine};
 
 use crate::error::HostError;
-use crate::hosts::{Address, AddressBinding, AddressRequest, Host, HostProvider, HostRequest, HostState};
+use crate::host_files::HostFiles;
+use crate::hosts::{AddressBinding, Host, HostProvider, HostRequest, HostState};
 use crate::limiter::Limiter;
+use crate::reservations::Booked;
 
 const PROVIDER: &str = "guest";
 /// Host ids: this prefix and 8 hex digits; also the machine's and its network namespace's name.
@@ -121,19 +124,19 @@ impl GuestProvider {
     /// The guest behind host `id` (its files, console and cloud-init logs), for tests and
     /// debugging; `None` when there is no such host.
     pub fn machine(&self, id: &str) -> Option<Machine> {
-        self.read_record(id).ok().flatten().map(|r| r.machine)
+        self.files().read(id).ok().flatten().map(|r| r.machine)
     }
 
     /// Powers off and removes every guest of the state directory and releases its reserved
     /// addresses, blocking, without the limiter: for tests and the playground to leave nothing
     /// behind whatever happened to them.
     pub fn remove_all(&self) {
-        for record in self.records().unwrap_or_default() {
+        for record in self.files().all().unwrap_or_default() {
             let _ = std::fs::remove_file(self.host_dir(&record.id).join("host.json"));
             record.machine.tear_down();
         }
         for address in self.reserved().unwrap_or_default() {
-            let _ = self.unreserve(&address.ip.to_string());
+            let _ = self.book().release(&address.ip.to_string());
         }
     }
 
@@ -141,34 +144,8 @@ impl GuestProvider {
         self.settings.state_dir.join(id)
     }
 
-    fn read_record(&self, id: &str) -> Result<Option<Record>, HostError> {
-        if !valid_id(id) {
-            return Ok(None);
-        }
-        let path = self.host_dir(id).join("host.json");
-        match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|e| unavailable(format!("corrupt {}: {e}", path.display()))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(unavailable(format!("cannot read {}: {e}", path.display()))),
-        }
-    }
-
-    fn records(&self) -> Result<Vec<Record>, HostError> {
-        let entries = std::fs::read_dir(&self.settings.state_dir)
-            .map_err(|e| unavailable(format!("cannot list {}: {e}", self.settings.state_dir.display())))?;
-        let mut out = Vec::new();
-        for entry in entries.flatten() {
-            let id = entry.file_name().to_string_lossy().into_owned();
-            match self.read_record(&id) {
-                Ok(Some(r)) => out.push(r),
-                Ok(None) => {}
-                Err(e) => tracing::warn!(host = %id, error = %e, "skipping an unreadable guest"),
-            }
-        }
-        out.sort_by(|a, b| a.id.cmp(&b.id));
-        Ok(out)
+    fn files(&self) -> HostFiles<Record> {
+        HostFiles::new(self.settings.state_dir.clone(), PROVIDER, valid_id)
     }
 
     fn host(record: &Record) -> Host {
@@ -186,7 +163,7 @@ impl GuestProvider {
     async fn make(&self, request: &HostRequest) -> Result<Host, HostError> {
         let _guard = self.lock.lock().await;
         let link = self.free_address_of(&request.tags)?;
-        let mut avoid: Vec<Ipv4Addr> = self.records()?.iter().map(|r| r.machine.ip).collect();
+        let mut avoid: Vec<Ipv4Addr> = self.files().all()?.iter().map(|r| r.machine.ip).collect();
         avoid.extend(self.reserved()?.iter().map(|r| r.ip));
         let id = format!("{ID_PREFIX}{:08x}", rand::random::<u32>());
         let record = Record {
@@ -207,14 +184,6 @@ impl GuestProvider {
         tokio::task::spawn_blocking(move || boot(record, &rootfs, ca.as_deref(), &user_data, link, &avoid))
             .await
             .map_err(|e| unavailable(format!("guest start panicked: {e}")))?
-    }
-
-    fn finish<T>(&self, operation: &'static str, result: &Result<T, HostError>) {
-        let outcome = match result {
-            Ok(_) => crate::limiter::SUCCESS,
-            Err(e) => e.label(),
-        };
-        self.limiter.counters.record_outcome(operation, outcome);
     }
 }
 
@@ -264,21 +233,21 @@ impl HostProvider for GuestProvider {
     async fn create(&self, request: &HostRequest) -> Result<Host, HostError> {
         self.limiter.acquire("CreateHost").await;
         let result = self.make(request).await;
-        self.finish("CreateHost", &result);
+        self.limiter.count_result("CreateHost", &result);
         result
     }
 
     async fn get(&self, id: &str) -> Result<Option<Host>, HostError> {
         self.limiter.acquire("GetHost").await;
-        let result = self.read_record(id).map(|r| r.as_ref().map(Self::host));
-        self.finish("GetHost", &result);
+        let result = self.files().read(id).map(|r| r.as_ref().map(Self::host));
+        self.limiter.count_result("GetHost", &result);
         result
     }
 
     async fn delete(&self, id: &str) -> Result<(), HostError> {
         self.limiter.acquire("DeleteHost").await;
         let result = async {
-            let Some(record) = self.read_record(id)? else { return Ok(()) };
+            let Some(record) = self.files().read(id)? else { return Ok(()) };
             // Unlisted first: a delete cut short leaves no host that looks alive.
             let json = self.host_dir(id).join("host.json");
             std::fs::remove_file(&json).map_err(|e| unavailable(format!("cannot remove {}: {e}", json.display())))?;
@@ -291,16 +260,24 @@ impl HostProvider for GuestProvider {
             .map_err(|e| unavailable(format!("guest removal panicked: {e}")))
         }
         .await;
-        self.finish("DeleteHost", &result);
+        self.limiter.count_result("DeleteHost", &result);
         result
     }
 
     async fn list_by_tag(&self, key: &str, value: &str) -> Result<Vec<Host>, HostError> {
         self.limiter.acquire("ListHosts").await;
-        let result = self.records().map(|records| {
+        let result = self.files().all().map(|records| {
             records.iter().filter(|r| r.tags.get(key).map(String::as_str) == Some(value)).map(Self::host).collect()
         });
-        self.finish("ListHosts", &result);
+        self.limiter.count_result("ListHosts", &result);
+        result
+    }
+
+    /// The guest's console: nspawn's output, which is what the guest writes to `/dev/console`.
+    async fn console_output(&self, id: &str) -> Result<Option<String>, HostError> {
+        self.limiter.acquire("GetConsoleOutput").await;
+        let result = self.files().read(id).map(|r| r.map(|r| r.machine.console()));
+        self.limiter.count_result("GetConsoleOutput", &result);
         result
     }
 
@@ -308,39 +285,8 @@ impl HostProvider for GuestProvider {
         AddressBinding::AtCreate
     }
 
-    async fn reserve_address(&self, request: &AddressRequest) -> Result<Address, HostError> {
-        self.limiter.acquire("ReserveAddress").await;
-        let result = self.reserve(request).await;
-        self.finish("ReserveAddress", &result);
-        result
-    }
-
-    async fn get_address(&self, id: &str) -> Result<Option<Address>, HostError> {
-        self.limiter.acquire("GetAddress").await;
-        let result = self.find_address(id);
-        self.finish("GetAddress", &result);
-        result
-    }
-
-    async fn assign_address(&self, id: &str, host_id: &str) -> Result<(), HostError> {
-        self.limiter.acquire("AssignAddress").await;
-        let result = self.check_assigned(id, host_id);
-        self.finish("AssignAddress", &result);
-        result
-    }
-
-    async fn release_address(&self, id: &str) -> Result<(), HostError> {
-        self.limiter.acquire("ReleaseAddress").await;
-        let result = self.unreserve(id);
-        self.finish("ReleaseAddress", &result);
-        result
-    }
-
-    async fn list_addresses_by_tag(&self, key: &str, value: &str) -> Result<Vec<Address>, HostError> {
-        self.limiter.acquire("ListAddresses").await;
-        let result = self.addresses_by_tag(key, value);
-        self.finish("ListAddresses", &result);
-        result
+    fn booked(&self) -> Option<&dyn Booked> {
+        Some(self)
     }
 
     fn name(&self) -> &'static str {

@@ -209,18 +209,33 @@ pub trait HostProvider: Send + Sync {
     fn fetches_artifact(&self) -> bool {
         true
     }
+    /// What the host's console printed, as far as the provider keeps it (EC2's
+    /// GetConsoleOutput, a guest's console): the exit server's install script reports its
+    /// outcome there ([`crate::exit::userdata::InstallReport`]), so the operator can tell a VM
+    /// that refused the artifact from one it cannot reach. `Ok(None)`: this provider reads no
+    /// consoles (the default), or the host has none yet. May hold anything the VM printed: read
+    /// the report from it, never pass it on.
+    async fn console_output(&self, _id: &str) -> Result<Option<String>, HostError> {
+        Ok(None)
+    }
     /// How reserved addresses get onto hosts here.
     fn address_binding(&self) -> AddressBinding {
         AddressBinding::Assign
     }
+    /// Where this provider keeps its reserved addresses as files beside its hosts (`local`,
+    /// `guest`), which makes the address methods below theirs; `None` (the default) for the
+    /// clouds, which override those methods with their own API.
+    fn booked(&self) -> Option<&dyn crate::reservations::Booked> {
+        None
+    }
     /// Reserves a public address tagged with `request.tags` (and assigns it to
     /// `request.host_id` if set). Not idempotent: callers look up by tag first.
-    async fn reserve_address(&self, _request: &AddressRequest) -> Result<Address, HostError> {
-        Err(no_addresses(self.name()))
+    async fn reserve_address(&self, request: &AddressRequest) -> Result<Address, HostError> {
+        self.booked().ok_or_else(|| no_addresses(self.name()))?.reserve(request).await
     }
     /// The address with this id, or `None` when it was released.
-    async fn get_address(&self, _id: &str) -> Result<Option<Address>, HostError> {
-        Err(no_addresses(self.name()))
+    async fn get_address(&self, id: &str) -> Result<Option<Address>, HostError> {
+        self.booked().ok_or_else(|| no_addresses(self.name()))?.find_address(id).await
     }
     /// Whether [`HostProvider::assign_address`] moves a reserved address between two running
     /// hosts within seconds while each keeps the address its client dials, which a highly
@@ -239,12 +254,12 @@ pub trait HostProvider: Send + Sync {
     }
     /// Points the address at host `host_id` (moving it from any earlier host); already there is
     /// success.
-    async fn assign_address(&self, _id: &str, _host_id: &str) -> Result<(), HostError> {
-        Err(no_addresses(self.name()))
+    async fn assign_address(&self, id: &str, host_id: &str) -> Result<(), HostError> {
+        self.booked().ok_or_else(|| no_addresses(self.name()))?.check_assigned(id, host_id).await
     }
     /// Unassigns and releases the address; one already released counts as released.
-    async fn release_address(&self, _id: &str) -> Result<(), HostError> {
-        Err(no_addresses(self.name()))
+    async fn release_address(&self, id: &str) -> Result<(), HostError> {
+        self.booked().ok_or_else(|| no_addresses(self.name()))?.unreserve(id).await
     }
     /// The region a reserved address is bound to, where a host must be created to take it;
     /// `None` where any host of the provider's region can (the default).
@@ -252,8 +267,8 @@ pub trait HostProvider: Send + Sync {
         Ok(None)
     }
     /// All reserved addresses carrying the canonical tag `key=value`, across every page.
-    async fn list_addresses_by_tag(&self, _key: &str, _value: &str) -> Result<Vec<Address>, HostError> {
-        Err(no_addresses(self.name()))
+    async fn list_addresses_by_tag(&self, key: &str, value: &str) -> Result<Vec<Address>, HostError> {
+        self.booked().ok_or_else(|| no_addresses(self.name()))?.addresses_by_tag(key, value).await
     }
     /// Short provider name for messages, metrics and config (`digitalocean`, `hetzner`).
     fn name(&self) -> &'static str;
@@ -357,65 +372,4 @@ pub async fn reconfigure_running<P: HostProvider + ?Sized>(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const UID: &str = "0b6e3c57-4d0e-4b52-9a43-3f4f7e7d2a10";
-
-    #[test]
-    fn digitalocean_tags_use_only_the_allowed_characters_and_decode_back() {
-        for (key, value) in owner_tags(UID, "team-a", "web.frontend-tunnel") {
-            let (tag, empty) = TagSyntax::DigitalOcean.encode(&key, &value);
-            assert!(empty.is_empty());
-            assert!(tag.len() <= DO_TAG_MAX);
-            assert!(tag.chars().all(|c| c.is_ascii_alphanumeric() || "_:-".contains(c)), "{tag}");
-            assert_eq!(TagSyntax::DigitalOcean.decode(&tag, ""), (key, value));
-        }
-        assert_eq!(
-            TagSyntax::DigitalOcean.encode(TAG_TUNNEL_UID, UID).0,
-            "skyport_dev:tunnel-uid:0b6e3c57-4d0e-4b52-9a43-3f4f7e7d2a10"
-        );
-        // Foreign tags come back as they are.
-        assert_eq!(TagSyntax::DigitalOcean.decode("env:prod", ""), ("env:prod".into(), String::new()));
-    }
-
-    #[test]
-    fn a_host_request_never_prints_its_user_data() {
-        let request = HostRequest {
-            name: "skyport-web".into(),
-            region: None,
-            size: None,
-            user_data: "token = \"s3cret\"".into(),
-            server: ExitServer { control_port: 2333, noise_private_key: "c2VjcmV0".into(), services: vec![] },
-            tags: owner_tags(UID, "ns", "web"),
-        };
-        let printed = format!("{request:?}");
-        assert!(!printed.contains("s3cret") && printed.contains("<16 bytes>"), "{printed}");
-    }
-
-    #[test]
-    fn hetzner_labels_keep_keys_and_short_values_unchanged() {
-        for (key, value) in owner_tags(UID, "team-a", "web-tunnel") {
-            let (k, v) = TagSyntax::Hetzner.encode(&key, &value);
-            assert_eq!((k.as_str(), v.as_str()), (key.as_str(), value.as_str()));
-        }
-    }
-
-    #[test]
-    fn long_values_are_shortened_deterministically_and_stay_valid() {
-        let long = format!("{}-tunnel", "a".repeat(60));
-        let (_, v) = TagSyntax::Hetzner.encode(TAG_TUNNEL_NAME, &long);
-        assert_eq!(v.len(), HETZNER_VALUE_MAX);
-        assert_eq!(v, TagSyntax::Hetzner.encode(TAG_TUNNEL_NAME, &long).1, "same input, same label");
-        assert_ne!(v, TagSyntax::Hetzner.encode(TAG_TUNNEL_NAME, &format!("{long}2")).1);
-        assert!(v.starts_with(|c: char| c.is_ascii_alphanumeric()));
-        assert!(v.ends_with(|c: char| c.is_ascii_alphanumeric()));
-        // A cut that lands on a separator is trimmed so the value stays a valid label.
-        let dotted = format!("{}.{}", "b".repeat(53), "c".repeat(20));
-        let v = fit_value(&dotted, HETZNER_VALUE_MAX);
-        assert!(!v.contains(".-"), "{v}");
-
-        let (tag, _) = TagSyntax::DigitalOcean.encode(TAG_TUNNEL_NAME, &"x".repeat(300));
-        assert_eq!(tag.len(), DO_TAG_MAX);
-    }
-}
+mod tests;

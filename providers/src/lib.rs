@@ -12,6 +12,7 @@ pub mod error;
 pub mod exit;
 pub mod guest;
 pub mod hetzner;
+mod host_files;
 pub mod hosts;
 pub mod limiter;
 pub mod local;

@@ -127,6 +127,12 @@ impl Limiter {
         self.counters.waited_micros.fetch_add(waited.as_micros() as u64, Ordering::Relaxed);
     }
 
+    /// Counts how a provider call of `operation` ended: [`SUCCESS`] or its error's label.
+    pub fn count_result<T>(&self, operation: &'static str, result: &Result<T, crate::error::HostError>) {
+        self.counters
+            .record_outcome(operation, result.as_ref().map_or_else(crate::error::HostError::label, |_| SUCCESS));
+    }
+
     /// Waits for a token, then counts `operation` as one call.
     pub async fn acquire(&self, operation: &'static str) {
         self.acquire_from(self, operation).await;

@@ -40,10 +40,10 @@ use process::{render, signal_group};
 
 use crate::error::HostError;
 use crate::exit::userdata::ExitServer;
-use crate::hosts::{
-    Address, AddressBinding, AddressRequest, Host, HostProvider, HostRequest, HostState, TAG_TUNNEL_SLOT,
-};
+use crate::host_files::HostFiles;
+use crate::hosts::{AddressBinding, Host, HostProvider, HostRequest, HostState, TAG_TUNNEL_SLOT};
 use crate::limiter::Limiter;
+use crate::reservations::Booked;
 
 const PROVIDER: &str = "local";
 /// What rathole (built with `hot-reload`) logs once its config watcher is in place. Until then a
@@ -134,20 +134,6 @@ impl LocalProvider {
         self.settings.state_dir.join(id)
     }
 
-    fn read_record(&self, id: &str) -> Result<Option<Record>, HostError> {
-        if !valid_id(id) {
-            return Ok(None);
-        }
-        let path = self.host_dir(id).join("host.json");
-        match std::fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|e| unavailable(format!("corrupt {}: {e}", path.display()))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(unavailable(format!("cannot read {}: {e}", path.display()))),
-        }
-    }
-
     fn host(&self, record: &Record) -> Host {
         let state = if self.alive(&record.id).is_some() { HostState::Running } else { HostState::Stopped };
         Host {
@@ -159,20 +145,8 @@ impl LocalProvider {
         }
     }
 
-    fn records(&self) -> Result<Vec<Record>, HostError> {
-        let entries = std::fs::read_dir(&self.settings.state_dir)
-            .map_err(|e| unavailable(format!("cannot list {}: {e}", self.settings.state_dir.display())))?;
-        let mut out = Vec::new();
-        for entry in entries.flatten() {
-            let id = entry.file_name().to_string_lossy().into_owned();
-            match self.read_record(&id) {
-                Ok(Some(r)) => out.push(r),
-                Ok(None) => {}
-                Err(e) => tracing::warn!(host = %id, error = %e, "skipping an unreadable local host"),
-            }
-        }
-        out.sort_by(|a, b| a.id.cmp(&b.id));
-        Ok(out)
+    fn files(&self) -> HostFiles<Record> {
+        HostFiles::new(self.settings.state_dir.clone(), PROVIDER, valid_id)
     }
 
     /// The next free address after the one handed out last (kept in `last-address`), so a
@@ -216,17 +190,9 @@ impl LocalProvider {
 
     /// Addresses of every host and every reservation: never handed out again.
     fn taken(&self) -> Result<Vec<Ipv4Addr>, HostError> {
-        let mut taken: Vec<Ipv4Addr> = self.records()?.iter().map(|r| r.address).collect();
+        let mut taken: Vec<Ipv4Addr> = self.files().all()?.iter().map(|r| r.address).collect();
         taken.extend(self.reserved()?.iter().map(|r| r.ip));
         Ok(taken)
-    }
-
-    fn finish<T>(&self, operation: &'static str, result: &Result<T, HostError>) {
-        let outcome = match result {
-            Ok(_) => crate::limiter::SUCCESS,
-            Err(e) => e.label(),
-        };
-        self.limiter.counters.record_outcome(operation, outcome);
     }
 }
 
@@ -298,14 +264,14 @@ impl HostProvider for LocalProvider {
             }
         }
         .await;
-        self.finish("CreateHost", &result);
+        self.limiter.count_result("CreateHost", &result);
         result
     }
 
     async fn get(&self, id: &str) -> Result<Option<Host>, HostError> {
         self.limiter.acquire("GetHost").await;
-        let result = self.read_record(id).map(|r| r.map(|r| self.host(&r)));
-        self.finish("GetHost", &result);
+        let result = self.files().read(id).map(|r| r.map(|r| self.host(&r)));
+        self.limiter.count_result("GetHost", &result);
         result
     }
 
@@ -332,20 +298,20 @@ impl HostProvider for LocalProvider {
             }
         }
         .await;
-        self.finish("DeleteHost", &result);
+        self.limiter.count_result("DeleteHost", &result);
         result
     }
 
     async fn list_by_tag(&self, key: &str, value: &str) -> Result<Vec<Host>, HostError> {
         self.limiter.acquire("ListHosts").await;
-        let result = self.records().map(|records| {
+        let result = self.files().all().map(|records| {
             records
                 .iter()
                 .filter(|r| r.tags.get(key).map(String::as_str) == Some(value))
                 .map(|r| self.host(r))
                 .collect()
         });
-        self.finish("ListHosts", &result);
+        self.limiter.count_result("ListHosts", &result);
         result
     }
 
@@ -356,7 +322,8 @@ impl HostProvider for LocalProvider {
             // stale); one at a time.
             let _guard = self.lock.lock().await;
             let record = self
-                .read_record(id)?
+                .files()
+                .read(id)?
                 .ok_or_else(|| HostError::NotFound { provider: PROVIDER, message: format!("host {id}") })?;
             // Through the server's push port, as on a cloud VM, so the tests and the bench
             // exercise the mechanism cloud hosts rely on.
@@ -364,7 +331,7 @@ impl HostProvider for LocalProvider {
             crate::exit::push::reconfigure_host(PROVIDER, &record.address.to_string(), server, &config).await
         }
         .await;
-        self.finish("ReconfigureHost", &result);
+        self.limiter.count_result("ReconfigureHost", &result);
         result
     }
 
@@ -372,38 +339,15 @@ impl HostProvider for LocalProvider {
         AddressBinding::AtCreate
     }
 
-    async fn reserve_address(&self, request: &AddressRequest) -> Result<Address, HostError> {
-        self.limiter.acquire("ReserveAddress").await;
-        let result = self.reserve(request).await;
-        self.finish("ReserveAddress", &result);
-        result
+    fn booked(&self) -> Option<&dyn Booked> {
+        Some(self)
     }
 
-    async fn get_address(&self, id: &str) -> Result<Option<Address>, HostError> {
-        self.limiter.acquire("GetAddress").await;
-        let result = self.find_address(id);
-        self.finish("GetAddress", &result);
-        result
-    }
-
+    /// Moves the reserved address between running hosts ([`Self::move_address`]).
     async fn assign_address(&self, id: &str, host_id: &str) -> Result<(), HostError> {
         self.limiter.acquire("AssignAddress").await;
         let result = self.move_address(id, host_id).await;
-        self.finish("AssignAddress", &result);
-        result
-    }
-
-    async fn release_address(&self, id: &str) -> Result<(), HostError> {
-        self.limiter.acquire("ReleaseAddress").await;
-        let result = self.unreserve(id);
-        self.finish("ReleaseAddress", &result);
-        result
-    }
-
-    async fn list_addresses_by_tag(&self, key: &str, value: &str) -> Result<Vec<Address>, HostError> {
-        self.limiter.acquire("ListAddresses").await;
-        let result = self.addresses_by_tag(key, value);
-        self.finish("ListAddresses", &result);
+        self.limiter.count_result("AssignAddress", &result);
         result
     }
 

@@ -9,13 +9,76 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
+use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::error::HostError;
 use crate::hosts::{Address, AddressRequest, TAG_TUNNEL_UID};
+use crate::limiter::Limiter;
+
+/// A provider whose reserved addresses are files of an [`AddressBook`] beside its hosts
+/// (`local`, `guest`): the address operations of [`crate::hosts::HostProvider`] are these, the
+/// same for both, each through the provider's limiter and counted by outcome. The provider
+/// says where its book is, which hosts it has, and how it records a free address.
+#[async_trait]
+pub trait Booked: Send + Sync {
+    fn book(&self) -> AddressBook;
+    /// Every host's (address, id).
+    fn hosts(&self) -> Result<Vec<(Ipv4Addr, String)>, HostError>;
+    /// Records an address no host and no reservation has, tagged `tags` (under the provider's
+    /// lock, so two reservations never get the same one).
+    async fn record_free(&self, tags: &BTreeMap<String, String>) -> Result<Address, HostError>;
+    fn counted_by(&self) -> &Limiter;
+
+    fn reserved(&self) -> Result<Vec<Reserved>, HostError> {
+        self.book().reserved()
+    }
+
+    /// The Tunnel's reserved address no host uses, for `create`.
+    fn free_address_of(&self, tags: &BTreeMap<String, String>) -> Result<Option<Ipv4Addr>, HostError> {
+        self.book().free_of(tags, &self.hosts()?)
+    }
+
+    async fn reserve(&self, request: &AddressRequest) -> Result<Address, HostError> {
+        counted(self.counted_by(), "ReserveAddress", async {
+            self.book().check_request(request)?;
+            self.record_free(&request.tags).await
+        })
+        .await
+    }
+
+    async fn find_address(&self, id: &str) -> Result<Option<Address>, HostError> {
+        counted(self.counted_by(), "GetAddress", async { self.book().find(id, &self.hosts()?) }).await
+    }
+
+    async fn check_assigned(&self, id: &str, host_id: &str) -> Result<(), HostError> {
+        counted(self.counted_by(), "AssignAddress", async { self.book().check_assigned(id, host_id, &self.hosts()?) })
+            .await
+    }
+
+    async fn unreserve(&self, id: &str) -> Result<(), HostError> {
+        counted(self.counted_by(), "ReleaseAddress", async { self.book().release(id) }).await
+    }
+
+    async fn addresses_by_tag(&self, key: &str, value: &str) -> Result<Vec<Address>, HostError> {
+        counted(self.counted_by(), "ListAddresses", async { self.book().by_tag(key, value, &self.hosts()?) }).await
+    }
+}
+
+/// Waits for `limiter`'s permit for `operation`, runs `call` and counts its outcome.
+async fn counted<T>(
+    limiter: &Limiter,
+    operation: &'static str,
+    call: impl std::future::Future<Output = Result<T, HostError>>,
+) -> Result<T, HostError> {
+    limiter.acquire(operation).await;
+    let result = call.await;
+    limiter.count_result(operation, &result);
+    result
+}
 
 #[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct Reserved {
+pub struct Reserved {
     pub(crate) ip: Ipv4Addr,
     pub(crate) tags: BTreeMap<String, String>,
 }
@@ -24,7 +87,7 @@ const PREFIX: &str = "address-";
 
 /// The reservation files of one state directory. Methods that report assignments take the
 /// provider's hosts as `(address, host id)` pairs.
-pub(crate) struct AddressBook {
+pub struct AddressBook {
     pub(crate) dir: PathBuf,
     pub(crate) provider: &'static str,
 }

@@ -229,6 +229,10 @@ async fn user_data_reaches_the_instance_unchanged() {
     let encoded = attribute.user_data().and_then(|u| u.value()).expect("user data");
     let decoded = base64::engine::general_purpose::STANDARD.decode(encoded).unwrap();
     assert_eq!(String::from_utf8(decoded).unwrap(), request.user_data);
+    // The console, decoded: LocalStack's is a canned boot log, with no install report in it.
+    let console = p.console_output(&created.id).await.unwrap().expect("a console");
+    assert!(console.contains("Linux version"), "{console}");
+    assert_eq!(providers::exit::userdata::InstallReport::find(&console), None);
     p.delete(&created.id).await.unwrap();
 }
 

@@ -116,6 +116,18 @@ pub struct TunnelArgs {
     #[arg(long = "skip-exit-server-check", env = "SKYPORT_SKIP_EXIT_SERVER_CHECK", default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub skip_exit_server_check: bool,
 
+    /// PEM file of CA certificates the operator's exit-server binary check trusts besides the
+    /// system's: a `--exit-server-url` mirror with a private CA (the VMs' image must trust it
+    /// too).
+    #[arg(long = "exit-server-ca-file", env = "SKYPORT_EXIT_SERVER_CA_FILE")]
+    pub exit_server_ca_file: Option<std::path::PathBuf>,
+
+    /// `NAME=ADDRESS`: the exit-server binary check reaches host NAME of `--exit-server-url` at
+    /// ADDRESS instead of resolving it, for a mirror the VMs know by a name the operator's DNS
+    /// does not (the port stays the URL's). Repeatable, or comma-separated.
+    #[arg(long = "exit-server-resolve", env = "SKYPORT_EXIT_SERVER_RESOLVE", value_delimiter = ',')]
+    pub exit_server_resolve: Vec<String>,
+
     /// How long a passed exit-server binary check is trusted before the file is downloaded and
     /// checked again (a failed one is retried after at most 30s).
     #[arg(long = "exit-server-check-ttl", env = "SKYPORT_EXIT_SERVER_CHECK_TTL", default_value = "1h", value_parser = humantime::parse_duration)]
@@ -255,6 +267,8 @@ impl Default for TunnelArgs {
             exit_server_url: DEFAULT_EXIT_SERVER_URL.into(),
             exit_server_sha256: Vec::new(),
             skip_exit_server_check: false,
+            exit_server_ca_file: None,
+            exit_server_resolve: Vec::new(),
             exit_server_check_ttl: Duration::from_secs(3600),
             self_exe: "/proc/self/exe".into(),
             control_port: 2333,
@@ -330,104 +344,4 @@ fn region_image(text: &str) -> Result<(String, String), String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use clap::Parser;
-
-    use super::*;
-    use crate::config::{Cli, Command};
-
-    #[test]
-    fn ec2_region_images_are_region_ami_pairs_repeated_or_comma_separated() {
-        let cli = Cli::try_parse_from([
-            "skyport",
-            "run",
-            "--ec2-region-image",
-            "eu-west-1=ami-0a, us-east-2=ami-0b",
-            "--ec2-region-image=ap-south-1=ami-0c",
-        ])
-        .unwrap();
-        let Command::Run(run) = cli.command else { panic!("expected run") };
-        let pairs: Vec<(&str, &str)> =
-            run.tunnel.ec2_region_images.iter().map(|(r, a)| (r.as_str(), a.as_str())).collect();
-        assert_eq!(pairs, [("eu-west-1", "ami-0a"), ("us-east-2", "ami-0b"), ("ap-south-1", "ami-0c")]);
-        for bad in ["eu-west-1", "eu-west-1=", "EU=ami-1", "eu-west-1=img-1"] {
-            let err = Cli::try_parse_from(["skyport", "run", "--ec2-region-image", bad]).unwrap_err().to_string();
-            assert!(err.contains("REGION=AMI") || err.contains("region") || err.contains("AMI"), "{bad}: {err}");
-        }
-    }
-
-    #[test]
-    fn local_addresses_are_an_ascending_range() {
-        let cli = Cli::try_parse_from(["skyport", "run", "--local-addresses", "10.204.0.1-10.204.0.254"]).unwrap();
-        let Command::Run(run) = cli.command else { panic!("expected run") };
-        assert_eq!(run.tunnel.local_addresses, ("10.204.0.1".parse().unwrap(), "10.204.0.254".parse().unwrap()));
-        for bad in ["10.204.0.1", "10.204.0.9-10.204.0.1", "10.204.0.1-x"] {
-            assert!(Cli::try_parse_from(["skyport", "run", "--local-addresses", bad]).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn tunnel_backoff_defaults_to_the_shared_flags_and_service_keeps_its_fixed_retry() {
-        let cli = Cli::try_parse_from(["skyport", "run", "--error-backoff-min", "2s"]).unwrap();
-        let Command::Run(run) = cli.command else { panic!("expected run") };
-        let backoff = run.tunnel.backoff(&run.queue);
-        assert!(backoff.delay_for(0) <= Duration::from_secs(2) && backoff.delay_for(0) >= Duration::from_millis(1500));
-        assert_eq!(run.tunnel.service_concurrency, 4);
-        assert_eq!(
-            (run.tunnel.service_backoff_min, run.tunnel.service_backoff_max),
-            (Duration::from_secs(5), Duration::from_secs(5))
-        );
-        let cli = Cli::try_parse_from([
-            "skyport",
-            "run",
-            "--error-backoff-min",
-            "2s",
-            "--tunnel-error-backoff-min",
-            "10s",
-            "--tunnel-error-backoff-max",
-            "10s",
-        ])
-        .unwrap();
-        let Command::Run(run) = cli.command else { panic!("expected run") };
-        assert_eq!(run.tunnel.backoff(&run.queue).delay_for(3), Duration::from_secs(10));
-        assert!(Cli::try_parse_from(["skyport", "run", "--provider", "nowhere"]).is_err());
-    }
-
-    #[test]
-    fn the_exit_server_check_is_on_by_default_and_the_subnet_unset() {
-        let cli = Cli::try_parse_from(["skyport", "run"]).unwrap();
-        let Command::Run(run) = cli.command else { panic!("expected run") };
-        assert!(!run.tunnel.skip_exit_server_check && run.tunnel.ec2_subnet_id.is_none());
-        assert_eq!(run.tunnel.exit_server_check_ttl, Duration::from_secs(3600));
-        let cli = Cli::try_parse_from([
-            "skyport",
-            "run",
-            "--skip-exit-server-check",
-            "--exit-server-check-ttl=5m",
-            "--ec2-subnet-id=subnet-0a",
-        ])
-        .unwrap();
-        let Command::Run(run) = cli.command else { panic!("expected run") };
-        assert!(run.tunnel.skip_exit_server_check);
-        assert_eq!(run.tunnel.exit_server_check_ttl, Duration::from_secs(300));
-        assert_eq!(run.tunnel.ec2_subnet_id.as_deref(), Some("subnet-0a"));
-    }
-
-    #[test]
-    fn allowed_sizes_and_regions_are_comma_lists_empty_by_default() {
-        let cli = Cli::try_parse_from(["skyport", "run"]).unwrap();
-        let Command::Run(run) = cli.command else { panic!("expected run") };
-        assert!(run.tunnel.allowed_sizes.is_empty() && run.tunnel.allowed_regions.is_empty());
-        let cli = Cli::try_parse_from([
-            "skyport",
-            "run",
-            "--tunnel-allowed-sizes",
-            "t3.nano,t3.micro",
-            "--tunnel-allowed-regions=fra1",
-        ])
-        .unwrap();
-        let Command::Run(run) = cli.command else { panic!("expected run") };
-        assert_eq!(run.tunnel.allowed_sizes, ["t3.nano", "t3.micro"]);
-        assert_eq!(run.tunnel.allowed_regions, ["fra1"]);
-    }
-}
+mod tests;

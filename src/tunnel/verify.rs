@@ -12,6 +12,8 @@
 //! - Results are kept per (URL, digest): a pass for `--exit-server-check-ttl`, a failure for at
 //!   most [`FAILURE_TTL`], so many Tunnels needing hosts cost one download, and a fixed mirror is
 //!   seen soon. One check runs at a time.
+//! - A mirror with a private CA is checked with `--exit-server-ca-file`, one the VMs know by a
+//!   name the operator cannot resolve with `--exit-server-resolve NAME=ADDRESS`.
 //! - `--skip-exit-server-check` turns it off for setups where the VMs reach a mirror the
 //!   operator cannot; providers whose hosts download nothing (local) are never checked.
 
@@ -98,8 +100,10 @@ fn cache() -> &'static Cache {
     CACHE.get_or_init(Default::default)
 }
 
-/// Checks every artifact (each architecture a VM might have), from the cache where fresh.
-pub async fn check(artifacts: &[Artifact], ttl: Duration) -> Result<(), ArtifactProblem> {
+/// Checks every artifact (each architecture a VM might have), from the cache where fresh,
+/// downloading as `settings` say (`--exit-server-ca-file`, `--exit-server-resolve`).
+pub async fn check(artifacts: &[Artifact], settings: &crate::config::TunnelArgs) -> Result<(), ArtifactProblem> {
+    let ttl = settings.exit_server_check_ttl;
     static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     let _turn = ONE_AT_A_TIME.lock().await;
     for artifact in artifacts {
@@ -108,7 +112,7 @@ pub async fn check(artifacts: &[Artifact], ttl: Duration) -> Result<(), Artifact
         let outcome = match remembered {
             Some(outcome) => outcome,
             None => {
-                let outcome = download(artifact).await;
+                let outcome = download(artifact, settings).await;
                 let entry = Checked { at: Instant::now(), outcome: outcome.clone() };
                 cache().lock().unwrap_or_else(|p| p.into_inner()).insert(key, entry);
                 outcome
@@ -128,29 +132,60 @@ pub async fn before_create(
     if settings.skip_exit_server_check || !provider.fetches_artifact() {
         return Ok(());
     }
-    check(artifacts, settings.exit_server_check_ttl).await
+    check(artifacts, settings).await
 }
 
-fn client() -> Result<&'static reqwest::Client, String> {
-    static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
-    if let Some(c) = CLIENT.get() {
-        return Ok(c);
+/// The `(name, address)` pairs of `--exit-server-resolve`.
+pub fn resolve_overrides(entries: &[String]) -> Result<Vec<(String, std::net::IpAddr)>, String> {
+    entries
+        .iter()
+        .map(|entry| {
+            let (name, address) = entry.split_once('=').unwrap_or((entry, ""));
+            match address.trim().parse() {
+                Ok(ip) if !name.trim().is_empty() => Ok((name.trim().to_string(), ip)),
+                _ => Err(format!("--exit-server-resolve {entry:?} is not NAME=ADDRESS (an IP address)")),
+            }
+        })
+        .collect()
+}
+
+/// The client of the check, made once per CA file and overrides.
+fn client(settings: &crate::config::TunnelArgs) -> Result<reqwest::Client, String> {
+    type Made = (Option<std::path::PathBuf>, Vec<String>, reqwest::Client);
+    static CLIENT: Mutex<Option<Made>> = Mutex::new(None);
+    let mut made = CLIENT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((ca, resolve, client)) = made.as_ref()
+        && *ca == settings.exit_server_ca_file
+        && *resolve == settings.exit_server_resolve
+    {
+        return Ok(client.clone());
     }
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let built = reqwest::Client::builder()
+    let mut builder = reqwest::Client::builder()
         .user_agent(concat!("skyport/", env!("CARGO_PKG_VERSION")))
         .connect_timeout(Duration::from_secs(10))
-        .timeout(Duration::from_secs(300))
-        .build()
-        .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
-    Ok(CLIENT.get_or_init(|| built))
+        .timeout(Duration::from_secs(300));
+    if let Some(path) = &settings.exit_server_ca_file {
+        let pem = std::fs::read(path).map_err(|e| format!("--exit-server-ca-file {}: {e}", path.display()))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .ok()
+            .filter(|c| !c.is_empty())
+            .ok_or_else(|| format!("--exit-server-ca-file {} holds no PEM certificate", path.display()))?;
+        builder = builder.tls_certs_merge(certs);
+    }
+    for (name, ip) in resolve_overrides(&settings.exit_server_resolve)? {
+        builder = builder.resolve(&name, std::net::SocketAddr::new(ip, 0));
+    }
+    let client = builder.build().map_err(|e| format!("cannot build an HTTP client: {e}"))?;
+    *made = Some((settings.exit_server_ca_file.clone(), settings.exit_server_resolve.clone(), client.clone()));
+    Ok(client)
 }
 
 /// HEAD, then GET through SHA-256 with the size guard.
-async fn download(artifact: &Artifact) -> Result<(), ArtifactProblem> {
+async fn download(artifact: &Artifact, settings: &crate::config::TunnelArgs) -> Result<(), ArtifactProblem> {
     let url = &artifact.url;
     let unavailable = |why: String| ArtifactProblem::Unavailable { url: url.clone(), why };
-    let http = client().map_err(unavailable)?;
+    let http = client(settings).map_err(unavailable)?;
     if let Ok(head) = http.head(url).send().await {
         let length = head.headers().get(reqwest::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse().ok());
         after_head(head.status().as_u16(), length).map_err(unavailable)?;
@@ -198,6 +233,22 @@ mod tests {
 
     fn artifact() -> Artifact {
         Artifact { arch: "x86_64".into(), url: "https://mirror.example/skyport-x86_64".into(), sha256: "ab".repeat(32) }
+    }
+
+    #[test]
+    fn resolve_overrides_are_name_equals_address() {
+        let ok = resolve_overrides(&["mirror.internal=10.0.0.7".into(), "m6=::1".into()]).unwrap();
+        assert_eq!(
+            ok,
+            [
+                ("mirror.internal".to_string(), [10, 0, 0, 7].into()),
+                ("m6".to_string(), [0u16, 0, 0, 0, 0, 0, 0, 1].into())
+            ]
+        );
+        for bad in ["mirror.internal", "mirror.internal=somewhere", "=10.0.0.7"] {
+            let e = resolve_overrides(&[bad.into()]).unwrap_err();
+            assert!(e.contains("NAME=ADDRESS") && e.contains(bad), "{e}");
+        }
     }
 
     #[test]

@@ -32,13 +32,27 @@ pub fn available() -> Result<PathBuf, String> {
 /// a guest test that cannot boot a guest proves nothing and must not look green.
 pub fn rootfs_or_skip(test: &str) -> Option<PathBuf> {
     match available() {
-        Ok(root) => Some(root),
+        Ok(root) => {
+            sweep_once();
+            Some(root)
+        }
         Err(why) if std::env::var(SKIP_VAR).is_ok_and(|v| v == "1") => {
             eprintln!("\n!!! SKIPPED {test}: cannot boot a guest here ({why}); {SKIP_VAR}=1 opts out.\n");
             None
         }
         Err(why) => panic!("{test}: cannot boot a guest here: {why}. Run as root, or set {SKIP_VAR}=1 to skip."),
     }
+}
+
+/// Tears down, once per run, the guests of earlier runs that were cut short (their processes
+/// would eat this machine's inotify instances, and later guests' servers die without them).
+fn sweep_once() {
+    static SWEEP: std::sync::Once = std::sync::Once::new();
+    SWEEP.call_once(|| {
+        for removed in Machine::sweep_left_overs(&std::env::temp_dir()) {
+            eprintln!("removed a left-over guest: {removed}");
+        }
+    });
 }
 
 /// A guest booted by a test; dropping it powers it off and removes everything it made.

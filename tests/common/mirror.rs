@@ -1,8 +1,10 @@
 //! A mirror of the project's release downloads for guests: serves one file at
 //! `/v<version>/skyport-<arch>` (the default `--exit-server-url`'s shape) over HTTPS, with a
 //! certificate for [`HOST_ALIAS`] from a CA made for this mirror alone (openssl, into a temporary
-//! folder), and counts the downloads. It listens on the host's addresses, so every guest reaches
-//! it as [`HOST_ALIAS`] over its own link; guests trust it once given [`Mirror::ca_file`].
+//! folder), and counts the downloads: the guests' (curl) apart from the operator's check of the
+//! file. It listens on the host's addresses, so every guest reaches it as [`HOST_ALIAS`] over its
+//! own link; guests trust it once given [`Mirror::ca_file`], the operator with
+//! `--exit-server-ca-file` and `--exit-server-resolve` ([`Mirror::check_settings`]).
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -21,6 +23,7 @@ pub struct Mirror {
     /// The CA's certificate (PEM), for the guests to trust.
     pub ca_file: PathBuf,
     requests: Arc<AtomicU32>,
+    checks: Arc<AtomicU32>,
     dir: PathBuf,
     task: tokio::task::JoinHandle<()>,
 }
@@ -33,9 +36,25 @@ impl Drop for Mirror {
 }
 
 impl Mirror {
-    /// Requests for the file so far (other paths are answered 404 and not counted).
+    /// Downloads of the file by guests so far (other paths are answered 404 and not counted).
     pub fn downloads(&self) -> u32 {
         self.requests.load(Ordering::SeqCst)
+    }
+
+    /// Downloads of the file by the operator's check so far.
+    pub fn checks(&self) -> u32 {
+        self.checks.load(Ordering::SeqCst)
+    }
+
+    /// `settings` with the operator's check of the exit-server binary on and aimed at this
+    /// mirror: its CA trusted, its name reached on this machine.
+    pub fn check_settings(&self, settings: skyport::config::TunnelArgs) -> skyport::config::TunnelArgs {
+        skyport::config::TunnelArgs {
+            skip_exit_server_check: false,
+            exit_server_ca_file: Some(self.ca_file.clone()),
+            exit_server_resolve: vec![format!("{HOST_ALIAS}=127.0.0.1")],
+            ..settings
+        }
     }
 
     /// The CA certificate as PEM.
@@ -104,12 +123,13 @@ pub async fn https_mirror(body: Vec<u8>) -> Mirror {
     let listener = TcpListener::bind(("0.0.0.0", 0)).await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let path = format!("/v{}/skyport-{}", env!("CARGO_PKG_VERSION"), std::env::consts::ARCH);
-    let requests = Arc::new(AtomicU32::new(0));
-    let counter = requests.clone();
+    let (requests, checks) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+    let counters = (requests.clone(), checks.clone());
     let body = Arc::new(body);
     let task = tokio::spawn(async move {
         while let Ok((conn, _)) = listener.accept().await {
-            let (acceptor, body, path, counter) = (acceptor.clone(), body.clone(), path.clone(), counter.clone());
+            let (acceptor, body, path, (guests, operator)) =
+                (acceptor.clone(), body.clone(), path.clone(), counters.clone());
             tokio::spawn(async move {
                 let Ok(mut conn) = acceptor.accept(conn).await else { return };
                 let mut head = Vec::new();
@@ -120,18 +140,25 @@ pub async fn https_mirror(body: Vec<u8>) -> Mirror {
                     }
                     head.push(byte[0]);
                 }
-                let line = String::from_utf8_lossy(&head).lines().next().unwrap_or_default().to_string();
-                let ok = line == format!("GET {path} HTTP/1.1") || line == format!("GET {path} HTTP/1.0");
-                if ok {
-                    counter.fetch_add(1, Ordering::SeqCst);
+                let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+                let line = head.lines().next().unwrap_or_default().to_string();
+                let path = path.to_ascii_lowercase();
+                let asked = |method: &str| {
+                    [format!("{method} {path} http/1.1"), format!("{method} {path} http/1.0")].contains(&line)
+                };
+                let (get, ok) = (asked("get"), asked("get") || asked("head"));
+                if get {
+                    let by_operator = head.lines().any(|l| l.starts_with("user-agent: skyport/"));
+                    (if by_operator { &operator } else { &guests }).fetch_add(1, Ordering::SeqCst);
                 }
-                let (status, body): (&str, &[u8]) = if ok { ("200 OK", &body) } else { ("404 Not Found", b"") };
+                let (status, length) = if ok { ("200 OK", body.len()) } else { ("404 Not Found", 0) };
                 let reply = format!(
-                    "HTTP/1.1 {status}\r\nContent-Length: {}\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n\r\n",
-                    body.len()
+                    "HTTP/1.1 {status}\r\nContent-Length: {length}\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n\r\n"
                 );
                 let _ = conn.write_all(reply.as_bytes()).await;
-                let _ = conn.write_all(body).await;
+                if get {
+                    let _ = conn.write_all(&body).await;
+                }
                 let _ = conn.shutdown().await;
             });
         }
@@ -140,6 +167,7 @@ pub async fn https_mirror(body: Vec<u8>) -> Mirror {
         url_template: format!("https://{HOST_ALIAS}:{port}/v{{version}}/skyport-{{arch}}"),
         ca_file: dir.join("ca.pem"),
         requests,
+        checks,
         dir,
         task,
     }

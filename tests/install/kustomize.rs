@@ -130,6 +130,10 @@ patches:
     patch: |
       - {{op: add, path: /spec/template/spec/hostNetwork, value: true}}
       - {{op: add, path: /spec/template/spec/dnsPolicy, value: ClusterFirstWithHostNet}}
+      # On the node's network 8080 is a port the tunnel tests' exit servers publish.
+      - {{op: test, path: /spec/template/spec/containers/0/args/2, value: --listen-address=0.0.0.0:8080}}
+      - {{op: replace, path: /spec/template/spec/containers/0/args/2, value: --listen-address=0.0.0.0:{http_port}}}
+      - {{op: replace, path: /spec/template/spec/containers/0/ports/0/containerPort, value: {http_port}}}
       - {{op: add, path: /spec/template/spec/containers/0/args/-, value: --provider=local}}
       - {{op: add, path: /spec/template/spec/containers/0/args/-, value: --local-state-dir=/var/run/skyport-local-hosts}}
       - {{op: add, path: /spec/template/spec/containers/0/args/-, value: --local-addresses={exit_addresses}}}
@@ -139,6 +143,7 @@ patches:
         value: [{{name: local-hosts, mountPath: /var/run/skyport-local-hosts}}]
 ",
         base = relative(&dir, &root().join("deploy")),
+        http_port = super::HOST_NETWORK_HTTP_PORT,
         key = var("AWS_ACCESS_KEY_ID"),
         secret = var("AWS_SECRET_ACCESS_KEY"),
     );

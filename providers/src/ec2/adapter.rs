@@ -13,6 +13,20 @@ use crate::exit::userdata::{ExitServer, render_server_toml};
 use crate::hosts::{Address, AddressRequest, Host, HostProvider, HostRequest};
 use crate::limiter::Limiter;
 
+impl Ec2Provider {
+    async fn console(
+        &self,
+        r: &super::Regional,
+        instance_id: &str,
+        latest: bool,
+    ) -> Result<aws_sdk_ec2::operation::get_console_output::GetConsoleOutputOutput, HostError> {
+        self.call(r, "GetConsoleOutput", async {
+            r.client.get_console_output().instance_id(instance_id).latest(latest).send().await.map_err(map_err)
+        })
+        .await
+    }
+}
+
 #[async_trait]
 impl HostProvider for Ec2Provider {
     async fn create(&self, request: &HostRequest) -> Result<Host, HostError> {
@@ -128,6 +142,33 @@ impl HostProvider for Ec2Provider {
         let (r, instance) = self.resolve(id)?;
         self.retry_pending().await;
         Ok(self.describe(&r, instance).await?.as_ref().and_then(|i| host_in(&r, i)))
+    }
+
+    /// The latest console output where the instance type offers it (Nitro), else what EC2
+    /// buffered at the instance's last state change.
+    async fn console_output(&self, id: &str) -> Result<Option<String>, HostError> {
+        let (r, instance_id) = self.resolve(id)?;
+        let out = match self.console(&r, instance_id, true).await {
+            Ok(out) => out,
+            Err(HostError::NotFound { .. }) => return Ok(None),
+            // Not allowed (no ec2:GetConsoleOutput) or throttled: the buffered one fares no better.
+            Err(e @ (HostError::Unauthorized { .. } | HostError::RateLimited { .. })) => return Err(e),
+            Err(e) => {
+                warn!(host = %id, error = %e, "no latest console output; reading the buffered one");
+                match self.console(&r, instance_id, false).await {
+                    Ok(out) => out,
+                    Err(HostError::NotFound { .. }) => return Ok(None),
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        // Base64 on the wire; kept as is if an endpoint sends it plain.
+        Ok(out.output().map(|text| {
+            base64::engine::general_purpose::STANDARD
+                .decode(text.trim())
+                .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+                .unwrap_or_else(|_| text.to_string())
+        }))
     }
 
     async fn delete(&self, id: &str) -> Result<(), HostError> {

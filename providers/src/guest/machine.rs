@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use super::processes::{self, MARKER, Owner};
+
 /// The name every guest resolves to the host's end of its own link (through its `/etc/hosts`),
 /// so one URL reaches a server on the host from every guest, as `host.docker.internal` does for
 /// containers: a mirror of the exit-server binary listening on the host's addresses, say.
@@ -125,6 +127,10 @@ impl Machine {
         for sub in ["upper", "work", "root"] {
             std::fs::create_dir_all(self.dir.join(sub)).map_err(|e| format!("{}: {e}", self.dir.display()))?;
         }
+        // Who made it, for [`Machine::sweep_left_overs`]: first, so whatever follows is found.
+        let owner = Owner::me().ok_or("cannot read this process's start time")?;
+        std::fs::write(self.dir.join("owner"), format!("{} {}\n", owner.render(), self.name))
+            .map_err(|e| format!("{}: {e}", self.dir.display()))?;
         // The seed holds the tunnel's secrets, which a cloud hands only to the VM: only root
         // (nspawn, the guest's own root) may look inside.
         use std::os::unix::fs::PermissionsExt as _;
@@ -183,6 +189,8 @@ impl Machine {
             // The guest owns its network namespace, as a VM owns its NIC: its firewall needs this.
             .arg("--capability=CAP_NET_ADMIN")
             .arg(format!("--machine={name}"))
+            // How the guest's systemd is found once nspawn is gone ([`processes`]).
+            .arg(format!("--setenv={MARKER}={name}"))
             .arg(format!("--network-namespace-path=/run/netns/{name}"))
             .stdin(Stdio::null())
             .stdout(console)
@@ -213,26 +221,29 @@ impl Machine {
     /// this machine (a recycled pid belongs to some other program).
     pub fn pid(&self) -> Option<i32> {
         let pid: i32 = std::fs::read_to_string(self.dir.join("pid")).ok()?.trim().parse().ok()?;
-        let cmdline = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).ok()?).into_owned();
-        let ours = cmdline.split('\0').any(|arg| arg == format!("--machine={}", self.name));
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // The state follows the parenthesised command name; Z = exited, not yet reaped.
-        let zombie = stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z'));
-        (ours && !zombie).then_some(pid)
+        (processes::is_nspawn_of(pid, &self.name) && !processes::zombie(pid)).then_some(pid)
     }
 
     /// Powers the guest off in order (nspawn turns SIGTERM into a shutdown of the guest's
-    /// systemd), killing it after `grace`.
+    /// systemd); after `grace`, or when nspawn is gone already, kills every process of the guest
+    /// that is left: nspawn, the guest's systemd and everything under it.
     pub fn stop(&self, grace: Duration) {
-        let Some(pid) = self.pid() else { return };
-        let _ = run(&["kill", "-TERM", &pid.to_string()]);
-        let deadline = Instant::now() + grace;
-        while self.pid().is_some() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(100));
+        if let Some(pid) = self.pid() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+            let deadline = Instant::now() + grace;
+            while self.pid().is_some() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+            }
         }
-        if self.pid().is_some() {
-            let _ = run(&["kill", "-KILL", &pid.to_string()]);
+        let left = processes::kill_guest(&self.name);
+        if !left.is_empty() {
+            tracing::warn!(guest = %self.name, pids = ?left, "guest processes survived SIGKILL");
         }
+    }
+
+    /// Every live process of the guest: its systemd-nspawn, its systemd and what runs under it.
+    pub fn processes(&self) -> Vec<i32> {
+        processes::of_guest(&self.name)
     }
 
     /// Stops the guest and removes everything it made: overlay, namespace, link, folder.

@@ -5,13 +5,17 @@
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
+use async_trait::async_trait;
+
 use super::process::{rebind_services, replace_config};
 use super::{LocalProvider, unavailable};
 use crate::error::HostError;
-use crate::hosts::{Address, AddressRequest};
-use crate::reservations::{AddressBook, Reserved};
+use crate::hosts::Address;
+use crate::limiter::Limiter;
+use crate::reservations::{AddressBook, Booked};
 
-impl LocalProvider {
+#[async_trait]
+impl Booked for LocalProvider {
     fn book(&self) -> AddressBook {
         AddressBook { dir: self.settings.state_dir.clone(), provider: super::PROVIDER }
     }
@@ -19,33 +23,25 @@ impl LocalProvider {
     /// Every host's (address, id): first the reserved addresses moved onto running hosts, which
     /// hold them whatever host was created with them, then each host's own.
     fn hosts(&self) -> Result<Vec<(Ipv4Addr, String)>, HostError> {
-        let records = self.records()?;
+        let records = self.files().all()?;
         let moved = records.iter().filter_map(|r| Some((r.serving?, r.id.clone())));
         let own = records.iter().map(|r| (r.address, r.id.clone()));
         Ok(moved.chain(own).collect())
     }
 
-    pub(super) fn reserved(&self) -> Result<Vec<Reserved>, HostError> {
-        self.book().reserved()
-    }
-
-    /// The Tunnel's reserved address no host uses, for `create`.
-    pub(super) fn free_address_of(&self, tags: &BTreeMap<String, String>) -> Result<Option<Ipv4Addr>, HostError> {
-        self.book().free_of(tags, &self.hosts()?)
-    }
-
-    pub(super) async fn reserve(&self, request: &AddressRequest) -> Result<Address, HostError> {
-        self.book().check_request(request)?;
+    async fn record_free(&self, tags: &BTreeMap<String, String>) -> Result<Address, HostError> {
         let _guard = self.lock.lock().await;
         // Port 0 always binds, so only addresses of hosts and other reservations are skipped.
         let ip = self.allocate(&self.taken()?, 0)?;
-        self.book().record(ip, &request.tags)
+        self.book().record(ip, tags)
     }
 
-    pub(super) fn find_address(&self, id: &str) -> Result<Option<Address>, HostError> {
-        self.book().find(id, &self.hosts()?)
+    fn counted_by(&self) -> &Limiter {
+        &self.limiter
     }
+}
 
+impl LocalProvider {
     /// Puts address `id` on host `host_id`: already there (it was created with it) is success;
     /// else the host must be running, and its service ports are re-bound to the address after
     /// those of the host serving it now are re-bound to that host's own address.
@@ -59,14 +55,14 @@ impl LocalProvider {
             return Ok(());
         }
         let ip: Ipv4Addr = address.ip.parse().map_err(|_| unavailable(format!("address {id} is not IPv4")))?;
-        let target = self.read_record(host_id)?.filter(|_| self.alive(host_id).is_some());
+        let target = self.files().read(host_id)?.filter(|_| self.alive(host_id).is_some());
         let Some(mut target) = target else {
             return Err(HostError::Invalid {
                 provider: super::PROVIDER,
                 message: format!("host {host_id} is not running; a reserved address moves only onto a running host"),
             });
         };
-        if let Some(own) = self.records()?.into_iter().find(|r| r.address == ip && self.alive(&r.id).is_some()) {
+        if let Some(own) = self.files().all()?.into_iter().find(|r| r.address == ip && self.alive(&r.id).is_some()) {
             return Err(HostError::Invalid {
                 provider: super::PROVIDER,
                 message: format!(
@@ -75,7 +71,7 @@ impl LocalProvider {
                 ),
             });
         }
-        for mut holder in self.records()?.into_iter().filter(|r| r.serving == Some(ip)) {
+        for mut holder in self.files().all()?.into_iter().filter(|r| r.serving == Some(ip)) {
             holder.serving = None;
             self.rebind(&holder, holder.address)?;
         }
@@ -90,13 +86,5 @@ impl LocalProvider {
         std::fs::write(dir.join("host.json"), json).map_err(|e| unavailable(format!("host.json: {e}")))?;
         let Ok(config) = std::fs::read_to_string(dir.join("server.toml")) else { return Ok(()) };
         replace_config(&dir, &rebind_services(&config, ip))
-    }
-
-    pub(super) fn unreserve(&self, id: &str) -> Result<(), HostError> {
-        self.book().release(id)
-    }
-
-    pub(super) fn addresses_by_tag(&self, key: &str, value: &str) -> Result<Vec<Address>, HostError> {
-        self.book().by_tag(key, value, &self.hosts()?)
     }
 }

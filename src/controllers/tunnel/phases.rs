@@ -18,6 +18,7 @@
 //! [`Pass::record`], the one place that writes a Tunnel's status (deletion and failure reports
 //! included). A phase that must wait returns `None` or a [`Blocked`].
 
+mod console;
 mod host;
 mod pair;
 
@@ -323,6 +324,7 @@ impl<'a> Pass<'a> {
             TrafficStep::NotEstablished { .. } | TrafficStep::Replace { .. } => {
                 let reachable = ctx.probe.reachable(&ip, settings.control_port).await;
                 let cause = Cause::diagnose(reachable, client_available);
+                let cause = console::with_report(cause, want.provider.as_ref(), host_id.as_deref()).await;
                 let limits = replace::Limits {
                     boot_timeout: settings.boot_timeout,
                     replace_after: settings.replace_after,
@@ -330,7 +332,7 @@ impl<'a> Pass<'a> {
                 };
                 let client = format!("{}/{}", want.at.namespace, want.at.deployment);
                 let now = (k8s_openapi::jiff::Timestamp::now(), client.as_str());
-                match replace::unhealthy((cause, &error), failing_for, self.status(), &limits, now) {
+                match replace::unhealthy((&cause, &error), failing_for, self.status(), &limits, now) {
                     Unhealthy::Report { reason, message } => {
                         self.record(record).await?;
                         self.report(TunnelPhase::Provisioning, reason, &message).await?;

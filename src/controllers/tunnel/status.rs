@@ -53,6 +53,8 @@ pub async fn warn_if_new(
             super::plan::NOT_ALLOWED,
             "TunnelNotEstablished",
             "ExitServerUnreachable",
+            "ExitServerArtifactRefused",
+            "ExitServerNotStarted",
             "ClientNotAvailable",
             "InvalidService",
         ]

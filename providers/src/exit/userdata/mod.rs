@@ -10,7 +10,8 @@
 //! - downloads the skyport binary for the VM's architecture from an [`Artifact`] URL and refuses
 //!   to run it unless its SHA-256 is the artifact's digest (derived by the operator from its own
 //!   executable, never typed in): a mismatch or an unknown architecture ends the install script
-//!   with an error before the service is enabled, and cloud-init reports the failure;
+//!   with an error before the service is enabled, and cloud-init reports the failure; the
+//!   script prints its outcome on the console in one line ([`InstallReport`]) for the operator;
 //! - writes `/etc/skyport/server.toml` (mode 0600, owned by the unprivileged `skyport` user), the
 //!   only place secrets appear (the Noise private key and the service tokens);
 //! - writes a systemd unit that runs `skyport tunnel server` as that user, allowed to bind ports
@@ -29,8 +30,11 @@ use std::collections::BTreeSet;
 use serde::Serialize;
 use serde_saphyr::LitString;
 
+mod install;
 mod rathole;
 mod units;
+
+pub use install::{INSTALL_REPORT, InstallReport, render_install};
 
 pub use rathole::{
     ClientService, NOISE_PATTERN, NoiseKeypair, TunnelClient, render_client_toml, render_server_toml,
@@ -286,53 +290,6 @@ struct WriteFile {
     /// finds our file in its way) and the `skyport` user exists, before `runcmd` runs.
     defer: bool,
     content: LitString,
-}
-
-/// The install script: loads the firewall, picks the artifact for the machine's architecture,
-/// downloads it beside its final path, and installs it only if the digest matches; when the
-/// ruleset does not load or the digest differs it fails, so the unit is never enabled (fail
-/// closed). Values are validated before they are quoted.
-pub fn render_install(artifacts: &[Artifact]) -> Result<String, UserDataError> {
-    if artifacts.is_empty() {
-        return Err(UserDataError::NoArtifact);
-    }
-    let mut sorted: Vec<&Artifact> = artifacts.iter().collect();
-    sorted.sort_by(|a, b| a.arch.cmp(&b.arch));
-    let mut cases = String::new();
-    for a in sorted {
-        let arch_ok = !a.arch.is_empty() && a.arch.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        let sum_ok = a.sha256.len() == 64 && a.sha256.chars().all(|c| c.is_ascii_hexdigit());
-        let url_ok = (a.url.starts_with("https://") || a.url.starts_with("http://"))
-            && !a.url.chars().any(|c| c.is_whitespace() || c.is_control() || "'\"\\`$".contains(c));
-        if !(arch_ok && sum_ok && url_ok) {
-            return Err(UserDataError::InvalidArtifact(a.arch.clone()));
-        }
-        cases.push_str(&format!("  {}) url='{}'; sum='{}' ;;\n", a.arch, a.url, a.sha256.to_ascii_lowercase()));
-    }
-    let download = format!("{BINARY_PATH}.download");
-    Ok(format!(
-        "set -eu\n\
-         nft -f {NFTABLES_PATH}\n\
-         arch=\"$(uname -m)\"\n\
-         case \"$arch\" in\n\
-         {cases}  \
-         *) echo \"skyport: no exit-server binary for architecture $arch\" >&2; exit 1 ;;\n\
-         esac\n\
-         rm -f {download}\n\
-         curl -fsSL --retry 5 --retry-connrefused -o {download} \"$url\"\n\
-         if ! echo \"$sum  {download}\" | sha256sum -c --status -; then\n  \
-         rm -f {download}\n  \
-         echo \"skyport: $url does not have SHA-256 $sum; refusing to run it\" >&2\n  \
-         exit 1\n\
-         fi\n\
-         chmod 0755 {download}\n\
-         mv -f {download} {BINARY_PATH}\n\
-         chown {SERVICE_USER}:{SERVICE_USER} {CONFIG_DIR}\n\
-         chmod 0700 {CONFIG_DIR}\n\
-         systemctl daemon-reload\n\
-         systemctl enable --now {FIREWALL_PATH_NAME}\n\
-         systemctl enable --now {UNIT_NAME}\n"
-    ))
 }
 
 /// The `#cloud-config` user data for an exit server that downloads one of `artifacts`.

