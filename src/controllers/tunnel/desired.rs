@@ -229,12 +229,7 @@ pub const KEY_CLIENT: &str = "client.toml";
 /// apply creates it, and a Secret without them would be refused by the admission policy (it lets
 /// skyport write only labelled objects) and never garbage-collected.
 pub fn client_config(tunnel: &Tunnel, at: &Placement, client_toml: &str) -> Result<serde_json::Value> {
-    Ok(json!({
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": at.meta(tunnel, &at.secret)?,
-        "stringData": {KEY_CLIENT: client_toml},
-    }))
+    pair_client_config(tunnel, at, &BTreeMap::from([(KEY_CLIENT.to_string(), client_toml.to_string())]))
 }
 
 /// Like [`client_config`], for the clients of a highly available pair: every key in `configs`

@@ -55,11 +55,7 @@ pub async fn delete_stale_secret(at: &Placement, secret_uid: Option<&str>, ctx: 
 
 /// Writes `client_toml` into the Secret ([`desired::client_config`]).
 pub async fn write_client_config(tunnel: &Tunnel, at: &Placement, client_toml: &str, ctx: &Context) -> Result<()> {
-    let patch = desired::client_config(tunnel, at, client_toml)?;
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &at.namespace);
-    ctx.api_writes.inc();
-    secrets.patch(&at.secret, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await?;
-    Ok(())
+    apply_secret(at, &desired::client_config(tunnel, at, client_toml)?, ctx).await
 }
 
 /// Writes a highly available Tunnel's client configs into the Secret, all in one apply
@@ -70,10 +66,14 @@ pub async fn write_pair_client_config(
     configs: &std::collections::BTreeMap<String, String>,
     ctx: &Context,
 ) -> Result<()> {
-    let patch = desired::pair_client_config(tunnel, at, configs)?;
+    apply_secret(at, &desired::pair_client_config(tunnel, at, configs)?, ctx).await
+}
+
+/// Server-side apply of `patch` to the Tunnel's credentials Secret.
+async fn apply_secret(at: &Placement, patch: &serde_json::Value, ctx: &Context) -> Result<()> {
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &at.namespace);
     ctx.api_writes.inc();
-    secrets.patch(&at.secret, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&patch)).await?;
+    secrets.patch(&at.secret, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(patch)).await?;
     Ok(())
 }
 
