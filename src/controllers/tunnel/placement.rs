@@ -132,13 +132,17 @@ impl Placement {
         if self.beside {
             return owned::owner_tests(&[("apiVersion", api_version), ("kind", "Tunnel"), ("name", &self.tunnel_name)]);
         }
-        let test = |key: &str, value: &str| json!({"op": "test", "path": format!("/metadata/labels/{}", key.replace('/', "~1")), "value": value});
         vec![
-            test(MANAGED_BY.0, MANAGED_BY.1),
-            test(LABEL_TUNNEL_NAMESPACE, &self.tunnel_namespace),
-            test(LABEL_TUNNEL, &fit_label(&self.tunnel_name)),
+            label_test(MANAGED_BY.0, MANAGED_BY.1),
+            label_test(LABEL_TUNNEL_NAMESPACE, &self.tunnel_namespace),
+            label_test(LABEL_TUNNEL, &fit_label(&self.tunnel_name)),
         ]
     }
+}
+
+/// A JSON patch `test` that label `key` has `value`.
+pub fn label_test(key: &str, value: &str) -> Value {
+    json!({"op": "test", "path": format!("/metadata/labels/{}", key.replace('/', "~1")), "value": value})
 }
 
 fn label<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {

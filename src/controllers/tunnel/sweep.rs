@@ -17,10 +17,9 @@ use tracing::{Instrument, info, info_span, warn};
 
 use super::Context;
 use super::act;
-use super::placement::{LABEL_TUNNEL_NAMESPACE, LABEL_TUNNEL_UID};
+use super::placement::{LABEL_TUNNEL_NAMESPACE, LABEL_TUNNEL_UID, label_test};
 use crate::controllers::MANAGED_BY;
 use crate::controllers::owned::{self, Guarded};
-use serde_json::json;
 
 /// Runs a sweep every `--orphan-sweep-interval` (the first one after one interval, when the
 /// Tunnel cache is complete) until `shutdown`. An interval of 0 disables it.
@@ -111,11 +110,7 @@ async fn delete_client_of(
 ) -> crate::error::Result<()> {
     act::delete_precisely(api, &client.name_any(), client.metadata.uid.clone(), ctx).await?;
     let namespace = client.namespace().unwrap_or_default();
-    let label = |key: &str| format!("/metadata/labels/{}", key.replace('/', "~1"));
-    let tests = [
-        json!({"op": "test", "path": label(MANAGED_BY.0), "value": MANAGED_BY.1}),
-        json!({"op": "test", "path": label(LABEL_TUNNEL_UID), "value": uid}),
-    ];
+    let tests = [label_test(MANAGED_BY.0, MANAGED_BY.1), label_test(LABEL_TUNNEL_UID, uid)];
     if let Guarded::Ours(found) = owned::json_patch::<Secret>(&ctx.client, &namespace, secret, &tests).await? {
         let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
         act::delete_precisely(&secrets, secret, found.metadata.uid, ctx).await?;
