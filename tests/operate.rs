@@ -201,9 +201,14 @@ async fn two_processes_elect_one_leader_which_a_standby_replaces_after_kill_9() 
     // The new leader reconciles; the first queue was not created twice.
     queues.create(&PostParams::default(), &queue("two", json!({}))).await.unwrap();
     wait_ready(&queues, "two", ConditionStatus::True, "Available", TIMEOUT).await;
-    let m = standby.metrics().await;
+    // The count is taken after the status write that made "two" Ready: wait for it.
+    let reconciles = r#"skyport_reconciles_total{controller="queue"}"#;
+    let m = eventually("the new leader's reconciles counted", TIMEOUT, || async {
+        let m = standby.metrics().await;
+        (m.get(reconciles).copied().unwrap_or(0.0) >= 2.0).then_some(m)
+    })
+    .await;
     assert_eq!(m["skyport_leader"], 1.0);
-    assert!(m[r#"skyport_reconciles_total{controller="queue"}"#] >= 2.0, "{m:?}");
     assert_eq!(
         m.get(r#"skyport_cloud_api_calls_total{provider="sqs",operation="CreateQueue",outcome="success"}"#),
         Some(&1.0),
