@@ -223,12 +223,16 @@ async fn sigterm_exits_at_once_when_service_reconciles_wait_for_a_tunnel_cache_n
 
     let lines = Lines::default();
     // kube-runtime says (at debug) when a controller's cache is ready: here only the Service one.
-    let env = [("RUST_LOG", "info,kube_runtime::controller=debug")];
+    let env = [("RUST_LOG", "info,kube_runtime::controller=debug,skyport::controllers::caches=debug")];
     let (mut child, _scratch) = start_local(&ns.name, &kubeconfig, &env, &lines);
     wait_log(&lines, "kube_runtime::controller", "store is ready, starting runner").await;
     wait_forbidden(&lines, "tunnel", "tunnels").await;
-    // The reconcile of `web` starts at once and parks on the Tunnel cache.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Parked, not merely about to start: a Service controller with nothing in flight would end
+    // with the shutdown, and which of the two it reports first is a coin toss.
+    eventually("a reconcile parked on the Tunnel cache, in the log", TIMEOUT, || async {
+        parsed(&lines).into_iter().find(|l| l["target"] == "skyport::controllers::caches" && l["cache"] == "Tunnel")
+    })
+    .await;
 
     stops_at_once(&mut child, &lines, &["queue", "service", "tunnel"]).await;
     ns.cleanup().await;

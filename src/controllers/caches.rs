@@ -78,10 +78,16 @@ where
     K: Lookup + Clone + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
+    let mut said = false;
     loop {
         if let Ok(result) = tokio::time::timeout(std::time::Duration::from_millis(200), store.wait_until_ready()).await
         {
             return result.is_ok();
+        }
+        // Once per wait: a reconcile that seems stuck says what it waits for.
+        if !std::mem::replace(&mut said, true) {
+            let cache = std::any::type_name::<K>().rsplit("::").next().unwrap_or_default();
+            tracing::debug!(cache, "reconcile waits for a cache that has not listed everything yet");
         }
     }
 }
