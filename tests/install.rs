@@ -12,7 +12,7 @@
 //! skips it and says so.
 
 use crate::common;
-use crate::common::node;
+use crate::node;
 
 mod kustomize;
 mod tunnel;

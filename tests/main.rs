@@ -17,6 +17,7 @@ mod deploy;
 mod guest;
 mod health;
 mod install;
+mod node;
 mod operate;
 mod queue;
 mod queue_accounts;

@@ -7,8 +7,8 @@ use crate::common::tunnels;
 
 use std::time::Duration;
 
+use crate::node::tunnels::{ACTIVE, NodeTunnel};
 use common::kubelet::{Backends, ClientRunner};
-use common::node_tunnels::{ACTIVE, NodeTunnel};
 use common::{TestNs, eventually};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, DeleteParams, PostParams};
@@ -16,8 +16,7 @@ use providers::HostProvider;
 use providers::hosts::{TAG_CLUSTER, TAG_DELETION_POLICY, TAG_TUNNEL_UID};
 use skyport::crd::Tunnel;
 use tunnels::{
-    TunnelOperator, active, carries, fast_tunnel_settings, finish_tunnels, host_id, host_ip, ingress_ip,
-    ready, service,
+    TunnelOperator, active, carries, fast_tunnel_settings, finish_tunnels, host_id, host_ip, ingress_ip, ready, service,
 };
 
 fn reserved_web(annotations: serde_json::Value) -> Service {

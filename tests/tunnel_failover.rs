@@ -9,10 +9,11 @@ use crate::common::tunnels;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::node::tunnels as node_tunnels;
+use crate::node::tunnels::{ACTIVE, NodeTunnel, set_pod_quota};
+use common::TestNs;
 use common::eventually;
 use common::kubelet::tcp_echo;
-use common::node_tunnels::{ACTIVE, NodeTunnel, set_pod_quota};
-use common::{TestNs, node_tunnels};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams};

@@ -11,7 +11,7 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::common::eventually;
-use crate::common::node::Node;
+use crate::node::Node;
 
 const BODY: &str = "hello from the backend Pod";
 const TIMEOUT: Duration = Duration::from_secs(180);

@@ -16,10 +16,10 @@ use skyport::crd::{ConditionStatus, TunnelPhase};
 use super::NEEDS_ENV;
 use crate::common::eventually;
 use crate::common::kubelet::udp_echo;
-use crate::common::node_tunnels::{ACTIVE, BACKEND_PORTS as BACKEND, NodeTunnel, restarts, running_client};
 use crate::common::tunnels::{
     self, active, carries, events, fast_tunnel_settings, finish_tunnels, host_id, host_ip, ingress_ip,
 };
+use crate::node::tunnels::{ACTIVE, BACKEND_PORTS as BACKEND, NodeTunnel, restarts, running_client};
 
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]

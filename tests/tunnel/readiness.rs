@@ -12,10 +12,10 @@ use providers::HostProvider;
 use skyport::crd::{ConditionStatus, TunnelPhase};
 
 use crate::common::eventually;
-use crate::common::node_tunnels::{ACTIVE, AFTER_QUOTA, BACKEND_PORTS, NodeTunnel, running_client, set_pod_quota};
 use crate::common::tunnels::{
     active, carries, events, fast_tunnel_settings, finish_tunnels, host_id, host_ip, ingress_ip, ready, web,
 };
+use crate::node::tunnels::{ACTIVE, AFTER_QUOTA, BACKEND_PORTS, NodeTunnel, running_client, set_pod_quota};
 
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]

@@ -10,6 +10,8 @@ use serde_json::Value;
 
 use crate::deploy::harness::{helm, run};
 
+pub mod tunnels;
+
 /// Turns on the node's cluster: an install (`write`) brings and removes cluster-wide objects (CRDs
 /// with `kubectl delete -k`, admission policies) and runs an operator that would take every
 /// LoadBalancer Service for itself; tests with an in-process operator there (`read`) run beside

@@ -4,17 +4,20 @@
 //! servers are the local provider's processes on addresses the node routes to the host, which
 //! both this test process (the public side) and the client Pod reach.
 
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, ResourceQuota, Service};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use skyport::crd::Tunnel;
 use tokio::sync::RwLockReadGuard;
 
-use super::node::{NODE_CLUSTER, Node, node};
-use super::tunnels::{TunnelOperator, web};
-use super::{TestNs, eventually};
+use super::{NODE_CLUSTER, Node, node};
+use crate::common::tunnels::{TunnelOperator, web};
+use crate::common::{TestNs, eventually};
 
 /// Pod start on a busy 2-core node.
 const POD_TIMEOUT: Duration = Duration::from_secs(120);
@@ -26,7 +29,7 @@ pub const ACTIVE: Duration = Duration::from_secs(120);
 /// a client Pod comes a while after its quota is lifted.
 pub const AFTER_QUOTA: Duration = Duration::from_secs(240);
 
-/// The node's [`super::tunnels::WebTunnel`]: Service `web` (TCP 8080, UDP 5353) with a backend
+/// The node's [`crate::common::tunnels::WebTunnel`]: Service `web` (TCP 8080, UDP 5353) with a backend
 /// Pod answering on `backend_ports`, an in-process operator whose clients are real Pods.
 pub struct NodeTunnel {
     pub ns: TestNs,
@@ -60,7 +63,7 @@ impl NodeTunnel {
         // An install's `kubectl delete -k` may have taken the CRDs with it.
         let crds = crate::deploy::harness::root().join("crds");
         node.kubectl(&["apply", "--server-side", "--force-conflicts", "-f", &crds.to_string_lossy()], None);
-        node.kubectl(&["wait", "--for=condition=Established", "crd/tunnels.skyport.dev", "--timeout=60s"], None);
+        established(&node, "tunnels.skyport.dev").await;
         let (repository, tag) = node.import_skyport_image();
         let echo = node.import_echo_image();
 
@@ -82,10 +85,33 @@ impl NodeTunnel {
     }
 }
 
-/// `FIRST-LAST` of `SKYPORT_NODE_EXIT_ADDRESSES`.
-fn exit_addresses(range: &str) -> (std::net::Ipv4Addr, std::net::Ipv4Addr) {
+/// Waits until the CRD `name` serves its resource (`kubectl wait` fails on a CRD whose status
+/// has no conditions yet).
+async fn established(node: &Node, name: &str) {
+    let crds: Api<CustomResourceDefinition> = Api::all(node.client.clone());
+    eventually(&format!("CRD {name} Established"), POD_TIMEOUT, || async {
+        let crd = crds.get(name).await.ok()?;
+        let conditions = crd.status?.conditions?;
+        conditions.iter().any(|c| c.type_ == "Established" && c.status == "True").then_some(())
+    })
+    .await;
+}
+
+/// Addresses each test's local provider hands out.
+const SLICE: u32 = 8;
+
+/// A slice of `SKYPORT_NODE_EXIT_ADDRESSES` (`FIRST-LAST`) of its own for each test. Independent
+/// local providers on one range can hand out the same address: a provider skips addresses whose
+/// control port is taken, but another provider's reserved address listens only on service ports
+/// (an HA test's health check then reached another Tunnel's server there).
+fn exit_addresses(range: &str) -> (Ipv4Addr, Ipv4Addr) {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
     let (first, last) = range.split_once('-').expect("FIRST-LAST");
-    (first.parse().expect("first address"), last.parse().expect("last address"))
+    let first = u32::from(first.parse::<Ipv4Addr>().expect("first address"));
+    let last = u32::from(last.parse::<Ipv4Addr>().expect("last address"));
+    let slices = (last - first + 1) / SLICE;
+    let start = first + NEXT.fetch_add(1, Ordering::Relaxed) % slices * SLICE;
+    (Ipv4Addr::from(start), Ipv4Addr::from(start + SLICE - 1))
 }
 
 /// The echo Pod behind Service `web` (selector `app: web`), answering on `ports` (`8080/tcp`).
