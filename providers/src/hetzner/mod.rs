@@ -22,6 +22,7 @@
 //! full limit is available again), and exceeding the limit gives `429` `rate_limit_exceeded`.
 //! [`default_budget`] stays under it with room for other clients of the same project.
 
+mod floating_ips;
 mod primary_ips;
 
 use std::collections::BTreeMap;
@@ -35,11 +36,12 @@ use serde_json::json;
 
 use crate::error::HostError;
 use crate::hosts::{
-    Address, AddressBinding, AddressRequest, Host, HostProvider, HostRequest, HostState, TAG_TUNNEL_UID, TagSyntax,
-    fnv1a32,
+    Address, AddressBinding, AddressRequest, Host, HostProvider, HostRequest, HostState, TAG_TUNNEL_SLOT,
+    TAG_TUNNEL_UID, TagSyntax, fnv1a32,
 };
 use crate::limiter::Limiter;
 use crate::rest::{ApiToken, Budget, RefillModel, RestClient, RestSettings};
+use floating_ips::AddressId;
 
 const PROVIDER: &str = "hetzner";
 /// Production endpoint (paths below are relative to it).
@@ -222,8 +224,10 @@ impl HostProvider for HetznerProvider {
         });
         let mut location = request.region.as_ref().or(self.settings.default_location.as_ref()).cloned();
         // The Tunnel's reserved address, if it has one and no server holds it: the new server
-        // gets it, in its location (a primary IP is bound to one).
-        if let Some(uid) = request.tags.get(TAG_TUNNEL_UID) {
+        // gets it, in its location (a primary IP is bound to one). Not a pair's server: it keeps
+        // its own address, and the pair's floating IP is moved onto it while it runs.
+        let single = !request.tags.contains_key(TAG_TUNNEL_SLOT);
+        if let Some(uid) = request.tags.get(TAG_TUNNEL_UID).filter(|_| single) {
             let free =
                 self.primary_ips_by_tag(TAG_TUNNEL_UID, uid).await?.into_iter().find(|p| p.assignee_id.is_none());
             if let Some(ip) = free {
@@ -282,30 +286,49 @@ impl HostProvider for HetznerProvider {
         AddressBinding::AtCreate
     }
 
+    /// A highly available Tunnel reserves a movable address ([`AddressRequest::movable`]): a
+    /// floating IP, which an assign action moves onto a running server while each server keeps
+    /// its primary IP for its own client. (A primary IP goes only onto a powered-off server.)
     fn moves_addresses(&self) -> Result<(), String> {
-        Err("Hetzner Cloud assigns a primary IP only to a powered-off server, so it cannot move to a running standby; \
-             a failover would mean stopping the standby first (tens of seconds without service)"
-            .into())
+        Ok(())
+    }
+
+    /// Floating IPs reach a server only once its OS has them on an interface.
+    fn binds_moved_address(&self) -> bool {
+        true
     }
 
     async fn reserve_address(&self, request: &AddressRequest) -> Result<Address, HostError> {
-        self.reserve(request).await
+        if request.movable { self.reserve_floating(request).await } else { self.reserve(request).await }
     }
 
     async fn get_address(&self, id: &str) -> Result<Option<Address>, HostError> {
-        Ok(self.primary_ip(id).await?.map(Address::from))
+        match AddressId::parse(id)? {
+            AddressId::Primary(_) => Ok(self.primary_ip(id).await?.map(Address::from)),
+            AddressId::Floating(n) => self.floating_ip(n).await,
+        }
     }
 
     async fn assign_address(&self, id: &str, host_id: &str) -> Result<(), HostError> {
-        self.assign(id, host_id).await
+        match AddressId::parse(id)? {
+            AddressId::Primary(_) => self.assign(id, host_id).await,
+            AddressId::Floating(n) => self.assign_floating(n, host_id).await,
+        }
     }
 
     async fn release_address(&self, id: &str) -> Result<(), HostError> {
-        self.release(id).await
+        match AddressId::parse(id)? {
+            AddressId::Primary(_) => self.release(id).await,
+            AddressId::Floating(n) => self.release_floating(n).await,
+        }
     }
 
+    /// Primary and floating IPs alike, so the Tunnel's lookups and the orphan sweep see both.
     async fn list_addresses_by_tag(&self, key: &str, value: &str) -> Result<Vec<Address>, HostError> {
-        Ok(self.primary_ips_by_tag(key, value).await?.into_iter().map(Address::from).collect())
+        let mut found: Vec<Address> =
+            self.primary_ips_by_tag(key, value).await?.into_iter().map(Address::from).collect();
+        found.extend(self.floating_ips_by_tag(key, value).await?);
+        Ok(found)
     }
 
     fn name(&self) -> &'static str {
