@@ -32,7 +32,7 @@ use reqwest::Method;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{MAX_PAGE_SIZE, MAX_PAGES, Meta, PROVIDER, server_id, unique_name};
+use super::{PROVIDER, server_id, unique_name};
 use crate::error::HostError;
 use crate::hosts::{Address, AddressRequest, TAG_TUNNEL_NAME, TAG_TUNNEL_NAMESPACE, TAG_TUNNEL_UID, TagSyntax};
 
@@ -80,13 +80,6 @@ struct FloatingIpBody {
     floating_ip: FloatingIp,
     #[serde(default)]
     action: Option<Action>,
-}
-
-#[derive(Debug, Deserialize)]
-struct FloatingIpPage {
-    floating_ips: Vec<FloatingIp>,
-    #[serde(default)]
-    meta: Option<Meta>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -247,28 +240,9 @@ impl super::HetznerProvider {
 
     /// Every floating IP labelled `key=value`, across every page.
     pub(super) async fn floating_ips_by_tag(&self, key: &str, value: &str) -> Result<Vec<Address>, HostError> {
-        let (key, value) = TagSyntax::Hetzner.encode(key, value);
-        let selector = format!("{key}=={value}");
-        let per_page = self.settings.page_size.clamp(1, MAX_PAGE_SIZE).to_string();
-        let mut found = Vec::new();
-        let mut page = 1u64;
-        for _ in 0..MAX_PAGES {
-            let page_str = page.to_string();
-            let query = [("label_selector", selector.as_str()), ("per_page", per_page.as_str()), ("page", &page_str)];
-            let response = self.rest.send("ListFloatingIps", Method::GET, "/floating_ips", &query, None).await?;
-            let body: FloatingIpPage = self.rest.decode("ListFloatingIps", &response)?;
-            let next = body.meta.and_then(|m| m.pagination).and_then(|p| p.next_page);
-            let empty = body.floating_ips.is_empty();
-            found.extend(body.floating_ips.into_iter().map(Address::from));
-            match next {
-                Some(n) if !empty && n > page => page = n,
-                _ => return Ok(found),
-            }
-        }
-        Err(HostError::Unavailable {
-            provider: PROVIDER,
-            message: format!("more than {MAX_PAGES} pages of floating IPs"),
-        })
+        let found: Vec<FloatingIp> =
+            self.labelled("ListFloatingIps", "/floating_ips", "floating_ips", (key, value)).await?;
+        Ok(found.into_iter().map(Address::from).collect())
     }
 }
 

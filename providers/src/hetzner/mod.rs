@@ -32,6 +32,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use reqwest::Method;
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use crate::error::HostError;
@@ -117,6 +118,42 @@ impl HetznerProvider {
     pub fn rest(&self) -> &RestClient {
         &self.rest
     }
+
+    /// Every entry of the list `items` that `GET path` answers with, labelled with the canonical
+    /// tag `key=value`, across every page (servers, primary IPs and floating IPs page alike).
+    async fn labelled<T: DeserializeOwned>(
+        &self,
+        operation: &'static str,
+        path: &str,
+        items: &str,
+        (key, value): (&str, &str),
+    ) -> Result<Vec<T>, HostError> {
+        let (key, value) = TagSyntax::Hetzner.encode(key, value);
+        let selector = format!("{key}=={value}");
+        let per_page = self.settings.page_size.clamp(1, MAX_PAGE_SIZE).to_string();
+        let malformed = |e: serde_json::Error| HostError::Unavailable {
+            provider: PROVIDER,
+            message: format!("malformed {operation} response: {e}"),
+        };
+        let mut found = Vec::new();
+        let mut page = 1u64;
+        for _ in 0..MAX_PAGES {
+            let page_str = page.to_string();
+            let query = [("label_selector", selector.as_str()), ("per_page", per_page.as_str()), ("page", &page_str)];
+            let response = self.rest.send(operation, Method::GET, path, &query, None).await?;
+            let mut body: serde_json::Value = self.rest.decode(operation, &response)?;
+            let list: Vec<T> = serde_json::from_value(body[items].take()).map_err(malformed)?;
+            let meta: Option<Meta> = serde_json::from_value(body["meta"].take()).map_err(malformed)?;
+            let next = meta.and_then(|m| m.pagination).and_then(|p| p.next_page);
+            let empty = list.is_empty();
+            found.extend(list);
+            match next {
+                Some(n) if !empty && n > page => page = n,
+                _ => return Ok(found),
+            }
+        }
+        Err(HostError::Unavailable { provider: PROVIDER, message: format!("more than {MAX_PAGES} pages of {items}") })
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -145,13 +182,6 @@ struct Ipv4 {
 #[derive(Debug, Deserialize)]
 struct ServerBody {
     server: Server,
-}
-
-#[derive(Debug, Deserialize)]
-struct ServerPage {
-    servers: Vec<Server>,
-    #[serde(default)]
-    meta: Option<Meta>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -261,25 +291,8 @@ impl HostProvider for HetznerProvider {
     }
 
     async fn list_by_tag(&self, key: &str, value: &str) -> Result<Vec<Host>, HostError> {
-        let (key, value) = TagSyntax::Hetzner.encode(key, value);
-        let selector = format!("{key}=={value}");
-        let per_page = self.settings.page_size.clamp(1, MAX_PAGE_SIZE).to_string();
-        let mut hosts = Vec::new();
-        let mut page = 1u64;
-        for _ in 0..MAX_PAGES {
-            let page_str = page.to_string();
-            let query = [("label_selector", selector.as_str()), ("per_page", per_page.as_str()), ("page", &page_str)];
-            let response = self.rest.send("ListServers", Method::GET, "/servers", &query, None).await?;
-            let body: ServerPage = self.rest.decode("ListServers", &response)?;
-            let next = body.meta.and_then(|m| m.pagination).and_then(|p| p.next_page);
-            let empty = body.servers.is_empty();
-            hosts.extend(body.servers.into_iter().map(Host::from));
-            match next {
-                Some(n) if !empty && n > page => page = n,
-                _ => return Ok(hosts),
-            }
-        }
-        Err(HostError::Unavailable { provider: PROVIDER, message: format!("more than {MAX_PAGES} pages of servers") })
+        let servers: Vec<Server> = self.labelled("ListServers", "/servers", "servers", (key, value)).await?;
+        Ok(servers.into_iter().map(Host::from).collect())
     }
 
     fn address_binding(&self) -> AddressBinding {
