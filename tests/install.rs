@@ -12,9 +12,9 @@
 //! skips it and says so.
 
 use crate::common;
+use crate::common::node;
 
 mod kustomize;
-mod node;
 mod tunnel;
 
 use std::time::Duration;
@@ -39,15 +39,11 @@ const CLIENT_MEMORY_LIMIT: u64 = 128 * 1024 * 1024;
 /// provider): not 8080, which Services of the tunnel tests publish on the same host.
 pub const HOST_NETWORK_HTTP_PORT: u16 = 18381;
 
-/// The tests here install the same cluster-wide objects (CRDs, ClusterRoles, policies) on the one
-/// node, so they take turns.
-static ONE_INSTALL_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the test environment's node: tests/env.sh up"]
 async fn helm_install_on_the_node_runs_the_operator_as_users_get_it_and_uninstalls_cleanly() {
     let Some(node) = node::node().await else { return };
-    let _turn = ONE_INSTALL_AT_A_TIME.lock().await;
+    let _turn = node::NODE_CLUSTER.write().await;
     let (repository, tag) = node.import_skyport_image();
     remove_earlier_installs(&node);
 

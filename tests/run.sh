@@ -35,14 +35,16 @@ elif [[ "${SKYPORT_SKIP_GUEST_TESTS:-0}" != 1 ]]; then
   echo "run.sh: not root, so the guest tests will fail (SKYPORT_SKIP_GUEST_TESTS=1 skips them)" >&2
 fi
 
-# skyport's image for the test node (tests/install.rs): the Dockerfile built with buildah, the
-# stages that need a registry supplied locally (tests/env/build-image.sh; a cold musl build of
-# skyport takes ~20 min on 2 cores, incremental ones a few, the buildah build ~5 s). Only when
-# `tests/env.sh up` started the node; without it tests/install.rs fails with SKYPORT_NODE_ERROR,
-# or says it is skipped with SKYPORT_NODE=0.
+# skyport's image for the test node (tests/install.rs, and the tunnel client Pods of the Tunnel
+# tests there): the Dockerfile built with buildah, the stages that need a registry supplied
+# locally (tests/env/build-image.sh; a cold musl build of skyport takes ~20 min on 2 cores,
+# incremental ones a few, the buildah build ~5 s), and their backend image (tests/env/echo.rs,
+# ~1 s). Only when `tests/env.sh up` started the node; without it those tests fail with
+# SKYPORT_NODE_ERROR, or say they are skipped with SKYPORT_NODE=0.
 if [[ -n "${SKYPORT_NODE_KUBECONFIG:-}" ]]; then
   SKYPORT_IMAGE="$(tests/env/build-image.sh)"
-  export SKYPORT_IMAGE
+  SKYPORT_ECHO_IMAGE="$(tests/env/build-echo.sh)"
+  export SKYPORT_IMAGE SKYPORT_ECHO_IMAGE
 fi
 
 # The tunnel benchmark's peers (OpenSSH, socat) from Debian's packages; the ACK SQS controller the

@@ -1,6 +1,6 @@
 //! Reserved addresses (`spec.address.mode: Reserved`) against the real test environment: the
-//! local provider's reserved loopback addresses with real exit servers and real bytes, and EC2
-//! Elastic IPs on LocalStack.
+//! local provider's reserved addresses with real exit servers and real bytes (on the test node,
+//! through a client Pod), and EC2 Elastic IPs on LocalStack.
 
 use crate::common;
 use crate::common::tunnels;
@@ -8,6 +8,7 @@ use crate::common::tunnels;
 use std::time::Duration;
 
 use common::kubelet::{Backends, ClientRunner};
+use common::node_tunnels::{ACTIVE, NodeTunnel};
 use common::{TestNs, eventually};
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, DeleteParams, PostParams};
@@ -15,7 +16,7 @@ use providers::HostProvider;
 use providers::hosts::{TAG_CLUSTER, TAG_DELETION_POLICY, TAG_TUNNEL_UID};
 use skyport::crd::Tunnel;
 use tunnels::{
-    TunnelOperator, WebTunnel, active, carries, fast_tunnel_settings, finish_tunnels, host_id, host_ip, ingress_ip,
+    TunnelOperator, active, carries, fast_tunnel_settings, finish_tunnels, host_id, host_ip, ingress_ip,
     ready, service,
 };
 
@@ -44,9 +45,12 @@ fn address_id(t: &Tunnel) -> String {
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn a_reserved_address_survives_a_killed_exit_server_and_is_released_with_the_tunnel() {
     let service = reserved_web(serde_json::json!({"skyport.dev/address": "reserved"}));
-    let WebTunnel { ns, op, services, tunnels, kubelet: _kubelet } =
-        WebTunnel::start_with(TestNs::new("tun-addr").await, fast_tunnel_settings(), service).await;
-    let old = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+    let Some(NodeTunnel { ns, op, services, tunnels, turn: _turn, .. }) =
+        NodeTunnel::start_with("tun-addr", fast_tunnel_settings(), &["8080/tcp"], None, service).await
+    else {
+        return;
+    };
+    let old = active(&tunnels, "web-tunnel", ACTIVE).await;
     let uid = old.metadata.uid.clone().unwrap();
     let ip = host_ip(&old);
     let status = old.status.clone().unwrap();
@@ -67,7 +71,7 @@ async fn a_reserved_address_survives_a_killed_exit_server_and_is_released_with_t
 
     // Killed behind skyport's back, as a cloud VM would die.
     tunnels::kill_exit_server(&op, &host_id(&old));
-    let new = tunnels::active_elsewhere(&tunnels, "web-tunnel", &host_id(&old)).await;
+    let new = tunnels::active_elsewhere_within(&tunnels, "web-tunnel", &host_id(&old), ACTIVE).await;
     assert_eq!(host_ip(&new), ip, "the replacement serves on the same address");
     assert_eq!(address_id(&new), address.id);
     eventually("Service shows the same address", Duration::from_secs(20), || async {

@@ -1,6 +1,7 @@
-//! Highly available Tunnels (`skyport.dev/high-availability: "true"`) against the real test
-//! environment, on the local provider: two real exit servers with a real client each, the
-//! active one killed while a client sends a request every 100 ms to the Service's address.
+//! Highly available Tunnels (`skyport.dev/high-availability: "true"`) on the test node, with the
+//! local provider: two real exit servers with a client Pod each, the active one killed (or its
+//! client Pod kept from running by the namespace's Pod quota) while a client sends a request
+//! every 100 ms to the Service's address.
 
 use crate::common;
 use crate::common::tunnels;
@@ -8,10 +9,13 @@ use crate::common::tunnels;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::kubelet::{Backends, ClientRunner, tcp_echo};
-use common::{TestNs, eventually};
-use k8s_openapi::api::core::v1::Service;
-use kube::api::Api;
+use common::eventually;
+use common::kubelet::tcp_echo;
+use common::node_tunnels::{ACTIVE, NodeTunnel, set_pod_quota};
+use common::{TestNs, node_tunnels};
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams};
 use providers::HostProvider;
 use providers::hosts::TAG_TUNNEL_UID;
 use skyport::crd::Tunnel;
@@ -67,15 +71,15 @@ impl Drop for Requests {
     }
 }
 
-/// A highly available Tunnel for the Service `web` (TCP 18480), its two clients run by
-/// stand-in kubelets, Active with both servers passing and bytes through the reserved address.
+/// A highly available Tunnel for the Service `web` (TCP 18480), its two clients Pods on the
+/// node, Active with both servers passing and bytes through the reserved address.
 struct Pair {
     ns: TestNs,
     op: TunnelOperator,
     services: Api<Service>,
     tunnels: Api<Tunnel>,
-    /// Slot a's and b's client runners.
-    clients: [Option<ClientRunner>; 2],
+    /// Held until the test ends: no install on the node meanwhile.
+    _turn: tokio::sync::RwLockReadGuard<'static, ()>,
     /// The reserved address.
     ip: String,
     /// The exit server holding it.
@@ -85,21 +89,16 @@ struct Pair {
 const PORT: u16 = 18480;
 
 impl Pair {
-    async fn start(prefix: &str) -> Self {
-        let ns = TestNs::new(prefix).await;
-        let op = TunnelOperator::start(&ns, fast_tunnel_settings()).await;
-        let services: Api<Service> = ns.api();
-        let tunnels: Api<Tunnel> = ns.api();
+    async fn start(prefix: &str) -> Option<Self> {
         let annotations =
             serde_json::json!({"skyport.dev/address": "reserved", "skyport.dev/high-availability": "true"});
         let ports = serde_json::json!([{"name": "http", "port": PORT, "protocol": "TCP"}]);
         let web = service("web", Some("skyport.dev/tunnel"), annotations, ports);
-        services.create(&Default::default(), &web).await.unwrap();
-        let clients = ["a", "b"].map(|slot| {
-            let name = format!("web-tunnel-client-{slot}");
-            Some(ClientRunner::start(ns.client.clone(), &ns.name, &name, Backends::default()))
-        });
-        let t = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+        let backend = [format!("{PORT}/tcp"), format!("{}/tcp", PORT + 1)];
+        let backend: Vec<&str> = backend.iter().map(String::as_str).collect();
+        let NodeTunnel { ns, op, services, tunnels, turn, .. } =
+            NodeTunnel::start_with(prefix, fast_tunnel_settings(), &backend, None, web).await?;
+        let t = active(&tunnels, "web-tunnel", ACTIVE).await;
         let ip = t.status.as_ref().and_then(|s| s.address_ip.clone()).expect("addressIp");
         let active = ha(&t).active.expect("an active exit server");
         eventually("both exit servers pass their checks", Duration::from_secs(30), || async {
@@ -112,17 +111,30 @@ impl Pair {
         })
         .await;
         carries(&ip, PORT, None).await;
-        Pair { ns, op, services, tunnels, clients, ip, active }
+        Some(Pair { ns, op, services, tunnels, _turn: turn, ip, active })
+    }
+
+    /// Slot `slot`'s client Pod deleted and, by the namespace's Pod quota, not started again: its
+    /// node is gone.
+    async fn stop_client(&self, slot: usize) {
+        let pods: Api<Pod> = self.ns.api();
+        let all = pods.list(&ListParams::default()).await.unwrap().items.len();
+        set_pod_quota(&self.ns, Some(all as u32 - 1)).await;
+        let deployment = format!("web-tunnel-client-{}", ["a", "b"][slot]);
+        let selector = format!("app.kubernetes.io/instance={deployment}");
+        let client = pods.list(&ListParams::default().labels(&selector)).await.unwrap();
+        let pod = client.items.first().expect("the client Pod").name_any();
+        pods.delete(&pod, &DeleteParams::default().grace_period(0)).await.expect("delete the client Pod");
     }
 
     /// Runs `fault` while requests go to the reserved address; waits for the address to move
     /// off the active server and requests to be answered again. Returns the Tunnel then, how
     /// long the move took and the longest gap without an answer.
-    async fn failover(&mut self, what: &str, fault: impl FnOnce(&mut Self)) -> (Tunnel, Duration, Duration) {
+    async fn failover(&mut self, what: &str, fault: impl AsyncFnOnce(&mut Self)) -> (Tunnel, Duration, Duration) {
         let requests = Requests::start(self.ip.clone(), PORT);
         tokio::time::sleep(Duration::from_secs(2)).await;
         let started = Instant::now();
-        fault(self);
+        fault(self).await;
         let first = self.active.clone();
         let moved = eventually("the address on the standby", Duration::from_secs(30), || async {
             let t = self.tunnels.get("web-tunnel").await.ok()?;
@@ -167,10 +179,10 @@ impl Pair {
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn a_killed_active_exit_server_hands_the_address_to_the_standby() {
-    let mut pair = Pair::start("tun-ha").await;
+    let Some(mut pair) = Pair::start("tun-ha").await else { return };
     let first = pair.active.clone();
     let (moved, _, _) =
-        pair.failover("the active exit server was killed", |p| tunnels::kill_exit_server(&p.op, &p.active)).await;
+        pair.failover("the active exit server was killed", async |p| tunnels::kill_exit_server(&p.op, &p.active)).await;
     let last = ha(&moved).last_failover.unwrap();
     assert!(last.reason.contains("not running"), "{last:?}");
 
@@ -191,24 +203,19 @@ async fn a_killed_active_exit_server_hands_the_address_to_the_standby() {
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn a_client_that_stays_down_hands_the_address_to_the_standby_after_the_hysteresis() {
-    let mut pair = Pair::start("tun-ha-client").await;
+    let Some(mut pair) = Pair::start("tun-ha-client").await else { return };
     let t = pair.tunnels.get("web-tunnel").await.unwrap();
     let slot = pair.slot_of(&t, &pair.active.clone());
-    // Its node is gone: the client process dies and nothing starts it again.
+    // Its node is gone: the client Pod is deleted and nothing starts it again.
     let (moved, moved_after, _) =
-        pair.failover("the active server's client stopped", |p| drop(p.clients[slot].take())).await;
+        pair.failover("the active server's client stopped", async |p| p.stop_client(slot).await).await;
     let last = ha(&moved).last_failover.unwrap();
     assert!(last.reason.contains("health checks in a row"), "{last:?}");
     assert!(moved_after >= Duration::from_secs(2), "no move before the hysteresis: {moved_after:?}");
 
     // The client comes back: the address stays where it is, both servers pass.
-    pair.clients[slot] = Some(ClientRunner::start(
-        pair.ns.client.clone(),
-        &pair.ns.name,
-        &format!("web-tunnel-client-{}", ["a", "b"][slot]),
-        Backends::default(),
-    ));
-    eventually("both exit servers pass again", Duration::from_secs(30), || async {
+    set_pod_quota(&pair.ns, None).await;
+    eventually("both exit servers pass again", node_tunnels::AFTER_QUOTA, || async {
         let t = pair.tunnels.get("web-tunnel").await.ok()?;
         (ha(&t).servers.iter().filter(|s| s.healthy).count() == 2).then_some(())
     })
@@ -223,7 +230,7 @@ async fn a_client_that_stays_down_hands_the_address_to_the_standby_after_the_hys
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn a_config_change_rolls_the_clients_one_at_a_time_through_a_handover() {
-    let pair = Pair::start("tun-ha-roll").await;
+    let Some(pair) = Pair::start("tun-ha-roll").await else { return };
     let first = pair.active.clone();
     let requests = Requests::start(pair.ip.clone(), PORT);
     tokio::time::sleep(Duration::from_secs(2)).await;

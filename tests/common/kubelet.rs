@@ -1,5 +1,7 @@
 //! A very small stand-in for the kubelet and kube-proxy, for the one Deployment kind skyport
-//! makes: the tunnel client. The test control plane runs no nodes, so this runs the client
+//! makes: the tunnel client, for the Tunnel tests on the shared control plane that need a client
+//! only to reach Active (those of the path of bytes run real Pods on the test node:
+//! node_tunnels.rs). The shared control plane runs no nodes, so this runs the client
 //! Deployment's container as a local process — the Deployment's own command and args, with the
 //! image's `/skyport` being the skyport binary this test build made, and the client.toml from the
 //! Secret the Deployment mounts — and, in place of kube-proxy, points the Service's cluster IP at

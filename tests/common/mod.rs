@@ -26,6 +26,8 @@ pub mod crash;
 pub mod guest;
 pub mod kubelet;
 pub mod mirror;
+pub mod node;
+pub mod node_tunnels;
 pub mod private_env;
 pub mod process;
 pub mod proxy;

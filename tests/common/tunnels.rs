@@ -124,10 +124,9 @@ impl TunnelOperator {
             settings.self_exe.clone()
         };
         settings.self_exe = own_exe;
-        let local = Arc::new(
-            providers::local::LocalProvider::new(providers::local::LocalSettings::new(&state, local_exe))
-                .expect("local provider"),
-        );
+        let mut local_settings = providers::local::LocalSettings::new(&state, local_exe);
+        (local_settings.first_address, local_settings.last_address) = settings.local_addresses;
+        let local = Arc::new(providers::local::LocalProvider::new(local_settings).expect("local provider"));
         let mut all: Vec<Arc<dyn providers::HostProvider>> = vec![local.clone()];
         all.extend(extra);
         let registry = skyport::controllers::tunnel::Providers::new(settings.provider.clone(), all);

@@ -76,10 +76,12 @@ node_kubeconfig() {  # file user-lines...
 
 # The host side: the node's address, forwarding, bridged traffic through iptables (kube-proxy).
 node_host_network() {
-  ip -4 addr show dev lo | grep -q "inet $NODE_IP/" || ip addr add "$NODE_IP/32" dev lo \
+  # Read whole, not piped into `grep -q`: grep exits at the first match, `ip` then dies of SIGPIPE,
+  # and under pipefail a present address reads as missing (the add then fails: "File exists").
+  [[ "$(ip -4 addr show dev lo)" == *"inet $NODE_IP/"* ]] || ip addr add "$NODE_IP/32" dev lo \
     || die "cannot add the node address $NODE_IP to lo (needs root)"
-  ip route show table local | grep -q "^local $EXIT_RANGE dev lo" || ip route add local "$EXIT_RANGE" dev lo \
-    || die "cannot route $EXIT_RANGE to lo (needs root)"
+  [[ $'\n'"$(ip route show table local)" == *$'\n'"local $EXIT_RANGE dev lo"* ]] \
+    || ip route add local "$EXIT_RANGE" dev lo || die "cannot route $EXIT_RANGE to lo (needs root)"
   sysctl -qw net.ipv4.ip_forward=1 || die "cannot enable IPv4 forwarding (needs root)"
   # kube-proxy and the kubelet watch files with inotify; at the default 128 instances per user,
   # a busy test run (every tunnel process watches its config) starved kube-proxy, which exited

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams};
 use skyport::crd::Queue;
 
-use super::{NS, ONE_INSTALL_AT_A_TIME, TIMEOUT, node, tunnel};
+use super::{NS, TIMEOUT, node, tunnel};
 use crate::common::{self, eventually};
 use crate::deploy::harness::root;
 
@@ -23,7 +23,7 @@ pub const APP_NS: &str = "kustomize-app";
 #[ignore = "needs the test environment's node: tests/env.sh up"]
 async fn kubectl_apply_k_runs_the_operator_from_an_overlay_and_delete_k_leaves_nothing() {
     let Some(node) = node::node().await else { return };
-    let _turn = ONE_INSTALL_AT_A_TIME.lock().await;
+    let _turn = node::NODE_CLUSTER.write().await;
     let (repository, tag) = node.import_skyport_image();
     super::remove_earlier_installs(&node);
 

@@ -10,8 +10,8 @@ use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::node::Node;
 use crate::common::eventually;
+use crate::common::node::Node;
 
 const BODY: &str = "hello from the backend Pod";
 const TIMEOUT: Duration = Duration::from_secs(180);

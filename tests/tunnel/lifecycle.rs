@@ -1,33 +1,37 @@
-//! A Tunnel's life with the local provider: real bytes through its exit server, port changes on
-//! the same server, a fresh server when the Tunnel is deleted, a lost server replaced, cleanup
-//! when the Service goes, and the sweep of hosts no Tunnel owns.
+//! A Tunnel's life on the test node with the local provider: real bytes from the public side
+//! through its exit server, the client Pod skyport deploys from its image and kube-proxy to the
+//! backend Pod; port changes on the same server, a fresh server when the Tunnel is deleted, a lost
+//! server replaced, cleanup when the Service goes.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use providers::HostProvider;
-use providers::hosts::{MANAGED_BY_VALUE, TAG_CLUSTER, TAG_MANAGED_BY};
+use providers::hosts::{MANAGED_BY_VALUE, TAG_MANAGED_BY};
 use skyport::crd::{ConditionStatus, TunnelPhase};
 
 use super::NEEDS_ENV;
+use crate::common::eventually;
 use crate::common::kubelet::udp_echo;
+use crate::common::node_tunnels::{ACTIVE, BACKEND_PORTS as BACKEND, NodeTunnel, restarts, running_client};
 use crate::common::tunnels::{
-    self, WebTunnel, active, carries, events, fast_tunnel_settings, finish_tunnels, host_id, host_ip, ingress_ip,
+    self, active, carries, events, fast_tunnel_settings, finish_tunnels, host_id, host_ip, ingress_ip,
 };
-use crate::common::{TestNs, eventually};
 
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn a_load_balancer_service_gets_an_exit_server_and_real_bytes_flow_through_it() {
     let _ = NEEDS_ENV;
-    let WebTunnel { ns, op, services, tunnels, kubelet } =
-        WebTunnel::start(TestNs::new("tun-bytes").await, fast_tunnel_settings()).await;
+    let Some(NodeTunnel { ns, op, services, tunnels, node, turn: _turn }) =
+        NodeTunnel::start("tun-bytes", fast_tunnel_settings(), BACKEND).await
+    else {
+        return;
+    };
 
-    let tunnel = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+    let tunnel = active(&tunnels, "web-tunnel", ACTIVE).await;
     let ip = host_ip(&tunnel);
     let status = tunnel.status.clone().unwrap();
     assert_eq!(status.provider.as_deref(), Some("local"));
@@ -64,23 +68,28 @@ async fn a_load_balancer_service_gets_an_exit_server_and_real_bytes_flow_through
         serde_json::to_string(&(&tunnel, &deployment, events(&ns.client, &ns.name, "web-tunnel").await)).unwrap();
     assert!(!visible.contains(&token), "the tunnel token leaked into status, the Deployment or Events");
 
-    // Real bytes: the real rathole client (run from the Deployment) and server carry TCP and UDP.
+    // Real bytes: the client Pod and the exit server carry TCP and UDP to the backend Pod.
     carries(&ip, 8080, Some(5353)).await;
     // Steady state: another resync changes nothing.
     let writes = op.ctx.api_writes.get();
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(op.ctx.api_writes.get(), writes, "an Active Tunnel costs no API writes");
 
-    // The client's pod dies and is started again: bytes flow again through the same exit server.
+    // The client's process dies and the kubelet starts it again: bytes flow again through the
+    // same exit server.
     let host = host_id(&tunnel);
-    let pid = kubelet.pid.load(Ordering::Relaxed);
+    let client = running_client(&ns).await;
+    let pod = client.name_any();
+    let pid = node.container_pid(&pod, "tunnel-client");
     assert!(std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
-    eventually("the client started again", Duration::from_secs(20), || async {
-        (kubelet.starts.load(Ordering::Relaxed) == 2).then_some(())
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = ns.api();
+    eventually("the client container restarted", ACTIVE, || async {
+        let p = pods.get(&pod).await.ok()?;
+        (restarts(&p) == 1).then_some(())
     })
     .await;
     carries(&ip, 8080, Some(5353)).await;
-    let after = active(&tunnels, "web-tunnel", Duration::from_secs(30)).await;
+    let after = active(&tunnels, "web-tunnel", ACTIVE).await;
     assert_eq!((host_id(&after), host_ip(&after)), (host, ip), "a client restart keeps the exit server");
     finish_tunnels(op, ns).await;
 }
@@ -88,16 +97,19 @@ async fn a_load_balancer_service_gets_an_exit_server_and_real_bytes_flow_through
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn service_port_changes_follow_on_the_same_exit_server() {
-    let WebTunnel { ns, op, services, tunnels, kubelet: _kubelet } =
-        WebTunnel::start(TestNs::new("tun-ports").await, fast_tunnel_settings()).await;
-    let before = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+    let Some(NodeTunnel { ns, op, services, tunnels, turn: _turn, .. }) =
+        NodeTunnel::start("tun-ports", fast_tunnel_settings(), BACKEND).await
+    else {
+        return;
+    };
+    let before = active(&tunnels, "web-tunnel", ACTIVE).await;
     carries(&host_ip(&before), 8080, None).await;
 
     // Add a TCP port and drop the UDP one.
     let patch = serde_json::json!({"spec": {"ports": [
         {"name": "http", "port": 8080, "protocol": "TCP"}, {"name": "admin", "port": 9090, "protocol": "TCP"}]}});
     services.patch("web", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
-    let after = eventually("Tunnel exposes 8080 and 9090", Duration::from_secs(30), || async {
+    let after = eventually("Tunnel exposes 8080 and 9090", ACTIVE, || async {
         let t = tunnels.get("web-tunnel").await.ok()?;
         let ports: Vec<i32> = t.status.as_ref()?.ports.iter().map(|p| p.port).collect();
         (ports == [8080, 9090] && t.status.as_ref()?.phase == Some(TunnelPhase::Active)).then_some(t)
@@ -130,12 +142,15 @@ async fn service_port_changes_follow_on_the_same_exit_server() {
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn deleting_the_tunnel_gives_a_fresh_exit_server_with_a_new_address() {
-    let WebTunnel { ns, op, services, tunnels, kubelet: _kubelet } =
-        WebTunnel::start(TestNs::new("tun-fresh").await, fast_tunnel_settings()).await;
-    let old = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+    let Some(NodeTunnel { ns, op, services, tunnels, turn: _turn, .. }) =
+        NodeTunnel::start("tun-fresh", fast_tunnel_settings(), BACKEND).await
+    else {
+        return;
+    };
+    let old = active(&tunnels, "web-tunnel", ACTIVE).await;
     tunnels.delete("web-tunnel", &DeleteParams::default()).await.unwrap();
 
-    let new = eventually("a new Tunnel, Active", Duration::from_secs(60), || async {
+    let new = eventually("a new Tunnel, Active", ACTIVE, || async {
         let t = tunnels.get("web-tunnel").await.ok()?;
         (t.uid() != old.uid() && t.status.as_ref()?.phase == Some(TunnelPhase::Active)).then_some(t)
     })
@@ -154,13 +169,16 @@ async fn deleting_the_tunnel_gives_a_fresh_exit_server_with_a_new_address() {
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn an_exit_server_killed_out_of_band_is_replaced_at_the_next_resync() {
-    let WebTunnel { ns, op, services, tunnels, kubelet: _kubelet } =
-        WebTunnel::start(TestNs::new("tun-kill").await, fast_tunnel_settings()).await;
-    let old = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+    let Some(NodeTunnel { ns, op, services, tunnels, turn: _turn, .. }) =
+        NodeTunnel::start("tun-kill", fast_tunnel_settings(), BACKEND).await
+    else {
+        return;
+    };
+    let old = active(&tunnels, "web-tunnel", ACTIVE).await;
 
     tunnels::kill_exit_server(&op, &host_id(&old));
     // Resync is 2 s: replaced well within a few periods, the Service following.
-    let new = tunnels::active_elsewhere(&tunnels, "web-tunnel", &host_id(&old)).await;
+    let new = tunnels::active_elsewhere_within(&tunnels, "web-tunnel", &host_id(&old), ACTIVE).await;
     assert_eq!(op.local.get(&host_id(&old)).await.unwrap(), None, "the dead host is deleted, not left");
     eventually("Service shows the replacement's address", Duration::from_secs(20), || async {
         (ingress_ip(&services.get("web").await.ok()?)? == host_ip(&new)).then_some(())
@@ -175,9 +193,12 @@ async fn an_exit_server_killed_out_of_band_is_replaced_at_the_next_resync() {
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn deleting_the_service_deletes_the_tunnel_and_its_exit_server() {
-    let WebTunnel { ns, op, services, tunnels, kubelet: _kubelet } =
-        WebTunnel::start(TestNs::new("tun-svcdel").await, fast_tunnel_settings()).await;
-    let tunnel = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+    let Some(NodeTunnel { ns, op, services, tunnels, turn: _turn, .. }) =
+        NodeTunnel::start("tun-svcdel", fast_tunnel_settings(), BACKEND).await
+    else {
+        return;
+    };
+    let tunnel = active(&tunnels, "web-tunnel", ACTIVE).await;
     services.delete("web", &DeleteParams::default()).await.unwrap();
 
     // The garbage collector deletes the owned Tunnel; its finalizer deletes the host.
@@ -185,61 +206,5 @@ async fn deleting_the_service_deletes_the_tunnel_and_its_exit_server() {
     assert_eq!(op.local.get(&host_id(&tunnel)).await.unwrap(), None);
     let left = op.local.list_by_tag(TAG_MANAGED_BY, MANAGED_BY_VALUE).await.unwrap();
     assert!(left.is_empty(), "nothing leaked: {left:?}");
-    finish_tunnels(op, ns).await;
-}
-
-#[tokio::test]
-#[ignore = "needs the test environment: tests/env.sh up"]
-async fn the_orphan_sweep_deletes_tagged_hosts_without_a_tunnel_and_keeps_the_rest() {
-    use std::sync::atomic::Ordering::Relaxed;
-    let ns = TestNs::new("tun-sweep").await;
-
-    // Hosts as a crashed or finalizer-less skyport could leave them, made before the operator
-    // starts (a host made while a sweep runs may be swept halfway through its own creation):
-    // one of this cluster and namespace with no Tunnel, one of another cluster, one of another
-    // namespace.
-    let make = |cluster: &str, namespace: &str| {
-        let mut tags = providers::owner_tags(&tunnels::uuid(), namespace, "gone-tunnel");
-        tags.insert(TAG_CLUSTER.to_string(), cluster.to_string());
-        providers::HostRequest {
-            name: "skyport-orphan".into(),
-            region: None,
-            size: None,
-            user_data: String::new(),
-            server: providers::ExitServer {
-                control_port: 2333,
-                noise_private_key: providers::exit::userdata::NoiseKeypair::generate().private_key,
-                services: vec![providers::TunnelService {
-                    name: "tcp-8080".into(),
-                    protocol: providers::Protocol::Tcp,
-                    port: 8080,
-                    token: "t".into(),
-                    source_ranges: Vec::new(),
-                }],
-            },
-            tags,
-        }
-    };
-    let leftovers = tunnels::local_provider(&ns);
-    let cluster = tunnels::test_cluster_id(&ns);
-    let orphan = leftovers.create(&make(&cluster, &ns.name)).await.unwrap();
-    let foreign = leftovers.create(&make("another-cluster", &ns.name)).await.unwrap();
-    let elsewhere = leftovers.create(&make(&cluster, "another-namespace")).await.unwrap();
-
-    let WebTunnel { ns, op, tunnels, kubelet: _kubelet, .. } = WebTunnel::start(ns, tunnels::sweeping_settings()).await;
-    assert_eq!(op.ctx.cluster_id, cluster);
-    let live = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
-
-    eventually("orphan deleted by the sweep", Duration::from_secs(20), || async {
-        op.local.get(&orphan.id).await.unwrap().is_none().then_some(())
-    })
-    .await;
-    tunnels::two_more_sweeps(&op).await;
-    assert_eq!(op.ctx.orphans_deleted.load(Relaxed), 1, "only the orphan is deleted");
-    assert!(op.local.get(&foreign.id).await.unwrap().is_some(), "another cluster's host is kept");
-    assert!(op.local.get(&elsewhere.id).await.unwrap().is_some(), "a host outside the namespace is kept");
-    assert!(op.local.get(&host_id(&live)).await.unwrap().is_some(), "a live Tunnel's host is kept");
-    op.local.delete(&foreign.id).await.unwrap();
-    op.local.delete(&elsewhere.id).await.unwrap();
     finish_tunnels(op, ns).await;
 }

@@ -1,32 +1,33 @@
 //! Ready means the tunnel is through, not only that the exit server runs: no address on the
 //! Service until a client is connected, withdrawn when it goes, and a host whose client never
-//! runs kept (a new one cannot help) with the fault named.
+//! runs kept (a new one cannot help) with the fault named. On the test node: the client Pod is
+//! kept from running by the namespace's Pod quota, as a platform team's quota would.
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Secret, Service};
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams};
 use providers::HostProvider;
-use skyport::crd::{ConditionStatus, Tunnel, TunnelPhase};
+use skyport::crd::{ConditionStatus, TunnelPhase};
 
-use crate::common::kubelet::{Backends, ClientRunner};
+use crate::common::eventually;
+use crate::common::node_tunnels::{ACTIVE, AFTER_QUOTA, BACKEND_PORTS, NodeTunnel, running_client, set_pod_quota};
 use crate::common::tunnels::{
-    TunnelOperator, WebTunnel, active, carries, events, fast_tunnel_settings, finish_tunnels, host_id, host_ip,
-    ingress_ip, ready, web,
+    active, carries, events, fast_tunnel_settings, finish_tunnels, host_id, host_ip, ingress_ip, ready, web,
 };
-use crate::common::{TestNs, eventually};
 
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn without_a_running_client_a_tunnel_is_never_ready_and_no_new_exit_server_is_bought() {
-    let ns = TestNs::new("tun-noclient").await;
     let mut settings = fast_tunnel_settings();
     settings.boot_timeout = Duration::from_secs(4);
     settings.replace_after = Duration::from_secs(12);
-    let op = TunnelOperator::start(&ns, settings).await;
-    let services: Api<Service> = ns.api();
-    let tunnels: Api<Tunnel> = ns.api();
-    services.create(&PostParams::default(), &web("web")).await.unwrap();
+    let Some(NodeTunnel { ns, op, services, tunnels, turn: _turn, .. }) =
+        NodeTunnel::start_with("tun-noclient", settings, BACKEND_PORTS, Some(1), web("web")).await
+    else {
+        return;
+    };
     let no_ingress =
         || async { assert_eq!(ingress_ip(&services.get("web").await.unwrap()), None, "address published") };
 
@@ -47,7 +48,7 @@ async fn without_a_running_client_a_tunnel_is_never_ready_and_no_new_exit_server
     assert!(!message.contains(&token));
 
     // Past the boot timeout: the exit server answers but the client Deployment has no available
-    // replica (nothing runs its pod): ClientNotAvailable, one Warning Event on the Tunnel and the
+    // replica (the quota refuses its Pod): ClientNotAvailable, one Warning Event on the Tunnel and the
     // Service.
     eventually("Ready=False ClientNotAvailable", Duration::from_secs(30), || async {
         (ready(&tunnels.get("web-tunnel").await.ok()?)?.1 == "ClientNotAvailable").then_some(())
@@ -77,8 +78,8 @@ async fn without_a_running_client_a_tunnel_is_never_ready_and_no_new_exit_server
     no_ingress().await;
 
     // Once the client runs, the probe passes: Active, and only now the address on the Service.
-    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
-    let live = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+    set_pod_quota(&ns, None).await;
+    let live = active(&tunnels, "web-tunnel", AFTER_QUOTA).await;
     assert_eq!(ready(&live).unwrap().0, ConditionStatus::True);
     eventually("Service shows the address", Duration::from_secs(20), || async {
         (ingress_ip(&services.get("web").await.ok()?)? == host_ip(&live)).then_some(())
@@ -91,17 +92,23 @@ async fn without_a_running_client_a_tunnel_is_never_ready_and_no_new_exit_server
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn a_tunnel_whose_client_stops_is_no_longer_ready_and_its_address_is_withdrawn() {
-    let WebTunnel { ns, op, services, tunnels, kubelet } =
-        WebTunnel::start(TestNs::new("tun-clientdown").await, fast_tunnel_settings()).await;
-    let live = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+    let Some(NodeTunnel { ns, op, services, tunnels, turn: _turn, .. }) =
+        NodeTunnel::start("tun-clientdown", fast_tunnel_settings(), BACKEND_PORTS).await
+    else {
+        return;
+    };
+    let live = active(&tunnels, "web-tunnel", ACTIVE).await;
     eventually("Service shows the address", Duration::from_secs(20), || async {
         (ingress_ip(&services.get("web").await.ok()?)? == host_ip(&live)).then_some(())
     })
     .await;
 
-    // The client process is killed (the pod is gone): at the next probe Ready goes False and
-    // the address leaves the Service.
-    drop(kubelet);
+    // The client Pod is deleted and its replacement refused by the quota: at the next probe Ready
+    // goes False and the address leaves the Service.
+    set_pod_quota(&ns, Some(1)).await;
+    let client = running_client(&ns).await;
+    let pods: Api<Pod> = ns.api();
+    pods.delete(&client.name_any(), &DeleteParams::default().grace_period(0)).await.expect("delete the client Pod");
     eventually("Ready=False WaitingForTunnel", Duration::from_secs(30), || async {
         let t = tunnels.get("web-tunnel").await.ok()?;
         let (status, reason, _) = ready(&t)?;
@@ -114,8 +121,8 @@ async fn a_tunnel_whose_client_stops_is_no_longer_ready_and_its_address_is_withd
     .await;
 
     // The client back: Ready again, on the same exit server.
-    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
-    let again = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+    set_pod_quota(&ns, None).await;
+    let again = active(&tunnels, "web-tunnel", AFTER_QUOTA).await;
     assert_eq!(host_id(&again), host_id(&live));
     eventually("Service shows the address again", Duration::from_secs(20), || async {
         (ingress_ip(&services.get("web").await.ok()?)? == host_ip(&live)).then_some(())

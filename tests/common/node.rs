@@ -1,6 +1,6 @@
-//! The test node's cluster (tests/env/node.sh) as the install test reaches it: its kubeconfig,
-//! `kubectl` and `helm` against it, the node's container runtime (image import, the process of
-//! a running container), and the kernel's view of that process.
+//! The test node's cluster (tests/env/node.sh) as the install and node Tunnel tests reach it: its
+//! kubeconfig, `kubectl` and `helm` against it, the node's container runtime (image import, the
+//! process of a running container), and the kernel's view of that process.
 
 use std::path::PathBuf;
 
@@ -9,6 +9,12 @@ use kube::{Client, Config};
 use serde_json::Value;
 
 use crate::deploy::harness::{helm, run};
+
+/// Turns on the node's cluster: an install (`write`) brings and removes cluster-wide objects (CRDs
+/// with `kubectl delete -k`, admission policies) and runs an operator that would take every
+/// LoadBalancer Service for itself; tests with an in-process operator there (`read`) run beside
+/// each other but never beside an install.
+pub static NODE_CLUSTER: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 pub struct Node {
     kubeconfig: String,
@@ -79,9 +85,21 @@ impl Node {
     /// skyport's image (tests/env/build-image.sh, or `SKYPORT_IMAGE="<archive> <reference>"` from
     /// tests/run.sh) imported into the node's runtime; returns (repository, tag).
     pub fn import_skyport_image(&self) -> (String, String) {
-        let built = match std::env::var("SKYPORT_IMAGE") {
+        self.import("SKYPORT_IMAGE", "tests/env/build-image.sh")
+    }
+
+    /// The Tunnel tests' backend image (tests/env/build-echo.sh) imported; returns its reference.
+    pub fn import_echo_image(&self) -> String {
+        let (repository, tag) = self.import("SKYPORT_ECHO_IMAGE", "tests/env/build-echo.sh");
+        format!("{repository}:{tag}")
+    }
+
+    /// The image `script` builds (or `var` names as "<archive> <reference>") imported into the
+    /// node's runtime; returns (repository, tag).
+    fn import(&self, var: &str, script: &str) -> (String, String) {
+        let built = match std::env::var(var) {
             Ok(line) => line,
-            Err(_) => run("tests/env/build-image.sh", &[], None),
+            Err(_) => run(script, &[], None),
         };
         let (archive, reference) = built.trim().split_once(' ').expect("\"<archive> <reference>\"");
         run("ctr", &["--address", &self.containerd, "--namespace", "k8s.io", "images", "import", archive], None);
