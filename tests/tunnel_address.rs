@@ -103,7 +103,7 @@ async fn the_sweep_releases_orphaned_addresses_but_never_retained_ones() {
         let mut tags = providers::owner_tags(&tunnels::uuid(), &ns.name, "gone-tunnel");
         tags.insert(TAG_CLUSTER.to_string(), cluster.clone());
         tags.insert(TAG_DELETION_POLICY.to_string(), policy.to_string());
-        providers::AddressRequest { name: "skyport-orphan".into(), region: None, tags, host_id: None }
+        providers::AddressRequest { name: "skyport-orphan".into(), region: None, tags, host_id: None, movable: false }
     };
     let orphan = leftovers.reserve_address(&reserve("Delete")).await.unwrap();
     let kept = leftovers.reserve_address(&reserve("Retain")).await.unwrap();

@@ -52,6 +52,12 @@ pub const TAG_CLUSTER: &str = "skyport.dev/cluster";
 /// `Retain` address: a person asked to keep it.
 pub const TAG_DELETION_POLICY: &str = "skyport.dev/deletion-policy";
 
+/// On an exit server of a highly available Tunnel whose provider needs the moved address on the
+/// host's interface ([`HostProvider::binds_moved_address`]): the reserved address its user data
+/// configured there. A host carrying another (the address was released outside skyport and
+/// reserved anew) cannot answer on the new one and is replaced.
+pub const TAG_BOUND_ADDRESS: &str = "skyport.dev/bound-address";
+
 /// The canonical prefix of skyport's tag keys.
 const KEY_PREFIX: &str = "skyport.dev/";
 /// How that prefix is spelled inside a DigitalOcean tag.
@@ -153,6 +159,10 @@ pub struct AddressRequest {
     /// A running host to assign the address to right away (required for
     /// [`AddressBinding::WithHost`], optional otherwise).
     pub host_id: Option<String>,
+    /// The address will be moved between running hosts (a highly available Tunnel's). A provider
+    /// whose usual reserved address cannot be (Hetzner primary IPs go only onto powered-off
+    /// servers) reserves one that can (a Hetzner floating IP); elsewhere the one kind serves both.
+    pub movable: bool,
 }
 
 /// How a provider's reserved address gets onto a host, which decides when the controller
@@ -251,6 +261,14 @@ pub trait HostProvider: Send + Sync {
                 format!("skyport does not move reserved addresses between running exit servers at {} yet", self.name())
             }
         })
+    }
+    /// Whether a host's OS must carry a movable reserved address ([`AddressRequest::movable`]) on
+    /// its network interface to answer the traffic sent to it, so a highly available Tunnel's
+    /// hosts are created with it configured ([`crate::exit::userdata::render_cloud_config_with`]).
+    /// `false` (the default) where the cloud translates the address to the host's own on the way
+    /// in (EC2 Elastic IPs, DigitalOcean reserved IPs) or the adapter binds it itself (local).
+    fn binds_moved_address(&self) -> bool {
+        false
     }
     /// Points the address at host `host_id` (moving it from any earlier host); already there is
     /// success.

@@ -1,7 +1,8 @@
 //! The guest provider with real booted guests (systemd-nspawn, the Debian root file system of
 //! tests/env/build-guest.sh: `SKYPORT_GUEST_ROOTFS`, which tests/run.sh exports): the shared
-//! contract, reserved addresses, a guest powered off behind the provider's back, and a provider
-//! started anew over the same state finding its guests again. The user data here cannot install
+//! contract, reserved addresses, a guest powered off behind the provider's back, a provider
+//! started anew over the same state finding its guests again, and the moved address a highly
+//! available pair's server puts on its interface at every boot. The user data here cannot install
 //! a server (its download URL leads nowhere): these are about the guests as hosts; the Tunnel
 //! path through them is tests/tunnel_guest.rs.
 //!
@@ -12,6 +13,7 @@ mod contract;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use providers::exit::userdata::{Artifact, render_cloud_config_with};
 use providers::guest::processes::Owner;
 use providers::guest::{GuestProvider, GuestSettings, HOST_ALIAS, Machine};
 use providers::hosts::{HostProvider, HostState, TAG_TUNNEL_UID};
@@ -266,4 +268,55 @@ fn a_root_file_system_without_cloud_init_is_refused_with_how_to_build_one() {
         message.contains("root") && (message.contains("build-guest.sh") || message.contains("need root")),
         "{message}"
     );
+}
+
+/// The lines of `ip -4 -o addr` in guest `name`'s network namespace that carry `ip`.
+fn carried(name: &str, ip: &str) -> Vec<String> {
+    let out = std::process::Command::new("ip").args(["-n", name, "-4", "-o", "addr", "show"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&format!("inet {ip}/32 ")))
+        .map(String::from)
+        .collect()
+}
+
+async fn until_carried(machine: &Machine, ip: &str) -> Vec<String> {
+    for _ in 0..600 {
+        let lines = carried(&machine.name, ip);
+        if !lines.is_empty() {
+            return lines;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("{ip} never reached the guest's interface: {}", machine.diagnostics());
+}
+
+/// The user data of a highly available pair's server where the cloud routes the moved address
+/// unchanged (Hetzner floating IPs), booted by real cloud-init: the address is on the guest's
+/// interface, and after a reboot without it (cloud-init's `runcmd` does not run twice) it is
+/// there again.
+#[tokio::test]
+#[ignore = "boots Debian guests: root and tests/env/build-guest.sh (tests/run.sh)"]
+async fn a_pair_servers_user_data_puts_its_moved_address_on_its_interface_at_every_boot() {
+    let Some((p, _state)) = provider("moved") else { return };
+    let moved = "203.0.113.77";
+    let mut request = contract::request("skyport-moved", &contract::fresh_uid());
+    let artifact =
+        Artifact { arch: "x86_64".into(), url: "https://example.test/skyport-x86_64".into(), sha256: "ab".repeat(32) };
+    request.user_data =
+        render_cloud_config_with(&contract::exit_server(), &[artifact], &[moved.parse().unwrap()]).unwrap();
+    let host = p.create(&request).await.unwrap();
+    let machine = p.machine(&host.id).expect("the guest's files");
+    let guest_if = format!("{}g", machine.name);
+    let lines = until_carried(&machine, moved).await;
+    assert!(lines.len() == 1 && lines[0].contains(&format!(" {guest_if} ")), "{lines:?}");
+
+    machine.stop(Duration::from_secs(30));
+    let del = ["-n", &machine.name, "addr", "del", &format!("{moved}/32"), "dev", &guest_if];
+    assert!(std::process::Command::new("ip").args(del).status().unwrap().success());
+    assert!(carried(&machine.name, moved).is_empty());
+    drop(machine.boot(&request.user_data).expect("booted again"));
+    let lines = until_carried(&machine, moved).await;
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    p.delete(&host.id).await.unwrap();
 }

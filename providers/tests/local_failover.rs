@@ -35,6 +35,7 @@ async fn the_reserved_address_moves_between_running_servers_and_off_a_dead_one()
             region: None,
             tags: base.tags.clone(),
             host_id: None,
+            movable: true,
         })
         .await
         .unwrap();

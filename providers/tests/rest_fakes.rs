@@ -14,6 +14,8 @@ mod contract;
 mod fake_digitalocean;
 #[path = "rest_fakes/fake_hetzner.rs"]
 mod fake_hetzner;
+#[path = "rest_fakes/fake_hetzner_floating.rs"]
+mod fake_hetzner_floating;
 #[path = "rest_fakes/fake_server.rs"]
 mod fake_server;
 
@@ -21,6 +23,8 @@ mod fake_server;
 mod digitalocean;
 #[path = "rest_fakes/hetzner.rs"]
 mod hetzner;
+#[path = "rest_fakes/hetzner_floating.rs"]
+mod hetzner_floating;
 #[path = "rest_fakes/push.rs"]
 mod push;
 

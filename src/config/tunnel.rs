@@ -234,8 +234,9 @@ pub struct TunnelArgs {
     #[arg(long = "ec2-region-image", env = "SKYPORT_EC2_REGION_IMAGES", value_delimiter = ',', value_parser = region_image, value_name = "REGION=AMI")]
     pub ec2_region_images: Vec<(String, String)>,
 
-    /// hetzner provider: location of exit servers and primary IPs when a Tunnel names no region
-    /// (an unassigned primary IP must have one, and is assigned only within it).
+    /// hetzner provider: location of exit servers, primary IPs and floating IPs (their home
+    /// location) when a Tunnel names no region (an unassigned primary IP must have one, and is
+    /// assigned only within it).
     #[arg(long = "hetzner-location", env = "SKYPORT_HETZNER_LOCATION", default_value = providers::hetzner::DEFAULT_LOCATION)]
     pub hetzner_location: String,
 

@@ -113,7 +113,7 @@ pub enum HighAvailabilityMode {
 pub struct TunnelAddress {
     /// `Ephemeral` (default): the exit server's own address, a new one with every replacement.
     /// `Reserved`: a reserved address (EC2 Elastic IP, DigitalOcean reserved IP, Hetzner primary
-    /// IP) kept for this Tunnel, so the Service's address survives a lost exit server, a port
+    /// IP, or with `highAvailability` a Hetzner floating IP) kept for this Tunnel, so the Service's address survives a lost exit server, a port
     /// change and new credentials. It is tagged with the Tunnel's UID like the exit server and
     /// shown in `status.addressId` and `status.addressIp`. It may cost money while reserved.
     #[serde(default)]
@@ -282,8 +282,8 @@ pub struct HighAvailabilityStatus {
     /// The last time the address moved to the standby, and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failover: Option<Failover>,
-    /// Why the address cannot be moved quickly at this provider, when it cannot (Hetzner: a
-    /// primary IP moves only onto a powered-off server).
+    /// Why the address cannot be moved quickly at this provider, when it cannot (for now EC2 and
+    /// guest, where skyport does not move reserved addresses between running exit servers yet).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limitation: Option<String>,
 }

@@ -22,6 +22,7 @@
 //! full limit is available again), and exceeding the limit gives `429` `rate_limit_exceeded`.
 //! [`default_budget`] stays under it with room for other clients of the same project.
 
+mod floating_ips;
 mod primary_ips;
 
 use std::collections::BTreeMap;
@@ -31,15 +32,17 @@ use std::time::Duration;
 use async_trait::async_trait;
 use reqwest::Method;
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use crate::error::HostError;
 use crate::hosts::{
-    Address, AddressBinding, AddressRequest, Host, HostProvider, HostRequest, HostState, TAG_TUNNEL_UID, TagSyntax,
-    fnv1a32,
+    Address, AddressBinding, AddressRequest, Host, HostProvider, HostRequest, HostState, TAG_TUNNEL_SLOT,
+    TAG_TUNNEL_UID, TagSyntax, fnv1a32,
 };
 use crate::limiter::Limiter;
 use crate::rest::{ApiToken, Budget, RefillModel, RestClient, RestSettings};
+use floating_ips::AddressId;
 
 const PROVIDER: &str = "hetzner";
 /// Production endpoint (paths below are relative to it).
@@ -115,6 +118,42 @@ impl HetznerProvider {
     pub fn rest(&self) -> &RestClient {
         &self.rest
     }
+
+    /// Every entry of the list `items` that `GET path` answers with, labelled with the canonical
+    /// tag `key=value`, across every page (servers, primary IPs and floating IPs page alike).
+    async fn labelled<T: DeserializeOwned>(
+        &self,
+        operation: &'static str,
+        path: &str,
+        items: &str,
+        (key, value): (&str, &str),
+    ) -> Result<Vec<T>, HostError> {
+        let (key, value) = TagSyntax::Hetzner.encode(key, value);
+        let selector = format!("{key}=={value}");
+        let per_page = self.settings.page_size.clamp(1, MAX_PAGE_SIZE).to_string();
+        let malformed = |e: serde_json::Error| HostError::Unavailable {
+            provider: PROVIDER,
+            message: format!("malformed {operation} response: {e}"),
+        };
+        let mut found = Vec::new();
+        let mut page = 1u64;
+        for _ in 0..MAX_PAGES {
+            let page_str = page.to_string();
+            let query = [("label_selector", selector.as_str()), ("per_page", per_page.as_str()), ("page", &page_str)];
+            let response = self.rest.send(operation, Method::GET, path, &query, None).await?;
+            let mut body: serde_json::Value = self.rest.decode(operation, &response)?;
+            let list: Vec<T> = serde_json::from_value(body[items].take()).map_err(malformed)?;
+            let meta: Option<Meta> = serde_json::from_value(body["meta"].take()).map_err(malformed)?;
+            let next = meta.and_then(|m| m.pagination).and_then(|p| p.next_page);
+            let empty = list.is_empty();
+            found.extend(list);
+            match next {
+                Some(n) if !empty && n > page => page = n,
+                _ => return Ok(found),
+            }
+        }
+        Err(HostError::Unavailable { provider: PROVIDER, message: format!("more than {MAX_PAGES} pages of {items}") })
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -143,13 +182,6 @@ struct Ipv4 {
 #[derive(Debug, Deserialize)]
 struct ServerBody {
     server: Server,
-}
-
-#[derive(Debug, Deserialize)]
-struct ServerPage {
-    servers: Vec<Server>,
-    #[serde(default)]
-    meta: Option<Meta>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -222,8 +254,10 @@ impl HostProvider for HetznerProvider {
         });
         let mut location = request.region.as_ref().or(self.settings.default_location.as_ref()).cloned();
         // The Tunnel's reserved address, if it has one and no server holds it: the new server
-        // gets it, in its location (a primary IP is bound to one).
-        if let Some(uid) = request.tags.get(TAG_TUNNEL_UID) {
+        // gets it, in its location (a primary IP is bound to one). Not a pair's server: it keeps
+        // its own address, and the pair's floating IP is moved onto it while it runs.
+        let single = !request.tags.contains_key(TAG_TUNNEL_SLOT);
+        if let Some(uid) = request.tags.get(TAG_TUNNEL_UID).filter(|_| single) {
             let free =
                 self.primary_ips_by_tag(TAG_TUNNEL_UID, uid).await?.into_iter().find(|p| p.assignee_id.is_none());
             if let Some(ip) = free {
@@ -257,55 +291,57 @@ impl HostProvider for HetznerProvider {
     }
 
     async fn list_by_tag(&self, key: &str, value: &str) -> Result<Vec<Host>, HostError> {
-        let (key, value) = TagSyntax::Hetzner.encode(key, value);
-        let selector = format!("{key}=={value}");
-        let per_page = self.settings.page_size.clamp(1, MAX_PAGE_SIZE).to_string();
-        let mut hosts = Vec::new();
-        let mut page = 1u64;
-        for _ in 0..MAX_PAGES {
-            let page_str = page.to_string();
-            let query = [("label_selector", selector.as_str()), ("per_page", per_page.as_str()), ("page", &page_str)];
-            let response = self.rest.send("ListServers", Method::GET, "/servers", &query, None).await?;
-            let body: ServerPage = self.rest.decode("ListServers", &response)?;
-            let next = body.meta.and_then(|m| m.pagination).and_then(|p| p.next_page);
-            let empty = body.servers.is_empty();
-            hosts.extend(body.servers.into_iter().map(Host::from));
-            match next {
-                Some(n) if !empty && n > page => page = n,
-                _ => return Ok(hosts),
-            }
-        }
-        Err(HostError::Unavailable { provider: PROVIDER, message: format!("more than {MAX_PAGES} pages of servers") })
+        let servers: Vec<Server> = self.labelled("ListServers", "/servers", "servers", (key, value)).await?;
+        Ok(servers.into_iter().map(Host::from).collect())
     }
 
     fn address_binding(&self) -> AddressBinding {
         AddressBinding::AtCreate
     }
 
+    /// A highly available Tunnel reserves a movable address ([`AddressRequest::movable`]): a
+    /// floating IP, which an assign action moves onto a running server while each server keeps
+    /// its primary IP for its own client. (A primary IP goes only onto a powered-off server.)
     fn moves_addresses(&self) -> Result<(), String> {
-        Err("Hetzner Cloud assigns a primary IP only to a powered-off server, so it cannot move to a running standby; \
-             a failover would mean stopping the standby first (tens of seconds without service)"
-            .into())
+        Ok(())
+    }
+
+    /// Floating IPs reach a server only once its OS has them on an interface.
+    fn binds_moved_address(&self) -> bool {
+        true
     }
 
     async fn reserve_address(&self, request: &AddressRequest) -> Result<Address, HostError> {
-        self.reserve(request).await
+        if request.movable { self.reserve_floating(request).await } else { self.reserve(request).await }
     }
 
     async fn get_address(&self, id: &str) -> Result<Option<Address>, HostError> {
-        Ok(self.primary_ip(id).await?.map(Address::from))
+        match AddressId::parse(id)? {
+            AddressId::Primary(_) => Ok(self.primary_ip(id).await?.map(Address::from)),
+            AddressId::Floating(n) => self.floating_ip(n).await,
+        }
     }
 
     async fn assign_address(&self, id: &str, host_id: &str) -> Result<(), HostError> {
-        self.assign(id, host_id).await
+        match AddressId::parse(id)? {
+            AddressId::Primary(_) => self.assign(id, host_id).await,
+            AddressId::Floating(n) => self.assign_floating(n, host_id).await,
+        }
     }
 
     async fn release_address(&self, id: &str) -> Result<(), HostError> {
-        self.release(id).await
+        match AddressId::parse(id)? {
+            AddressId::Primary(_) => self.release(id).await,
+            AddressId::Floating(n) => self.release_floating(n).await,
+        }
     }
 
+    /// Primary and floating IPs alike, so the Tunnel's lookups and the orphan sweep see both.
     async fn list_addresses_by_tag(&self, key: &str, value: &str) -> Result<Vec<Address>, HostError> {
-        Ok(self.primary_ips_by_tag(key, value).await?.into_iter().map(Address::from).collect())
+        let mut found: Vec<Address> =
+            self.primary_ips_by_tag(key, value).await?.into_iter().map(Address::from).collect();
+        found.extend(self.floating_ips_by_tag(key, value).await?);
+        Ok(found)
     }
 
     fn name(&self) -> &'static str {

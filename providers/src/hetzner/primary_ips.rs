@@ -18,7 +18,7 @@ use reqwest::Method;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{MAX_PAGE_SIZE, MAX_PAGES, Meta, PROVIDER, server_id};
+use super::{PROVIDER, server_id};
 use crate::error::HostError;
 use crate::hosts::{Address, AddressRequest, TagSyntax};
 
@@ -42,13 +42,6 @@ pub(super) struct Location {
 #[derive(Debug, Deserialize)]
 struct PrimaryIpBody {
     primary_ip: PrimaryIp,
-}
-
-#[derive(Debug, Deserialize)]
-struct PrimaryIpPage {
-    primary_ips: Vec<PrimaryIp>,
-    #[serde(default)]
-    meta: Option<Meta>,
 }
 
 impl From<PrimaryIp> for Address {
@@ -135,27 +128,6 @@ impl super::HetznerProvider {
 
     /// Every primary IP labelled `key=value`, across every page.
     pub(super) async fn primary_ips_by_tag(&self, key: &str, value: &str) -> Result<Vec<PrimaryIp>, HostError> {
-        let (key, value) = TagSyntax::Hetzner.encode(key, value);
-        let selector = format!("{key}=={value}");
-        let per_page = self.settings.page_size.clamp(1, MAX_PAGE_SIZE).to_string();
-        let mut found = Vec::new();
-        let mut page = 1u64;
-        for _ in 0..MAX_PAGES {
-            let page_str = page.to_string();
-            let query = [("label_selector", selector.as_str()), ("per_page", per_page.as_str()), ("page", &page_str)];
-            let response = self.rest.send("ListPrimaryIps", Method::GET, "/primary_ips", &query, None).await?;
-            let body: PrimaryIpPage = self.rest.decode("ListPrimaryIps", &response)?;
-            let next = body.meta.and_then(|m| m.pagination).and_then(|p| p.next_page);
-            let empty = body.primary_ips.is_empty();
-            found.extend(body.primary_ips);
-            match next {
-                Some(n) if !empty && n > page => page = n,
-                _ => return Ok(found),
-            }
-        }
-        Err(HostError::Unavailable {
-            provider: PROVIDER,
-            message: format!("more than {MAX_PAGES} pages of primary IPs"),
-        })
+        self.labelled("ListPrimaryIps", "/primary_ips", "primary_ips", (key, value)).await
     }
 }

@@ -136,6 +136,7 @@ pub async fn run_addresses(provider: &dyn HostProvider, base: &HostRequest, regi
         region: region.map(str::to_string),
         tags: tags.clone(),
         host_id,
+        movable: false,
     };
     let binding = provider.address_binding();
 

@@ -237,6 +237,7 @@ async fn digitalocean_moves_a_reserved_ip_between_running_droplets_each_keeping_
             region: None,
             tags: request("x", UID).tags,
             host_id: Some(first.id.clone()),
+            movable: true,
         })
         .await
         .unwrap();

@@ -1,4 +1,5 @@
-//! The fake Hetzner Cloud API: servers and primary IPs, as its API reference describes them.
+//! The fake Hetzner Cloud API: servers and primary IPs, as its API reference describes them (floating
+//! IPs: `fake_hetzner_floating.rs`).
 
 use std::collections::BTreeMap;
 
@@ -121,6 +122,9 @@ impl Fake {
                         for a in state.addresses.values_mut().filter(|a| a.host == Some(n)) {
                             a.host = None;
                         }
+                        for f in state.floating.values_mut().filter(|f| f.server == Some(n)) {
+                            f.server = None;
+                        }
                         (200, json!({"action": action(n, "delete_server")}))
                     }
                     None => self.error(404, "not_found", &not_found(id)),
@@ -154,6 +158,7 @@ impl Fake {
                 )
             }
             (_, ["v1", "primary_ips", ..]) => self.primary_ips(state, method, &segments, query, body),
+            (_, ["v1", "floating_ips", ..]) => self.floating_ips(state, method, &segments, query, body),
             _ => self.error(404, "not_found", "not found"),
         }
     }

@@ -47,6 +47,29 @@ pub struct FakeAddress {
     pub auto_delete: bool,
 }
 
+/// A Hetzner floating IP.
+#[derive(Debug)]
+pub struct FakeFloating {
+    pub ip: String,
+    pub name: String,
+    pub server: Option<u64>,
+    pub labels: BTreeMap<String, String>,
+    pub home_location: String,
+}
+
+/// A Hetzner action on a floating IP: it runs until `done_at`, and only then takes effect.
+#[derive(Debug)]
+pub struct FakeAction {
+    pub command: String,
+    pub floating_ip: u64,
+    /// Where an assign (`Some`) or unassign (`None`) puts the floating IP.
+    pub server: Option<u64>,
+    pub done_at: std::time::Instant,
+    /// `Some(error)` once it failed; it then changes nothing.
+    pub error: Option<String>,
+    pub finished: bool,
+}
+
 /// A scripted response, served instead of the normal one.
 struct Scripted {
     status: u16,
@@ -62,6 +85,13 @@ pub struct State {
     /// `(method, path, query)` of every request.
     pub requests: Vec<(String, String, String)>,
     pub create_bodies: Vec<Value>,
+    /// Hetzner floating IPs and the actions on them.
+    pub floating: BTreeMap<u64, FakeFloating>,
+    pub actions: BTreeMap<u64, FakeAction>,
+    /// How long a Hetzner action runs.
+    pub action_time: std::time::Duration,
+    /// The next Hetzner action ends in `error`.
+    pub fail_next_action: bool,
     scripted: VecDeque<Scripted>,
     /// `(limit, remaining, reset)` sent on every normal response.
     pub rate: Option<(u64, u64, u64)>,
@@ -79,7 +109,14 @@ impl Fake {
     pub async fn start(kind: Kind) -> (Arc<Fake>, String) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr: SocketAddr = listener.local_addr().unwrap();
-        let fake = Arc::new(Fake { kind, state: Mutex::new(State { next_id: 1000, ..State::default() }) });
+        let fake = Arc::new(Fake {
+            kind,
+            state: Mutex::new(State {
+                next_id: 1000,
+                action_time: std::time::Duration::from_millis(300),
+                ..State::default()
+            }),
+        });
         let server = fake.clone();
         tokio::spawn(async move {
             loop {

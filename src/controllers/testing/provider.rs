@@ -29,6 +29,14 @@ struct Hosts {
     /// Whether `sync_source_ranges` enforces them (as EC2), and what each host admits.
     enforce_ranges: bool,
     ranges: BTreeMap<String, Vec<String>>,
+    /// As Hetzner: addresses go onto hosts at creation (`AtCreate`), except the movable ones
+    /// reserved for a pair, which are assigned to running hosts that keep their own address and
+    /// carry the moved one on their interface (floating IPs).
+    floating: bool,
+    /// The addresses reserved as movable.
+    movable: Vec<String>,
+    /// The user data each host was created with.
+    user_data: BTreeMap<String, String>,
 }
 
 impl Hosts {
@@ -36,9 +44,16 @@ impl Hosts {
         self.binding.unwrap_or(AddressBinding::Assign)
     }
 
-    /// Puts address `id` on host `host_id`, whose public address it becomes, as on a cloud.
+    /// Puts address `id` on host `host_id`, whose public address it becomes, as on a cloud (a
+    /// movable one of a `floating` provider leaves the host its own).
     fn attach(&mut self, id: &str, host_id: &str) {
         let Some(ip) = self.addresses.get(id).map(|a| a.ip.clone()) else { return };
+        if self.floating && self.movable.iter().any(|m| m == id) {
+            for address in self.addresses.values_mut().filter(|a| a.id == id) {
+                address.host_id = Some(host_id.to_string());
+            }
+            return;
+        }
         for address in self.addresses.values_mut() {
             if address.host_id.as_deref() == Some(host_id) {
                 address.host_id = None;
@@ -120,6 +135,29 @@ impl FakeProvider {
         self.hosts.lock().unwrap().binding = Some(binding);
     }
 
+    /// Addresses behave as on Hetzner from now on: primary IPs at creation, floating IPs moved for
+    /// a pair (see `Hosts::floating`).
+    pub fn float_moved_addresses(&self) {
+        let mut h = self.hosts.lock().unwrap();
+        h.binding = Some(AddressBinding::AtCreate);
+        h.floating = true;
+    }
+
+    /// Whether address `id` was reserved as movable.
+    pub fn is_movable(&self, id: &str) -> bool {
+        self.hosts.lock().unwrap().movable.iter().any(|m| m == id)
+    }
+
+    /// The user data host `id` was created with.
+    pub fn user_data_of(&self, id: &str) -> Option<String> {
+        self.hosts.lock().unwrap().user_data.get(id).cloned()
+    }
+
+    /// Releases address `id` behind the operator's back.
+    pub fn remove_address(&self, id: &str) {
+        self.hosts.lock().unwrap().addresses.remove(id);
+    }
+
     /// `reconfigure` answers "cannot" from now on, as for cloud VMs: the host is replaced.
     pub fn fix_config(&self) {
         self.hosts.lock().unwrap().fixed_config = true;
@@ -170,9 +208,14 @@ impl HostProvider for FakeProvider {
         };
         h.by_id.insert(host.id.clone(), host.clone());
         h.keys.insert(host.id.clone(), request.server.noise_private_key.clone());
+        h.user_data.insert(host.id.clone(), request.user_data.clone());
         if h.binding() == AddressBinding::AtCreate {
             let uid = request.tags.get(TAG_TUNNEL_UID);
-            let free = h.addresses.values().find(|a| a.host_id.is_none() && a.tags.get(TAG_TUNNEL_UID) == uid);
+            let movable = h.movable.clone();
+            let free = h
+                .addresses
+                .values()
+                .find(|a| a.host_id.is_none() && a.tags.get(TAG_TUNNEL_UID) == uid && !movable.contains(&a.id));
             if let Some(id) = free.map(|a| a.id.clone()) {
                 h.attach(&id, &host.id);
             }
@@ -209,14 +252,20 @@ impl HostProvider for FakeProvider {
     }
     /// As a cloud whose addresses are assigned to running hosts would.
     fn moves_addresses(&self) -> Result<(), String> {
+        if self.hosts.lock().unwrap().floating {
+            return Ok(());
+        }
         match self.address_binding() {
             AddressBinding::AtCreate => Err("the fake gives addresses only when the host is created".into()),
             AddressBinding::Assign | AddressBinding::WithHost => Ok(()),
         }
     }
+    fn binds_moved_address(&self) -> bool {
+        self.hosts.lock().unwrap().floating
+    }
     async fn reserve_address(&self, request: &AddressRequest) -> Result<Address, HostError> {
         let mut h = self.call("reserve_address")?;
-        let binding = h.binding();
+        let binding = if h.floating && request.movable { AddressBinding::Assign } else { h.binding() };
         let invalid = |message: &str| HostError::Invalid { provider: NAME, message: message.into() };
         match (binding, &request.host_id) {
             (AddressBinding::WithHost, None) => return Err(invalid("reserved with its first host only")),
@@ -232,6 +281,9 @@ impl HostProvider for FakeProvider {
             tags: request.tags.clone(),
         };
         h.addresses.insert(address.id.clone(), address.clone());
+        if h.floating && request.movable {
+            h.movable.push(address.id.clone());
+        }
         if let Some(host) = &request.host_id {
             h.attach(&address.id, host);
         }
@@ -244,7 +296,7 @@ impl HostProvider for FakeProvider {
     }
     async fn assign_address(&self, id: &str, host_id: &str) -> Result<(), HostError> {
         let mut h = self.call("assign_address")?;
-        if h.binding() == AddressBinding::AtCreate {
+        if h.binding() == AddressBinding::AtCreate && !h.movable.iter().any(|m| m == id) {
             return Err(HostError::Invalid { provider: NAME, message: "goes onto a host at creation only".into() });
         }
         if !h.addresses.contains_key(id) || !h.by_id.contains_key(host_id) {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use providers::hosts::TAG_TUNNEL_SLOT;
+use providers::hosts::{TAG_BOUND_ADDRESS, TAG_TUNNEL_SLOT};
 use providers::{AddressBinding, HostState};
 use serde_json::json;
 
@@ -267,4 +267,49 @@ async fn where_the_address_comes_with_a_first_host_the_second_waits_for_it() {
     h.probe.refuse(&reserved, false);
     assert_eq!(ha(&h).active.as_deref(), Some("h-2"));
     assert_eq!(h.provider.addresses()[0].host_id.as_deref(), Some("h-2"));
+}
+
+#[tokio::test]
+async fn where_only_a_second_kind_of_address_moves_the_pair_reserves_that_and_its_servers_carry_it() {
+    // As on Hetzner: a primary IP only at creation, so the pair reserves a floating IP, which
+    // each server must carry on its interface and keeps its own address beside.
+    let (h, t) = pair();
+    h.provider.float_moved_addresses();
+    h.reconcile(t).await.unwrap();
+    let [address] = h.provider.addresses().try_into().expect("one reserved address");
+    assert!(h.provider.is_movable(&address.id), "reserved as movable");
+    assert_eq!(ready(&h.current()), (ConditionStatus::True, "Active".into()));
+    assert_eq!(ha(&h).limitation, None);
+    let carried = |h: &Harness, ip: &str| {
+        h.provider.hosts().iter().all(|host| {
+            let user_data = h.provider.user_data_of(&host.id).unwrap();
+            user_data.contains(&format!("ip addr replace {ip}/32 ")) && host.tags[TAG_BOUND_ADDRESS] == ip
+        })
+    };
+    assert!(carried(&h, &address.ip), "both servers put the address on their interface at boot");
+    let own: Vec<_> = ha(&h).servers.iter().map(|s| s.host_ip.clone().unwrap()).collect();
+    assert_eq!(own, ["203.0.113.1", "203.0.113.2"]);
+
+    // The holder fails its checks (at its own address): the address moves with an assign.
+    h.probe.refuse("203.0.113.1", true);
+    for _ in 0..3 {
+        pass(&h).await;
+    }
+    h.probe.refuse("203.0.113.1", false);
+    assert_eq!(ha(&h).active.as_deref(), Some("h-2"));
+    assert_eq!(h.provider.addresses()[0].host_id.as_deref(), Some("h-2"));
+    assert_eq!(ingress_ip(&h), json!(address.ip));
+
+    // Released outside skyport: a new one is reserved, and servers carrying the old one on their
+    // interface are replaced by servers carrying the new one.
+    h.provider.remove_address(&address.id);
+    pass(&h).await;
+    pass(&h).await;
+    let [renewed] = h.provider.addresses().try_into().expect("a new reserved address");
+    assert_ne!(renewed.ip, address.ip);
+    let ids: Vec<_> = h.provider.hosts().into_iter().map(|host| host.id).collect();
+    assert!(!ids.contains(&"h-1".to_string()) && !ids.contains(&"h-2".to_string()), "{ids:?}");
+    assert!(carried(&h, &renewed.ip));
+    assert_eq!(ready(&h.current()), (ConditionStatus::True, "Active".into()));
+    assert_eq!(ingress_ip(&h), json!(renewed.ip));
 }

@@ -26,14 +26,19 @@
 //! Everything is sorted, so the same input always renders byte-for-byte the same document.
 
 use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
 
 use serde::Serialize;
 use serde_saphyr::LitString;
 
+mod addresses;
 mod install;
 mod rathole;
 mod units;
 
+pub use addresses::{
+    ADDRESSES_SCRIPT_PATH, ADDRESSES_UNIT_NAME, ADDRESSES_UNIT_PATH, render_addresses_script, render_addresses_unit,
+};
 pub use install::{INSTALL_REPORT, InstallReport, render_install};
 
 pub use rathole::{
@@ -294,10 +299,21 @@ struct WriteFile {
 
 /// The `#cloud-config` user data for an exit server that downloads one of `artifacts`.
 pub fn render_cloud_config(server: &ExitServer, artifacts: &[Artifact]) -> Result<String, UserDataError> {
+    render_cloud_config_with(server, artifacts, &[])
+}
+
+/// [`render_cloud_config`] for an exit server that must also answer on `moved`: the reserved
+/// address of a highly available Tunnel, where the provider needs it on the server's interface
+/// ([`addresses`]). Without any, the same document as [`render_cloud_config`].
+pub fn render_cloud_config_with(
+    server: &ExitServer,
+    artifacts: &[Artifact],
+    moved: &[Ipv4Addr],
+) -> Result<String, UserDataError> {
     let server_toml = render_server_toml(server)?;
     let install = render_install(artifacts)?;
     let argv = |args: &[&str]| args.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    let doc = CloudConfig {
+    let mut doc = CloudConfig {
         package_update: true,
         packages: vec!["ca-certificates", "curl", "nftables"],
         users: vec![
@@ -349,6 +365,23 @@ pub fn render_cloud_config(server: &ExitServer, artifacts: &[Artifact]) -> Resul
             vec!["sh".into(), "-c".into(), install],
         ],
     };
+    if !moved.is_empty() {
+        doc.write_files.push(WriteFile {
+            path: ADDRESSES_SCRIPT_PATH,
+            owner: "root:root",
+            permissions: "0755",
+            defer: true,
+            content: LitString(render_addresses_script(moved)),
+        });
+        doc.write_files.push(WriteFile {
+            path: ADDRESSES_UNIT_PATH,
+            owner: "root:root",
+            permissions: "0644",
+            defer: true,
+            content: LitString(render_addresses_unit()),
+        });
+        doc.runcmd.insert(1, argv(&["systemctl", "enable", "--now", ADDRESSES_UNIT_NAME]));
+    }
     let yaml = serde_saphyr::to_string(&doc).expect("plain structs always serialize");
     Ok(format!("#cloud-config\n{yaml}"))
 }

@@ -47,6 +47,9 @@ pub async fn reserve(
         region: tunnel.spec.region.clone(),
         tags: desired::tags(tunnel, &ctx.cluster_id)?,
         host_id: onto,
+        // A pair's address moves between running servers (Hetzner: a floating IP, not a
+        // primary IP).
+        movable: tunnel.spec.high_availability(),
     };
     let address = provider.reserve_address(&request).await?;
     info!(address = %address.id, ip = %address.ip, provider = provider.name(), "reserved an address");

@@ -4,8 +4,11 @@
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
-use providers::exit::userdata::{ExitServer, render_cloud_config};
-use providers::{Host, HostProvider, HostRequest};
+use std::net::Ipv4Addr;
+
+use providers::exit::userdata::{ExitServer, render_cloud_config_with};
+use providers::hosts::{TAG_BOUND_ADDRESS, TAG_TUNNEL_SLOT};
+use providers::{Address, Host, HostProvider, HostRequest};
 use tracing::{info, warn};
 
 use super::super::status::describe;
@@ -93,31 +96,50 @@ pub async fn replace_unhealthy(
 
 /// Creates the exit server, tagged with the Tunnel's UID and this cluster's id
 /// ([`desired::tags`]). A reserved address bound to a region (DigitalOcean) takes the host there
-/// when the Tunnel names no region; the region is immutable, so one named already holds both.
+/// when the Tunnel names no region; the region is immutable, so one named already holds both. A
+/// pair's host (`slot`) at a provider whose hosts must carry the moved address themselves
+/// (Hetzner floating IPs) is made with it on its interface, and tagged with it.
 pub async fn create(
     tunnel: &Tunnel,
     provider: &dyn HostProvider,
     server: &ExitServer,
-    (address, slot): (Option<&str>, Option<&str>),
+    (address, slot): (Option<&Address>, Option<&str>),
     ctx: &Context,
 ) -> Result<Host> {
     let ns = tunnel.namespace().ok_or(Error::MissingObjectKey("namespace"))?;
     let artifacts = ctx.settings.exit_server_artifacts().map_err(|e| Error::Internal(e.to_string()))?;
     crate::tunnel::verify::before_create(provider, &artifacts, &ctx.settings).await?;
-    let user_data = render_cloud_config(server, &artifacts).map_err(|e| Error::Internal(format!("user data: {e}")))?;
+    let moved: Vec<Ipv4Addr> = match (slot, address) {
+        (Some(_), Some(a)) if provider.binds_moved_address() => {
+            vec![a.ip.parse().map_err(|_| Error::Internal(format!("reserved address {:?} is not IPv4", a.ip)))?]
+        }
+        _ => Vec::new(),
+    };
+    let user_data =
+        render_cloud_config_with(server, &artifacts, &moved).map_err(|e| Error::Internal(format!("user data: {e}")))?;
     let region = match (&tunnel.spec.region, address) {
         (Some(region), _) => Some(region.clone()),
-        (None, Some(id)) => provider.address_region(id).await?,
+        (None, Some(a)) => provider.address_region(&a.id).await?,
         (None, None) => None,
     };
     let mut tags = desired::tags(tunnel, &ctx.cluster_id)?;
     let mut name = desired::host_name(&ns, &tunnel.name_any());
     if let Some(slot) = slot {
-        tags.insert(providers::hosts::TAG_TUNNEL_SLOT.to_string(), slot.to_string());
+        tags.insert(TAG_TUNNEL_SLOT.to_string(), slot.to_string());
         name = format!("{}-{slot}", name.trim_end_matches('-'));
+    }
+    if let Some(ip) = moved.first() {
+        tags.insert(TAG_BOUND_ADDRESS.to_string(), ip.to_string());
     }
     let request = HostRequest { name, region, size: tunnel.spec.size.clone(), user_data, server: server.clone(), tags };
     let created = provider.create(&request).await?;
     info!(host = %created.id, provider = provider.name(), "created exit server");
     Ok(created)
+}
+
+/// Whether `host` can answer on the reserved address `ip` where the provider needs it on the
+/// host's interface ([`create`] put it there and tagged the host with it). Elsewhere every host
+/// can.
+pub fn carries(provider: &dyn HostProvider, host: &Host, ip: Option<&str>) -> bool {
+    !provider.binds_moved_address() || ip.is_none() || host.tags.get(TAG_BOUND_ADDRESS).map(String::as_str) == ip
 }

@@ -58,7 +58,8 @@ impl Pass<'_> {
                         return Ok(None);
                     }
                     let created =
-                        act::host::create(tunnel, provider.as_ref(), &keys.server, (address_id, None), ctx).await?;
+                        act::host::create(tunnel, provider.as_ref(), &keys.server, (address.as_ref(), None), ctx)
+                            .await?;
                     self.record_created(want, keys, &created).await?;
                     configured = want.ports.clone();
                     host = Some(created);

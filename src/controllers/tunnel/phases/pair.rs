@@ -78,15 +78,26 @@ impl Pass<'_> {
         // second host waits for it, to be made in its region: the address cannot move between
         // regions, and a provider left to pick may pick two.
         let wait_for_address = address.is_none() && provider.address_binding() == AddressBinding::WithHost;
-        let address_id = address.as_ref().map(|a| a.id.clone());
         for (slot, host) in SLOTS.into_iter().zip(found.hosts) {
             let host = match host {
+                Some(host) if !act::host::carries(provider.as_ref(), &host, reserved_ip.as_deref()) => {
+                    // Made with an earlier reserved address on its interface (this one was
+                    // reserved again after a release outside skyport): it cannot answer on it.
+                    let why = format!(
+                        "exit server {} (slot {slot}) does not carry the reserved address {} on its interface",
+                        host.id,
+                        reserved_ip.as_deref().unwrap_or_default()
+                    );
+                    act::host::replace_lost(tunnel, provider.as_ref(), (&host.id, &why), None, ctx).await?;
+                    ctx.streaks.forget(&host.id);
+                    self.create_slot(want, keys, (slot, address.as_ref())).await?
+                }
                 Some(host) => host,
                 None if wait_for_address && slot != SLOTS[0] => {
                     slots.push(Slot { slot, host: None, own_ip: None, check: None });
                     continue;
                 }
-                None => self.create_slot(want, keys, (slot, address_id.as_deref())).await?,
+                None => self.create_slot(want, keys, (slot, address.as_ref())).await?,
             };
             let kept = recorded.servers.iter().find(|s| s.slot == slot && s.host_id.as_deref() == Some(&host.id));
             let own_ip = kept.and_then(|s| s.host_ip.clone()).or_else(|| {
@@ -217,7 +228,7 @@ impl Pass<'_> {
         &mut self,
         want: &Desired,
         keys: &Keys,
-        (slot, address): (&'static str, Option<&str>),
+        (slot, address): (&'static str, Option<&Address>),
     ) -> Result<Host> {
         let provider = want.provider.as_ref();
         let created = act::host::create(self.tunnel, provider, &keys.server, (address, Some(slot)), self.ctx).await?;
