@@ -1,7 +1,8 @@
 //! Highly available Tunnels (`skyport.dev/high-availability: "true"`) on the test node, with the
 //! local provider: two real exit servers with a client Pod each, the active one killed (or its
 //! client Pod kept from running by the namespace's Pod quota) while a client sends a request
-//! every 100 ms to the Service's address. benches/tunnel.rs `--failover` measures the same.
+//! every 100 ms to the Service's address. benches/tunnel.rs `--failover` measures the same. And
+//! mode `BothAddresses`: both servers' own addresses on the Service, a dead one dropped.
 
 use crate::common;
 use crate::common::tunnels;
@@ -15,7 +16,7 @@ use providers::hosts::TAG_TUNNEL_UID;
 use skyport::crd::Tunnel;
 
 use crate::node::pair::{PORT, Pair, ha};
-use crate::node::tunnels::{AFTER_QUOTA, set_pod_quota};
+use crate::node::tunnels::{ACTIVE, AFTER_QUOTA, NodeTunnel, set_pod_quota};
 use tunnels::{carries, finish_tunnels, ingress_ip};
 
 /// Runs `fault` while requests go to the reserved address; waits for the address to move off
@@ -124,4 +125,60 @@ async fn a_config_change_rolls_the_clients_one_at_a_time_through_a_handover() {
     let events = tunnels::events(&pair.ns.client, &pair.ns.name, "web-tunnel").await;
     assert!(events.iter().any(|(reason, _)| reason == "Handover"), "{events:?}");
     finish_tunnels(pair.op, pair.ns).await;
+}
+
+/// The Service's ingress addresses.
+async fn ingress_ips(services: &kube::Api<k8s_openapi::api::core::v1::Service>) -> Option<Vec<String>> {
+    let s = services.get("web").await.ok()?;
+    let ingress = s.status?.load_balancer?.ingress?;
+    Some(ingress.into_iter().filter_map(|i| i.ip).collect())
+}
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn with_both_addresses_a_killed_server_leaves_the_service_and_the_other_carries_on() {
+    let ports = serde_json::json!([{"name": "http", "port": PORT, "protocol": "TCP"}]);
+    let annotations = serde_json::json!({"skyport.dev/high-availability": "both-addresses"});
+    let web = tunnels::service("web", Some("skyport.dev/tunnel"), annotations, ports);
+    let backend = format!("{PORT}/tcp");
+    let settings = tunnels::fast_tunnel_settings();
+    let Some(NodeTunnel { ns, op, services, tunnels: api, turn: _turn, .. }) =
+        NodeTunnel::start_with("tun-both", settings, &[&backend], None, web).await
+    else {
+        return;
+    };
+    tunnels::active(&api, "web-tunnel", ACTIVE).await;
+    let ips = eventually("both servers' addresses on the Service", ACTIVE, || async {
+        ingress_ips(&services).await.filter(|ips| ips.len() == 2)
+    })
+    .await;
+    for ip in &ips {
+        carries(ip, PORT, None).await;
+    }
+    let t = api.get("web-tunnel").await.unwrap();
+    assert!(t.status.as_ref().unwrap().address_id.is_none(), "nothing reserved");
+    let (doomed, survivor) = (&ips[0], &ips[1]);
+    let host = ha(&t).servers.iter().find(|s| s.host_ip.as_ref() == Some(doomed)).and_then(|s| s.host_id.clone());
+
+    let requests = Requests::start(survivor.clone(), PORT);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    tunnels::kill_exit_server(&op, &host.expect("the server of the first address"));
+    eventually("only the other address on the Service", Duration::from_secs(30), || async {
+        (ingress_ips(&services).await? == [survivor.clone()]).then_some(())
+    })
+    .await;
+    let events = tunnels::events(&ns.client, &ns.name, "web-tunnel").await;
+    assert!(events.iter().any(|(reason, note)| reason == "AddressWithdrawn" && note.contains(doomed)), "{events:?}");
+    // The killed server's slot is filled again, on a new address, which joins the Service.
+    let fresh = eventually("the replacement's address on the Service", ACTIVE, || async {
+        let ips = ingress_ips(&services).await?;
+        (ips.len() == 2 && !ips.contains(doomed)).then_some(ips)
+    })
+    .await;
+    for ip in &fresh {
+        carries(ip, PORT, None).await;
+    }
+    let (answered, sent) = requests.tally();
+    assert_eq!(answered, sent, "the other server's address answered every request meanwhile");
+    finish_tunnels(op, ns).await;
 }

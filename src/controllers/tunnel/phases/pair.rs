@@ -22,7 +22,7 @@ use providers::{Address, AddressBinding, Host, HostState};
 use super::super::placement::Placement;
 use super::super::placement::SLOTS;
 use super::super::plan::Blocked;
-use super::super::plan::failover::{Client, FailoverStep, Health, Hysteresis, Server, failover_step, roll};
+use super::super::plan::failover::{Client, FailoverStep, Health, Hysteresis, Server, failover_step, roll, roll_both};
 use super::super::status::not_ready;
 use super::super::{act, desired, observe};
 use super::{Desired, Failure, Keys, Pass};
@@ -30,6 +30,8 @@ use crate::controllers::jittered;
 use crate::crd::condition::{Condition, ConditionStatus};
 use crate::crd::tunnel::{Failover, HighAvailabilityStatus, ServerStatus, TunnelPhase};
 use crate::error::{Error, Result};
+
+mod both;
 
 /// How long the holder's stale client waits for the other server to pass its check before it is
 /// rolled in place: a client Pod normally restarts within seconds.
@@ -59,11 +61,14 @@ impl Pass<'_> {
     /// The phases after the credentials, for a highly available Tunnel.
     pub(super) async fn pair(&mut self, want: &Desired, keys: &Keys) -> Result<Action, Failure> {
         let (tunnel, ctx, provider) = (self.tunnel, self.ctx, want.provider.clone());
+        if tunnel.spec.both_addresses() {
+            return self.both(want, keys).await;
+        }
         if let Err(why) = provider.moves_addresses() {
             let limitation = why.clone();
             self.record(|s| s.high_availability.get_or_insert_default().limitation = Some(limitation)).await?;
             let message = format!(
-                "{why}; highAvailability is not available at {}, so no exit server was created: create a Tunnel without it, or at another provider",
+                "{why}; highAvailability is not available at {}, so no exit server was created: create a Tunnel without it, at another provider, or with highAvailability.mode: BothAddresses (both servers' own addresses on the Service)",
                 provider.name()
             );
             return Err(Failure::Blocked(Blocked(TunnelPhase::Failed, "HighAvailabilityUnavailable", message)));
@@ -155,7 +160,7 @@ impl Pass<'_> {
             slot.host = None;
         }
 
-        self.pair_clients(want, keys, &slots, &mut address).await?;
+        self.pair_clients(want, keys, &slots, &mut address, false).await?;
 
         let active = address.as_ref().and_then(|a| a.host_id.clone());
         let active_slot = slots.iter().find(|s| s.id().is_some() && s.id() == active.as_deref());
@@ -266,14 +271,16 @@ impl Pass<'_> {
 
     /// One client config per slot whose host's own address is known (all in one Secret write,
     /// only when one changed), and one client Deployment for each, rolled one at a time
-    /// ([`roll`]): the holder's last, after the address was handed to the other server.
+    /// ([`roll`]): the holder's last, after the address was handed to the other server; with
+    /// `both` addresses published, [`roll_both`]. The slots whose running client was restarted.
     async fn pair_clients(
         &mut self,
         want: &Desired,
         keys: &Keys,
         slots: &[Slot],
         address: &mut Option<Address>,
-    ) -> Result<(), Failure> {
+        both: bool,
+    ) -> Result<Vec<usize>, Failure> {
         let (tunnel, ctx) = (self.tunnel, self.ctx);
         let cluster_ip = self.cluster_ip(want)?;
         let ports = (ctx.settings.control_port, ctx.settings.health_port);
@@ -305,7 +312,11 @@ impl Pass<'_> {
         let passing = [0, 1].map(|i| health(i).is_some_and(|h| h.passing()));
         // A server not running yet (booting, being replaced) is waited for like a failing one.
         let failing_for = [0, 1].map(|i| health(i).map_or(Duration::ZERO, |h| h.failing_for));
-        let step = roll(clients, holder, passing, failing_for, ROLL_PATIENCE);
+        let step = if both {
+            roll_both(clients, passing, failing_for, ROLL_PATIENCE)
+        } else {
+            roll(clients, holder, passing, failing_for, ROLL_PATIENCE)
+        };
         if let (Some(to), Some(from)) = (step.handover_to, holder)
             && let Some(to_id) = slots[to].id()
         {
@@ -316,12 +327,12 @@ impl Pass<'_> {
             );
             ctx.publish(tunnel, EventType::Normal, "Handover", note).await;
         }
-        for i in step.apply {
+        for &i in &step.apply {
             if let Some((at, checksum)) = &wanted[i] {
                 act::apply_deployment(tunnel, at, image, checksum, ctx).await?;
             }
         }
-        Ok(())
+        Ok(step.apply.into_iter().filter(|&i| clients[i] == Some(Client::Stale)).collect())
     }
 
     /// Checks every running host end to end at its current address, both at once.
