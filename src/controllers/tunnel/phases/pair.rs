@@ -191,11 +191,12 @@ impl Pass<'_> {
                 ConditionStatus::True,
                 "Active",
                 format!(
-                    "reserved address {} on exit server {} forwards {} to Service {}; its tunnel passed its health check; standby: {}",
+                    "reserved address {} on exit server {} forwards {} to Service {}; its tunnel passed its health check at {}; standby: {}",
                     a.ip,
                     active.as_deref().unwrap_or_default(),
                     super::super::status::describe(&want.ports),
                     tunnel.spec.service_ref.name,
+                    checked_at(active_slot, &a.ip),
                     standby_note(&slots, active.as_deref()),
                 ),
             ),
@@ -364,6 +365,17 @@ impl Pass<'_> {
             }
             None => self.reserve(want, Some(to.to_string())).await,
         }
+    }
+}
+
+/// Where the holder's check went, for the Ready message: through the reserved address where the
+/// provider reports the holder there (local), else the holder's own address (the cloud's routing
+/// of the reserved address to it is not what was checked, and the message must not claim it).
+fn checked_at(holder: Option<&Slot>, reserved: &str) -> String {
+    match holder.and_then(Slot::running_ip) {
+        Some(ip) if ip == reserved => format!("the reserved address {ip}"),
+        Some(ip) => format!("its own address {ip} (not through the reserved address)"),
+        None => "no address".into(),
     }
 }
 
