@@ -47,7 +47,28 @@ struct Slot {
     check: Option<(Health, String)>,
 }
 
+/// What a pass writes into status, after its writes to the cloud and the cluster.
+struct PairRecord {
+    /// `status.hostId` and `status.hostIp`.
+    host: (Option<String>, Option<String>),
+    /// Whether every host took the Service's ports (then they and the credentials are recorded).
+    ports_current: bool,
+    ha: HighAvailabilityStatus,
+    ready: bool,
+    condition: Condition,
+}
+
 impl Slot {
+    /// As `status.highAvailability.servers` shows it.
+    fn status(&self) -> ServerStatus {
+        ServerStatus {
+            slot: self.slot.to_string(),
+            host_id: self.id().map(str::to_string),
+            host_ip: self.own_ip.clone().filter(|_| self.host.is_some()),
+            healthy: self.host.is_some() && self.check.as_ref().is_some_and(|(h, _)| h.passing()),
+        }
+    }
+
     fn running_ip(&self) -> Option<&str> {
         self.host.as_ref().filter(|h| h.state == HostState::Running).and_then(|h| h.public_ipv4.as_deref())
     }
@@ -176,15 +197,7 @@ impl Pass<'_> {
                 _ => {}
             }
         }
-        let servers: Vec<ServerStatus> = slots
-            .iter()
-            .map(|s| ServerStatus {
-                slot: s.slot.to_string(),
-                host_id: s.id().map(str::to_string),
-                host_ip: s.own_ip.clone().filter(|_| s.host.is_some()),
-                healthy: s.check.as_ref().is_some_and(|(h, _)| h.passing()),
-            })
-            .collect();
+        let servers: Vec<ServerStatus> = slots.iter().map(Slot::status).collect();
         let condition = match (&address, ready) {
             (Some(a), true) => Condition::new(
                 "Ready",
@@ -205,27 +218,33 @@ impl Pass<'_> {
                 not_ready("WaitingForTunnel", &why).remove(0)
             }
         };
-        let (provider_name, digest, ports) = (provider.name().to_string(), keys.digest.clone(), want.ports.clone());
-        let generation = tunnel.metadata.generation;
-        let limitation = None;
+        let host_ip = address.as_ref().filter(|_| active.is_some()).map(|a| a.ip.clone());
+        let ha = HighAvailabilityStatus { active: active.clone(), servers, failovers, last_failover, limitation: None };
+        self.record_pair(want, keys, PairRecord { host: (active, host_ip), ports_current, ha, ready, condition }).await
+    }
+
+    /// Writes a pass's outcome into status; the next pass is due at the probe interval.
+    async fn record_pair(&mut self, want: &Desired, keys: &Keys, r: PairRecord) -> Result<Action, Failure> {
+        let (provider_name, digest, ports) =
+            (want.provider.name().to_string(), keys.digest.clone(), want.ports.clone());
+        let generation = self.tunnel.metadata.generation;
         self.record(|s| {
             s.provider = Some(provider_name);
-            s.host_id = active.clone();
-            s.host_ip = address.as_ref().filter(|_| active.is_some()).map(|a| a.ip.clone());
-            if ports_current {
+            (s.host_id, s.host_ip) = r.host;
+            if r.ports_current {
                 s.ports = ports;
                 s.credentials_digest = Some(digest);
             }
-            s.high_availability =
-                Some(HighAvailabilityStatus { active, servers, failovers, last_failover, limitation });
-            s.phase = Some(if ready { TunnelPhase::Active } else { TunnelPhase::Provisioning });
-            if ready {
+            s.high_availability = Some(r.ha);
+            s.phase = Some(if r.ready { TunnelPhase::Active } else { TunnelPhase::Provisioning });
+            if r.ready {
                 s.observed_generation = generation;
             }
-            s.conditions = vec![condition];
+            s.conditions = vec![r.condition];
         })
         .await?;
-        Ok(Action::requeue(jittered(ctx.settings.failover_probe_interval.max(Duration::from_millis(100)))))
+        let interval = self.ctx.settings.failover_probe_interval.max(Duration::from_millis(100));
+        Ok(Action::requeue(jittered(interval)))
     }
 
     /// Creates slot `slot`'s exit server (where reserved address `address` can reach it) and

@@ -4,8 +4,6 @@
 //! that moves): nothing is reserved or moved; a server whose check fails leaves the ingress at
 //! once, and is replaced once it has failed for `--tunnel-replace-after` while the other passes.
 
-use std::time::Duration;
-
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use providers::HostState;
@@ -14,13 +12,12 @@ use super::super::super::placement::SLOTS;
 use super::super::super::status::not_ready;
 use super::super::super::{act, desired, observe};
 use super::super::{Desired, Failure, Keys, Pass};
-use super::Slot;
-use crate::controllers::jittered;
+use super::{PairRecord, Slot};
 use crate::crd::condition::{Condition, ConditionStatus};
-use crate::crd::tunnel::{HighAvailabilityStatus, ServerStatus, TunnelPhase};
+use crate::crd::tunnel::{HighAvailabilityStatus, ServerStatus};
 
 fn passing(slot: &Slot) -> bool {
-    slot.host.is_some() && slot.check.as_ref().is_some_and(|(h, _)| h.passing())
+    slot.status().healthy
 }
 
 impl Pass<'_> {
@@ -104,15 +101,7 @@ impl Pass<'_> {
             }
         }
 
-        let servers: Vec<ServerStatus> = slots
-            .iter()
-            .map(|s| ServerStatus {
-                slot: s.slot.to_string(),
-                host_id: s.id().map(str::to_string),
-                host_ip: s.own_ip.clone().filter(|_| s.host.is_some()),
-                healthy: passing(s),
-            })
-            .collect();
+        let servers: Vec<ServerStatus> = slots.iter().map(Slot::status).collect();
         let condition = if ready {
             let list: Vec<String> = published
                 .iter()
@@ -137,24 +126,8 @@ impl Pass<'_> {
             let why = why.unwrap_or_else(|| "waiting for an exit server of the pair to carry traffic".into());
             not_ready("WaitingForTunnel", &why).remove(0)
         };
-        let (provider_name, digest, ports) = (provider.name().to_string(), keys.digest.clone(), want.ports.clone());
-        let generation = tunnel.metadata.generation;
-        let first = published.first().map(|s| (s.id().map(str::to_string), s.own_ip.clone()));
-        self.record(|s| {
-            s.provider = Some(provider_name);
-            (s.host_id, s.host_ip) = first.unwrap_or_default();
-            if ports_current {
-                s.ports = ports;
-                s.credentials_digest = Some(digest);
-            }
-            s.high_availability = Some(HighAvailabilityStatus { active: None, servers, limitation: None, ..recorded });
-            s.phase = Some(if ready { TunnelPhase::Active } else { TunnelPhase::Provisioning });
-            if ready {
-                s.observed_generation = generation;
-            }
-            s.conditions = vec![condition];
-        })
-        .await?;
-        Ok(Action::requeue(jittered(ctx.settings.failover_probe_interval.max(Duration::from_millis(100)))))
+        let host = published.first().map(|s| (s.id().map(str::to_string), s.own_ip.clone())).unwrap_or_default();
+        let ha = HighAvailabilityStatus { active: None, servers, limitation: None, ..recorded };
+        self.record_pair(want, keys, PairRecord { host, ports_current, ha, ready, condition }).await
     }
 }
