@@ -39,11 +39,11 @@ pub fn step(service: &Service, existing: Option<&Tunnel>, settings: &TunnelArgs)
             }
             Step::Retry(Duration::from_secs(2))
         }
-        // Being deleted (kubectl delete tunnel): a fresh one follows once it is gone; the
-        // owned-object watch wakes this Service then.
-        (true, Some(tunnel)) if tunnel.meta().deletion_timestamp.is_some() => {
-            Step::Leave { why: "Tunnel being deleted" }
-        }
+        // Being deleted (kubectl delete tunnel): a fresh one follows once it is gone. Looked at
+        // again rather than left to the owned-object watch: that watch's delete event can arrive
+        // before the Tunnel controller's cache, read here, drops the Tunnel, and nothing would
+        // wake this Service after that.
+        (true, Some(tunnel)) if tunnel.meta().deletion_timestamp.is_some() => Step::Retry(Duration::from_secs(1)),
         (true, Some(tunnel)) if tunnel.spec.source_ranges != source_ranges(service) => {
             Step::SetSourceRanges(source_ranges(service))
         }

@@ -104,6 +104,22 @@ async fn a_tunnel_already_gone_counts_as_deleted_and_a_failed_delete_is_retried(
 }
 
 #[tokio::test]
+async fn a_tunnel_still_being_deleted_in_the_cache_is_looked_at_again_for_its_successor() {
+    // `kubectl delete tunnel`: the Service's own watch saw the Tunnel go, but the Tunnel
+    // controller's cache, which the reconcile reads, still shows it with its deletion stamp.
+    // Nothing else wakes the Service afterwards, so it must come back by itself.
+    let mut h = harness();
+    let mut tunnel = tunnel_for(&service("LoadBalancer")).unwrap();
+    tunnel.metadata.namespace = Some("ns".into());
+    tunnel.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
+    h.tunnels.apply_watcher_event(&watcher::Event::Apply(tunnel));
+    let action = reconcile(service("LoadBalancer"), h.ctx.clone()).await.unwrap();
+    assert_ne!(action, Action::await_change(), "a fresh Tunnel would never follow");
+    assert!(h.api.writes().is_empty());
+}
+
+#[tokio::test]
 async fn a_served_service_with_its_tunnel_costs_nothing() {
     let mut h = harness();
     owned_tunnel(&mut h);
