@@ -265,9 +265,20 @@ pub trait HostProvider: Send + Sync {
     /// Whether a host's OS must carry a movable reserved address ([`AddressRequest::movable`]) on
     /// its network interface to answer the traffic sent to it, so a highly available Tunnel's
     /// hosts are created with it configured ([`crate::exit::userdata::render_cloud_config_with`]).
-    /// `false` (the default) where the cloud translates the address to the host's own on the way
-    /// in (EC2 Elastic IPs, DigitalOcean reserved IPs) or the adapter binds it itself (local).
+    /// `false` (the default) where the cloud translates the address to one the host has on the
+    /// way in (DigitalOcean reserved IPs; EC2 Elastic IPs, see
+    /// [`HostProvider::moves_to_secondary_ip`]) or the adapter binds it itself (local).
     fn binds_moved_address(&self) -> bool {
+        false
+    }
+    /// Whether each exit server of a highly available Tunnel takes the moved address on a
+    /// secondary private IPv4 of its own, which the adapter gives a host created with
+    /// [`TAG_TUNNEL_SLOT`] and which the host's OS must put on its interface at boot, reading it
+    /// from the cloud's instance metadata
+    /// ([`crate::exit::userdata::InterfaceAddresses::Ec2Secondary`]). EC2: an Elastic IP on an
+    /// instance's primary private IPv4 replaces the instance's own public IPv4, which its tunnel
+    /// client dials. `false` (the default) elsewhere.
+    fn moves_to_secondary_ip(&self) -> bool {
         false
     }
     /// Points the address at host `host_id` (moving it from any earlier host); already there is
