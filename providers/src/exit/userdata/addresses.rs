@@ -224,34 +224,8 @@ mod tests {
         stdout.lines().filter(|l| l.contains("inet 203.0.113.7/32")).map(str::to_string).collect()
     }
 
-    /// EC2's instance metadata service as the EC2 script uses it, following AWS's description of
-    /// IMDSv2: `PUT /latest/api/token` with a TTL header gives a token, every read needs it
-    /// (401 without), `mac` and `local-ipv4` name the primary interface and address, and
-    /// `network/interfaces/macs/<mac>/local-ipv4s` lists its private IPv4s one a line, the
-    /// primary first. The secondary address shows up only from the third listing on, as one
-    /// assigned after launch would.
-    const FAKE_IMDS: &str = r#"
-import http.server, sys
-listed = 0
-class H(http.server.BaseHTTPRequestHandler):
-    def log_message(self, *a): pass
-    def reply(self, code, body):
-        self.send_response(code); self.end_headers(); self.wfile.write(body.encode())
-    def do_PUT(self):
-        ok = self.path == "/latest/api/token" and self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")
-        self.reply(200 if ok else 400, "tok" if ok else "")
-    def do_GET(self):
-        global listed
-        if self.headers.get("X-aws-ec2-metadata-token") != "tok": return self.reply(401, "")
-        m = "/latest/meta-data/"
-        if self.path == m + "mac": return self.reply(200, "0e:00:00:00:00:01")
-        if self.path == m + "local-ipv4": return self.reply(200, "172.31.5.10")
-        if self.path == m + "network/interfaces/macs/0e:00:00:00:00:01/local-ipv4s":
-            listed += 1
-            return self.reply(200, "172.31.5.10\n172.31.5.77" if listed > 2 else "172.31.5.10")
-        self.reply(404, "")
-http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-"#;
+    /// A fake of EC2's instance metadata service (see the file).
+    const FAKE_IMDS: &str = include_str!("../../../tests/fake_imds.py");
 
     /// The EC2 script as rendered, against [`FAKE_IMDS`] in a network namespace whose default
     /// route leaves through `pub0`: it waits for the secondary address and puts it (and only it)
@@ -273,7 +247,7 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
         let run = format!(
             "ip link set lo up && ip link add pub0 type veth peer name peer0 && ip link set pub0 up \
              && ip addr add 172.31.5.10/20 dev pub0 && ip route add default via 172.31.0.1 dev pub0 \
-             && {{ python3 {imds} 8769 </dev/null >/dev/null 2>&1 & }} && trap \"kill $!\" EXIT \
+             && {{ python3 {imds} 127.0.0.1 8769 </dev/null >/dev/null 2>&1 & }} && trap \"kill $!\" EXIT \
              && export SKYPORT_IMDS=http://127.0.0.1:8769 && sh {p} && sh {p} && ip -4 -o addr show",
             imds = imds.display(),
             p = path.display()
