@@ -21,7 +21,13 @@
 //!    config pushed to the running server, as on cloud VMs; the client pod rolled, as the
 //!    kubelet would). Target: ≤ 10 s. A new address or a new host is an error.
 //!
-//! 4. **`--guest`**: the same path against booted guests (the `guest` provider), from the
+//! 4. **`--failover`**: a highly available Tunnel on the test node (client Pods of skyport's image)
+//!    while its active exit server is killed, its active client Pod goes for good, and both
+//!    clients roll for a config change: when the address moved, the longest gap between answered
+//!    requests (one every 100 ms), the requests failed (`tunnel/failover.rs`). 3 runs, 1 with
+//!    `--quick`; it replaces 1-3.
+//!
+//! 5. **`--guest`**: the same path against booted guests (the `guest` provider), from the
 //!    Service to the first byte, for a port change, and to recover from a guest powered off
 //!    behind skyport's back (`tunnel/guest.rs`; root, tests/env/build-guest.sh and the static
 //!    build in `SKYPORT_GUEST_EXE`). 3 runs, 1 with `--quick`; it replaces 1-3.
@@ -40,15 +46,29 @@
 //! cargo bench --bench tunnel                # 7 runs, 256 MiB transfers, 2000 round trips, 3 s of connects
 //! cargo bench --bench tunnel -- --quick     # 2 runs, 16 MiB, 200 round trips, 0.5 s (CI, tests/run.sh)
 //! cargo bench --bench tunnel -- --guest     # as root, with SKYPORT_GUEST_ROOTFS and SKYPORT_GUEST_EXE
+//! cargo bench --bench tunnel -- --failover  # with the node, SKYPORT_IMAGE and SKYPORT_ECHO_IMAGE as tests/run.sh sets them
 //! ```
 //!
 //! Run without `--bench` (as `cargo test --all-targets` does) it only says how to run it.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+/// The test node's harness (tests/node.rs) and the command runner it builds on, where the
+/// integration tests keep it (`crate::deploy::harness`).
+#[allow(dead_code)]
+#[path = "../tests/deploy/harness.rs"]
+mod deploy_harness;
 #[allow(dead_code)]
 #[path = "entry/mod.rs"]
 mod entry;
+mod deploy {
+    pub(crate) use crate::deploy_harness as harness;
+}
+#[path = "tunnel/failover.rs"]
+mod failover;
+#[allow(dead_code)]
+#[path = "../tests/node.rs"]
+mod node;
 #[path = "tunnel/guest.rs"]
 mod on_guests;
 #[path = "tunnel/peers.rs"]
@@ -341,11 +361,15 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if !args.iter().any(|a| a == "--bench") {
         println!(
-            "benches/tunnel.rs is a benchmark against the test environment: cargo bench --bench tunnel [-- --quick] [--guest]"
+            "benches/tunnel.rs is a benchmark against the test environment: cargo bench --bench tunnel [-- --quick] [--guest | --failover]"
         );
         return Ok(());
     }
     let quick = args.iter().any(|a| a == "--quick");
+    if args.iter().any(|a| a == "--failover") {
+        let runs = if quick { 1 } else { 3 };
+        return tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(failover::run(runs));
+    }
     if args.iter().any(|a| a == "--guest") {
         let runs = if quick { 1 } else { 3 };
         return tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(on_guests::run(runs));

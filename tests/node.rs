@@ -10,6 +10,9 @@ use serde_json::Value;
 
 use crate::deploy::harness::{helm, run};
 
+#[path = "node/pair.rs"]
+pub mod pair;
+#[path = "node/tunnels.rs"]
 pub mod tunnels;
 
 /// Turns on the node's cluster: an install (`write`) brings and removes cluster-wide objects (CRDs

@@ -37,7 +37,8 @@ use super::Condition;
     validation = Rule::new("has(self.size) == has(oldSelf.size) && (!has(self.size) || self.size == oldSelf.size)").message("size is immutable: delete the Tunnel to resize it (a new exit server with a new address is provisioned)"),
     validation = Rule::new("has(self.address) == has(oldSelf.address) && (!has(self.address) || self.address == oldSelf.address)").message("address is immutable: a reserved address is tagged with its deletion policy when it is reserved; delete the Tunnel and create another to change it"),
     validation = Rule::new("!has(self.sourceRanges) || self.sourceRanges.all(r, isCIDR(r))").message("sourceRanges must be CIDRs, like 203.0.113.0/24 or 2001:db8::/32"),
-    validation = Rule::new("!has(self.highAvailability) || (has(self.address) && self.address.mode == 'Reserved')").message("highAvailability needs address.mode: Reserved: the Service's address is a reserved address moved between the two exit servers"),
+    validation = Rule::new("!has(self.highAvailability) || (has(self.highAvailability.mode) && self.highAvailability.mode == 'BothAddresses') || (has(self.address) && self.address.mode == 'Reserved')").message("highAvailability (mode ActiveStandby) needs address.mode: Reserved: the Service's address is a reserved address moved between the two exit servers; where the provider cannot move one, use mode: BothAddresses"),
+    validation = Rule::new("!has(self.highAvailability) || !has(self.highAvailability.mode) || self.highAvailability.mode != 'BothAddresses' || !has(self.address) || self.address.mode != 'Reserved'").message("highAvailability mode BothAddresses publishes each exit server's own address, so address.mode: Reserved does not apply: leave address out"),
     validation = Rule::new("has(self.highAvailability) == has(oldSelf.highAvailability) && (!has(self.highAvailability) || self.highAvailability == oldSelf.highAvailability)").message("highAvailability is immutable: delete the Tunnel and create another to change it")
 )]
 pub struct TunnelSpec {
@@ -78,13 +79,15 @@ pub struct TunnelSpec {
     #[schemars(length(max = 64), inner(length(min = 1, max = 64)))]
     pub source_ranges: Vec<String>,
 
-    /// Two exit servers instead of one, each with its own tunnel client Pod; the Service's
-    /// address is the Tunnel's reserved address (so `address.mode: Reserved` is required), held
-    /// by the active server and moved to the standby when the active one fails its end-to-end
-    /// health check several times in a row (`--tunnel-failover-after-failures`, over at least
-    /// `--tunnel-failover-after`), never to a standby whose own check fails. Both servers, the
-    /// active one and the last failover are in `status.highAvailability`. Costs a second exit
-    /// server. Immutable.
+    /// Two exit servers instead of one, each with its own tunnel client Pod. In mode
+    /// `ActiveStandby` the Service's address is the Tunnel's reserved address (so
+    /// `address.mode: Reserved` is required), held by the active server and moved to the standby
+    /// when the active one fails its end-to-end health check several times in a row
+    /// (`--tunnel-failover-after-failures`, over at least `--tunnel-failover-after`), never to a
+    /// standby whose own check fails. In mode `BothAddresses` (any provider, for those that cannot
+    /// move an address) the Service lists both servers' own addresses and drops one at once when
+    /// its check fails. Both servers, the active one and the last failover are in
+    /// `status.highAvailability`. Costs a second exit server. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub high_availability: Option<HighAvailability>,
 }
@@ -93,18 +96,25 @@ pub struct TunnelSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HighAvailability {
-    /// `ActiveStandby` (default, the only mode): one server holds the reserved address and
-    /// carries the traffic, the other runs with its own client, ready to take the address over.
+    /// `ActiveStandby` (default): one server holds the reserved address and carries the
+    /// traffic, the other runs with its own client, ready to take the address over; needs a
+    /// provider that moves addresses between running servers (`status.highAvailability.limitation`
+    /// says why one cannot). `BothAddresses`: both servers carry traffic on their own addresses,
+    /// both in the Service's `status.loadBalancer.ingress`; one whose check fails leaves it at
+    /// once and is replaced. Clients must try the other address (DNS with both records, or a
+    /// client that retries), and a replaced server comes back on a new address.
     #[serde(default)]
     pub mode: HighAvailabilityMode,
 }
 
-/// `ActiveStandby`.
+/// `ActiveStandby` or `BothAddresses`.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub enum HighAvailabilityMode {
     /// One active exit server holding the reserved address, one standby.
     #[default]
     ActiveStandby,
+    /// Both exit servers active, each on its own address, both in the Service's ingress.
+    BothAddresses,
 }
 
 /// Whether the Tunnel keeps one public address across exit server replacements.
@@ -153,9 +163,14 @@ impl TunnelSpec {
         self.address.as_ref().is_some_and(|a| a.mode == AddressMode::Reserved)
     }
 
-    /// Whether the Tunnel runs an active and a standby exit server.
+    /// Whether the Tunnel runs two exit servers.
     pub fn high_availability(&self) -> bool {
         self.high_availability.is_some()
+    }
+
+    /// Highly available with both exit servers' own addresses published.
+    pub fn both_addresses(&self) -> bool {
+        self.high_availability.as_ref().is_some_and(|h| h.mode == HighAvailabilityMode::BothAddresses)
     }
 
     /// The deletion policy of the reserved address.

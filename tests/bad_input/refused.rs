@@ -346,12 +346,20 @@ pub fn cases() -> Vec<Case> {
         case(
             "high availability without a reserved address",
             t("bt8", json!({"serviceRef": {"name": "web"}, "highAvailability": {}})),
-            Refused(&["highAvailability needs address.mode: Reserved"]),
+            Refused(&["needs address.mode: Reserved"]),
         ),
         case(
             "high availability with an ephemeral address",
             t("bt9", json!({"serviceRef": {"name": "web"}, "address": {}, "highAvailability": {}})),
-            Refused(&["highAvailability needs address.mode: Reserved"]),
+            Refused(&["needs address.mode: Reserved"]),
+        ),
+        case(
+            "both addresses published and a reserved one",
+            t(
+                "bt10",
+                json!({"serviceRef": {"name": "web"}, "address": {"mode": "Reserved"}, "highAvailability": {"mode": "BothAddresses"}}),
+            ),
+            Refused(&["mode BothAddresses publishes each exit server's own address"]),
         ),
         edit(
             "high availability turned on later",

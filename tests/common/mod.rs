@@ -29,6 +29,7 @@ pub mod mirror;
 pub mod private_env;
 pub mod process;
 pub mod proxy;
+pub mod requests;
 pub mod sqs_faults;
 pub mod sts;
 pub mod tunnels;

@@ -18,9 +18,9 @@ use reqwest::Method;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{PROVIDER, server_id};
+use super::{PROVIDER, server_id, unique_name};
 use crate::error::HostError;
-use crate::hosts::{Address, AddressRequest, TagSyntax};
+use crate::hosts::{Address, AddressRequest, TAG_TUNNEL_UID, TagSyntax};
 
 #[derive(Debug, Deserialize)]
 pub(super) struct PrimaryIp {
@@ -66,7 +66,9 @@ impl super::HetznerProvider {
         let labels: BTreeMap<String, String> =
             request.tags.iter().map(|(k, v)| TagSyntax::Hetzner.encode(k, v)).collect();
         let mut body = json!({
-            "name": request.name,
+            // Unique per project, like a server's name: another cluster's Tunnel of the same
+            // namespace and name must not make this one's reservation fail.
+            "name": unique_name(&request.name, request.tags.get(TAG_TUNNEL_UID).map(String::as_str)),
             "type": "ipv4",
             "assignee_type": "server",
             "auto_delete": false,

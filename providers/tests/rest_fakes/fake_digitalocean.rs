@@ -172,6 +172,7 @@ impl Fake {
                 let id = state.next_id;
                 let location = droplet.map(|d| state.hosts[&d].location.clone()).or(region.map(str::to_string));
                 let address = FakeAddress {
+                    name: String::new(),
                     id,
                     ip: format!("192.0.2.{}", id % 250),
                     host: droplet,

@@ -205,6 +205,11 @@ impl Fake {
                 if assignee.is_some() {
                     return not_stopped();
                 }
+                let name = body["name"].as_str().unwrap_or_default();
+                if state.addresses.values().any(|a| a.name == name) {
+                    // "name: must be unique per Project" (Hetzner Cloud API, Primary IPs).
+                    return self.error(409, "uniqueness_error", "primary IP name is already used");
+                }
                 state.next_id += 1;
                 let id = state.next_id;
                 let labels = body["labels"]
@@ -215,6 +220,7 @@ impl Fake {
                     .collect();
                 let address = FakeAddress {
                     id,
+                    name: name.to_string(),
                     ip: format!("192.0.2.{}", id % 250),
                     host: None,
                     labels,

@@ -40,6 +40,8 @@ pub struct FakeHost {
 #[derive(Debug)]
 pub struct FakeAddress {
     pub id: u64,
+    /// Hetzner's primary IP name, unique per project; DigitalOcean's reserved IPs have none.
+    pub name: String,
     pub ip: String,
     pub host: Option<u64>,
     pub labels: BTreeMap<String, String>,

@@ -186,6 +186,27 @@ async fn hetzner_refuses_to_move_a_primary_ip_onto_a_running_server() {
 }
 
 #[tokio::test]
+async fn hetzner_primary_ip_names_are_unique_per_tunnel() {
+    // Two clusters sharing a project, each with a Tunnel team-a/web-tunnel asking for a reserved
+    // address: the same base name, which Hetzner allows once per project.
+    let (_fake, base) = Fake::start(Kind::Hetzner).await;
+    let provider = hz_provider(&base, TOKEN, 50);
+    let reserve = |uid: &str| providers::AddressRequest {
+        name: "skyport-team-a-web-tunnel".into(),
+        region: Some("fsn1".into()),
+        tags: contract::request("x", uid).tags,
+        host_id: None,
+        movable: false,
+    };
+    let a = provider.reserve_address(&reserve(UID)).await.expect("first cluster");
+    let b = provider
+        .reserve_address(&reserve("99999999-0000-0000-0000-000000000000"))
+        .await
+        .expect("a second cluster's Tunnel of the same name is not a clash");
+    assert_ne!(a.id, b.id);
+}
+
+#[tokio::test]
 async fn hetzner_server_names_are_unique_per_tunnel() {
     // Two clusters sharing a project, each with a Tunnel team-a/web-tunnel: same base name.
     let (fake, base) = Fake::start(Kind::Hetzner).await;

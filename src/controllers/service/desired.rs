@@ -124,10 +124,16 @@ fn high_availability(service: &Service) -> Result<Option<serde_json::Value>> {
             Ok(Some(json!({"mode": "ActiveStandby"})))
         }
         "true" => Err(Error::InvalidSpec(format!(
-            "annotation {ANNOTATION_HIGH_AVAILABILITY}: \"true\" needs {ANNOTATION_ADDRESS}: reserved (the address moved between the two exit servers)"
+            "annotation {ANNOTATION_HIGH_AVAILABILITY}: \"true\" needs {ANNOTATION_ADDRESS}: reserved (the address moved between the two exit servers); \"both-addresses\" needs none"
         ))),
+        "both-addresses" if address(service)?.is_some_and(|a| a["mode"] == "Reserved") => {
+            Err(Error::InvalidSpec(format!(
+                "annotation {ANNOTATION_HIGH_AVAILABILITY}: \"both-addresses\" publishes each exit server's own address: remove {ANNOTATION_ADDRESS}: reserved"
+            )))
+        }
+        "both-addresses" => Ok(Some(json!({"mode": "BothAddresses"}))),
         other => Err(Error::InvalidSpec(format!(
-            "annotation {ANNOTATION_HIGH_AVAILABILITY}: {other:?} is not one of true, false"
+            "annotation {ANNOTATION_HIGH_AVAILABILITY}: {other:?} is not one of true, both-addresses, false"
         ))),
     }
 }
@@ -227,6 +233,11 @@ mod tests {
         assert!(annotated(&ephemeral).is_err());
         let unknown = annotated(&[(ANNOTATION_HIGH_AVAILABILITY, "yes")]).unwrap_err().to_string();
         assert!(unknown.contains("\"yes\""), "{unknown}");
+        // Both servers' own addresses: no reserved address, and none allowed.
+        let both = annotated(&[(ANNOTATION_HIGH_AVAILABILITY, "both-addresses")]).unwrap();
+        assert!(both.spec.both_addresses() && !both.spec.reserves_address());
+        let clash = [(ANNOTATION_HIGH_AVAILABILITY, "both-addresses"), (ANNOTATION_ADDRESS, "reserved")];
+        assert!(annotated(&clash).unwrap_err().to_string().contains("own address"));
     }
 
     #[test]

@@ -194,6 +194,14 @@ pub fn ingress(host_ip: &str, ports: &[TunnelPort]) -> serde_json::Value {
     serde_json::json!([{"ip": host_ip, "ipMode": "Proxy", "ports": ports}])
 }
 
+/// `status.loadBalancer.ingress` for several exit servers, each carrying every port: a highly
+/// available Tunnel publishing both servers' own addresses.
+pub fn ingress_all(host_ips: &[&str], ports: &[TunnelPort]) -> serde_json::Value {
+    let entries: Vec<serde_json::Value> =
+        host_ips.iter().filter_map(|ip| ingress(ip, ports).as_array().and_then(|a| a.first()).cloned()).collect();
+    serde_json::Value::Array(entries)
+}
+
 /// Whether the Service already shows exactly `want` as its ingress.
 pub fn ingress_matches(service: &Service, want: &serde_json::Value) -> bool {
     let current = service.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref());

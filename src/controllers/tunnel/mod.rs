@@ -15,6 +15,8 @@
 pub mod act;
 #[cfg(test)]
 mod address_tests;
+#[cfg(test)]
+mod both_tests;
 pub mod cleanup;
 pub mod desired;
 #[cfg(test)]

@@ -61,6 +61,10 @@ async fn two_servers_two_clients_and_the_reserved_address_on_the_first_that_work
     let own: Vec<_> = ha.servers.iter().map(|s| (s.slot.as_str(), s.host_ip.as_deref(), s.healthy)).collect();
     assert_eq!(own, [("a", Some("203.0.113.1"), true), ("b", Some("203.0.113.2"), true)]);
     assert_eq!(ingress_ip(&h), json!(address.ip));
+    // The message says where the holder was checked: at its own address, as on DigitalOcean and
+    // Hetzner, never claiming the reserved address's routing was.
+    let message = crate::controllers::status::ready_condition(&h.current()).unwrap().message.clone();
+    assert!(message.contains("health check at its own address 203.0.113.1 (not through the reserved"), "{message}");
     // Each client dials its own server's own address, from its own key of the one Secret.
     let secret = h.api.get(SECRET).unwrap();
     assert!(secret["stringData"]["client-a.toml"].as_str().unwrap().contains("203.0.113.1:2333"));

@@ -22,7 +22,7 @@ use providers::{Address, AddressBinding, Host, HostState};
 use super::super::placement::Placement;
 use super::super::placement::SLOTS;
 use super::super::plan::Blocked;
-use super::super::plan::failover::{Client, FailoverStep, Health, Hysteresis, Server, failover_step, roll};
+use super::super::plan::failover::{Client, FailoverStep, Health, Hysteresis, Server, failover_step, roll, roll_both};
 use super::super::status::not_ready;
 use super::super::{act, desired, observe};
 use super::{Desired, Failure, Keys, Pass};
@@ -30,6 +30,8 @@ use crate::controllers::jittered;
 use crate::crd::condition::{Condition, ConditionStatus};
 use crate::crd::tunnel::{Failover, HighAvailabilityStatus, ServerStatus, TunnelPhase};
 use crate::error::{Error, Result};
+
+mod both;
 
 /// How long the holder's stale client waits for the other server to pass its check before it is
 /// rolled in place: a client Pod normally restarts within seconds.
@@ -45,7 +47,28 @@ struct Slot {
     check: Option<(Health, String)>,
 }
 
+/// What a pass writes into status, after its writes to the cloud and the cluster.
+struct PairRecord {
+    /// `status.hostId` and `status.hostIp`.
+    host: (Option<String>, Option<String>),
+    /// Whether every host took the Service's ports (then they and the credentials are recorded).
+    ports_current: bool,
+    ha: HighAvailabilityStatus,
+    ready: bool,
+    condition: Condition,
+}
+
 impl Slot {
+    /// As `status.highAvailability.servers` shows it.
+    fn status(&self) -> ServerStatus {
+        ServerStatus {
+            slot: self.slot.to_string(),
+            host_id: self.id().map(str::to_string),
+            host_ip: self.own_ip.clone().filter(|_| self.host.is_some()),
+            healthy: self.host.is_some() && self.check.as_ref().is_some_and(|(h, _)| h.passing()),
+        }
+    }
+
     fn running_ip(&self) -> Option<&str> {
         self.host.as_ref().filter(|h| h.state == HostState::Running).and_then(|h| h.public_ipv4.as_deref())
     }
@@ -59,11 +82,14 @@ impl Pass<'_> {
     /// The phases after the credentials, for a highly available Tunnel.
     pub(super) async fn pair(&mut self, want: &Desired, keys: &Keys) -> Result<Action, Failure> {
         let (tunnel, ctx, provider) = (self.tunnel, self.ctx, want.provider.clone());
+        if tunnel.spec.both_addresses() {
+            return self.both(want, keys).await;
+        }
         if let Err(why) = provider.moves_addresses() {
             let limitation = why.clone();
             self.record(|s| s.high_availability.get_or_insert_default().limitation = Some(limitation)).await?;
             let message = format!(
-                "{why}; highAvailability is not available at {}, so no exit server was created: create a Tunnel without it, or at another provider",
+                "{why}; highAvailability is not available at {}, so no exit server was created: create a Tunnel without it, at another provider, or with highAvailability.mode: BothAddresses (both servers' own addresses on the Service)",
                 provider.name()
             );
             return Err(Failure::Blocked(Blocked(TunnelPhase::Failed, "HighAvailabilityUnavailable", message)));
@@ -155,7 +181,7 @@ impl Pass<'_> {
             slot.host = None;
         }
 
-        self.pair_clients(want, keys, &slots, &mut address).await?;
+        self.pair_clients(want, keys, &slots, &mut address, false).await?;
 
         let active = address.as_ref().and_then(|a| a.host_id.clone());
         let active_slot = slots.iter().find(|s| s.id().is_some() && s.id() == active.as_deref());
@@ -171,26 +197,19 @@ impl Pass<'_> {
                 _ => {}
             }
         }
-        let servers: Vec<ServerStatus> = slots
-            .iter()
-            .map(|s| ServerStatus {
-                slot: s.slot.to_string(),
-                host_id: s.id().map(str::to_string),
-                host_ip: s.own_ip.clone().filter(|_| s.host.is_some()),
-                healthy: s.check.as_ref().is_some_and(|(h, _)| h.passing()),
-            })
-            .collect();
+        let servers: Vec<ServerStatus> = slots.iter().map(Slot::status).collect();
         let condition = match (&address, ready) {
             (Some(a), true) => Condition::new(
                 "Ready",
                 ConditionStatus::True,
                 "Active",
                 format!(
-                    "reserved address {} on exit server {} forwards {} to Service {}; its tunnel passed its health check; standby: {}",
+                    "reserved address {} on exit server {} forwards {} to Service {}; its tunnel passed its health check at {}; standby: {}",
                     a.ip,
                     active.as_deref().unwrap_or_default(),
                     super::super::status::describe(&want.ports),
                     tunnel.spec.service_ref.name,
+                    checked_at(active_slot, &a.ip),
                     standby_note(&slots, active.as_deref()),
                 ),
             ),
@@ -199,27 +218,33 @@ impl Pass<'_> {
                 not_ready("WaitingForTunnel", &why).remove(0)
             }
         };
-        let (provider_name, digest, ports) = (provider.name().to_string(), keys.digest.clone(), want.ports.clone());
-        let generation = tunnel.metadata.generation;
-        let limitation = None;
+        let host_ip = address.as_ref().filter(|_| active.is_some()).map(|a| a.ip.clone());
+        let ha = HighAvailabilityStatus { active: active.clone(), servers, failovers, last_failover, limitation: None };
+        self.record_pair(want, keys, PairRecord { host: (active, host_ip), ports_current, ha, ready, condition }).await
+    }
+
+    /// Writes a pass's outcome into status; the next pass is due at the probe interval.
+    async fn record_pair(&mut self, want: &Desired, keys: &Keys, r: PairRecord) -> Result<Action, Failure> {
+        let (provider_name, digest, ports) =
+            (want.provider.name().to_string(), keys.digest.clone(), want.ports.clone());
+        let generation = self.tunnel.metadata.generation;
         self.record(|s| {
             s.provider = Some(provider_name);
-            s.host_id = active.clone();
-            s.host_ip = address.as_ref().filter(|_| active.is_some()).map(|a| a.ip.clone());
-            if ports_current {
+            (s.host_id, s.host_ip) = r.host;
+            if r.ports_current {
                 s.ports = ports;
                 s.credentials_digest = Some(digest);
             }
-            s.high_availability =
-                Some(HighAvailabilityStatus { active, servers, failovers, last_failover, limitation });
-            s.phase = Some(if ready { TunnelPhase::Active } else { TunnelPhase::Provisioning });
-            if ready {
+            s.high_availability = Some(r.ha);
+            s.phase = Some(if r.ready { TunnelPhase::Active } else { TunnelPhase::Provisioning });
+            if r.ready {
                 s.observed_generation = generation;
             }
-            s.conditions = vec![condition];
+            s.conditions = vec![r.condition];
         })
         .await?;
-        Ok(Action::requeue(jittered(ctx.settings.failover_probe_interval.max(Duration::from_millis(100)))))
+        let interval = self.ctx.settings.failover_probe_interval.max(Duration::from_millis(100));
+        Ok(Action::requeue(jittered(interval)))
     }
 
     /// Creates slot `slot`'s exit server (where reserved address `address` can reach it) and
@@ -266,14 +291,16 @@ impl Pass<'_> {
 
     /// One client config per slot whose host's own address is known (all in one Secret write,
     /// only when one changed), and one client Deployment for each, rolled one at a time
-    /// ([`roll`]): the holder's last, after the address was handed to the other server.
+    /// ([`roll`]): the holder's last, after the address was handed to the other server; with
+    /// `both` addresses published, [`roll_both`]. The slots whose running client was restarted.
     async fn pair_clients(
         &mut self,
         want: &Desired,
         keys: &Keys,
         slots: &[Slot],
         address: &mut Option<Address>,
-    ) -> Result<(), Failure> {
+        both: bool,
+    ) -> Result<Vec<usize>, Failure> {
         let (tunnel, ctx) = (self.tunnel, self.ctx);
         let cluster_ip = self.cluster_ip(want)?;
         let ports = (ctx.settings.control_port, ctx.settings.health_port);
@@ -305,7 +332,11 @@ impl Pass<'_> {
         let passing = [0, 1].map(|i| health(i).is_some_and(|h| h.passing()));
         // A server not running yet (booting, being replaced) is waited for like a failing one.
         let failing_for = [0, 1].map(|i| health(i).map_or(Duration::ZERO, |h| h.failing_for));
-        let step = roll(clients, holder, passing, failing_for, ROLL_PATIENCE);
+        let step = if both {
+            roll_both(clients, passing, failing_for, ROLL_PATIENCE)
+        } else {
+            roll(clients, holder, passing, failing_for, ROLL_PATIENCE)
+        };
         if let (Some(to), Some(from)) = (step.handover_to, holder)
             && let Some(to_id) = slots[to].id()
         {
@@ -316,12 +347,12 @@ impl Pass<'_> {
             );
             ctx.publish(tunnel, EventType::Normal, "Handover", note).await;
         }
-        for i in step.apply {
+        for &i in &step.apply {
             if let Some((at, checksum)) = &wanted[i] {
                 act::apply_deployment(tunnel, at, image, checksum, ctx).await?;
             }
         }
-        Ok(())
+        Ok(step.apply.into_iter().filter(|&i| clients[i] == Some(Client::Stale)).collect())
     }
 
     /// Checks every running host end to end at its current address, both at once.
@@ -353,6 +384,17 @@ impl Pass<'_> {
             }
             None => self.reserve(want, Some(to.to_string())).await,
         }
+    }
+}
+
+/// Where the holder's check went, for the Ready message: through the reserved address where the
+/// provider reports the holder there (local), else the holder's own address (the cloud's routing
+/// of the reserved address to it is not what was checked, and the message must not claim it).
+fn checked_at(holder: Option<&Slot>, reserved: &str) -> String {
+    match holder.and_then(Slot::running_ip) {
+        Some(ip) if ip == reserved => format!("the reserved address {ip}"),
+        Some(ip) => format!("its own address {ip} (not through the reserved address)"),
+        None => "no address".into(),
     }
 }
 

@@ -162,6 +162,19 @@ pub fn roll(
     roll
 }
 
+/// [`roll`] for a pair that publishes both servers' own addresses: there is no address to hand
+/// over, but each address carries traffic, so the clients still roll one at a time, the first
+/// stale one last, once the other is current and passes (or failed for `patience`).
+pub fn roll_both(
+    clients: [Option<Client>; 2],
+    passing: [bool; 2],
+    failing_for: [Duration; 2],
+    patience: Duration,
+) -> Roll {
+    let guarded = clients.iter().position(|c| *c == Some(Client::Stale));
+    Roll { handover_to: None, ..roll(clients, guarded, passing, failing_for, patience) }
+}
+
 /// Past the hysteresis: enough failures in a row, over long enough.
 fn failed(health: &Health, h: &Hysteresis) -> bool {
     health.failures >= h.failures.max(1) && health.failing_for >= h.after
@@ -299,6 +312,20 @@ mod tests {
         let r = roll([Some(Stale), Some(Stale)], None, [true; 2], zero, patience);
         assert_eq!(r.apply, [0, 1], "no address to protect yet");
         assert_eq!(roll([None, Some(Stale)], Some(1), [false, true], zero, patience), Roll::default());
+    }
+
+    #[test]
+    fn with_both_addresses_published_clients_still_roll_one_at_a_time_without_a_handover() {
+        use Client::*;
+        let (zero, patience) = ([Duration::ZERO; 2], Duration::from_secs(60));
+        let both = roll_both([Some(Stale), Some(Stale)], [true; 2], zero, patience);
+        assert_eq!(both, Roll { handover_to: None, apply: vec![1] });
+        assert_eq!(roll_both([Some(Stale), Some(Current)], [true, false], zero, patience), Roll::default());
+        let next = roll_both([Some(Stale), Some(Current)], [true; 2], zero, patience);
+        assert_eq!(next, Roll { handover_to: None, apply: vec![0] }, "b carries while a rolls; nothing moves");
+        let made = roll_both([Some(Missing), Some(Stale)], [false, true], zero, patience);
+        assert_eq!(made.apply, [0], "b waits for a's new client to pass");
+        assert_eq!(roll_both([Some(Current); 2], [true; 2], zero, patience), Roll::default());
     }
 
     #[test]

@@ -1,0 +1,102 @@
+//! `--failover`: what a client of a highly available Tunnel sees when a machine goes, on the test
+//! node (local provider; the tunnel clients are Pods of skyport's image, the backend a Pod behind
+//! kube-proxy; tests/node/pair.rs). A request (a fresh TCP connection, 4 bytes echoed, 1 s
+//! allowed) goes to the reserved address every 100 ms while one of these happens:
+//! - **exit server killed**: the active exit server's process gets SIGKILL;
+//! - **client Pod gone**: the active server's client Pod is deleted and kept from starting again
+//!   (the namespace's Pod quota), as when its node dies;
+//! - **planned roll**: a port added to the Service, so both clients roll for the new config.
+//!
+//! Per fault: when the address was on the other server, the longest time between two answered
+//! requests, and the requests not answered. The peer a user would pick instead, the tailscale
+//! operator's HA proxies, is reported by its users to lose traffic for about ten minutes when a
+//! node dies; that figure is quoted, not measured here.
+//!
+//! Figures only: the exit status is non-zero only when the Tunnel never recovers.
+
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+
+use super::median;
+use crate::common::requests::Requests;
+use crate::common::tunnels;
+use crate::node::pair::{PORT, Pair};
+
+const FAULTS: [&str; 3] = ["exit server killed", "client Pod gone", "planned roll of both clients"];
+/// About ten minutes: the traffic loss users report for the tailscale operator's HA proxies.
+const PEER_GAP: f64 = 600.0;
+
+/// (address on the other server, longest gap, requests failed, requests sent) of one fault.
+struct Sample {
+    moved: f64,
+    gap: f64,
+    failed: usize,
+    sent: usize,
+}
+
+async fn once(fault: usize) -> anyhow::Result<Sample> {
+    let Some(pair) = Pair::start("bench-ha").await else {
+        bail!("the failover benchmark needs the test node (tests/env.sh up as root, without SKYPORT_NODE=0)")
+    };
+    let requests = Requests::start(pair.ip.clone(), PORT);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let started = Instant::now();
+    match fault {
+        0 => tunnels::kill_exit_server(&pair.op, &pair.active),
+        1 => pair.stop_client(pair.active_slot().await).await,
+        _ => pair.add_port().await,
+    }
+    pair.moved().await;
+    let moved = started.elapsed().as_secs_f64();
+    while requests.last_answered().is_none_or(|last| last < started) {
+        if started.elapsed() > Duration::from_secs(120) {
+            bail!("no request answered through {} within 2 min of the fault", pair.ip);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if fault == 2 {
+        pair.both_healthy(Duration::from_secs(120)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (answered, sent) = requests.tally();
+    let gap = requests.longest_gap().as_secs_f64();
+    drop(requests);
+    // The node stays this benchmark's until the pair is gone (its guard drops with it).
+    let Pair { ns, op, .. } = pair;
+    tunnels::finish_tunnels(op, ns).await;
+    Ok(Sample { moved, gap, failed: sent - answered, sent })
+}
+
+pub async fn run(runs: usize) -> anyhow::Result<()> {
+    let mut samples: Vec<Vec<Sample>> = (0..FAULTS.len()).map(|_| Vec::new()).collect();
+    for run in 0..runs {
+        for (fault, name) in FAULTS.iter().enumerate() {
+            let sample = once(fault).await?;
+            println!(
+                "run {}: {name}: address moved after {:.2} s; longest gap {:.2} s; {} of {} requests failed",
+                run + 1,
+                sample.moved,
+                sample.gap,
+                sample.failed,
+                sample.sent
+            );
+            samples[fault].push(sample);
+        }
+    }
+    println!("\nfailover of a highly available Tunnel (local provider on the test node), medians of {runs} run(s):");
+    println!(
+        "| Fault | Address moved after | Longest gap without an answer | Requests failed | Gap / the peer's ~600 s |"
+    );
+    println!("|---|---|---|---|---|");
+    for (fault, name) in FAULTS.iter().enumerate() {
+        let list = &samples[fault];
+        let moved = median(&mut list.iter().map(|s| s.moved).collect::<Vec<_>>());
+        let gap = median(&mut list.iter().map(|s| s.gap).collect::<Vec<_>>());
+        let failed: Vec<String> = list.iter().map(|s| format!("{} of {}", s.failed, s.sent)).collect();
+        let ratio =
+            if fault == 2 { "(planned: target 0 failed)".to_string() } else { format!("{:.4} ×", gap / PEER_GAP) };
+        println!("| {name} | {moved:.2} s | {gap:.2} s | {} | {ratio} |", failed.join(", "));
+    }
+    Ok(())
+}

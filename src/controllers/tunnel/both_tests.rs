@@ -1,0 +1,118 @@
+//! A highly available Tunnel in mode `BothAddresses` through whole reconciles, at a provider that
+//! cannot move addresses: both servers' own addresses on the Service, a failing one dropped at
+//! once and replaced while the other carries.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use providers::AddressBinding;
+use providers::hosts::TAG_TUNNEL_SLOT;
+use serde_json::json;
+
+use super::tests::{Harness, SERVICE, harness_settings, ready};
+use super::*;
+use crate::config::TunnelArgs;
+use crate::crd::condition::ConditionStatus;
+use crate::crd::tunnel::{HighAvailability, HighAvailabilityMode, HighAvailabilityStatus};
+
+const REPLACE_AFTER: Duration = Duration::from_millis(300);
+
+fn both() -> (Harness, Arc<Tunnel>) {
+    let settings = TunnelArgs { replace_after: REPLACE_AFTER, withdraw_after: REPLACE_AFTER, ..Default::default() };
+    let mut h = harness_settings(settings);
+    // Like EC2 or the guest provider: addresses are bound when a host is made, never moved.
+    h.provider.bind_addresses(AddressBinding::AtCreate);
+    h.add_service();
+    let mut t = (*h.new_tunnel()).clone();
+    t.spec.high_availability = Some(HighAvailability { mode: HighAvailabilityMode::BothAddresses });
+    let t = h.put_tunnel(&t);
+    (h, t)
+}
+
+fn ha(h: &Harness) -> HighAvailabilityStatus {
+    h.current().status.unwrap().high_availability.expect("highAvailability status")
+}
+
+fn ingress_ips(h: &Harness) -> Vec<String> {
+    let service = h.api.get(SERVICE).unwrap();
+    let ingress = service["status"]["loadBalancer"]["ingress"].as_array().cloned().unwrap_or_default();
+    ingress.iter().map(|i| i["ip"].as_str().unwrap().to_string()).collect()
+}
+
+async fn pass(h: &Harness) {
+    h.reconcile(Arc::new(h.current())).await.unwrap();
+}
+
+#[tokio::test]
+async fn both_servers_own_addresses_are_the_services_addresses_and_nothing_is_reserved() {
+    let (h, t) = both();
+    h.reconcile(t).await.unwrap();
+    let slots: Vec<_> = h.provider.hosts().iter().map(|h| h.tags[TAG_TUNNEL_SLOT].clone()).collect();
+    assert_eq!(slots, ["a", "b"]);
+    assert!(h.provider.addresses().is_empty(), "nothing reserved");
+    assert_eq!(ingress_ips(&h), ["203.0.113.1", "203.0.113.2"]);
+    let service = h.api.get(SERVICE).unwrap();
+    assert_eq!(service["status"]["loadBalancer"]["ingress"][1]["ports"][0]["port"], json!(80));
+    assert_eq!(ready(&h.current()), (ConditionStatus::True, "Active".into()));
+    let status = ha(&h);
+    assert_eq!((status.active, status.limitation), (None, None));
+    let own: Vec<_> = status.servers.iter().map(|s| (s.slot.as_str(), s.host_ip.as_deref(), s.healthy)).collect();
+    assert_eq!(own, [("a", Some("203.0.113.1"), true), ("b", Some("203.0.113.2"), true)]);
+    for slot in ["a", "b"] {
+        assert!(h.api.get(&format!("/apis/apps/v1/namespaces/ns/deployments/web-tunnel-client-{slot}")).is_some());
+    }
+}
+
+#[tokio::test]
+async fn a_failing_server_leaves_the_addresses_at_once_and_is_replaced_while_the_other_carries() {
+    let (h, t) = both();
+    h.reconcile(t).await.unwrap();
+    h.probe.refuse("203.0.113.1", true);
+    pass(&h).await;
+    assert_eq!(ingress_ips(&h), ["203.0.113.2"], "at the first failed check, no hysteresis");
+    assert_eq!(ready(&h.current()), (ConditionStatus::True, "Active".into()));
+    assert!(h.api.event_reasons().contains(&"AddressWithdrawn".to_string()));
+    assert!(h.provider.hosts().iter().any(|host| host.id == "h-1"), "kept within the replace time");
+
+    tokio::time::sleep(REPLACE_AFTER).await;
+    pass(&h).await;
+    assert!(!h.provider.hosts().iter().any(|host| host.id == "h-1"), "replaced past the replace time");
+    pass(&h).await;
+    pass(&h).await;
+    let slots: Vec<_> = h.provider.hosts().iter().map(|h| (h.id.clone(), h.tags[TAG_TUNNEL_SLOT].clone())).collect();
+    assert_eq!(slots, [("h-2".to_string(), "b".to_string()), ("h-3".to_string(), "a".to_string())]);
+    assert_eq!(ingress_ips(&h), ["203.0.113.3", "203.0.113.2"], "the replacement on its new address");
+}
+
+#[tokio::test]
+async fn when_both_fail_neither_is_replaced_and_the_addresses_go_after_the_withdraw_time() {
+    let (mut h, t) = both();
+    h.reconcile(t).await.unwrap();
+    h.probe.refuse("203.0.113.1", true);
+    h.probe.refuse("203.0.113.2", true);
+    pass(&h).await;
+    assert_eq!(ingress_ips(&h).len(), 2, "kept within the withdraw time");
+    assert_eq!(ready(&h.current()).0, ConditionStatus::False);
+    tokio::time::sleep(REPLACE_AFTER).await;
+    // The Service as the watch shows it by now, with the addresses published.
+    let published: k8s_openapi::api::core::v1::Service = serde_json::from_value(h.api.get(SERVICE).unwrap()).unwrap();
+    h.services.apply_watcher_event(&kube::runtime::watcher::Event::Apply(published));
+    pass(&h).await;
+    assert!(ingress_ips(&h).is_empty(), "withdrawn");
+    assert_eq!(h.provider.hosts().len(), 2, "a new server cannot help when both fail");
+}
+
+#[tokio::test]
+async fn active_standby_at_such_a_provider_names_the_alternative() {
+    let (h, _) = both();
+    let mut t = h.current();
+    t.spec.high_availability = Some(HighAvailability::default());
+    t.spec.address = Some(crate::crd::tunnel::TunnelAddress {
+        mode: crate::crd::tunnel::AddressMode::Reserved,
+        ..Default::default()
+    });
+    let t = h.put_tunnel(&t);
+    h.reconcile(t).await.unwrap();
+    let message = crate::controllers::status::ready_condition(&h.current()).unwrap().message.clone();
+    assert!(message.contains("BothAddresses"), "{message}");
+}
