@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, DeleteParams, PostParams};
 use providers::HostProvider;
-use providers::hosts::{TAG_TUNNEL_SLOT, TAG_TUNNEL_UID};
+use providers::hosts::{MOVED_ADDRESS_SECONDARY, TAG_MOVED_ADDRESS, TAG_TUNNEL_SLOT, TAG_TUNNEL_UID};
 use skyport::crd::Tunnel;
 
 use crate::common::tunnels::{self, TunnelOperator, fast_tunnel_settings, finish_tunnels, ready, service};
@@ -54,6 +54,7 @@ async fn a_highly_available_tunnel_on_ec2_gets_two_instances_with_secondary_addr
         let instance = out.reservations()[0].instances()[0].clone();
         let tag = |k: &str| instance.tags().iter().find(|t| t.key() == Some(k)).and_then(|t| t.value());
         assert_eq!((tag(TAG_TUNNEL_SLOT), tag(TAG_TUNNEL_UID)), (Some(server.slot.as_str()), Some(uid.as_str())));
+        assert_eq!(tag(TAG_MOVED_ADDRESS), Some(MOVED_ADDRESS_SECONDARY));
         let [eth0] = instance.network_interfaces() else { panic!("one interface: {instance:?}") };
         let secondary = eth0.private_ip_addresses().iter().filter(|a| a.primary() == Some(false)).count();
         assert_eq!(secondary, 1, "{id}: one secondary private IPv4");

@@ -58,6 +58,12 @@ pub const TAG_DELETION_POLICY: &str = "skyport.dev/deletion-policy";
 /// reserved anew) cannot answer on the new one and is replaced.
 pub const TAG_BOUND_ADDRESS: &str = "skyport.dev/bound-address";
 
+/// On a highly available Tunnel's exit server that takes the moved address on a secondary private
+/// IPv4 ([`HostProvider::moves_to_secondary_ip`]), which the adapter gives it at creation.
+pub const TAG_MOVED_ADDRESS: &str = "skyport.dev/moved-address";
+/// The value of [`TAG_MOVED_ADDRESS`].
+pub const MOVED_ADDRESS_SECONDARY: &str = "secondary-private-ipv4";
+
 /// The canonical prefix of skyport's tag keys.
 const KEY_PREFIX: &str = "skyport.dev/";
 /// How that prefix is spelled inside a DigitalOcean tag.
@@ -271,13 +277,10 @@ pub trait HostProvider: Send + Sync {
     fn binds_moved_address(&self) -> bool {
         false
     }
-    /// Whether each exit server of a highly available Tunnel takes the moved address on a
-    /// secondary private IPv4 of its own, which the adapter gives a host created with
-    /// [`TAG_TUNNEL_SLOT`] and which the host's OS must put on its interface at boot, reading it
-    /// from the cloud's instance metadata
-    /// ([`crate::exit::userdata::InterfaceAddresses::Ec2Secondary`]). EC2: an Elastic IP on an
-    /// instance's primary private IPv4 replaces the instance's own public IPv4, which its tunnel
-    /// client dials. `false` (the default) elsewhere.
+    /// Whether a highly available Tunnel's exit servers take the moved address on a secondary
+    /// private IPv4 each, which the adapter gives a host requested with [`TAG_MOVED_ADDRESS`] and
+    /// its OS reads from the instance metadata at boot ([`crate::exit::userdata::InterfaceAddresses`]).
+    /// EC2: an Elastic IP on the primary one replaces the public IPv4 the server's client dials.
     fn moves_to_secondary_ip(&self) -> bool {
         false
     }

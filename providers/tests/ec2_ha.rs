@@ -23,12 +23,14 @@ use aws_sdk_ec2::types::{ResourceType, Tag, TagSpecification};
 use ec2_support::{AMI, provider};
 use providers::ec2::Ec2Provider;
 use providers::hosts::{
-    AddressRequest, HostProvider, HostRequest, TAG_CLUSTER, TAG_TUNNEL_SLOT, TAG_TUNNEL_UID, owner_tags,
+    AddressRequest, HostProvider, HostRequest, MOVED_ADDRESS_SECONDARY, TAG_CLUSTER, TAG_MOVED_ADDRESS,
+    TAG_TUNNEL_SLOT, TAG_TUNNEL_UID, owner_tags,
 };
 
 fn slot_request(uid: &str, slot: &str) -> HostRequest {
     let mut request = contract::request(&format!("skyport-ha-{slot}-{:06x}", rand::random::<u32>() >> 8), uid);
     request.tags.insert(TAG_TUNNEL_SLOT.into(), slot.into());
+    request.tags.insert(TAG_MOVED_ADDRESS.into(), MOVED_ADDRESS_SECONDARY.into());
     request
 }
 
@@ -103,6 +105,7 @@ async fn a_pairs_instance_without_a_secondary_address_gets_one_at_the_first_move
     let launch = |slot: Option<&str>| {
         let mut tags = vec![Tag::builder().key(TAG_TUNNEL_UID).value(&uid).build()];
         tags.extend(slot.map(|s| Tag::builder().key(TAG_TUNNEL_SLOT).value(s).build()));
+        tags.extend(slot.map(|_| Tag::builder().key(TAG_MOVED_ADDRESS).value(MOVED_ADDRESS_SECONDARY).build()));
         let spec = TagSpecification::builder().resource_type(ResourceType::Instance).set_tags(Some(tags)).build();
         p.client().run_instances().image_id(AMI).min_count(1).max_count(1).tag_specifications(spec).send()
     };

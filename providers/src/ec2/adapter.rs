@@ -11,7 +11,7 @@ use super::secondary::primary_interface;
 use super::{Ec2Provider, MAX_USER_DATA, PROVIDER, TAG_INSTANCE_ID, invalid, metadata_options, unavailable};
 use crate::error::HostError;
 use crate::exit::userdata::{ExitServer, render_server_toml};
-use crate::hosts::{Address, AddressRequest, Host, HostProvider, HostRequest, TAG_TUNNEL_SLOT};
+use crate::hosts::{Address, AddressRequest, Host, HostProvider, HostRequest, TAG_MOVED_ADDRESS};
 use crate::limiter::Limiter;
 
 impl Ec2Provider {
@@ -97,7 +97,7 @@ impl HostProvider for Ec2Provider {
         if let Err(e) = tagged {
             warn!(provider = PROVIDER, group = %group_id, error = %e, "could not tag the security group with its instance");
         }
-        if request.tags.contains_key(TAG_TUNNEL_SLOT) {
+        if request.tags.contains_key(TAG_MOVED_ADDRESS) {
             // A pair's server: the moved Elastic IP goes onto a secondary private IPv4 that its
             // user data reads at boot. Without one it could not take the address, so it goes
             // again (or, if that fails too, gets one at the first move: see `secondary`).

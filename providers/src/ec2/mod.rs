@@ -4,7 +4,7 @@
 //! - create: CreateSecurityGroup (tagged like the instance) + AuthorizeSecurityGroupIngress, then
 //!   RunInstances with the user data and the owner tags on the instance and its volume, then the
 //!   instance id as a tag on the group. Instances require IMDSv2 with a hop limit of 1
-//!   ([`metadata_options`]). A highly available Tunnel's instance (tagged with its slot) then
+//!   ([`metadata_options`]). A highly available Tunnel's instance that takes the moved address (tagged so) then
 //!   gets a secondary private IPv4 (AssignPrivateIpAddresses, see `secondary`); if that fails it
 //!   is deleted again and the create fails. If the launch fails, the group is deleted again (or left for a
 //!   later call when that fails too, see `groups`), so nothing leaks.

@@ -10,7 +10,7 @@
 //! Elastic IP address" gets no new one, i.e. an Elastic IP on a secondary private IPv4 and the
 //! public IPv4 coexist. That reading is this module's premise; it was not checked on AWS itself
 //! (LocalStack keeps one public IPv4 per interface, see docs/tunnel.md). So each server of a pair
-//! (a request tagged [`TAG_TUNNEL_SLOT`]) gets one secondary private IPv4 on its primary interface
+//! (a request tagged [`TAG_MOVED_ADDRESS`]) gets one secondary private IPv4 on its primary interface
 //! right after launch (AssignPrivateIpAddresses, `SecondaryPrivateIpAddressCount` 1), and
 //! [`Ec2Provider::associate_address`] associates the Elastic IP with that address (`InstanceId` +
 //! `PrivateIpAddress`, `AllowReassociation`): moving it onto the standby leaves each instance its
@@ -33,11 +33,12 @@ use tracing::warn;
 
 use super::{Ec2Provider, Regional, map_err, unavailable};
 use crate::error::HostError;
-use crate::hosts::TAG_TUNNEL_SLOT;
+use crate::hosts::TAG_MOVED_ADDRESS;
 
-/// Whether `instance` is a server of a highly available Tunnel's pair.
+/// Whether `instance` is a server of a highly available Tunnel's pair that takes the moved
+/// address (not one of a pair that publishes both servers' own addresses).
 pub(super) fn in_pair(instance: &Instance) -> bool {
-    instance.tags().iter().any(|t| t.key() == Some(TAG_TUNNEL_SLOT))
+    instance.tags().iter().any(|t| t.key() == Some(TAG_MOVED_ADDRESS))
 }
 
 /// The primary network interface of `instance` (device index 0, or its only one).
@@ -152,12 +153,12 @@ mod tests {
 
     fn instance(slot: bool, interfaces: Vec<InstanceNetworkInterface>) -> Instance {
         let tag = |k: &str| Tag::builder().key(k).value("a").build();
-        let tags = if slot { vec![tag("Name"), tag(TAG_TUNNEL_SLOT)] } else { vec![tag("Name")] };
+        let tags = if slot { vec![tag("Name"), tag(TAG_MOVED_ADDRESS)] } else { vec![tag("Name")] };
         Instance::builder().instance_id("i-1").set_tags(Some(tags)).set_network_interfaces(Some(interfaces)).build()
     }
 
     #[test]
-    fn a_pairs_server_is_known_by_its_slot_and_takes_the_address_on_its_secondary_ip() {
+    fn a_pairs_server_is_known_by_its_tag_and_takes_the_address_on_its_secondary_ip() {
         let eth0 = interface(0, "eni-0", &[("172.31.5.10", true), ("172.31.5.77", false)]);
         let eth1 = interface(1, "eni-1", &[("172.31.9.1", true), ("172.31.9.2", false)]);
         let both = instance(true, vec![eth1, eth0.clone()]);

@@ -5,7 +5,7 @@ use std::num::NonZeroU32;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use providers::hosts::{TAG_TUNNEL_SLOT, TAG_TUNNEL_UID};
+use providers::hosts::{TAG_MOVED_ADDRESS, TAG_TUNNEL_UID};
 use providers::{
     Address, AddressBinding, AddressRequest, ExitServer, Host, HostError, HostProvider, HostRequest, HostState, Limiter,
 };
@@ -33,7 +33,7 @@ struct Hosts {
     /// reserved for a pair, which are assigned to running hosts that keep their own address and
     /// carry the moved one on their interface (floating IPs).
     floating: bool,
-    /// As EC2: a pair's hosts (tagged with a slot) take an assigned address on a secondary
+    /// As EC2: a pair's hosts made to take the moved address (tagged so) take it on a secondary
     /// private address and keep their own public one.
     secondary: bool,
     /// The addresses reserved as movable.
@@ -51,7 +51,8 @@ impl Hosts {
     /// movable one of a `floating` provider leaves the host its own).
     fn attach(&mut self, id: &str, host_id: &str) {
         let Some(ip) = self.addresses.get(id).map(|a| a.ip.clone()) else { return };
-        let keeps_own = self.secondary && self.by_id.get(host_id).is_some_and(|h| h.tags.contains_key(TAG_TUNNEL_SLOT));
+        let keeps_own =
+            self.secondary && self.by_id.get(host_id).is_some_and(|h| h.tags.contains_key(TAG_MOVED_ADDRESS));
         if keeps_own || (self.floating && self.movable.iter().any(|m| m == id)) {
             for address in self.addresses.values_mut().filter(|a| a.id == id) {
                 address.host_id = Some(host_id.to_string());

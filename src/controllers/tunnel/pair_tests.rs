@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use providers::hosts::{TAG_BOUND_ADDRESS, TAG_TUNNEL_SLOT};
+use providers::hosts::{MOVED_ADDRESS_SECONDARY, TAG_BOUND_ADDRESS, TAG_MOVED_ADDRESS, TAG_TUNNEL_SLOT};
 use providers::{AddressBinding, HostState};
 use serde_json::json;
 
@@ -339,6 +339,7 @@ async fn where_the_address_moves_onto_secondary_addresses_each_server_keeps_its_
         );
         assert!(!user_data.contains(&format!("ip addr replace {}/32", address.ip)), "not the Elastic IP itself");
         assert!(!host.tags.contains_key(TAG_BOUND_ADDRESS), "any Elastic IP can go onto it");
+        assert_eq!(host.tags[TAG_MOVED_ADDRESS], MOVED_ADDRESS_SECONDARY, "the adapter makes its secondary address");
     }
 
     // The holder fails its checks at its own address: the address moves, the own ones stay.

@@ -314,9 +314,8 @@ pub fn render_cloud_config_with(
     render_cloud_config_on(server, artifacts, &InterfaceAddresses::Fixed(moved.to_vec()))
 }
 
-/// [`render_cloud_config`] for an exit server of a highly available Tunnel that puts `addresses`
-/// on its interface at every boot ([`addresses`]). With none, the same document as
-/// [`render_cloud_config`].
+/// [`render_cloud_config`] for a highly available Tunnel's exit server that puts `addresses` on
+/// its interface at every boot ([`addresses`]).
 pub fn render_cloud_config_on(
     server: &ExitServer,
     artifacts: &[Artifact],

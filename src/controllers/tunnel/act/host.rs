@@ -7,7 +7,7 @@ use kube::runtime::events::EventType;
 use std::net::Ipv4Addr;
 
 use providers::exit::userdata::{ExitServer, InterfaceAddresses, render_cloud_config_on};
-use providers::hosts::{TAG_BOUND_ADDRESS, TAG_TUNNEL_SLOT};
+use providers::hosts::{MOVED_ADDRESS_SECONDARY, TAG_BOUND_ADDRESS, TAG_MOVED_ADDRESS, TAG_TUNNEL_SLOT};
 use providers::{Address, Host, HostProvider, HostRequest};
 use tracing::{info, warn};
 
@@ -117,10 +117,10 @@ pub async fn create(
         }
         _ => Vec::new(),
     };
-    let on_interface = match slot {
-        Some(_) if provider.moves_to_secondary_ip() => InterfaceAddresses::Ec2Secondary,
-        _ => InterfaceAddresses::Fixed(moved.clone()),
-    };
+    // Only a pair that moves its reserved address (not one publishing both servers' own).
+    let secondary = slot.is_some() && address.is_some() && provider.moves_to_secondary_ip();
+    let on_interface =
+        if secondary { InterfaceAddresses::Ec2Secondary } else { InterfaceAddresses::Fixed(moved.clone()) };
     let user_data = render_cloud_config_on(server, &artifacts, &on_interface)
         .map_err(|e| Error::Internal(format!("user data: {e}")))?;
     let region = match (&tunnel.spec.region, address) {
@@ -136,6 +136,9 @@ pub async fn create(
     }
     if let Some(ip) = moved.first() {
         tags.insert(TAG_BOUND_ADDRESS.to_string(), ip.to_string());
+    }
+    if secondary {
+        tags.insert(TAG_MOVED_ADDRESS.to_string(), MOVED_ADDRESS_SECONDARY.to_string());
     }
     let request = HostRequest { name, region, size: tunnel.spec.size.clone(), user_data, server: server.clone(), tags };
     let created = provider.create(&request).await?;
