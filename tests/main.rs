@@ -31,6 +31,7 @@ mod tunnel;
 mod tunnel_address;
 mod tunnel_allow;
 mod tunnel_clients;
+mod tunnel_ec2_ha;
 mod tunnel_failover;
 mod tunnel_faults;
 mod tunnel_guest;

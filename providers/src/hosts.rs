@@ -58,6 +58,12 @@ pub const TAG_DELETION_POLICY: &str = "skyport.dev/deletion-policy";
 /// reserved anew) cannot answer on the new one and is replaced.
 pub const TAG_BOUND_ADDRESS: &str = "skyport.dev/bound-address";
 
+/// On a highly available Tunnel's exit server that takes the moved address on a secondary private
+/// IPv4 ([`HostProvider::moves_to_secondary_ip`]), which the adapter gives it at creation.
+pub const TAG_MOVED_ADDRESS: &str = "skyport.dev/moved-address";
+/// The value of [`TAG_MOVED_ADDRESS`].
+pub const MOVED_ADDRESS_SECONDARY: &str = "secondary-private-ipv4";
+
 /// The canonical prefix of skyport's tag keys.
 const KEY_PREFIX: &str = "skyport.dev/";
 /// How that prefix is spelled inside a DigitalOcean tag.
@@ -265,9 +271,17 @@ pub trait HostProvider: Send + Sync {
     /// Whether a host's OS must carry a movable reserved address ([`AddressRequest::movable`]) on
     /// its network interface to answer the traffic sent to it, so a highly available Tunnel's
     /// hosts are created with it configured ([`crate::exit::userdata::render_cloud_config_with`]).
-    /// `false` (the default) where the cloud translates the address to the host's own on the way
-    /// in (EC2 Elastic IPs, DigitalOcean reserved IPs) or the adapter binds it itself (local).
+    /// `false` (the default) where the cloud translates the address to one the host has on the
+    /// way in (DigitalOcean reserved IPs; EC2 Elastic IPs, see
+    /// [`HostProvider::moves_to_secondary_ip`]) or the adapter binds it itself (local).
     fn binds_moved_address(&self) -> bool {
+        false
+    }
+    /// Whether a highly available Tunnel's exit servers take the moved address on a secondary
+    /// private IPv4 each, which the adapter gives a host requested with [`TAG_MOVED_ADDRESS`] and
+    /// its OS reads from the instance metadata at boot ([`crate::exit::userdata::InterfaceAddresses`]).
+    /// EC2: an Elastic IP on the primary one replaces the public IPv4 the server's client dials.
+    fn moves_to_secondary_ip(&self) -> bool {
         false
     }
     /// Points the address at host `host_id` (moving it from any earlier host); already there is

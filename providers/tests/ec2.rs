@@ -14,29 +14,18 @@
 //!   checked, which is how a refused launch is tested (ec2_network.rs).
 
 mod contract;
+mod ec2_support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use aws_sdk_ec2::types::{Filter, SecurityGroup};
 use base64::Engine as _;
+use ec2_support::provider;
 use providers::ec2::{Ec2Provider, Ec2Settings, TAG_INSTANCE_ID};
 use providers::exit::userdata::{Protocol, TunnelService};
 use providers::hosts::{HostProvider, HostRequest, HostState, MANAGED_BY_VALUE, TAG_MANAGED_BY, TAG_TUNNEL_UID};
 use providers::{ErrorClass, HostError, owner_tags};
-
-/// Any id works on LocalStack; this one has the shape of a real AMI id.
-const AMI: &str = "ami-0123456789abcdef0";
-
-async fn provider() -> Ec2Provider {
-    // Never let a test run against a real AWS account by accident.
-    let endpoint = std::env::var("AWS_ENDPOINT_URL")
-        .expect("AWS_ENDPOINT_URL is not set: run `eval \"$(tests/env.sh up)\"` or tests/run.sh");
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut settings = Ec2Settings::new(AMI);
-    settings.endpoint_url = Some(endpoint);
-    Ec2Provider::from_env(settings).await.expect("provider")
-}
 
 /// A request with a name and owner of its own, so parallel tests and earlier runs never meet.
 fn request(test: &str, uid: &str) -> HostRequest {

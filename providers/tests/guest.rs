@@ -2,7 +2,8 @@
 //! tests/env/build-guest.sh: `SKYPORT_GUEST_ROOTFS`, which tests/run.sh exports): the shared
 //! contract, reserved addresses, a guest powered off behind the provider's back, a provider
 //! started anew over the same state finding its guests again, and the moved address a highly
-//! available pair's server puts on its interface at every boot. The user data here cannot install
+//! available pair's server puts on its interface at every boot (or, on EC2, the secondary
+//! private address it reads from a fake of the instance metadata service). The user data here cannot install
 //! a server (its download URL leads nowhere): these are about the guests as hosts; the Tunnel
 //! path through them is tests/tunnel_guest.rs.
 //!
@@ -13,7 +14,7 @@ mod contract;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use providers::exit::userdata::{Artifact, render_cloud_config_with};
+use providers::exit::userdata::{Artifact, InterfaceAddresses, render_cloud_config_on, render_cloud_config_with};
 use providers::guest::processes::Owner;
 use providers::guest::{GuestProvider, GuestSettings, HOST_ALIAS, Machine};
 use providers::hosts::{HostProvider, HostState, TAG_TUNNEL_UID};
@@ -318,5 +319,38 @@ async fn a_pair_servers_user_data_puts_its_moved_address_on_its_interface_at_eve
     drop(machine.boot(&request.user_data).expect("booted again"));
     let lines = until_carried(&machine, moved).await;
     assert_eq!(lines.len(), 1, "{lines:?}");
+    p.delete(&host.id).await.unwrap();
+}
+
+/// The user data of a highly available pair's EC2 server, booted by real cloud-init: its unit
+/// reads the secondary private address from the instance metadata (tests/fake_imds.py, served
+/// at 169.254.169.254 inside the guest's network namespace, listing the address only from its
+/// third answer on) and puts it on the guest's interface.
+#[tokio::test]
+#[ignore = "boots Debian guests: root and tests/env/build-guest.sh (tests/run.sh)"]
+async fn an_ec2_pair_servers_user_data_puts_its_secondary_address_from_the_metadata_on_its_interface() {
+    let Some((p, _state)) = provider("secondary") else { return };
+    let mut request = contract::request("skyport-secondary", &contract::fresh_uid());
+    let artifact =
+        Artifact { arch: "x86_64".into(), url: "https://example.test/skyport-x86_64".into(), sha256: "ab".repeat(32) };
+    request.user_data =
+        render_cloud_config_on(&contract::exit_server(), &[artifact], &InterfaceAddresses::Ec2Secondary).unwrap();
+    let host = p.create(&request).await.unwrap();
+    let machine = p.machine(&host.id).expect("the guest's files");
+    let netns = machine.name.clone();
+    let ip = |args: &[&str]| std::process::Command::new("ip").args(args).status().unwrap().success();
+    assert!(ip(&["-n", &netns, "addr", "add", "169.254.169.254/32", "dev", "lo"]));
+    let fake = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fake_imds.py");
+    let mut imds = std::process::Command::new("ip")
+        .args(["netns", "exec", &netns, "python3", fake, "169.254.169.254", "80"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = until_carried(&machine, "172.31.5.77").await;
+    let _ = imds.kill();
+    let _ = imds.wait();
+    assert!(lines.len() == 1 && lines[0].contains(&format!(" {}g ", machine.name)), "{lines:?}");
+    assert!(carried(&machine.name, "172.31.5.10").is_empty(), "the primary address is not added");
     p.delete(&host.id).await.unwrap();
 }

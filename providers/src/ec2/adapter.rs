@@ -7,10 +7,11 @@ use tracing::warn;
 
 use super::convert::{host_in, map_err};
 use super::groups::tags;
+use super::secondary::primary_interface;
 use super::{Ec2Provider, MAX_USER_DATA, PROVIDER, TAG_INSTANCE_ID, invalid, metadata_options, unavailable};
 use crate::error::HostError;
 use crate::exit::userdata::{ExitServer, render_server_toml};
-use crate::hosts::{Address, AddressRequest, Host, HostProvider, HostRequest};
+use crate::hosts::{Address, AddressRequest, Host, HostProvider, HostRequest, TAG_MOVED_ADDRESS};
 use crate::limiter::Limiter;
 
 impl Ec2Provider {
@@ -95,6 +96,18 @@ impl HostProvider for Ec2Provider {
             .await;
         if let Err(e) = tagged {
             warn!(provider = PROVIDER, group = %group_id, error = %e, "could not tag the security group with its instance");
+        }
+        if request.tags.contains_key(TAG_MOVED_ADDRESS) {
+            // A pair's server: the moved Elastic IP goes onto a secondary private IPv4 that its
+            // user data reads at boot. Without one it could not take the address, so it goes
+            // again (or, if that fails too, gets one at the first move: see `secondary`).
+            let interface = primary_interface(instance).and_then(|n| n.network_interface_id()).unwrap_or_default();
+            if let Err(e) = self.assign_secondary(&r, &instance_id, interface).await {
+                if let Err(cleanup) = self.delete(&created.id).await {
+                    warn!(provider = PROVIDER, host = %created.id, error = %cleanup, "could not delete the exit server again");
+                }
+                return Err(e);
+            }
         }
         Ok(created)
     }
@@ -264,6 +277,17 @@ impl HostProvider for Ec2Provider {
 
     async fn list_addresses_by_tag(&self, key: &str, value: &str) -> Result<Vec<Address>, HostError> {
         self.addresses_by_tag(key, value).await
+    }
+
+    /// AssociateAddress re-points an Elastic IP at another running instance; a pair's servers
+    /// take it on a secondary private IPv4, so each keeps the public IPv4 its client dials (see
+    /// `secondary`).
+    fn moves_addresses(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn moves_to_secondary_ip(&self) -> bool {
+        true
     }
 
     fn name(&self) -> &'static str {

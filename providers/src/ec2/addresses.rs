@@ -1,9 +1,11 @@
 //! Elastic IPs as a Tunnel's reserved address: AllocateAddress (tagged like hosts, so a restart
-//! finds it by the owner's UID), AssociateAddress to each new instance, DisassociateAddress and
+//! finds it by the owner's UID), AssociateAddress to each new instance (a highly available
+//! Tunnel's servers: to their secondary private IPv4, see `secondary`), DisassociateAddress and
 //! ReleaseAddress when the Tunnel goes. Ids are allocation ids, region-qualified like host ids.
 
 use aws_sdk_ec2::types::{Address as ElasticIp, DomainType, Filter, ResourceType, Tag, TagSpecification};
 
+use super::secondary::associate;
 use super::{Ec2Provider, Regional, invalid, map_err, unavailable};
 use crate::error::HostError;
 use crate::hosts::{Address, AddressRequest};
@@ -63,16 +65,11 @@ impl Ec2Provider {
         if host_region.name != r.name {
             return Err(invalid(format!("address {id} and host {host_id} are in different regions")));
         }
+        // A pair's server takes it on its secondary private IPv4 (see `secondary`).
+        let private_ip = self.association_ip(&r, instance).await?;
         // Moving it away from an earlier (replaced) instance is part of the job.
         self.call(&r, "AssociateAddress", async {
-            r.client
-                .associate_address()
-                .allocation_id(allocation)
-                .instance_id(instance)
-                .allow_reassociation(true)
-                .send()
-                .await
-                .map_err(map_err)
+            associate(r.client.associate_address(), allocation, instance, private_ip).send().await.map_err(map_err)
         })
         .await?;
         Ok(())

@@ -4,7 +4,9 @@
 //! - create: CreateSecurityGroup (tagged like the instance) + AuthorizeSecurityGroupIngress, then
 //!   RunInstances with the user data and the owner tags on the instance and its volume, then the
 //!   instance id as a tag on the group. Instances require IMDSv2 with a hop limit of 1
-//!   ([`metadata_options`]). If the launch fails, the group is deleted again (or left for a
+//!   ([`metadata_options`]). A highly available Tunnel's instance that takes the moved address (tagged so) then
+//!   gets a secondary private IPv4 (AssignPrivateIpAddresses, see `secondary`); if that fails it
+//!   is deleted again and the create fails. If the launch fails, the group is deleted again (or left for a
 //!   later call when that fails too, see `groups`), so nothing leaks.
 //! - get: DescribeInstances; `pending` → Provisioning, `running` → Running (PublicIpAddress),
 //!   `stopping`/`stopped` → Stopped, `shutting-down` → Deleting, `terminated` or
@@ -20,7 +22,8 @@
 //!   `list_by_tag` finds left-over groups by tag after a restart (see `groups`).
 //! - Regions: a request's `region` picks the region (one client and one rate-limit budget per
 //!   region); host ids outside the default region read `<region>/<instance id>`.
-//! - Reserved addresses: Elastic IPs (see `addresses`).
+//! - Reserved addresses: Elastic IPs (see `addresses`); a highly available Tunnel's moves between
+//!   secondary private IPv4s of its two servers, which get one right after launch (see `secondary`).
 //! - list_by_tag: DescribeInstances filtered by `tag:<key>` and by every state but `terminated`,
 //!   every page.
 //!
@@ -38,6 +41,7 @@ mod addresses;
 mod convert;
 mod groups;
 mod network;
+mod secondary;
 
 use std::collections::BTreeMap;
 use std::num::NonZeroU32;

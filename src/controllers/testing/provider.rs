@@ -5,7 +5,7 @@ use std::num::NonZeroU32;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use providers::hosts::TAG_TUNNEL_UID;
+use providers::hosts::{TAG_MOVED_ADDRESS, TAG_TUNNEL_UID};
 use providers::{
     Address, AddressBinding, AddressRequest, ExitServer, Host, HostError, HostProvider, HostRequest, HostState, Limiter,
 };
@@ -33,6 +33,9 @@ struct Hosts {
     /// reserved for a pair, which are assigned to running hosts that keep their own address and
     /// carry the moved one on their interface (floating IPs).
     floating: bool,
+    /// As EC2: a pair's hosts made to take the moved address (tagged so) take it on a secondary
+    /// private address and keep their own public one.
+    secondary: bool,
     /// The addresses reserved as movable.
     movable: Vec<String>,
     /// The user data each host was created with.
@@ -48,7 +51,9 @@ impl Hosts {
     /// movable one of a `floating` provider leaves the host its own).
     fn attach(&mut self, id: &str, host_id: &str) {
         let Some(ip) = self.addresses.get(id).map(|a| a.ip.clone()) else { return };
-        if self.floating && self.movable.iter().any(|m| m == id) {
+        let keeps_own =
+            self.secondary && self.by_id.get(host_id).is_some_and(|h| h.tags.contains_key(TAG_MOVED_ADDRESS));
+        if keeps_own || (self.floating && self.movable.iter().any(|m| m == id)) {
             for address in self.addresses.values_mut().filter(|a| a.id == id) {
                 address.host_id = Some(host_id.to_string());
             }
@@ -141,6 +146,12 @@ impl FakeProvider {
         let mut h = self.hosts.lock().unwrap();
         h.binding = Some(AddressBinding::AtCreate);
         h.floating = true;
+    }
+
+    /// Addresses behave as on EC2 from now on: assigned to running hosts, a pair's onto a
+    /// secondary private address (see `Hosts::secondary`).
+    pub fn move_to_secondary_addresses(&self) {
+        self.hosts.lock().unwrap().secondary = true;
     }
 
     /// Whether address `id` was reserved as movable.
@@ -262,6 +273,9 @@ impl HostProvider for FakeProvider {
     }
     fn binds_moved_address(&self) -> bool {
         self.hosts.lock().unwrap().floating
+    }
+    fn moves_to_secondary_ip(&self) -> bool {
+        self.hosts.lock().unwrap().secondary
     }
     async fn reserve_address(&self, request: &AddressRequest) -> Result<Address, HostError> {
         let mut h = self.call("reserve_address")?;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use providers::AddressBinding;
-use providers::hosts::TAG_TUNNEL_SLOT;
+use providers::hosts::{TAG_MOVED_ADDRESS, TAG_TUNNEL_SLOT};
 use serde_json::json;
 
 use super::tests::{Harness, SERVICE, harness_settings, ready};
@@ -20,7 +20,7 @@ const REPLACE_AFTER: Duration = Duration::from_millis(300);
 fn both() -> (Harness, Arc<Tunnel>) {
     let settings = TunnelArgs { replace_after: REPLACE_AFTER, withdraw_after: REPLACE_AFTER, ..Default::default() };
     let mut h = harness_settings(settings);
-    // Like EC2 or the guest provider: addresses are bound when a host is made, never moved.
+    // Like the guest provider: addresses are bound when a host is made, never moved.
     h.provider.bind_addresses(AddressBinding::AtCreate);
     h.add_service();
     let mut t = (*h.new_tunnel()).clone();
@@ -115,4 +115,18 @@ async fn active_standby_at_such_a_provider_names_the_alternative() {
     h.reconcile(t).await.unwrap();
     let message = crate::controllers::status::ready_condition(&h.current()).unwrap().message.clone();
     assert!(message.contains("BothAddresses"), "{message}");
+}
+
+#[tokio::test]
+async fn at_a_provider_moving_addresses_onto_secondary_ones_the_servers_get_none() {
+    // As on EC2: only a pair that moves a reserved address needs a secondary address per server.
+    let (h, t) = both();
+    h.provider.bind_addresses(AddressBinding::Assign);
+    h.provider.move_to_secondary_addresses();
+    h.reconcile(t).await.unwrap();
+    assert_eq!(ingress_ips(&h), ["203.0.113.1", "203.0.113.2"]);
+    for host in h.provider.hosts() {
+        assert!(!host.tags.contains_key(TAG_MOVED_ADDRESS), "{}: {:?}", host.id, host.tags);
+        assert!(!h.provider.user_data_of(&host.id).unwrap().contains("local-ipv4s"), "{}", host.id);
+    }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use providers::hosts::{TAG_BOUND_ADDRESS, TAG_TUNNEL_SLOT};
+use providers::hosts::{MOVED_ADDRESS_SECONDARY, TAG_BOUND_ADDRESS, TAG_MOVED_ADDRESS, TAG_TUNNEL_SLOT};
 use providers::{AddressBinding, HostState};
 use serde_json::json;
 
@@ -316,4 +316,44 @@ async fn where_only_a_second_kind_of_address_moves_the_pair_reserves_that_and_it
     assert!(carried(&h, &renewed.ip));
     assert_eq!(ready(&h.current()), (ConditionStatus::True, "Active".into()));
     assert_eq!(ingress_ip(&h), json!(renewed.ip));
+}
+
+#[tokio::test]
+async fn where_the_address_moves_onto_secondary_addresses_each_server_keeps_its_own_and_reads_it_at_boot() {
+    // As on EC2: the Elastic IP goes onto a secondary private address of each server, which the
+    // server's user data puts on its interface; each keeps the public address its client dials.
+    let (h, t) = pair();
+    h.provider.move_to_secondary_addresses();
+    h.reconcile(t).await.unwrap();
+    let [address] = h.provider.addresses().try_into().expect("one reserved address");
+    assert_eq!(address.host_id.as_deref(), Some("h-1"));
+    assert_eq!(ready(&h.current()), (ConditionStatus::True, "Active".into()));
+    let own = |h: &Harness| h.provider.hosts().into_iter().map(|host| host.public_ipv4.unwrap()).collect::<Vec<_>>();
+    assert_eq!(own(&h), ["203.0.113.1", "203.0.113.2"]);
+    for host in h.provider.hosts() {
+        let user_data = h.provider.user_data_of(&host.id).unwrap();
+        assert!(
+            user_data.contains("network/interfaces/macs/$mac/local-ipv4s"),
+            "{}: reads its secondary address",
+            host.id
+        );
+        assert!(!user_data.contains(&format!("ip addr replace {}/32", address.ip)), "not the Elastic IP itself");
+        assert!(!host.tags.contains_key(TAG_BOUND_ADDRESS), "any Elastic IP can go onto it");
+        assert_eq!(host.tags[TAG_MOVED_ADDRESS], MOVED_ADDRESS_SECONDARY, "the adapter makes its secondary address");
+    }
+
+    // The holder fails its checks at its own address: the address moves, the own ones stay.
+    h.probe.refuse("203.0.113.1", true);
+    for _ in 0..3 {
+        pass(&h).await;
+    }
+    assert_eq!(ha(&h).active.as_deref(), Some("h-2"));
+    assert_eq!(h.provider.addresses()[0].host_id.as_deref(), Some("h-2"));
+    assert_eq!(own(&h), ["203.0.113.1", "203.0.113.2"]);
+    let recorded: Vec<_> = ha(&h).servers.iter().map(|s| s.host_ip.clone().unwrap()).collect();
+    assert_eq!(recorded, ["203.0.113.1", "203.0.113.2"]);
+    assert_eq!(ingress_ip(&h), json!(address.ip));
+    let secret = h.api.get(SECRET).unwrap();
+    assert!(secret["stringData"]["client-a.toml"].as_str().unwrap().contains("203.0.113.1:2333"));
+    assert!(secret["stringData"]["client-b.toml"].as_str().unwrap().contains("203.0.113.2:2333"));
 }

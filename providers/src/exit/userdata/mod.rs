@@ -37,7 +37,8 @@ mod rathole;
 mod units;
 
 pub use addresses::{
-    ADDRESSES_SCRIPT_PATH, ADDRESSES_UNIT_NAME, ADDRESSES_UNIT_PATH, render_addresses_script, render_addresses_unit,
+    ADDRESSES_SCRIPT_PATH, ADDRESSES_UNIT_NAME, ADDRESSES_UNIT_PATH, InterfaceAddresses, render_addresses_script,
+    render_addresses_unit, render_ec2_secondary_script,
 };
 pub use install::{INSTALL_REPORT, InstallReport, render_install};
 
@@ -310,6 +311,16 @@ pub fn render_cloud_config_with(
     artifacts: &[Artifact],
     moved: &[Ipv4Addr],
 ) -> Result<String, UserDataError> {
+    render_cloud_config_on(server, artifacts, &InterfaceAddresses::Fixed(moved.to_vec()))
+}
+
+/// [`render_cloud_config`] for a highly available Tunnel's exit server that puts `addresses` on
+/// its interface at every boot ([`addresses`]).
+pub fn render_cloud_config_on(
+    server: &ExitServer,
+    artifacts: &[Artifact],
+    addresses: &InterfaceAddresses,
+) -> Result<String, UserDataError> {
     let server_toml = render_server_toml(server)?;
     let install = render_install(artifacts)?;
     let argv = |args: &[&str]| args.iter().map(|s| s.to_string()).collect::<Vec<_>>();
@@ -365,13 +376,13 @@ pub fn render_cloud_config_with(
             vec!["sh".into(), "-c".into(), install],
         ],
     };
-    if !moved.is_empty() {
+    if let Some(script) = addresses.script() {
         doc.write_files.push(WriteFile {
             path: ADDRESSES_SCRIPT_PATH,
             owner: "root:root",
             permissions: "0755",
             defer: true,
-            content: LitString(render_addresses_script(moved)),
+            content: LitString(script),
         });
         doc.write_files.push(WriteFile {
             path: ADDRESSES_UNIT_PATH,

@@ -6,8 +6,8 @@ use kube::ResourceExt;
 use kube::runtime::events::EventType;
 use std::net::Ipv4Addr;
 
-use providers::exit::userdata::{ExitServer, render_cloud_config_with};
-use providers::hosts::{TAG_BOUND_ADDRESS, TAG_TUNNEL_SLOT};
+use providers::exit::userdata::{ExitServer, InterfaceAddresses, render_cloud_config_on};
+use providers::hosts::{MOVED_ADDRESS_SECONDARY, TAG_BOUND_ADDRESS, TAG_MOVED_ADDRESS, TAG_TUNNEL_SLOT};
 use providers::{Address, Host, HostProvider, HostRequest};
 use tracing::{info, warn};
 
@@ -98,7 +98,9 @@ pub async fn replace_unhealthy(
 /// ([`desired::tags`]). A reserved address bound to a region (DigitalOcean) takes the host there
 /// when the Tunnel names no region; the region is immutable, so one named already holds both. A
 /// pair's host (`slot`) at a provider whose hosts must carry the moved address themselves
-/// (Hetzner floating IPs) is made with it on its interface, and tagged with it.
+/// (Hetzner floating IPs) is made with it on its interface, and tagged with it; at one that moves
+/// it onto a secondary private address of each host (EC2), with user data putting that address
+/// on the interface.
 pub async fn create(
     tunnel: &Tunnel,
     provider: &dyn HostProvider,
@@ -115,8 +117,12 @@ pub async fn create(
         }
         _ => Vec::new(),
     };
-    let user_data =
-        render_cloud_config_with(server, &artifacts, &moved).map_err(|e| Error::Internal(format!("user data: {e}")))?;
+    // Only a pair that moves its reserved address (not one publishing both servers' own).
+    let secondary = slot.is_some() && address.is_some() && provider.moves_to_secondary_ip();
+    let on_interface =
+        if secondary { InterfaceAddresses::Ec2Secondary } else { InterfaceAddresses::Fixed(moved.clone()) };
+    let user_data = render_cloud_config_on(server, &artifacts, &on_interface)
+        .map_err(|e| Error::Internal(format!("user data: {e}")))?;
     let region = match (&tunnel.spec.region, address) {
         (Some(region), _) => Some(region.clone()),
         (None, Some(a)) => provider.address_region(&a.id).await?,
@@ -130,6 +136,9 @@ pub async fn create(
     }
     if let Some(ip) = moved.first() {
         tags.insert(TAG_BOUND_ADDRESS.to_string(), ip.to_string());
+    }
+    if secondary {
+        tags.insert(TAG_MOVED_ADDRESS.to_string(), MOVED_ADDRESS_SECONDARY.to_string());
     }
     let request = HostRequest { name, region, size: tunnel.spec.size.clone(), user_data, server: server.clone(), tags };
     let created = provider.create(&request).await?;
