@@ -37,6 +37,15 @@ fn ingress_ip(h: &Harness) -> serde_json::Value {
     h.api.get(SERVICE).unwrap()["status"]["loadBalancer"]["ingress"][0]["ip"].clone()
 }
 
+/// `n` passes with the checks at `ip` refused, then the refusal lifted.
+async fn fail_checks(h: &Harness, ip: &str, n: usize) {
+    h.probe.refuse(ip, true);
+    for _ in 0..n {
+        pass(h).await;
+    }
+    h.probe.refuse(ip, false);
+}
+
 async fn pass(h: &Harness) {
     let action = h.reconcile(Arc::new(h.current())).await.unwrap();
     assert!(crate::controllers::testing::requeue_secs(&action) <= 1.0, "{action:?}");
@@ -264,11 +273,7 @@ async fn where_the_address_comes_with_a_first_host_the_second_waits_for_it() {
     assert_eq!(slots, ["a", "b"]);
     // And a failover moves it with an assign, as on DigitalOcean.
     let reserved = address.ip.clone();
-    h.probe.refuse(&reserved, true);
-    for _ in 0..3 {
-        pass(&h).await;
-    }
-    h.probe.refuse(&reserved, false);
+    fail_checks(&h, &reserved, 3).await;
     assert_eq!(ha(&h).active.as_deref(), Some("h-2"));
     assert_eq!(h.provider.addresses()[0].host_id.as_deref(), Some("h-2"));
 }
@@ -295,11 +300,7 @@ async fn where_only_a_second_kind_of_address_moves_the_pair_reserves_that_and_it
     assert_eq!(own, ["203.0.113.1", "203.0.113.2"]);
 
     // The holder fails its checks (at its own address): the address moves with an assign.
-    h.probe.refuse("203.0.113.1", true);
-    for _ in 0..3 {
-        pass(&h).await;
-    }
-    h.probe.refuse("203.0.113.1", false);
+    fail_checks(&h, "203.0.113.1", 3).await;
     assert_eq!(ha(&h).active.as_deref(), Some("h-2"));
     assert_eq!(h.provider.addresses()[0].host_id.as_deref(), Some("h-2"));
     assert_eq!(ingress_ip(&h), json!(address.ip));

@@ -65,8 +65,13 @@ impl Slot {
             slot: self.slot.to_string(),
             host_id: self.id().map(str::to_string),
             host_ip: self.own_ip.clone().filter(|_| self.host.is_some()),
-            healthy: self.host.is_some() && self.check.as_ref().is_some_and(|(h, _)| h.passing()),
+            healthy: self.passing(),
         }
+    }
+
+    /// Whether a server fills the slot and its last check passed.
+    fn passing(&self) -> bool {
+        self.host.is_some() && self.check.as_ref().is_some_and(|(h, _)| h.passing())
     }
 
     fn running_ip(&self) -> Option<&str> {

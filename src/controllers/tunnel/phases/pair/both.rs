@@ -16,10 +16,6 @@ use super::{PairRecord, Slot};
 use crate::crd::condition::{Condition, ConditionStatus};
 use crate::crd::tunnel::{HighAvailabilityStatus, ServerStatus};
 
-fn passing(slot: &Slot) -> bool {
-    slot.status().healthy
-}
-
 impl Pass<'_> {
     pub(super) async fn both(&mut self, want: &Desired, keys: &Keys) -> Result<Action, Failure> {
         let (tunnel, ctx, provider) = (self.tunnel, self.ctx, want.provider.clone());
@@ -45,7 +41,7 @@ impl Pass<'_> {
         // while the other carries the traffic (both failing points at the clients, not the
         // servers, as with a single exit server). Its slot is filled next pass, on a new address.
         let replace_after = ctx.settings.replace_after;
-        let other_passes = [passing(&slots[1]), passing(&slots[0])];
+        let other_passes = [slots[1].passing(), slots[0].passing()];
         for (i, slot) in slots.iter_mut().enumerate() {
             let Some(id) = slot.id().map(str::to_string) else { continue };
             let stopped = slot.host.as_ref().is_some_and(|h| h.state == HostState::Stopped);
@@ -66,7 +62,7 @@ impl Pass<'_> {
         let restarted = self.pair_clients(want, keys, &slots, &mut None, true).await?;
         // A server whose client is being restarted leaves the ingress first, like a failing one.
         let published: Vec<&Slot> =
-            slots.iter().enumerate().filter(|(i, s)| passing(s) && !restarted.contains(i)).map(|(_, s)| s).collect();
+            slots.iter().enumerate().filter(|(i, s)| s.passing() && !restarted.contains(i)).map(|(_, s)| s).collect();
         // An Event for each address that leaves the Service, with the reason.
         for was in recorded.servers.iter().filter(|r| r.healthy) {
             if published.iter().any(|p| p.id().is_some() && p.id() == was.host_id.as_deref()) {
