@@ -7,7 +7,7 @@
 use crate::common;
 use crate::common::tunnels;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::eventually;
 use common::requests::Requests;
@@ -15,7 +15,7 @@ use providers::HostProvider;
 use providers::hosts::TAG_TUNNEL_UID;
 use skyport::crd::Tunnel;
 
-use crate::node::pair::{PORT, Pair, ha};
+use crate::node::pair::{Measured, PORT, Pair, ha};
 use crate::node::tunnels::{ACTIVE, AFTER_QUOTA, NodeTunnel, set_pod_quota};
 use tunnels::{carries, finish_tunnels, ingress_ip};
 
@@ -24,24 +24,13 @@ use tunnels::{carries, finish_tunnels, ingress_ip};
 /// address, one failover with its reason and Event. Returns the Tunnel then and how long the
 /// move took.
 async fn failover(pair: &Pair, what: &str, fault: impl AsyncFnOnce(&Pair)) -> (Tunnel, Duration) {
-    let requests = Requests::start(pair.ip.clone(), PORT);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let started = Instant::now();
-    fault(pair).await;
-    let moved = pair.moved().await;
-    let moved_after = started.elapsed();
-    eventually("requests through the same address again", Duration::from_secs(30), || async {
-        requests.last_answered().filter(|last| *last > started).map(drop)
-    })
-    .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let (answered, sent) = requests.tally();
+    let Measured { moved, moved_after, gap, answered, sent, .. } = pair.measure(fault, false).await;
     // A benchmark figure (benches/tunnel.rs --failover), not an assertion of speed.
     println!(
         "failover after {what}: address moved {:.1} s after it; longest gap without an answer {:.1} s \
          ({answered} of {sent} requests answered)",
         moved_after.as_secs_f64(),
-        requests.longest_gap().as_secs_f64()
+        gap.as_secs_f64()
     );
     let status = ha(&moved);
     let last = status.last_failover.clone().expect("lastFailover");
@@ -106,20 +95,16 @@ async fn a_client_that_stays_down_hands_the_address_to_the_standby_after_the_hys
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn a_config_change_rolls_the_clients_one_at_a_time_through_a_handover() {
     let Some(pair) = Pair::start("tun-ha-roll").await else { return };
-    let requests = Requests::start(pair.ip.clone(), PORT);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let started = Instant::now();
-    pair.add_port().await;
-    let handed = pair.moved().await;
+    let roll = pair.measure(async |p| p.add_port().await, true).await;
+    let handed = roll.moved;
     carries(&pair.ip, PORT + 1, None).await;
-    pair.both_healthy(Duration::from_secs(60)).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let (answered, sent) = requests.tally();
     println!(
         "client roll through a handover: done {:.1} s after the port change; longest gap without an answer {:.1} s \
-         ({answered} of {sent} requests answered)",
-        started.elapsed().as_secs_f64(),
-        requests.longest_gap().as_secs_f64()
+         ({} of {} requests answered)",
+        roll.settled_after.as_secs_f64(),
+        roll.gap.as_secs_f64(),
+        roll.answered,
+        roll.sent
     );
     assert_eq!(ha(&handed).failovers, None, "a planned handover is no failover");
     let events = tunnels::events(&pair.ns.client, &pair.ns.name, "web-tunnel").await;

@@ -14,14 +14,11 @@
 //!
 //! Figures only: the exit status is non-zero only when the Tunnel never recovers.
 
-use std::time::{Duration, Instant};
-
 use anyhow::bail;
 
 use super::median;
-use crate::common::requests::Requests;
 use crate::common::tunnels;
-use crate::node::pair::{PORT, Pair};
+use crate::node::pair::Pair;
 
 const FAULTS: [&str; 3] = ["exit server killed", "client Pod gone", "planned roll of both clients"];
 /// About ten minutes: the traffic loss users report for the tailscale operator's HA proxies.
@@ -39,33 +36,21 @@ async fn once(fault: usize) -> anyhow::Result<Sample> {
     let Some(pair) = Pair::start("bench-ha").await else {
         bail!("the failover benchmark needs the test node (tests/env.sh up as root, without SKYPORT_NODE=0)")
     };
-    let requests = Requests::start(pair.ip.clone(), PORT);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let started = Instant::now();
-    match fault {
-        0 => tunnels::kill_exit_server(&pair.op, &pair.active),
-        1 => pair.stop_client(pair.active_slot().await).await,
-        _ => pair.add_port().await,
-    }
-    pair.moved().await;
-    let moved = started.elapsed().as_secs_f64();
-    while requests.last_answered().is_none_or(|last| last < started) {
-        if started.elapsed() > Duration::from_secs(120) {
-            bail!("no request answered through {} within 2 min of the fault", pair.ip);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    if fault == 2 {
-        pair.both_healthy(Duration::from_secs(120)).await;
-    }
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let (answered, sent) = requests.tally();
-    let gap = requests.longest_gap().as_secs_f64();
-    drop(requests);
+    let m = pair
+        .measure(
+            async |p| match fault {
+                0 => tunnels::kill_exit_server(&p.op, &p.active),
+                1 => p.stop_client(p.active_slot().await).await,
+                _ => p.add_port().await,
+            },
+            fault == 2,
+        )
+        .await;
     // The node stays this benchmark's until the pair is gone (its guard drops with it).
     let Pair { ns, op, .. } = pair;
     tunnels::finish_tunnels(op, ns).await;
-    Ok(Sample { moved, gap, failed: sent - answered, sent })
+    let (moved, gap) = (m.moved_after.as_secs_f64(), m.gap.as_secs_f64());
+    Ok(Sample { moved, gap, failed: m.sent - m.answered, sent: m.sent })
 }
 
 pub async fn run(runs: usize) -> anyhow::Result<()> {

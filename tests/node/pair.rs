@@ -2,7 +2,7 @@
 //! Service `web` (TCP 18480) asking for a reserved address and two exit servers, its two client
 //! Pods from skyport's image, an echo backend Pod.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::ResourceExt;
@@ -12,6 +12,7 @@ use skyport::crd::tunnel::HighAvailabilityStatus;
 use tokio::sync::RwLockReadGuard;
 
 use super::tunnels::{ACTIVE, NodeTunnel, set_pod_quota};
+use crate::common::requests::Requests;
 use crate::common::tunnels::{TunnelOperator, active, carries, fast_tunnel_settings, ingress_ip, service};
 use crate::common::{TestNs, eventually};
 
@@ -35,7 +36,44 @@ pub fn ha(t: &Tunnel) -> HighAvailabilityStatus {
     t.status.as_ref().and_then(|s| s.high_availability.clone()).expect("status.highAvailability")
 }
 
+/// What a client of the reserved address saw around a fault ([`Pair::measure`]).
+pub struct Measured {
+    /// The Tunnel once the address was on the other server.
+    pub moved: Tunnel,
+    /// From the fault to the address on the other server.
+    pub moved_after: Duration,
+    /// From the fault to the end of the measurement.
+    pub settled_after: Duration,
+    /// The longest time between two answered requests.
+    pub gap: Duration,
+    pub answered: usize,
+    pub sent: usize,
+}
+
 impl Pair {
+    /// Runs `fault` while a request goes to the reserved address every 100 ms; waits until the
+    /// address is on the other server and requests are answered again (`planned`: and both servers
+    /// pass, as after a roll), then 3 s more.
+    pub async fn measure(&self, fault: impl AsyncFnOnce(&Pair), planned: bool) -> Measured {
+        let requests = Requests::start(self.ip.clone(), PORT);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let started = Instant::now();
+        fault(self).await;
+        let moved = self.moved().await;
+        let moved_after = started.elapsed();
+        eventually("requests through the same address again", Duration::from_secs(120), || async {
+            requests.last_answered().filter(|last| *last > started).map(drop)
+        })
+        .await;
+        if planned {
+            self.both_healthy(Duration::from_secs(120)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let (answered, sent) = requests.tally();
+        let (gap, settled_after) = (requests.longest_gap(), started.elapsed());
+        Measured { moved, moved_after, settled_after, gap, answered, sent }
+    }
+
     /// Active with both servers passing their checks and bytes through the reserved address;
     /// `None` when the environment runs without its node on purpose.
     pub async fn start(prefix: &str) -> Option<Self> {
