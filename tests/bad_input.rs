@@ -29,6 +29,9 @@ use serde_json::json;
 use skyport::crd::{ConditionStatus, Queue, Tunnel};
 
 const TIMEOUT: Duration = Duration::from_secs(60);
+/// For every case's outcome together: the Tunnel with 100 ports starts a client with 100 services,
+/// which under the whole suite's load (8 tests at once on 2 cores) once took longer than a minute.
+const OUTCOMES: Duration = Duration::from_secs(180);
 
 static PANICS: AtomicUsize = AtomicUsize::new(0);
 
@@ -115,8 +118,8 @@ async fn bad_input_is_refused_or_reported_and_good_objects_keep_being_served() {
     }
     good_still_served(&ns, "after the refusals").await;
 
-    // Outcomes in status: all cases together, each within TIMEOUT.
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    // Outcomes in status: all cases together, within OUTCOMES.
+    let deadline = tokio::time::Instant::now() + OUTCOMES;
     for (what, (kind, name), expect) in &watched {
         let (ok, last) = loop {
             let last = ready_of(&ns, kind, name).await;
