@@ -1,7 +1,7 @@
 //! `skyport tunnel server --forward-file`: how the local provider gives an exit server a reserved
 //! address that can move without disturbing any tunnel. A cloud points a reserved address at a VM
 //! by translating it at its edge: the VM's services stay bound to its own address and its client
-//! stays connected, so new connections reach the new VM as soon as the cloud has switched. Here
+//! stays connected, so new connections reach whichever VM the cloud points the address at. Here
 //! the server itself listens on the address named in the forward file, on every service port of
 //! its configuration (TCP and UDP), and relays to its own rathole listener on that port.
 //!
