@@ -30,7 +30,7 @@ use skyport::crd::{Tunnel, TunnelPhase};
 use tunnels::{TunnelOperator, active, carries, events, host_id, host_ip, ingress_ip, service};
 
 /// Removes every guest the test's provider made, whatever happened to the test.
-struct Guests(Arc<GuestProvider>, std::path::PathBuf);
+pub(crate) struct Guests(Arc<GuestProvider>, pub(crate) std::path::PathBuf);
 
 impl Drop for Guests {
     fn drop(&mut self) {
@@ -41,7 +41,11 @@ impl Drop for Guests {
 
 /// A guest provider over a fresh state folder of `ns` whose guests trust `mirror`, and the guard
 /// that removes its guests.
-fn provider(ns: &TestNs, rootfs: &std::path::Path, mirror: &common::mirror::Mirror) -> (Arc<GuestProvider>, Guests) {
+pub(crate) fn provider(
+    ns: &TestNs,
+    rootfs: &std::path::Path,
+    mirror: &common::mirror::Mirror,
+) -> (Arc<GuestProvider>, Guests) {
     let state = std::env::temp_dir().join(format!("skyport-test-guests-{}", ns.name));
     let mut settings = GuestSettings::new(&state, rootfs);
     settings.ca_file = Some(mirror.ca_file.clone());
@@ -54,7 +58,7 @@ fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 /// What a guest left on this machine: its folder, network namespace, host-side link or mount.
-fn traces(id: &str) -> Vec<String> {
+pub(crate) fn traces(id: &str) -> Vec<String> {
     let output = |args: &[&str]| {
         String::from_utf8_lossy(&std::process::Command::new(args[0]).args(&args[1..]).output().unwrap().stdout)
             .into_owned()
@@ -72,7 +76,7 @@ fn traces(id: &str) -> Vec<String> {
     found
 }
 
-async fn ingress_is(services: &Api<Service>, ip: &str) {
+pub(crate) async fn ingress_is(services: &Api<Service>, ip: &str) {
     eventually(&format!("Service ingress {ip}"), Duration::from_secs(30), || async {
         (ingress_ip(&services.get("web").await.ok()?)? == ip).then_some(())
     })
