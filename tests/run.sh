@@ -69,6 +69,8 @@ if [[ $# == 0 ]]; then
   cargo bench --profile dev --bench tunnel -- --quick
   # The same path on booted guests (one run, ~2 min), as root.
   if [[ $(id -u) == 0 ]]; then cargo bench --profile dev --bench tunnel -- --quick --guest; fi
+  # A highly available Tunnel's failover on booted guests (one run, ~30 s), as root.
+  if [[ $(id -u) == 0 ]]; then cargo bench --profile dev --bench tunnel -- --quick --guest --failover; fi
   # A highly available Tunnel's failover on the node (one run of each fault, ~1 min).
   if [[ -n "${SKYPORT_NODE_KUBECONFIG:-}" ]]; then cargo bench --profile dev --bench tunnel -- --quick --failover; fi
   # skyport side by side with ACK (10 Queues); without SKYPORT_ACK_SRC skyport's arms and the

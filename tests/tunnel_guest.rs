@@ -30,7 +30,7 @@ use skyport::crd::{Tunnel, TunnelPhase};
 use tunnels::{TunnelOperator, active, carries, events, host_id, host_ip, ingress_ip, service};
 
 /// Removes every guest the test's provider made, whatever happened to the test.
-pub(crate) struct Guests(Arc<GuestProvider>, pub(crate) std::path::PathBuf);
+struct Guests(Arc<GuestProvider>, std::path::PathBuf);
 
 impl Drop for Guests {
     fn drop(&mut self) {
@@ -41,11 +41,7 @@ impl Drop for Guests {
 
 /// A guest provider over a fresh state folder of `ns` whose guests trust `mirror`, and the guard
 /// that removes its guests.
-pub(crate) fn provider(
-    ns: &TestNs,
-    rootfs: &std::path::Path,
-    mirror: &common::mirror::Mirror,
-) -> (Arc<GuestProvider>, Guests) {
+fn provider(ns: &TestNs, rootfs: &std::path::Path, mirror: &common::mirror::Mirror) -> (Arc<GuestProvider>, Guests) {
     let state = std::env::temp_dir().join(format!("skyport-test-guests-{}", ns.name));
     let mut settings = GuestSettings::new(&state, rootfs);
     settings.ca_file = Some(mirror.ca_file.clone());
