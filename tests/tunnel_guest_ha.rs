@@ -4,8 +4,9 @@
 //! this machine routes the address to the active guest. The active guest is powered off while a
 //! request goes to the address every 100 ms: the address moves to the other guest and bytes flow
 //! through the same address again, with a Failover Event and
-//! `status.highAvailability.lastFailover`; the powered-off guest is replaced, and nothing is left
-//! once the Service goes. benches/tunnel.rs `--guest --failover` measures the same.
+//! `status.highAvailability.lastFailover`; the powered-off guest is replaced by a standby that
+//! takes the address when the other powers off in turn, and nothing is left once the Service
+//! goes. benches/tunnel.rs `--guest --failover` measures the same.
 //!
 //! Needs root, the guest root file system and the static build (tests/run.sh provides them).
 //! Where guests cannot boot the test fails, unless `SKYPORT_SKIP_GUEST_TESTS=1` opts out.
@@ -31,6 +32,18 @@ fn routes(ip: &str) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
+/// Each guest of the pair carries the reserved address on its interface, and its client dials
+/// the guest's own address.
+fn carried_by_both(pair: &GuestPair, t: &skyport::crd::Tunnel) {
+    for server in ha(t).servers {
+        let machine = pair.guests.machine(server.host_id.as_deref().unwrap()).unwrap();
+        assert_eq!(server.host_ip, Some(machine.ip.to_string()), "each client dials its guest's own address");
+        let carried = std::process::Command::new("ip").args(["-n", &machine.name, "-4", "-o", "addr"]).output();
+        let carried = String::from_utf8_lossy(&carried.unwrap().stdout).into_owned();
+        assert!(carried.contains(&format!("inet {}/32 ", pair.ip)), "{}: {carried}", machine.name);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "boots Debian guests: root, tests/env/build-guest.sh, the static build and tests/env.sh up"]
 async fn a_highly_available_tunnel_on_booted_guests_moves_its_address_off_a_powered_off_guest() {
@@ -48,16 +61,11 @@ async fn a_highly_available_tunnel_on_booted_guests_moves_its_address_off_a_powe
     let (_, _, message) = tunnels::ready(&first).unwrap();
     assert!(message.contains("its own address"), "checked where it was checked: {message}");
     ingress_is(&pair.services, &ip).await;
-    for server in ha(&first).servers {
-        let machine = guests.machine(server.host_id.as_deref().unwrap()).unwrap();
-        assert_eq!(server.host_ip, Some(machine.ip.to_string()), "each client dials its guest's own address");
-        let carried = std::process::Command::new("ip").args(["-n", &machine.name, "-4", "-o", "addr"]).output();
-        assert!(String::from_utf8_lossy(&carried.unwrap().stdout).contains(&format!("inet {ip}/32 ")));
-    }
+    carried_by_both(&pair, &first);
     assert!(routes(&ip).contains(&format!("dev {holder}h")), "routed to {holder}: {}", routes(&ip));
     assert_eq!(pair.mirror.downloads(), 2, "each guest downloaded the binary once");
 
-    let PowerOff { moved, moved_after, gap, answered, sent } = pair.power_off_active().await;
+    let PowerOff { moved, moved_after, gap, answered, sent } = pair.power_off(&holder).await;
     // A figure, not an assertion of speed.
     println!(
         "guest failover after the active guest powered off: address moved {:.1} s after it; longest gap \
@@ -75,13 +83,23 @@ async fn a_highly_available_tunnel_on_booted_guests_moves_its_address_off_a_powe
     ingress_is(&pair.services, &ip).await;
     carries(&ip, PORT, None).await;
 
-    // The powered-off guest is replaced by a new standby on a new link address; it leaves nothing.
-    pair.both_passing(Some(&holder), Duration::from_secs(300)).await;
+    // The powered-off guest is replaced by a new standby on a new link address, carrying the
+    // reserved address too; it leaves nothing.
+    let replaced = pair.both_passing(Some(&holder), Duration::from_secs(300)).await;
+    carried_by_both(&pair, &replaced);
     assert_eq!(guests.get(&holder).await.unwrap(), None, "the powered-off guest is deleted");
     assert!(traces(&holder).is_empty(), "the powered-off guest left {:?}", traces(&holder));
     let uid = moved.uid().unwrap();
     assert_eq!(guests.list_by_tag(TAG_TUNNEL_UID, &uid).await.unwrap().len(), 2, "no leftover guest");
     assert_eq!(guests.list_addresses_by_tag(TAG_TUNNEL_UID, &uid).await.unwrap().len(), 1);
+    carries(&ip, PORT, None).await;
+
+    // Now the other one powers off: the address moves onto the replacement.
+    let again = pair.power_off(&to).await;
+    let last = ha(&again.moved).last_failover.expect("lastFailover");
+    assert_eq!(last.from, to);
+    assert_eq!(ha(&again.moved).failovers, Some(2));
+    assert!(routes(&ip).contains(&format!("dev {}h", last.to)), "routed to {}: {}", last.to, routes(&ip));
     carries(&ip, PORT, None).await;
 
     // The Service goes: no guest, route, address or file is left.

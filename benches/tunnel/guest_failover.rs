@@ -21,7 +21,7 @@ pub async fn run(runs: usize) -> anyhow::Result<()> {
     let (mut moved, mut gaps, mut failed) = (Vec::new(), Vec::new(), Vec::new());
     for run in 0..runs {
         let pair = GuestPair::start("bench-guest-ha", &rootfs, &exe).await;
-        let m = pair.power_off_active().await;
+        let m = pair.power_off(&pair.active).await;
         pair.finish().await;
         let (after, gap) = (m.moved_after.as_secs_f64(), m.gap.as_secs_f64());
         println!(

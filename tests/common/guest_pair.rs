@@ -127,18 +127,19 @@ impl GuestPair {
         .await
     }
 
-    /// Powers the active guest off while a request goes to the reserved address every 100 ms;
-    /// waits until the address is on the other guest and requests are answered again, then 3 s.
-    pub async fn power_off_active(&self) -> PowerOff {
+    /// Powers guest `holder` (the one holding the address) off while a request goes to the
+    /// reserved address every 100 ms; waits until the address is on the other guest and requests
+    /// are answered again, then 3 s.
+    pub async fn power_off(&self, holder: &str) -> PowerOff {
         let requests = Requests::start(self.ip.clone(), PORT);
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let machine = self.guests.machine(&self.active).expect("the active guest");
+        let machine = self.guests.machine(holder).expect("the active guest");
         let fault = Instant::now();
         // Powering off blocks until nspawn is gone: off the runtime's threads, so requests go on.
         let off = tokio::task::spawn_blocking(move || machine.stop(Duration::from_secs(30)));
         let moved = eventually("the address on the other guest", Duration::from_secs(60), || async {
             let t = self.tunnels.get("web-tunnel").await.ok()?;
-            ha(&t).active.filter(|a| *a != self.active).map(|_| t)
+            ha(&t).active.filter(|a| a != holder).map(|_| t)
         })
         .await;
         let moved_after = fault.elapsed();
