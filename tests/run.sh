@@ -23,7 +23,7 @@ export SKYPORT_HELM
 cargo build --bin skyport
 SKYPORT_EXE="${CARGO_TARGET_DIR:-$PWD/target}/debug/skyport"
 export SKYPORT_EXE
-# The Debian guests tests/guest.rs, tests/tunnel_guest.rs and providers/tests/guest.rs boot with
+# The Debian guests tests/guest.rs, tests/tunnel_guest*.rs and providers/tests/guest*.rs boot with
 # systemd-nspawn (root only; built once, ~6 min), and the shipped static binary they download and
 # run (tests/env/build-musl.sh; ~16 min once on 2 cores, then only what changed). Without root
 # those tests fail, unless SKYPORT_SKIP_GUEST_TESTS=1 opts out of them.
