@@ -133,8 +133,8 @@ impl GuestProvider {
     }
 
     /// Powers off and removes every guest of the state directory and releases (and unroutes) its
-    /// reserved addresses, blocking, without the limiter: for tests and the playground to leave nothing
-    /// behind whatever happened to them.
+    /// reserved addresses, blocking, without the limiter: for tests and the playground to leave
+    /// nothing behind whatever happened to them.
     pub fn remove_all(&self) {
         for record in self.files().all().unwrap_or_default() {
             let _ = std::fs::remove_file(self.host_dir(&record.id).join("host.json"));
