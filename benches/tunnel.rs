@@ -32,6 +32,10 @@
 //!    behind skyport's back (`tunnel/guest.rs`; root, tests/env/build-guest.sh and the static
 //!    build in `SKYPORT_GUEST_EXE`). 3 runs, 1 with `--quick`; it replaces 1-3.
 //!
+//! 6. **`--guest --failover`**: a highly available Tunnel on booted guests while its active guest
+//!    powers off: when the address moved, the longest gap between answered requests (one every
+//!    100 ms), the requests failed (`tunnel/guest_failover.rs`). 3 runs, 1 with `--quick`.
+//!
 //! The tunnel runs the skyport binary of the profile the benchmark is built with (the exit server
 //! and the client alike), so `cargo bench` (release) measures a release tunnel; with
 //! `SKYPORT_BENCH_EXE=$(tests/env/build-musl.sh)` it runs the static musl binary exit servers
@@ -47,6 +51,7 @@
 //! cargo bench --bench tunnel -- --quick     # 2 runs, 16 MiB, 200 round trips, 0.5 s (CI, tests/run.sh)
 //! cargo bench --bench tunnel -- --guest     # as root, with SKYPORT_GUEST_ROOTFS and SKYPORT_GUEST_EXE
 //! cargo bench --bench tunnel -- --failover  # with the node, SKYPORT_IMAGE and SKYPORT_ECHO_IMAGE as tests/run.sh sets them
+//! cargo bench --bench tunnel -- --guest --failover  # as root, as --guest
 //! ```
 //!
 //! Run without `--bench` (as `cargo test --all-targets` does) it only says how to run it.
@@ -66,6 +71,8 @@ mod deploy {
 }
 #[path = "tunnel/failover.rs"]
 mod failover;
+#[path = "tunnel/guest_failover.rs"]
+mod guest_failover;
 #[allow(dead_code)]
 #[path = "../tests/node.rs"]
 mod node;
@@ -361,11 +368,15 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if !args.iter().any(|a| a == "--bench") {
         println!(
-            "benches/tunnel.rs is a benchmark against the test environment: cargo bench --bench tunnel [-- --quick] [--guest | --failover]"
+            "benches/tunnel.rs is a benchmark against the test environment: cargo bench --bench tunnel [-- --quick] [--guest] [--failover]"
         );
         return Ok(());
     }
     let quick = args.iter().any(|a| a == "--quick");
+    if args.iter().any(|a| a == "--guest") && args.iter().any(|a| a == "--failover") {
+        let runs = if quick { 1 } else { 3 };
+        return tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(guest_failover::run(runs));
+    }
     if args.iter().any(|a| a == "--failover") {
         let runs = if quick { 1 } else { 3 };
         return tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(failover::run(runs));

@@ -35,4 +35,5 @@ mod tunnel_ec2_ha;
 mod tunnel_failover;
 mod tunnel_faults;
 mod tunnel_guest;
+mod tunnel_guest_ha;
 mod two_operators;

@@ -23,7 +23,7 @@ export SKYPORT_HELM
 cargo build --bin skyport
 SKYPORT_EXE="${CARGO_TARGET_DIR:-$PWD/target}/debug/skyport"
 export SKYPORT_EXE
-# The Debian guests tests/guest.rs, tests/tunnel_guest.rs and providers/tests/guest.rs boot with
+# The Debian guests tests/guest.rs, tests/tunnel_guest*.rs and providers/tests/guest*.rs boot with
 # systemd-nspawn (root only; built once, ~6 min), and the shipped static binary they download and
 # run (tests/env/build-musl.sh; ~16 min once on 2 cores, then only what changed). Without root
 # those tests fail, unless SKYPORT_SKIP_GUEST_TESTS=1 opts out of them.
@@ -69,6 +69,8 @@ if [[ $# == 0 ]]; then
   cargo bench --profile dev --bench tunnel -- --quick
   # The same path on booted guests (one run, ~2 min), as root.
   if [[ $(id -u) == 0 ]]; then cargo bench --profile dev --bench tunnel -- --quick --guest; fi
+  # A highly available Tunnel's failover on booted guests (one run, ~30 s), as root.
+  if [[ $(id -u) == 0 ]]; then cargo bench --profile dev --bench tunnel -- --quick --guest --failover; fi
   # A highly available Tunnel's failover on the node (one run of each fault, ~1 min).
   if [[ -n "${SKYPORT_NODE_KUBECONFIG:-}" ]]; then cargo bench --profile dev --bench tunnel -- --quick --failover; fi
   # skyport side by side with ACK (10 Queues); without SKYPORT_ACK_SRC skyport's arms and the

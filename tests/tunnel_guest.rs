@@ -54,7 +54,7 @@ fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 /// What a guest left on this machine: its folder, network namespace, host-side link or mount.
-fn traces(id: &str) -> Vec<String> {
+pub(crate) fn traces(id: &str) -> Vec<String> {
     let output = |args: &[&str]| {
         String::from_utf8_lossy(&std::process::Command::new(args[0]).args(&args[1..]).output().unwrap().stdout)
             .into_owned()
@@ -72,7 +72,7 @@ fn traces(id: &str) -> Vec<String> {
     found
 }
 
-async fn ingress_is(services: &Api<Service>, ip: &str) {
+pub(crate) async fn ingress_is(services: &Api<Service>, ip: &str) {
     eventually(&format!("Service ingress {ip}"), Duration::from_secs(30), || async {
         (ingress_ip(&services.get("web").await.ok()?)? == ip).then_some(())
     })

@@ -16,6 +16,11 @@
 //! nspawn has exited (powered off behind skyport's back) reads as [`HostState::Stopped`], which
 //! the Tunnel controller replaces; `delete` powers it off and removes every trace of it.
 //!
+//! Reserved addresses ([`addresses`]): a single exit server's is a link address its replacements
+//! are made with; a highly available pair's is of a range of its own, carried on both guests'
+//! interfaces by their user data and routed by this machine to the one holding it, moved by
+//! re-pointing that route, as a cloud moves a floating IP.
+//!
 //! Needs root and systemd-nspawn; [`GuestProvider::new`] says so when either is missing.
 
 mod addresses;
@@ -37,7 +42,7 @@ pub use machine::{HOST_ALIAS, Machine};
 
 use crate::error::HostError;
 use crate::host_files::HostFiles;
-use crate::hosts::{AddressBinding, Host, HostProvider, HostRequest, HostState};
+use crate::hosts::{AddressBinding, Host, HostProvider, HostRequest, HostState, TAG_TUNNEL_SLOT};
 use crate::limiter::Limiter;
 use crate::reservations::Booked;
 
@@ -127,17 +132,15 @@ impl GuestProvider {
         self.files().read(id).ok().flatten().map(|r| r.machine)
     }
 
-    /// Powers off and removes every guest of the state directory and releases its reserved
-    /// addresses, blocking, without the limiter: for tests and the playground to leave nothing
-    /// behind whatever happened to them.
+    /// Powers off and removes every guest of the state directory and releases (and unroutes) its
+    /// reserved addresses, blocking, without the limiter: for tests and the playground to leave
+    /// nothing behind whatever happened to them.
     pub fn remove_all(&self) {
         for record in self.files().all().unwrap_or_default() {
             let _ = std::fs::remove_file(self.host_dir(&record.id).join("host.json"));
             record.machine.tear_down();
         }
-        for address in self.reserved().unwrap_or_default() {
-            let _ = self.book().release(&address.ip.to_string());
-        }
+        self.release_all();
     }
 
     fn host_dir(&self, id: &str) -> PathBuf {
@@ -162,7 +165,12 @@ impl GuestProvider {
     /// Prepares, records and boots a guest; on failure removes whatever was made.
     async fn make(&self, request: &HostRequest) -> Result<Host, HostError> {
         let _guard = self.lock.lock().await;
-        let link = self.free_address_of(&request.tags)?;
+        // The Tunnel's reserved link address if it has a free one, so a replacement keeps it; a
+        // server of a highly available pair gets its own, and the pair's address is routed to it.
+        let link = match request.tags.contains_key(TAG_TUNNEL_SLOT) {
+            true => None,
+            false => self.free_address_of(&request.tags)?,
+        };
         let mut avoid: Vec<Ipv4Addr> = self.files().all()?.iter().map(|r| r.machine.ip).collect();
         avoid.extend(self.reserved()?.iter().map(|r| r.ip));
         let id = format!("{ID_PREFIX}{:08x}", rand::random::<u32>());
@@ -283,6 +291,32 @@ impl HostProvider for GuestProvider {
 
     fn address_binding(&self) -> AddressBinding {
         AddressBinding::AtCreate
+    }
+
+    /// A highly available pair's address is of a range of its own, routed to the guest holding
+    /// it ([`addresses`]), while each guest keeps its link address for its own client.
+    fn moves_addresses(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// A guest answers on a moved address only once its OS has it on its interface, as a
+    /// server with a Hetzner floating IP does.
+    fn binds_moved_address(&self) -> bool {
+        true
+    }
+
+    async fn assign_address(&self, id: &str, host_id: &str) -> Result<(), HostError> {
+        self.limiter.acquire("AssignAddress").await;
+        let result = self.move_address(id, host_id).await;
+        self.limiter.count_result("AssignAddress", &result);
+        result
+    }
+
+    async fn release_address(&self, id: &str) -> Result<(), HostError> {
+        self.limiter.acquire("ReleaseAddress").await;
+        let result = self.release(id).await;
+        self.limiter.count_result("ReleaseAddress", &result);
+        result
     }
 
     fn booked(&self) -> Option<&dyn Booked> {

@@ -3,7 +3,9 @@
 //! cloud's reserved IP would. One file per address, `address-<ip>.json` in the provider's state
 //! directory (`{ip, tags}`); the host using it is the one created with that address. Like
 //! Hetzner's primary IPs, it goes onto a host at creation
-//! ([`AddressBinding::AtCreate`](crate::hosts::AddressBinding::AtCreate)).
+//! ([`AddressBinding::AtCreate`](crate::hosts::AddressBinding::AtCreate)). A highly available
+//! pair's address is moved between running hosts instead, and each provider says which host holds
+//! it ([`Booked::hosts`]: the local server forwarding it, the guest it is routed to).
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -23,11 +25,12 @@ use crate::limiter::Limiter;
 #[async_trait]
 pub trait Booked: Send + Sync {
     fn book(&self) -> AddressBook;
-    /// Every host's (address, id).
+    /// Every host's (address, id), moved addresses first: the host holding one is the first listed.
     fn hosts(&self) -> Result<Vec<(Ipv4Addr, String)>, HostError>;
-    /// Records an address no host and no reservation has, tagged `tags` (under the provider's
-    /// lock, so two reservations never get the same one).
-    async fn record_free(&self, tags: &BTreeMap<String, String>) -> Result<Address, HostError>;
+    /// Records an address no host and no reservation has, tagged as `request` says (under the
+    /// provider's lock, so two reservations never get the same one); a
+    /// [`movable`](AddressRequest::movable) one where the provider keeps those apart (`guest`).
+    async fn record_free(&self, request: &AddressRequest) -> Result<Address, HostError>;
     fn counted_by(&self) -> &Limiter;
 
     fn reserved(&self) -> Result<Vec<Reserved>, HostError> {
@@ -42,7 +45,7 @@ pub trait Booked: Send + Sync {
     async fn reserve(&self, request: &AddressRequest) -> Result<Address, HostError> {
         counted(self.counted_by(), "ReserveAddress", async {
             self.book().check_request(request)?;
-            self.record_free(&request.tags).await
+            self.record_free(request).await
         })
         .await
     }

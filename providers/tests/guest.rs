@@ -4,14 +4,16 @@
 //! started anew over the same state finding its guests again, and the moved address a highly
 //! available pair's server puts on its interface at every boot (or, on EC2, the secondary
 //! private address it reads from a fake of the instance metadata service). The user data here cannot install
-//! a server (its download URL leads nowhere): these are about the guests as hosts; the Tunnel
-//! path through them is tests/tunnel_guest.rs.
+//! a server (its download URL leads nowhere): these are about the guests as hosts; the pair's
+//! address moving between guests is guest_moved.rs, the Tunnel path through them
+//! tests/tunnel_guest.rs.
 //!
 //! Needs root. Where guests cannot boot these fail, unless `SKYPORT_SKIP_GUEST_TESTS=1` opts out.
 
 mod contract;
+mod guest_support;
 
-use std::path::PathBuf;
+use guest_support::{carried, provider, until_carried};
 use std::time::Duration;
 
 use providers::exit::userdata::{Artifact, InterfaceAddresses, render_cloud_config_on, render_cloud_config_with};
@@ -21,46 +23,6 @@ use providers::hosts::{HostProvider, HostState, TAG_TUNNEL_UID};
 
 /// Set in the child process of the crash test: the state directory it makes a guest in.
 const CRASH_CHILD: &str = "SKYPORT_GUEST_CRASH_CHILD";
-
-/// A provider over a fresh state directory, or `None` where guests cannot boot and the opt-out
-/// is set; dropping the guard removes every guest and the directory, whatever happened.
-fn provider(test: &str) -> Option<(GuestProvider, State)> {
-    let rootfs = match (providers::guest::machine::check_host(), std::env::var_os("SKYPORT_GUEST_ROOTFS")) {
-        (Ok(()), Some(rootfs)) => PathBuf::from(rootfs),
-        (check, rootfs) => {
-            let why = check.err().unwrap_or_else(|| format!("SKYPORT_GUEST_ROOTFS is {rootfs:?}"));
-            assert!(
-                std::env::var("SKYPORT_SKIP_GUEST_TESTS").is_ok_and(|v| v == "1"),
-                "{test}: cannot boot a guest here: {why}. Run as root with SKYPORT_GUEST_ROOTFS=$(tests/env/build-guest.sh), \
-                 or set SKYPORT_SKIP_GUEST_TESTS=1 to skip."
-            );
-            eprintln!("\n!!! SKIPPED {test}: cannot boot a guest here ({why}); SKYPORT_SKIP_GUEST_TESTS=1 opts out.\n");
-            return None;
-        }
-    };
-    // Guests an earlier run cut short left behind would eat this machine's inotify instances.
-    static SWEEP: std::sync::Once = std::sync::Once::new();
-    SWEEP.call_once(|| {
-        for removed in Machine::sweep_left_overs(&std::env::temp_dir()) {
-            eprintln!("removed a left-over guest: {removed}");
-        }
-    });
-    let dir = std::env::temp_dir().join(format!("skyport-guest-provider-{test}-{:08x}", rand::random::<u32>()));
-    let mut settings = GuestSettings::new(&dir, rootfs);
-    settings.stop_grace = Duration::from_secs(10);
-    Some((GuestProvider::new(settings.clone()).unwrap(), State(settings)))
-}
-
-struct State(GuestSettings);
-
-impl Drop for State {
-    fn drop(&mut self) {
-        if let Ok(p) = GuestProvider::new(self.0.clone()) {
-            p.remove_all();
-        }
-        let _ = std::fs::remove_dir_all(&self.0.state_dir);
-    }
-}
 
 fn expect() -> contract::Expect {
     // nspawn runs as soon as `create` returns: the guest is up, cloud-init on its way.
@@ -269,27 +231,6 @@ fn a_root_file_system_without_cloud_init_is_refused_with_how_to_build_one() {
         message.contains("root") && (message.contains("build-guest.sh") || message.contains("need root")),
         "{message}"
     );
-}
-
-/// The lines of `ip -4 -o addr` in guest `name`'s network namespace that carry `ip`.
-fn carried(name: &str, ip: &str) -> Vec<String> {
-    let out = std::process::Command::new("ip").args(["-n", name, "-4", "-o", "addr", "show"]).output().unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| l.contains(&format!("inet {ip}/32 ")))
-        .map(String::from)
-        .collect()
-}
-
-async fn until_carried(machine: &Machine, ip: &str) -> Vec<String> {
-    for _ in 0..600 {
-        let lines = carried(&machine.name, ip);
-        if !lines.is_empty() {
-            return lines;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    panic!("{ip} never reached the guest's interface: {}", machine.diagnostics());
 }
 
 /// The user data of a highly available pair's server where the cloud routes the moved address

@@ -300,8 +300,8 @@ pub struct HighAvailabilityStatus {
     /// The last time the address moved to the standby, and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failover: Option<Failover>,
-    /// Why the address cannot be moved quickly at this provider, when it cannot (for now guest,
-    /// where skyport does not move reserved addresses between running exit servers yet).
+    /// Why the address cannot be moved quickly at this provider, when it cannot (every built-in
+    /// provider moves it; a provider that gives addresses to servers only at creation would not).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limitation: Option<String>,
 }

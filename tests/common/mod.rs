@@ -24,6 +24,7 @@ use tokio::sync::{OnceCell, oneshot};
 pub mod bait;
 pub mod crash;
 pub mod guest;
+pub mod guest_pair;
 pub mod kubelet;
 pub mod mirror;
 pub mod private_env;

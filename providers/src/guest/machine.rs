@@ -310,7 +310,7 @@ impl Machine {
     }
 }
 
-fn addresses_in_use() -> Result<String, MachineError> {
+pub(crate) fn addresses_in_use() -> Result<String, MachineError> {
     let out = Command::new("ip").args(["-4", "addr"]).output().map_err(|e| format!("ip: {e}"))?;
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }

@@ -3,7 +3,6 @@
 //! when it starts. A highly available pair's servers have their own addresses instead, and the
 //! reserved one is forwarded by whichever server holds it.
 
-use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
@@ -11,7 +10,7 @@ use async_trait::async_trait;
 
 use super::{LocalProvider, unavailable};
 use crate::error::HostError;
-use crate::hosts::Address;
+use crate::hosts::{Address, AddressRequest};
 use crate::limiter::Limiter;
 use crate::reservations::{AddressBook, Booked};
 
@@ -30,11 +29,12 @@ impl Booked for LocalProvider {
         Ok(moved.chain(own).collect())
     }
 
-    async fn record_free(&self, tags: &BTreeMap<String, String>) -> Result<Address, HostError> {
+    /// Movable or not, the same kind: any loopback address can be forwarded by any server.
+    async fn record_free(&self, request: &AddressRequest) -> Result<Address, HostError> {
         let _guard = self.lock.lock().await;
         // Port 0 always binds, so only addresses of hosts and other reservations are skipped.
         let ip = self.allocate(&self.taken()?, 0)?;
-        self.book().record(ip, tags)
+        self.book().record(ip, &request.tags)
     }
 
     fn counted_by(&self) -> &Limiter {

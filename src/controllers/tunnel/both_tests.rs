@@ -20,7 +20,7 @@ const REPLACE_AFTER: Duration = Duration::from_millis(300);
 fn both() -> (Harness, Arc<Tunnel>) {
     let settings = TunnelArgs { replace_after: REPLACE_AFTER, withdraw_after: REPLACE_AFTER, ..Default::default() };
     let mut h = harness_settings(settings);
-    // Like the guest provider: addresses are bound when a host is made, never moved.
+    // A provider whose addresses are bound when a host is made, never moved.
     h.provider.bind_addresses(AddressBinding::AtCreate);
     h.add_service();
     let mut t = (*h.new_tunnel()).clone();

@@ -36,7 +36,8 @@ pub enum InterfaceAddresses {
     /// Nothing: the cloud translates the moved address to one the server has anyway.
     #[default]
     None,
-    /// These addresses themselves (a Hetzner floating IP).
+    /// These addresses themselves (a Hetzner floating IP; a guest pair's address, which the
+    /// guest provider routes to its holder).
     Fixed(Vec<Ipv4Addr>),
     /// The instance's own secondary private IPv4s, read at boot from EC2's instance metadata
     /// service (the pair's Elastic IP is associated with one of them).

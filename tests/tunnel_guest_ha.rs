@@ -1,0 +1,115 @@
+//! A highly available Tunnel (mode `ActiveStandby`) on booted guests, through the operator
+//! (`common::guest_pair`): two guests, each booted by real cloud-init from the user data the
+//! controller renders, with the pair's reserved address on its interface and its own client;
+//! this machine routes the address to the active guest. The active guest is powered off while a
+//! request goes to the address every 100 ms: the address moves to the other guest and bytes flow
+//! through the same address again, with a Failover Event and
+//! `status.highAvailability.lastFailover`; the powered-off guest is replaced by a standby that
+//! takes the address when the other powers off in turn, and nothing is left once the Service
+//! goes. benches/tunnel.rs `--guest --failover` measures the same.
+//!
+//! Needs root, the guest root file system and the static build (tests/run.sh provides them).
+//! Where guests cannot boot the test fails, unless `SKYPORT_SKIP_GUEST_TESTS=1` opts out.
+
+use crate::common;
+use crate::common::tunnels;
+
+use std::time::{Duration, Instant};
+
+use common::guest::{guest_exe, rootfs_or_skip};
+use common::guest_pair::{GuestPair, PORT, PowerOff, ha};
+use kube::ResourceExt;
+use kube::api::DeleteParams;
+use providers::HostProvider;
+use providers::hosts::{MANAGED_BY_VALUE, TAG_MANAGED_BY, TAG_TUNNEL_UID};
+use tunnels::{carries, events};
+
+use crate::tunnel_guest::{ingress_is, traces};
+
+/// This machine's routes of `ip`.
+fn routes(ip: &str) -> String {
+    let out = std::process::Command::new("ip").args(["-4", "route", "show", &format!("{ip}/32")]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Each guest of the pair carries the reserved address on its interface, and its client dials
+/// the guest's own address.
+fn carried_by_both(pair: &GuestPair, t: &skyport::crd::Tunnel) {
+    for server in ha(t).servers {
+        let machine = pair.guests.machine(server.host_id.as_deref().unwrap()).unwrap();
+        assert_eq!(server.host_ip, Some(machine.ip.to_string()), "each client dials its guest's own address");
+        let carried = std::process::Command::new("ip").args(["-n", &machine.name, "-4", "-o", "addr"]).output();
+        let carried = String::from_utf8_lossy(&carried.unwrap().stdout).into_owned();
+        assert!(carried.contains(&format!("inet {}/32 ", pair.ip)), "{}: {carried}", machine.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "boots Debian guests: root, tests/env/build-guest.sh, the static build and tests/env.sh up"]
+async fn a_highly_available_tunnel_on_booted_guests_moves_its_address_off_a_powered_off_guest() {
+    let Some(rootfs) = rootfs_or_skip("a_highly_available_tunnel_on_booted_guests") else { return };
+    let started = Instant::now();
+    // Active: both guests booted in parallel, installed the checked binary, passed their checks
+    // at their own addresses; the reserved address is routed to the active one, and real bytes
+    // flow through it.
+    let pair = GuestPair::start("tun-guest-ha", &rootfs, &guest_exe()).await;
+    let (ip, holder, guests) = (pair.ip.clone(), pair.active.clone(), pair.guests.clone());
+    eprintln!("guest pair: Service created -> bytes through the reserved address: {:?}", pair.first_bytes);
+    assert!(ip.starts_with("10.214."), "a movable address, no guest's link: {ip}");
+    let first = pair.tunnels.get("web-tunnel").await.unwrap();
+    assert_eq!(ha(&first).limitation, None, "the guest provider moves the address");
+    let (_, _, message) = tunnels::ready(&first).unwrap();
+    assert!(message.contains("its own address"), "checked where it was checked: {message}");
+    ingress_is(&pair.services, &ip).await;
+    carried_by_both(&pair, &first);
+    assert!(routes(&ip).contains(&format!("dev {holder}h")), "routed to {holder}: {}", routes(&ip));
+    assert_eq!(pair.mirror.downloads(), 2, "each guest downloaded the binary once");
+
+    let PowerOff { moved, moved_after, gap, answered, sent } = pair.power_off(&holder).await;
+    // A figure, not an assertion of speed.
+    println!(
+        "guest failover after the active guest powered off: address moved {:.1} s after it; longest gap \
+         without an answer {:.1} s ({answered} of {sent} requests answered)",
+        moved_after.as_secs_f64(),
+        gap.as_secs_f64()
+    );
+    let to = ha(&moved).active.unwrap();
+    let last = ha(&moved).last_failover.expect("lastFailover");
+    assert_eq!((last.from.as_str(), last.to.as_str()), (holder.as_str(), to.as_str()));
+    assert_eq!(ha(&moved).failovers, Some(1));
+    assert!(routes(&ip).contains(&format!("dev {to}h")), "routed to {to}: {}", routes(&ip));
+    let failover = events(&pair.ns.client, &pair.ns.name, "web-tunnel").await;
+    assert!(failover.iter().any(|(r, note)| r == "Failover" && note.contains(&holder)), "{failover:?}");
+    ingress_is(&pair.services, &ip).await;
+    carries(&ip, PORT, None).await;
+
+    // The powered-off guest is replaced by a new standby on a new link address, carrying the
+    // reserved address too; it leaves nothing.
+    let replaced = pair.both_passing(Some(&holder), Duration::from_secs(300)).await;
+    carried_by_both(&pair, &replaced);
+    assert_eq!(guests.get(&holder).await.unwrap(), None, "the powered-off guest is deleted");
+    assert!(traces(&holder).is_empty(), "the powered-off guest left {:?}", traces(&holder));
+    let uid = moved.uid().unwrap();
+    assert_eq!(guests.list_by_tag(TAG_TUNNEL_UID, &uid).await.unwrap().len(), 2, "no leftover guest");
+    assert_eq!(guests.list_addresses_by_tag(TAG_TUNNEL_UID, &uid).await.unwrap().len(), 1);
+    carries(&ip, PORT, None).await;
+
+    // Now the other one powers off: the address moves onto the replacement.
+    let again = pair.power_off(&to).await;
+    let last = ha(&again.moved).last_failover.expect("lastFailover");
+    assert_eq!(last.from, to);
+    assert_eq!(ha(&again.moved).failovers, Some(2));
+    assert!(routes(&ip).contains(&format!("dev {}h", last.to)), "routed to {}: {}", last.to, routes(&ip));
+    carries(&ip, PORT, None).await;
+
+    // The Service goes: no guest, route, address or file is left.
+    pair.services.delete("web", &DeleteParams::default()).await.unwrap();
+    tunnels::gone(&pair.tunnels, "web-tunnel").await;
+    let left = guests.list_by_tag(TAG_MANAGED_BY, MANAGED_BY_VALUE).await.unwrap();
+    assert!(left.is_empty(), "guests leaked: {left:?}");
+    assert_eq!(routes(&ip), "", "the reserved address is still routed");
+    let files: Vec<_> = std::fs::read_dir(&pair.state).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(files.is_empty(), "files left in the state directory: {files:?}");
+    eprintln!("guest pair: whole test {:?}", started.elapsed());
+    pair.finish().await;
+}
