@@ -358,3 +358,41 @@ async fn where_the_address_moves_onto_secondary_addresses_each_server_keeps_its_
     assert!(secret["stringData"]["client-a.toml"].as_str().unwrap().contains("203.0.113.1:2333"));
     assert!(secret["stringData"]["client-b.toml"].as_str().unwrap().contains("203.0.113.2:2333"));
 }
+
+#[tokio::test]
+async fn where_the_address_moves_onto_secondary_addresses_each_server_is_checked_at_its_own() {
+    // As LocalStack reports EC2: the Elastic IP as the public IPv4 of every instance it was ever
+    // associated with, the instance's own gone from the API. On AWS it goes onto a secondary
+    // private address and each instance keeps its own, where its client dials; the check goes
+    // there, and nothing is decided from an answer at the Elastic IP.
+    let (h, t) = pair();
+    h.provider.move_to_secondary_addresses();
+    h.reconcile(t).await.unwrap();
+    let reserved = h.provider.addresses()[0].ip.clone();
+    let report_reserved = |h: &Harness, id: &str| {
+        let mut host = h.provider.hosts().into_iter().find(|host| host.id == id).unwrap();
+        host.public_ipv4 = Some(reserved.clone());
+        h.provider.insert(host);
+    };
+    report_reserved(&h, "h-1");
+    h.probe.refuse(&reserved, true);
+    for _ in 0..3 {
+        pass(&h).await;
+    }
+    assert_eq!(ha(&h).active.as_deref(), Some("h-1"), "its own address passes: no failover");
+    let message = crate::controllers::status::ready_condition(&h.current()).unwrap().message.clone();
+    assert!(message.contains("health check at its own address 203.0.113.1 (not through"), "{message}");
+
+    // Its own address fails: the address moves to h-2, which LocalStack then reports there too.
+    fail_checks(&h, "203.0.113.1", 3).await;
+    assert_eq!(ha(&h).active.as_deref(), Some("h-2"));
+    report_reserved(&h, "h-2");
+    h.probe.refuse(&reserved, true);
+    pass(&h).await;
+    pass(&h).await;
+    let status = ha(&h);
+    assert_eq!((status.active.as_deref(), status.failovers), (Some("h-2"), Some(1)));
+    assert!(status.servers.iter().all(|s| s.healthy), "{status:?}");
+    let checked = h.probe.checked();
+    assert!(!checked.iter().any(|c| c.starts_with(&format!("{reserved}:"))), "{checked:?}");
+}

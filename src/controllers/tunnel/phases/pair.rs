@@ -78,6 +78,16 @@ impl Slot {
         self.host.as_ref().filter(|h| h.state == HostState::Running).and_then(|h| h.public_ipv4.as_deref())
     }
 
+    /// Where its end-to-end check goes while it runs: where the provider reports it (local: the
+    /// holder answers only at the reserved address, its ports bound there), except where the
+    /// address goes onto a secondary private IPv4 beside the host's own public one (`beside`,
+    /// EC2): there its own address, which its client dials, whatever the API reports as its
+    /// public IPv4 (LocalStack reports the Elastic IP, and still after it moved on).
+    fn check_ip(&self, beside: bool) -> Option<&str> {
+        let reported = self.running_ip()?;
+        Some(self.own_ip.as_deref().filter(|_| beside).unwrap_or(reported))
+    }
+
     fn id(&self) -> Option<&str> {
         self.host.as_ref().map(|h| h.id.as_str())
     }
@@ -141,7 +151,9 @@ impl Pass<'_> {
             slots.push(Slot { slot, host: Some(host), own_ip, check: None });
         }
         let ports_current = self.reconfigure_pair(want, keys, &mut slots).await?;
-        self.check_pair(keys, &mut slots).await;
+        // Where each server is checked ([`Slot::check_ip`]).
+        let beside = provider.moves_to_secondary_ip();
+        self.check_pair(keys, &mut slots, beside).await;
 
         let hysteresis = Hysteresis {
             failures: ctx.settings.failover_failures,
@@ -214,7 +226,7 @@ impl Pass<'_> {
                     active.as_deref().unwrap_or_default(),
                     super::super::status::describe(&want.ports),
                     tunnel.spec.service_ref.name,
-                    checked_at(active_slot, &a.ip),
+                    checked_at(active_slot.and_then(|s| s.check_ip(beside)), &a.ip),
                     standby_note(&slots, active.as_deref()),
                 ),
             ),
@@ -360,11 +372,11 @@ impl Pass<'_> {
         Ok(step.apply.into_iter().filter(|&i| clients[i] == Some(Client::Stale)).collect())
     }
 
-    /// Checks every running host end to end at its current address, both at once.
-    async fn check_pair(&self, keys: &Keys, slots: &mut [Slot]) {
+    /// Checks every running host end to end ([`Slot::check_ip`]), both at once.
+    async fn check_pair(&self, keys: &Keys, slots: &mut [Slot], beside: bool) {
         let (ctx, token) = (self.ctx, keys.credentials.token.as_str());
         let checks = slots.iter().map(|s| async move {
-            match (s.running_ip(), s.id()) {
+            match (s.check_ip(beside), s.id()) {
                 (Some(ip), Some(id)) => {
                     let result = ctx.probe.check(ip, ctx.settings.health_port, token).await;
                     let error = result.as_ref().err().cloned().unwrap_or_default();
@@ -392,11 +404,11 @@ impl Pass<'_> {
     }
 }
 
-/// Where the holder's check went, for the Ready message: through the reserved address where the
-/// provider reports the holder there (local), else the holder's own address (the cloud's routing
-/// of the reserved address to it is not what was checked, and the message must not claim it).
-fn checked_at(holder: Option<&Slot>, reserved: &str) -> String {
-    match holder.and_then(Slot::running_ip) {
+/// Where the holder's check went, for the Ready message: through the reserved address where it
+/// was checked there (local), else the holder's own address (the cloud's routing of the reserved
+/// address to it is not what was checked, and the message must not claim it).
+fn checked_at(holder_checked_at: Option<&str>, reserved: &str) -> String {
+    match holder_checked_at {
         Some(ip) if ip == reserved => format!("the reserved address {ip}"),
         Some(ip) => format!("its own address {ip} (not through the reserved address)"),
         None => "no address".into(),
