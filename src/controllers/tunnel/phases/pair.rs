@@ -22,7 +22,7 @@ use providers::{Address, AddressBinding, Host, HostState};
 use super::super::placement::Placement;
 use super::super::placement::SLOTS;
 use super::super::plan::Blocked;
-use super::super::plan::failover::{Client, FailoverStep, Health, Hysteresis, Server, failover_step, roll, roll_both};
+use super::super::plan::failover::{Client, FailoverStep, Hysteresis, Server, failover_step, roll, roll_both};
 use super::super::status::not_ready;
 use super::super::{act, desired, observe};
 use super::{Desired, Failure, Keys, Pass};
@@ -32,20 +32,13 @@ use crate::crd::tunnel::{Failover, HighAvailabilityStatus, ServerStatus, TunnelP
 use crate::error::{Error, Result};
 
 mod both;
+mod slot;
+
+use slot::{Slot, checked_at, standby_note};
 
 /// How long the holder's stale client waits for the other server to pass its check before it is
 /// rolled in place: a client Pod normally restarts within seconds.
 const ROLL_PATIENCE: Duration = Duration::from_secs(60);
-
-/// One slot's exit server as this pass found it.
-struct Slot {
-    slot: &'static str,
-    host: Option<Host>,
-    /// Its own address, which its client dials: as recorded for this host, else as first seen.
-    own_ip: Option<String>,
-    /// Its end-to-end check at its current address, when it runs: the streak and the error.
-    check: Option<(Health, String)>,
-}
 
 /// What a pass writes into status, after its writes to the cloud and the cluster.
 struct PairRecord {
@@ -56,41 +49,6 @@ struct PairRecord {
     ha: HighAvailabilityStatus,
     ready: bool,
     condition: Condition,
-}
-
-impl Slot {
-    /// As `status.highAvailability.servers` shows it.
-    fn status(&self) -> ServerStatus {
-        ServerStatus {
-            slot: self.slot.to_string(),
-            host_id: self.id().map(str::to_string),
-            host_ip: self.own_ip.clone().filter(|_| self.host.is_some()),
-            healthy: self.passing(),
-        }
-    }
-
-    /// Whether a server fills the slot and its last check passed.
-    fn passing(&self) -> bool {
-        self.host.is_some() && self.check.as_ref().is_some_and(|(h, _)| h.passing())
-    }
-
-    fn running_ip(&self) -> Option<&str> {
-        self.host.as_ref().filter(|h| h.state == HostState::Running).and_then(|h| h.public_ipv4.as_deref())
-    }
-
-    /// Where its end-to-end check goes while it runs: where the provider reports it (local: the
-    /// holder answers only at the reserved address, its ports bound there), except where the
-    /// address goes onto a secondary private IPv4 beside the host's own public one (`beside`,
-    /// EC2): there its own address, which its client dials, whatever the API reports as its
-    /// public IPv4 (LocalStack reports the Elastic IP, and still after it moved on).
-    fn check_ip(&self, beside: bool) -> Option<&str> {
-        let reported = self.running_ip()?;
-        Some(self.own_ip.as_deref().filter(|_| beside).unwrap_or(reported))
-    }
-
-    fn id(&self) -> Option<&str> {
-        self.host.as_ref().map(|h| h.id.as_str())
-    }
 }
 
 impl Pass<'_> {
@@ -401,27 +359,5 @@ impl Pass<'_> {
             }
             None => self.reserve(want, Some(to.to_string())).await,
         }
-    }
-}
-
-/// Where the holder's check went, for the Ready message: through the reserved address where it
-/// was checked there (local), else the holder's own address (the cloud's routing of the reserved
-/// address to it is not what was checked, and the message must not claim it).
-fn checked_at(holder_checked_at: Option<&str>, reserved: &str) -> String {
-    match holder_checked_at {
-        Some(ip) if ip == reserved => format!("the reserved address {ip}"),
-        Some(ip) => format!("its own address {ip} (not through the reserved address)"),
-        None => "no address".into(),
-    }
-}
-
-/// How the server without the address stands, for the Ready message.
-fn standby_note(slots: &[Slot], active: Option<&str>) -> String {
-    let standby = slots.iter().find(|s| s.id() != active);
-    match standby.and_then(|s| Some((s.id()?, s.check.as_ref()))) {
-        Some((id, Some((h, _)))) if h.passing() => format!("exit server {id}, passing its health check"),
-        Some((id, Some((_, error)))) => format!("exit server {id}, failing its health check: {error}"),
-        Some((id, None)) => format!("exit server {id}, not running yet"),
-        None => "none running".into(),
     }
 }
