@@ -115,7 +115,7 @@ impl Ec2Pair {
             active: String::new(),
             standby: String::new(),
         };
-        let own = pair.own_addresses(2).await;
+        let own = pair.own_addresses(&[]).await;
         for ip in own.values() {
             pair.stand_in.answer(ip, true);
         }
@@ -136,14 +136,15 @@ impl Ec2Pair {
         self.tunnels.get("web-tunnel").await.unwrap()
     }
 
-    /// Each server's own public IPv4 by instance id, once `n` servers have one in status.
-    pub async fn own_addresses(&self, n: usize) -> std::collections::BTreeMap<String, String> {
-        eventually(&format!("{n} servers with their own address"), Duration::from_secs(60), || async {
+    /// Each server's own public IPv4 by instance id, once both servers have one in status and
+    /// neither is one of `gone`.
+    pub async fn own_addresses(&self, gone: &[&str]) -> std::collections::BTreeMap<String, String> {
+        eventually("both servers with their own address", Duration::from_secs(60), || async {
             let t = self.tunnels.get("web-tunnel").await.ok()?;
             let servers = t.status.as_ref()?.high_availability.as_ref()?.servers.clone();
             let own: std::collections::BTreeMap<_, _> =
                 servers.into_iter().filter_map(|s| Some((s.host_id?, s.host_ip?))).collect();
-            (own.len() == n).then_some(own)
+            (own.len() == 2 && own.keys().all(|id| !gone.contains(&id.as_str()))).then_some(own)
         })
         .await
     }

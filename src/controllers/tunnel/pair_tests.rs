@@ -396,3 +396,28 @@ async fn where_the_address_moves_onto_secondary_addresses_each_server_is_checked
     let checked = h.probe.checked();
     assert!(!checked.iter().any(|c| c.starts_with(&format!("{reserved}:"))), "{checked:?}");
 }
+
+#[tokio::test]
+async fn a_deleted_holder_is_a_failover_and_its_slot_is_filled_after_the_address_moved() {
+    // Deleted outside skyport, as EC2 terminates an instance: the cloud unassigns its address
+    // (the fake's delete does). That loss is a failover, recorded and announced like any other;
+    // creating its replacement (which takes seconds, and here fails) waits until the move.
+    let (h, t) = pair();
+    h.reconcile(t).await.unwrap();
+    providers::HostProvider::delete(h.provider.as_ref(), "h-1").await.unwrap();
+    assert_eq!(h.provider.addresses()[0].host_id, None);
+    h.provider.fail_next("create", providers::HostError::Unavailable { provider: "fake", message: "slow".into() });
+    assert!(h.reconcile(Arc::new(h.current())).await.is_err(), "the create failed");
+    assert_eq!(h.provider.addresses()[0].host_id.as_deref(), Some("h-2"), "moved before the create");
+    let status = ha(&h);
+    assert_eq!((status.active.as_deref(), status.failovers), (Some("h-2"), Some(1)));
+    let last = status.last_failover.unwrap();
+    assert_eq!((last.from.as_str(), last.to.as_str()), ("h-1", "h-2"));
+    assert!(last.reason.contains("not running"), "{last:?}");
+    assert_eq!(h.api.event_reasons().iter().filter(|r| *r == "Failover").count(), 2);
+
+    pass(&h).await;
+    let slots: Vec<_> = h.provider.hosts().iter().map(|h| (h.id.clone(), h.tags[TAG_TUNNEL_SLOT].clone())).collect();
+    assert_eq!(slots, [("h-2".to_string(), "b".to_string()), ("h-3".to_string(), "a".to_string())]);
+    assert_eq!((ha(&h).active.as_deref(), ha(&h).failovers), (Some("h-2"), Some(1)));
+}

@@ -72,6 +72,18 @@ impl Pass<'_> {
         act::host::delete_extras(provider.as_ref(), &found.extras, None, ctx).await?;
         let recorded = self.status().high_availability.clone().unwrap_or_default();
         let reserved_ip = address.as_ref().map(|a| a.ip.clone());
+        let found_ids: Vec<&str> = found.hosts.iter().flatten().map(|h| h.id.as_str()).collect();
+        // The host holding the address: as the provider says, else the one recorded active if it
+        // is gone (a cloud unassigns a deleted host's address: EC2, DigitalOcean), whose loss is
+        // a failover like any other.
+        let holder = address
+            .as_ref()
+            .and_then(|a| a.host_id.clone())
+            .or_else(|| recorded.active.clone().filter(|id| !found_ids.contains(&id.as_str())));
+        // A slot that lost the holder is filled once the address moved on: creating a server
+        // takes seconds (and may fail), the move one call.
+        let holder_gone = holder.as_deref().is_some_and(|id| !found_ids.contains(&id));
+        let mut deferred = Vec::new();
         let mut slots = Vec::new();
         // Where a reserved address exists only once it is on a first host (DigitalOcean), the
         // second host waits for it, to be made in its region: the address cannot move between
@@ -96,16 +108,15 @@ impl Pass<'_> {
                     slots.push(Slot { slot, host: None, own_ip: None, check: None });
                     continue;
                 }
+                None if holder_gone => {
+                    deferred.push(slot);
+                    slots.push(Slot { slot, host: None, own_ip: None, check: None });
+                    continue;
+                }
                 None => self.create_slot(want, keys, (slot, address.as_ref())).await?,
             };
             let kept = recorded.servers.iter().find(|s| s.slot == slot && s.host_id.as_deref() == Some(&host.id));
-            let own_ip = kept.and_then(|s| s.host_ip.clone()).or_else(|| {
-                // A host seen first while it holds the reserved address (status lost) does not
-                // show its own; its client waits until it is replaced.
-                host.public_ipv4
-                    .clone()
-                    .filter(|ip| host.state == HostState::Running && Some(ip) != reserved_ip.as_ref())
-            });
+            let own_ip = kept.and_then(|s| s.host_ip.clone()).or_else(|| first_own_ip(&host, reserved_ip.as_deref()));
             slots.push(Slot { slot, host: Some(host), own_ip, check: None });
         }
         let ports_current = self.reconfigure_pair(want, keys, &mut slots).await?;
@@ -122,7 +133,6 @@ impl Pass<'_> {
             .iter()
             .filter_map(|s| Some(Server { id: s.id()?, health: s.check.as_ref()?.0, error: &s.check.as_ref()?.1 }))
             .collect();
-        let holder = address.as_ref().and_then(|a| a.host_id.clone());
         let step = failover_step(&servers, holder.as_deref(), &hysteresis);
         let mut last_failover = recorded.last_failover.clone();
         let mut failovers = recorded.failovers;
@@ -139,7 +149,14 @@ impl Pass<'_> {
                 ctx.failovers.fetch_add(1, Ordering::Relaxed);
                 failovers = Some(failovers.unwrap_or(0) + 1);
                 let time = k8s_openapi::jiff::Timestamp::now().to_string();
-                last_failover = Some(Failover { time, from, to, reason });
+                last_failover = Some(Failover { time, from, to: to.clone(), reason });
+                // Recorded at once: a later step of this pass may fail (creating a server).
+                let moved = (Some(to), failovers, last_failover.clone());
+                self.record(|s| {
+                    let ha = s.high_availability.get_or_insert_default();
+                    (ha.active, ha.failovers, ha.last_failover) = moved;
+                })
+                .await?;
             }
             FailoverStep::ReplaceStandby { id, reason } => {
                 act::host::replace_lost(tunnel, provider.as_ref(), (&id, &reason), None, ctx).await?;
@@ -154,6 +171,11 @@ impl Pass<'_> {
             act::host::replace_lost(tunnel, provider.as_ref(), (&id, &why), None, ctx).await?;
             ctx.streaks.forget(&id);
             slot.host = None;
+        }
+        for slot in slots.iter_mut().filter(|s| deferred.contains(&s.slot)) {
+            let host = self.create_slot(want, keys, (slot.slot, address.as_ref())).await?;
+            slot.own_ip = first_own_ip(&host, reserved_ip.as_deref());
+            slot.host = Some(host);
         }
 
         self.pair_clients(want, keys, &slots, &mut address, false).await?;
@@ -360,4 +382,10 @@ impl Pass<'_> {
             None => self.reserve(want, Some(to.to_string())).await,
         }
     }
+}
+
+/// A host's own address as first seen: a host seen first while it holds the reserved address
+/// (status lost) does not show its own; its client waits until it is replaced.
+fn first_own_ip(host: &Host, reserved: Option<&str>) -> Option<String> {
+    host.public_ipv4.clone().filter(|ip| host.state == HostState::Running && Some(ip.as_str()) != reserved)
 }
