@@ -21,9 +21,29 @@ use crate::common::eventually;
 use crate::common::tunnels::fast_tunnel_settings;
 use crate::ec2_pair::{Ec2Pair, ha};
 
-/// Seconds to the Elastic IP on the other instance: (after termination, after the check failed).
-async fn once() -> (f64, f64) {
+/// One run's figures, in seconds.
+struct Sample {
+    /// To the Elastic IP on the other instance, after the termination and after the check failed.
+    terminated: f64,
+    failing: f64,
+    /// EC2 calls per second of the steady pair, and the time they waited for the rate limiter.
+    calls_per_second: f64,
+    waited: f64,
+}
+
+/// EC2 calls made and time spent waiting for the limiter so far.
+fn counted(p: &Ec2Pair) -> (u64, Duration) {
+    let counters = &providers::HostProvider::limiter(p.ec2.as_ref()).counters;
+    (counters.total(), counters.waits().1)
+}
+
+async fn once() -> Sample {
     let p = Ec2Pair::start("bench-ec2-ha").await;
+    let (calls, waited, steady) = (counted(&p), Instant::now(), Duration::from_secs(5));
+    tokio::time::sleep(steady).await;
+    let (calls_after, waited_after) = counted(&p);
+    let calls_per_second = (calls_after - calls.0) as f64 / waited.elapsed().as_secs_f64();
+    let waited = (waited_after - calls.1).as_secs_f64();
     let (first, second) = (p.active.clone(), p.standby.clone());
     let started = Instant::now();
     p.terminate(&first).await;
@@ -42,7 +62,7 @@ async fn once() -> (f64, f64) {
     p.stand_in.answer(&own[&second], false);
     let (failing, _) = p.moved_off(&second, started).await;
     p.finish(&[first, second, fresh]).await;
-    (terminated.as_secs_f64(), failing.as_secs_f64())
+    Sample { terminated: terminated.as_secs_f64(), failing: failing.as_secs_f64(), calls_per_second, waited }
 }
 
 pub async fn run(runs: usize) -> anyhow::Result<()> {
@@ -52,21 +72,26 @@ pub async fn run(runs: usize) -> anyhow::Result<()> {
          no bytes flow (detection and EC2 calls only)",
         s.failover_failures, s.failover_after, s.failover_probe_interval
     );
-    let (mut terminated, mut failing) = (Vec::new(), Vec::new());
+    let mut samples = Vec::new();
     for run in 0..runs {
-        let (t, f) = once().await;
+        let s = once().await;
         println!(
-            "run {}: Elastic IP on the other instance {t:.2} s after the active instance was terminated, \
-             {f:.2} s after its check started failing",
-            run + 1
+            "run {}: Elastic IP on the other instance {:.2} s after the active instance was terminated, \
+             {:.2} s after its check started failing; steady pair: {:.1} EC2 calls/s, {:.2} s waited for the rate limiter in 5 s",
+            run + 1,
+            s.terminated,
+            s.failing,
+            s.calls_per_second,
+            s.waited
         );
-        terminated.push(t);
-        failing.push(f);
+        samples.push(s);
     }
+    let med = |f: fn(&Sample) -> f64| median(&mut samples.iter().map(f).collect::<Vec<_>>());
     println!("\nfailover of a highly available Tunnel on EC2 (LocalStack, no data path), medians of {runs} run(s):");
     println!("| Fault | Elastic IP on the other instance after (DescribeAddresses) |");
     println!("|---|---|");
-    println!("| active instance terminated | {:.2} s |", median(&mut terminated));
-    println!("| active server's check failing | {:.2} s |", median(&mut failing));
+    println!("| active instance terminated | {:.2} s |", med(|s| s.terminated));
+    println!("| active server's check failing | {:.2} s |", med(|s| s.failing));
+    println!("steady pair: {:.1} EC2 calls/s (the region's default budget: 5/s)", med(|s| s.calls_per_second));
     Ok(())
 }
