@@ -49,10 +49,12 @@ async fn main() -> anyhow::Result<()> {
         Command::Tunnel { role } => {
             telemetry::init(telemetry::LogFormat::Text);
             match role {
-                TunnelRole::Server { config, push_port } => {
-                    skyport::tunnel::run(skyport::tunnel::Role::Server, config, push_port).await
+                TunnelRole::Server { config, push_port, forward_file } => {
+                    skyport::tunnel::run(skyport::tunnel::Role::Server, config, push_port, forward_file).await
                 }
-                TunnelRole::Client { config } => skyport::tunnel::run(skyport::tunnel::Role::Client, config, 0).await,
+                TunnelRole::Client { config } => {
+                    skyport::tunnel::run(skyport::tunnel::Role::Client, config, 0, None).await
+                }
                 TunnelRole::Firewall { config, output, push_port } => {
                     skyport::tunnel::firewall(&config, &output, push_port).await
                 }

@@ -23,6 +23,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tracing::info;
 
 pub mod firewall;
+pub mod forward;
 pub mod ports;
 pub mod push;
 pub mod verify;
@@ -44,8 +45,9 @@ pub enum Role {
 }
 
 /// Runs the tunnel server or client from a rathole config file until SIGTERM or Ctrl-C. A server
-/// also takes config pushes on `push_port` (0: not) on its control address ([`push`]).
-pub async fn run(role: Role, config: PathBuf, push_port: u16) -> anyhow::Result<()> {
+/// also takes config pushes on `push_port` (0: not) on its control address ([`push`]), and
+/// forwards the address `forward_file` names ([`forward`]).
+pub async fn run(role: Role, config: PathBuf, push_port: u16, forward_file: Option<PathBuf>) -> anyhow::Result<()> {
     // rathole panics inside its tasks on some runtime errors (a port it cannot bind, a client
     // retry that gives up); the process must end then, so systemd or the kubelet restarts it,
     // instead of living on without serving.
@@ -77,6 +79,9 @@ pub async fn run(role: Role, config: PathBuf, push_port: u16) -> anyhow::Result<
     // Listening before rathole starts: once the control port answers, pushes are taken too.
     if role == Role::Server && push_port != 0 {
         push::listen(&config, &parsed, push_port).await?;
+    }
+    if let Some(file) = forward_file.filter(|_| role == Role::Server) {
+        forward::spawn(file, config.clone());
     }
     let (shutdown, shutdown_rx) = tokio::sync::broadcast::channel(1);
     tokio::spawn(async move {

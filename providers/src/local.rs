@@ -49,6 +49,11 @@ const PROVIDER: &str = "local";
 /// What rathole (built with `hot-reload`) logs once its config watcher is in place. Until then a
 /// rewritten `server.toml` would go unnoticed, so `create` waits for it.
 const WATCHING: &str = "Start watching the config";
+/// In a host's folder: the reserved address its server forwards to its own listeners, if any
+/// (`skyport tunnel server --forward-file`; the server acknowledges in `forward.bound`).
+const FORWARD_FILE: &str = "forward";
+/// How long a moved address waits for its new holder to listen on it.
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long `delete` gives the server to exit on SIGTERM before SIGKILL.
 const TERM_GRACE: Duration = Duration::from_secs(2);
 
@@ -93,9 +98,9 @@ struct Record {
     /// Seconds since the Unix epoch; 0 in records written before it was kept.
     #[serde(default)]
     created_unix: u64,
-    /// The reserved address the service ports are bound to instead of `address`, once one was
-    /// moved onto this host ([`HostProvider::assign_address`] on a running host); the control
-    /// and push ports stay on `address`, where the host's client keeps dialing.
+    /// The reserved address this host's server forwards to its own service ports, once one was
+    /// moved onto it ([`HostProvider::assign_address`] on a running host); everything stays bound
+    /// to `address`, where the host's client keeps dialing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     serving: Option<Ipv4Addr>,
 }
@@ -215,7 +220,7 @@ impl HostProvider for LocalProvider {
         self.limiter.acquire("CreateHost").await;
         let result = async {
             // Refuse a config rathole would reject before anything is allocated or created.
-            render(&request.server, self.settings.first_address, None)?;
+            render(&request.server, self.settings.first_address)?;
             let _guard = self.lock.lock().await;
             // The Tunnel's reserved address if it has a free one, so a replacement keeps it; a
             // server of a highly available pair gets its own, the reserved one is moved onto it.
@@ -327,7 +332,7 @@ impl HostProvider for LocalProvider {
                 .ok_or_else(|| HostError::NotFound { provider: PROVIDER, message: format!("host {id}") })?;
             // Through the server's push port, as on a cloud VM, so the tests and the bench
             // exercise the mechanism cloud hosts rely on.
-            let config = render(server, record.address, record.serving)?;
+            let config = render(server, record.address)?;
             crate::exit::push::reconfigure_host(PROVIDER, &record.address.to_string(), server, &config).await
         }
         .await;
@@ -351,8 +356,8 @@ impl HostProvider for LocalProvider {
         result
     }
 
-    /// A running server's service ports are rebound to the reserved address, which the machine
-    /// routes locally: the local analogue of a cloud re-pointing an address at another VM.
+    /// A running server forwards the reserved address, which the machine routes locally, to its
+    /// own service ports: the local analogue of a cloud re-pointing an address at another VM.
     fn moves_addresses(&self) -> Result<(), String> {
         Ok(())
     }

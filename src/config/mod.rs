@@ -66,6 +66,12 @@ pub enum TunnelRole {
         /// pushes off.
         #[arg(long, default_value_t = providers::exit::push::PUSH_PORT)]
         push_port: u16,
+        /// A file naming a reserved IPv4 address to forward, on every service port, to this
+        /// server's own listeners (the local provider's moving address); the server writes
+        /// `<file>.bound` once it listens there. Not set on cloud VMs, where the cloud routes
+        /// the reserved address.
+        #[arg(long)]
+        forward_file: Option<std::path::PathBuf>,
     },
     /// Renders the exit server's nftables ruleset from the ports of a server configuration
     /// (run as root by the VM's firewall unit after each config push).

@@ -88,6 +88,10 @@ node_host_network() {
   # with "too many open files". Raised only, never lowered.
   (($(cat /proc/sys/fs/inotify/max_user_instances) >= 1024)) || sysctl -qw fs.inotify.max_user_instances=1024 \
     || die "cannot raise fs.inotify.max_user_instances (needs root)"
+  # A highly available Tunnel's planned handover on the local provider: the exit server giving
+  # the reserved address up closes its SO_REUSEPORT listeners while the new holder's are open,
+  # and the kernel resets connections still queued on a closed one unless it hands them over.
+  sysctl -qw net.ipv4.tcp_migrate_req=1 || die "cannot enable net.ipv4.tcp_migrate_req (needs root, Linux 5.14+)"
   # This state dir owns the host's node setup: only its `down` undoes it.
   touch "$N/host-network"
   sysctl -qw net.bridge.bridge-nf-call-iptables=1 2>/dev/null || die "no br_netfilter (net.bridge.bridge-nf-call-iptables); kube-proxy cannot see bridged Pod traffic"

@@ -1,13 +1,14 @@
 //! Reserved addresses of the local provider: a loopback address kept for one Tunnel, so its
 //! replacement exit servers bind the same address ([`crate::reservations`]); rathole binds it
-//! when it starts.
+//! when it starts. A highly available pair's servers have their own addresses instead, and the
+//! reserved one is forwarded by whichever server holds it.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 
-use super::process::{rebind_services, replace_config};
 use super::{LocalProvider, unavailable};
 use crate::error::HostError;
 use crate::hosts::Address;
@@ -43,8 +44,9 @@ impl Booked for LocalProvider {
 
 impl LocalProvider {
     /// Puts address `id` on host `host_id`: already there (it was created with it) is success;
-    /// else the host must be running, and its service ports are re-bound to the address after
-    /// those of the host serving it now are re-bound to that host's own address.
+    /// else the host must be running. Its server starts forwarding the address and acknowledges
+    /// before the host forwarding it now stops, so the address never goes unanswered during a
+    /// move between running hosts ([`crate::local`]'s forward file).
     pub(super) async fn move_address(&self, id: &str, host_id: &str) -> Result<(), HostError> {
         let _guard = self.lock.lock().await;
         let hosts = self.hosts()?;
@@ -71,20 +73,56 @@ impl LocalProvider {
                 ),
             });
         }
-        for mut holder in self.files().all()?.into_iter().filter(|r| r.serving == Some(ip)) {
-            holder.serving = None;
-            self.rebind(&holder, holder.address)?;
-        }
+        self.forward(&target.id, Some(ip)).await?;
         target.serving = Some(ip);
-        self.rebind(&target, ip)
+        self.write_record(&target)?;
+        for mut holder in self.files().all()?.into_iter().filter(|r| r.serving == Some(ip) && r.id != target.id) {
+            holder.serving = None;
+            self.write_record(&holder)?;
+            self.forward(&holder.id, None).await?;
+        }
+        Ok(())
     }
 
-    /// Records `record` and re-binds its running server's service ports to `ip`.
-    fn rebind(&self, record: &super::Record, ip: Ipv4Addr) -> Result<(), HostError> {
-        let dir = self.host_dir(&record.id);
-        let json = serde_json::to_vec_pretty(record).map_err(|e| unavailable(e.to_string()))?;
-        std::fs::write(dir.join("host.json"), json).map_err(|e| unavailable(format!("host.json: {e}")))?;
-        let Ok(config) = std::fs::read_to_string(dir.join("server.toml")) else { return Ok(()) };
-        replace_config(&dir, &rebind_services(&config, ip))
+    /// Names `ip` (or nothing) in host `id`'s forward file; for an address, waits until its
+    /// server acknowledges that it listens there, and takes the address back from the file if
+    /// it does not in time.
+    async fn forward(&self, id: &str, ip: Option<Ipv4Addr>) -> Result<(), HostError> {
+        let file = self.host_dir(id).join(super::FORWARD_FILE);
+        let text = ip.map(|ip| format!("{ip}\n")).unwrap_or_default();
+        write_replacing(&file, &text)?;
+        let Some(ip) = ip else { return Ok(()) };
+        let bound = bound_file(&file);
+        let deadline = tokio::time::Instant::now() + super::FORWARD_TIMEOUT;
+        while tokio::time::Instant::now() < deadline {
+            if std::fs::read_to_string(&bound).is_ok_and(|t| t.trim() == ip.to_string()) {
+                return Ok(());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        write_replacing(&file, "")?;
+        Err(unavailable(format!(
+            "exit server {id} did not listen on {ip} within {}s (its server.log says why)",
+            super::FORWARD_TIMEOUT.as_secs()
+        )))
     }
+
+    fn write_record(&self, record: &super::Record) -> Result<(), HostError> {
+        let json = serde_json::to_vec_pretty(record).map_err(|e| unavailable(e.to_string()))?;
+        write_replacing(&self.host_dir(&record.id).join("host.json"), &String::from_utf8_lossy(&json))
+    }
+}
+
+/// `forward` → `forward.bound`: where `skyport tunnel server` acknowledges the forward file.
+fn bound_file(file: &Path) -> PathBuf {
+    let mut name = file.as_os_str().to_owned();
+    name.push(".bound");
+    PathBuf::from(name)
+}
+
+/// Replaces `path` through a rename: its reader never sees half a file.
+fn write_replacing(path: &Path, text: &str) -> Result<(), HostError> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).map_err(|e| unavailable(format!("cannot write {}: {e}", tmp.display())))?;
+    std::fs::rename(&tmp, path).map_err(|e| unavailable(format!("cannot replace {}: {e}", path.display())))
 }

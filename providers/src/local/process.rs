@@ -7,7 +7,7 @@ use std::time::Duration;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
-use super::{LocalProvider, PROVIDER, Record, WATCHING, unavailable};
+use super::{FORWARD_FILE, LocalProvider, PROVIDER, Record, WATCHING, unavailable};
 use crate::error::HostError;
 use crate::exit::userdata::{ExitServer, render_server_toml_split};
 
@@ -24,7 +24,7 @@ impl LocalProvider {
     }
 
     pub(super) fn write_config(&self, dir: &Path, server: &ExitServer, record: &Record) -> Result<(), HostError> {
-        let text = render(server, record.address, record.serving)?;
+        let text = render(server, record.address)?;
         // A rename is one event for rathole's watcher: it never reads a half-written file.
         replace_config(dir, &text)
     }
@@ -35,6 +35,8 @@ impl LocalProvider {
         tokio::process::Command::new(&self.settings.exe)
             .args(["tunnel", "server", "--config"])
             .arg(dir.join("server.toml"))
+            .arg("--forward-file")
+            .arg(dir.join(FORWARD_FILE))
             // Plain lines at info: `create` reads the log for rathole's "watching" message, which
             // neither colour codes nor the operator's own RUST_LOG (e.g. `warn`) may hide.
             .env("NO_COLOR", "1")
@@ -89,29 +91,12 @@ impl LocalProvider {
     }
 }
 
-/// The server's config: the control port on `address`, the service ports on `serving` if set.
-pub(super) fn render(server: &ExitServer, address: Ipv4Addr, serving: Option<Ipv4Addr>) -> Result<String, HostError> {
-    let services = serving.unwrap_or(address).to_string();
-    render_server_toml_split(server, &address.to_string(), &services)
+/// The server's config: every port on its own `address` (a reserved address moved onto it is
+/// forwarded there, see [`FORWARD_FILE`]).
+pub(super) fn render(server: &ExitServer, address: Ipv4Addr) -> Result<String, HostError> {
+    let address = address.to_string();
+    render_server_toml_split(server, &address, &address)
         .map_err(|e| HostError::Invalid { provider: PROVIDER, message: e.to_string() })
-}
-
-/// `config` (a `server.toml` [`render`] wrote) with every service port bound to `ip` instead,
-/// the control port unchanged: rathole re-binds the services whose section changed.
-pub(super) fn rebind_services(config: &str, ip: Ipv4Addr) -> String {
-    let mut in_service = false;
-    let mut out = String::with_capacity(config.len());
-    for line in config.lines() {
-        if line.starts_with('[') {
-            in_service = line.starts_with("[server.services.");
-        }
-        match line.strip_prefix("bind_addr = \"").and_then(|rest| rest.rsplit_once(':')) {
-            Some((_, port)) if in_service => out.push_str(&format!("bind_addr = \"{ip}:{port}\n")),
-            _ => out.push_str(line),
-        }
-        out.push('\n');
-    }
-    out
 }
 
 /// Replaces `dir`'s `server.toml` with `text` by a rename (one event for rathole's watcher).

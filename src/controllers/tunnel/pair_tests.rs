@@ -46,6 +46,15 @@ async fn fail_checks(h: &Harness, ip: &str, n: usize) {
     h.probe.refuse(ip, false);
 }
 
+/// Slot `slot`'s client Deployment as the Deployment controller reports it once its only Pod
+/// runs the current template.
+fn roll_out(h: &Harness, slot: &str) {
+    let path = format!("/apis/apps/v1/namespaces/ns/deployments/web-tunnel-client-{slot}");
+    let mut d = h.api.get(&path).unwrap();
+    d["status"] = json!({"observedGeneration": d["metadata"]["generation"], "replicas": 1, "updatedReplicas": 1, "availableReplicas": 1});
+    h.api.put(&path, d);
+}
+
 async fn pass(h: &Harness) {
     let action = h.reconcile(Arc::new(h.current())).await.unwrap();
     assert!(crate::controllers::testing::requeue_secs(&action) <= 1.0, "{action:?}");
@@ -199,11 +208,18 @@ async fn a_config_change_rolls_the_standbys_client_first_then_hands_the_address_
     assert_ne!(checksum(&h, "b"), before.1, "the standby's client rolled");
     assert_eq!(checksum(&h, "a"), before.0, "the holder's client waits");
     assert_eq!(ha(&h).active.as_deref(), Some("h-1"));
-    // The standby passes with its new client: the address goes there, then the old holder's rolls.
+    // Its check passes, but its roll is not done: the old Pod may still be the one answering.
+    pass(&h).await;
+    assert_eq!(ha(&h).active.as_deref(), Some("h-1"), "no handover before the standby's roll is done");
+    // Rolled out and passing with its new client: the address goes there; the old holder's
+    // client rolls a pass later, once connections made through it just before the move are done.
+    roll_out(&h, "b");
     pass(&h).await;
     assert_eq!(ha(&h).active.as_deref(), Some("h-2"));
-    assert_ne!(checksum(&h, "a"), before.0);
+    assert_eq!(checksum(&h, "a"), before.0, "not in the pass that moved the address");
     assert!(h.api.event_reasons().contains(&"Handover".to_string()));
+    pass(&h).await;
+    assert_ne!(checksum(&h, "a"), before.0);
     assert_eq!(ha(&h).failovers, None, "a planned handover is no failover");
     assert_eq!(h.ctx.failovers.load(Ordering::Relaxed), 0);
     pass(&h).await;

@@ -87,7 +87,7 @@ pub async fn ensure_deployment(
     ctx: &Context,
 ) -> Result<bool> {
     match deployed(at, image, checksum, ctx).await? {
-        Deployed::Current { available } => Ok(available),
+        Deployed::Current { available, .. } => Ok(available),
         Deployed::Missing | Deployed::Stale => apply_deployment(tunnel, at, image, checksum, ctx).await,
     }
 }
@@ -98,7 +98,11 @@ pub enum Deployed {
     /// Not this Tunnel's, or another image or config.
     Stale,
     Current {
+        /// It has an available replica (as the API server last reported).
         available: bool,
+        /// The controller has rolled it out: every replica runs this template and is
+        /// available, and no older Pod is left.
+        rolled_out: bool,
     },
 }
 
@@ -114,7 +118,7 @@ pub async fn deployed(at: &Placement, image: &str, checksum: &str, ctx: &Context
     let current_image =
         template.and_then(|t| t.spec.as_ref()).and_then(|s| s.containers.first()).and_then(|c| c.image.as_deref());
     match at.is_ours(&current.metadata) && sum.map(String::as_str) == Some(checksum) && current_image == Some(image) {
-        true => Ok(Deployed::Current { available: available(&current) }),
+        true => Ok(Deployed::Current { available: available(&current), rolled_out: rolled_out(&current) }),
         false => Ok(Deployed::Stale),
     }
 }
@@ -178,6 +182,18 @@ where
 
 fn available(deployment: &Deployment) -> bool {
     deployment.status.as_ref().and_then(|s| s.available_replicas).unwrap_or(0) > 0
+}
+
+/// The Deployment controller has seen this generation, and its replicas are all of it and
+/// available, none older left. Until then a `Recreate` roll may not have stopped the old Pod, and
+/// a passing check may still be the old client's.
+fn rolled_out(deployment: &Deployment) -> bool {
+    let Some(status) = deployment.status.as_ref() else { return false };
+    let want = deployment.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    status.observed_generation >= deployment.metadata.generation
+        && status.updated_replicas == Some(want)
+        && status.replicas == Some(want)
+        && status.available_replicas.unwrap_or(0) >= want
 }
 
 /// Sets (or with `None` clears) the Service's `status.loadBalancer.ingress`, when it differs.

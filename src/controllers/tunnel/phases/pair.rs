@@ -314,7 +314,8 @@ impl Pass<'_> {
             clients[i] = Some(match act::deployed(&at, image, &checksum, ctx).await? {
                 act::Deployed::Missing => Client::Missing,
                 act::Deployed::Stale => Client::Stale,
-                act::Deployed::Current { .. } => Client::Current,
+                act::Deployed::Current { rolled_out: true, .. } => Client::Current,
+                act::Deployed::Current { rolled_out: false, .. } => Client::Rolling,
             });
             configs.insert(at.client_key(), toml);
             wanted[i] = Some((at, checksum));

@@ -106,7 +106,11 @@ pub fn failover_step(servers: &[Server], holder: Option<&str>, h: &Hysteresis) -
 /// A client Deployment of the pair against what it should be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Client {
+    /// Rolled out: its only Pod runs the current config and image.
     Current,
+    /// The current config and image applied, the roll not done: the check may still be
+    /// answered by the old Pod, so it proves nothing about the new one yet.
+    Rolling,
     /// Another config or image: applying it restarts the client.
     Stale,
     /// Not there: nothing to interrupt.
@@ -116,8 +120,9 @@ pub enum Client {
 /// What to do about the pair's clients this pass.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Roll {
-    /// First move the address to this slot (its client is current and passes), so rolling the
-    /// holder's client does not interrupt the Service.
+    /// Move the address to this slot (its client is current and passes), so that rolling the
+    /// holder's client, at the next pass, interrupts nothing: connections made through the old
+    /// holder just before the move finish meanwhile.
     pub handover_to: Option<usize>,
     /// Apply these slots' Deployments.
     pub apply: Vec<usize>,
@@ -125,8 +130,9 @@ pub struct Roll {
 
 /// Rolls the pair's clients one at a time: a missing one is made at once; a stale one of the
 /// server without the address first; the holder's only once the other is current and passes
-/// (handing the address over to it first), or once the other has failed for `patience` (then
-/// no server is better, as with a single exit server). `clients[i]` is slot `i`'s client (`None`
+/// (the address is handed over to it, and the old holder's client rolls at the next pass, as the
+/// server without the address), or once the other has failed for `patience` (then no server is
+/// better, as with a single exit server). `clients[i]` is slot `i`'s client (`None`
 /// without a server to point it at), `other_failing_for[i]` how long slot `i` has been failing.
 pub fn roll(
     clients: [Option<Client>; 2],
@@ -150,10 +156,7 @@ pub fn roll(
     let Some(h) = holder.filter(|h| stale(*h)) else { return roll };
     let other = 1 - h;
     match clients[other] {
-        Some(Client::Current) if passing[other] => {
-            roll.handover_to = Some(other);
-            roll.apply.push(h);
-        }
+        Some(Client::Current) if passing[other] => roll.handover_to = Some(other),
         Some(Client::Stale | Client::Missing) => {}
         _ if failing_for[other] >= patience => roll.apply.push(h),
         _ => {}
@@ -172,7 +175,11 @@ pub fn roll_both(
     patience: Duration,
 ) -> Roll {
     let guarded = clients.iter().position(|c| *c == Some(Client::Stale));
-    Roll { handover_to: None, ..roll(clients, guarded, passing, failing_for, patience) }
+    let step = roll(clients, guarded, passing, failing_for, patience);
+    // Where `roll` would hand the address over, the other server already carries its own.
+    let mut apply: Vec<usize> = step.apply.into_iter().chain(guarded.filter(|_| step.handover_to.is_some())).collect();
+    apply.sort_unstable();
+    Roll { handover_to: None, apply }
 }
 
 /// Past the hysteresis: enough failures in a row, over long enough.
@@ -291,9 +298,14 @@ mod tests {
         // b rolled and restarting (not passing yet): the holder still waits.
         let waiting = roll([Some(Stale), Some(Current)], Some(0), [true, false], zero, patience);
         assert_eq!(waiting, Roll::default());
-        // b passes: the address goes to b, then a's client rolls.
+        // b's check passes but its roll is not done: the old Pod may be the one answering.
+        let rolling = roll([Some(Stale), Some(Rolling)], Some(0), [true; 2], zero, patience);
+        assert_eq!(rolling, Roll::default());
+        // b passes: the address goes to b; a's client rolls at the next pass, without the address.
         let handover = roll([Some(Stale), Some(Current)], Some(0), [true; 2], zero, patience);
-        assert_eq!(handover, Roll { handover_to: Some(1), apply: vec![0] });
+        assert_eq!(handover, Roll { handover_to: Some(1), apply: vec![] });
+        let after = roll([Some(Stale), Some(Current)], Some(1), [true; 2], zero, patience);
+        assert_eq!(after, Roll { handover_to: None, apply: vec![0] });
         // b has been failing past the patience: no better server, a rolls in place.
         let alone = roll([Some(Stale), Some(Current)], Some(0), [true, false], [Duration::ZERO, patience], patience);
         assert_eq!(alone, Roll { handover_to: None, apply: vec![0] });

@@ -1,0 +1,271 @@
+//! `skyport tunnel server --forward-file`: how the local provider gives an exit server a reserved
+//! address that can move without disturbing any tunnel. A cloud points a reserved address at a VM
+//! by translating it at its edge: the VM's services stay bound to its own address and its client
+//! stays connected, so new connections reach the new VM as soon as the cloud has switched. Here
+//! the server itself listens on the address named in the forward file, on every service port of
+//! its configuration (TCP and UDP), and relays to its own rathole listener on that port.
+//!
+//! The listeners set `SO_REUSEPORT`, so during a move both servers hold the address for a moment:
+//! the provider names the address in the new holder's forward file, waits until the server
+//! acknowledges (the `.bound` file next to it names the address once every port is bound), and
+//! only then empties the old holder's, whose listeners close. No connection attempt finds nobody
+//! listening; with `net.ipv4.tcp_migrate_req=1` the kernel hands connections still queued on a
+//! closing listener to the new holder's instead of resetting them. Established connections carry
+//! on where they were, as a cloud's connection tracking keeps them.
+
+use std::collections::btree_map::Entry;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::task::{JoinHandle, JoinSet};
+use tracing::{info, warn};
+
+use super::ports;
+
+/// How often the forward file and the configuration are looked at.
+const POLL: Duration = Duration::from_millis(50);
+/// A UDP peer silent for this long loses its relay socket.
+const UDP_IDLE: Duration = Duration::from_secs(60);
+
+/// One relay: a port of the reserved address and the server's own listener behind it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Relay {
+    pub udp: bool,
+    pub listen: SocketAddr,
+    pub target: SocketAddr,
+}
+
+/// The relays for reserved address `ip` (none without one) in front of `services`, each a
+/// service's (type, bind address) as [`ports::bound`] lists them. A service bound to every
+/// address is reached on loopback.
+pub fn relays(ip: Option<Ipv4Addr>, services: &ports::Ports) -> BTreeSet<Relay> {
+    let Some(ip) = ip else { return BTreeSet::new() };
+    let parsed =
+        services.iter().filter_map(|(kind, address)| Some((kind == "udp", address.parse::<SocketAddr>().ok()?)));
+    parsed
+        .map(|(udp, mut target)| {
+            if target.ip().is_unspecified() {
+                target.set_ip(Ipv4Addr::LOCALHOST.into());
+            }
+            Relay { udp, listen: SocketAddr::new(ip.into(), target.port()), target }
+        })
+        .collect()
+}
+
+/// The acknowledgement file of `forward_file`.
+pub fn bound_file(forward_file: &Path) -> PathBuf {
+    let mut name = forward_file.as_os_str().to_owned();
+    name.push(".bound");
+    PathBuf::from(name)
+}
+
+/// Keeps the relays of `forward_file`'s address in front of `config`'s services, for as long as
+/// the server runs.
+pub fn spawn(forward_file: PathBuf, config: PathBuf) {
+    tokio::spawn(async move {
+        let mut running: BTreeMap<Relay, JoinHandle<()>> = BTreeMap::new();
+        let mut services = (None, ports::Ports::new());
+        let mut acked: Option<Option<Ipv4Addr>> = None;
+        let mut failing = BTreeSet::new();
+        loop {
+            let ip = wanted(&forward_file);
+            refresh(&config, &mut services).await;
+            let want = relays(ip, &services.1);
+            running.retain(|relay, task| {
+                let keep = want.contains(relay) && !task.is_finished();
+                if !keep {
+                    task.abort();
+                }
+                keep
+            });
+            let missing: Vec<Relay> = want.iter().filter(|r| !running.contains_key(r)).copied().collect();
+            for relay in missing {
+                match start(relay) {
+                    Ok(task) => {
+                        failing.remove(&relay);
+                        running.insert(relay, task);
+                    }
+                    Err(e) if failing.insert(relay) => {
+                        warn!(listen = %relay.listen, udp = relay.udp, "cannot forward: {e}")
+                    }
+                    Err(_) => {}
+                }
+            }
+            if running.len() == want.len() && acked != Some(ip) {
+                match acknowledge(&forward_file, ip) {
+                    Ok(()) => {
+                        info!(address = ?ip, ports = want.len(), "forwarding the reserved address");
+                        if ip.is_some() && !migrates() {
+                            warn!(
+                                "net.ipv4.tcp_migrate_req is not 1: when this server gives the address up, a connection still queued on its listener is reset"
+                            );
+                        }
+                        acked = Some(ip);
+                    }
+                    Err(e) => warn!("cannot acknowledge the forward file: {e}"),
+                }
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    });
+}
+
+/// Whether the kernel hands connections queued on a closed listener to another of its
+/// `SO_REUSEPORT` group, which makes giving the address up lossless.
+fn migrates() -> bool {
+    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_migrate_req").is_ok_and(|v| v.trim() == "1")
+}
+
+/// The address the forward file names; none without the file. A file that names no IPv4 address
+/// is none too (and said so).
+fn wanted(forward_file: &Path) -> Option<Ipv4Addr> {
+    let text = std::fs::read_to_string(forward_file).ok()?;
+    let text = text.trim();
+    if text.is_empty() {
+        return None;
+    }
+    text.parse().map_err(|_| warn!(file = %forward_file.display(), "the forward file names no IPv4 address")).ok()
+}
+
+/// Re-reads the services of `config` when the file changed since `cached` was read.
+async fn refresh(config: &Path, cached: &mut (Option<SystemTime>, ports::Ports)) {
+    let modified = std::fs::metadata(config).and_then(|m| m.modified()).ok();
+    if modified.is_none() || modified == cached.0 {
+        return;
+    }
+    match rathole::Config::from_file(config).await {
+        Ok(parsed) => *cached = (modified, ports::bound(&parsed)),
+        Err(e) => warn!(file = %config.display(), "cannot read the services to forward: {e:#}"),
+    }
+}
+
+/// Writes (or, without an address, removes) the acknowledgement, through a rename.
+fn acknowledge(forward_file: &Path, ip: Option<Ipv4Addr>) -> std::io::Result<()> {
+    let bound = bound_file(forward_file);
+    let Some(ip) = ip else {
+        return match std::fs::remove_file(&bound) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        };
+    };
+    let tmp = bound.with_extension("tmp");
+    std::fs::write(&tmp, format!("{ip}\n"))?;
+    std::fs::rename(tmp, bound)
+}
+
+/// Binds `relay`'s listener (with `SO_REUSEPORT`) and relays from it until aborted.
+fn start(relay: Relay) -> std::io::Result<JoinHandle<()>> {
+    let kind = if relay.udp { socket2::Type::DGRAM } else { socket2::Type::STREAM };
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, kind, None)?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&relay.listen.into())?;
+    if relay.udp {
+        let socket = UdpSocket::from_std(socket.into())?;
+        return Ok(tokio::spawn(udp(Arc::new(socket), relay.target)));
+    }
+    socket.listen(1024)?;
+    let listener = TcpListener::from_std(socket.into())?;
+    Ok(tokio::spawn(tcp(listener, relay.target)))
+}
+
+/// Each accepted connection is copied to and from `target` in a task of its own, which outlives
+/// the listener: a connection made before a move is finished where it began.
+async fn tcp(listener: TcpListener, target: SocketAddr) {
+    loop {
+        let Ok((mut inbound, _)) = listener.accept().await else {
+            // Out of file descriptors, most likely: wait instead of spinning.
+            tokio::time::sleep(POLL).await;
+            continue;
+        };
+        tokio::spawn(async move {
+            if let Ok(mut outbound) = TcpStream::connect(target).await {
+                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+            }
+        });
+    }
+}
+
+/// One relay socket per peer, connected to `target`; its replies go back from the reserved
+/// address. The relays are this task's: they end with it, so a stopped forward holds no socket.
+async fn udp(socket: Arc<UdpSocket>, target: SocketAddr) {
+    let mut peers: BTreeMap<SocketAddr, (Arc<UdpSocket>, tokio::task::AbortHandle)> = BTreeMap::new();
+    let mut replies = JoinSet::new();
+    let mut buf = vec![0u8; 65_535];
+    loop {
+        let Ok((n, peer)) = socket.recv_from(&mut buf).await else {
+            tokio::time::sleep(POLL).await;
+            continue;
+        };
+        while replies.try_join_next().is_some() {}
+        peers.retain(|_, (_, task)| !task.is_finished());
+        let relay = match peers.entry(peer) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => match open_relay(&socket, target, peer, &mut replies).await {
+                Some(relay) => e.insert(relay),
+                None => continue,
+            },
+        };
+        let _ = relay.0.send(&buf[..n]).await;
+    }
+}
+
+/// A socket connected to `target` for `peer`, whose replies a task of `replies` sends back to
+/// `peer` from `socket`, until `peer` has been silent for [`UDP_IDLE`].
+async fn open_relay(
+    socket: &Arc<UdpSocket>,
+    target: SocketAddr,
+    peer: SocketAddr,
+    replies: &mut JoinSet<()>,
+) -> Option<(Arc<UdpSocket>, tokio::task::AbortHandle)> {
+    let upstream = UdpSocket::bind(SocketAddr::new(target.ip(), 0)).await.ok()?;
+    upstream.connect(target).await.ok()?;
+    let upstream = Arc::new(upstream);
+    let (back, from) = (socket.clone(), upstream.clone());
+    let task = replies.spawn(async move {
+        let mut buf = vec![0u8; 65_535];
+        while let Ok(Ok(n)) = tokio::time::timeout(UDP_IDLE, from.recv(&mut buf)).await {
+            let _ = back.send_to(&buf[..n], peer).await;
+        }
+    });
+    Some((upstream, task))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn services(list: &[(&str, &str)]) -> ports::Ports {
+        list.iter().map(|(k, a)| (k.to_string(), a.to_string())).collect()
+    }
+
+    #[test]
+    fn every_service_port_is_relayed_from_the_reserved_address_to_the_servers_own() {
+        let own = services(&[("tcp", "10.204.0.5:8080"), ("udp", "10.204.0.5:5353"), ("tcp", "0.0.0.0:9000")]);
+        let got: Vec<Relay> = relays(Some(Ipv4Addr::new(10, 204, 0, 3)), &own).into_iter().collect();
+        let relay = |udp, port, target: &str| Relay {
+            udp,
+            listen: SocketAddr::new(Ipv4Addr::new(10, 204, 0, 3).into(), port),
+            target: target.parse().unwrap(),
+        };
+        assert_eq!(
+            got,
+            [
+                relay(false, 8080, "10.204.0.5:8080"),
+                relay(false, 9000, "127.0.0.1:9000"),
+                relay(true, 5353, "10.204.0.5:5353")
+            ]
+        );
+        assert!(relays(None, &own).is_empty(), "no address, nothing forwarded");
+    }
+
+    #[test]
+    fn the_acknowledgement_lives_next_to_the_forward_file() {
+        assert_eq!(bound_file(Path::new("/var/x/forward")), PathBuf::from("/var/x/forward.bound"));
+    }
+}
