@@ -23,6 +23,8 @@ pub mod desired;
 mod health_tests;
 pub mod observe;
 #[cfg(test)]
+mod pair_cloud_tests;
+#[cfg(test)]
 mod pair_tests;
 pub mod phases;
 pub mod placement;
