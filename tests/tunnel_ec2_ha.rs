@@ -117,6 +117,10 @@ async fn on_ec2_the_elastic_ip_moves_at_once_off_a_terminated_instance_whose_slo
     for id in [&active, &standby] {
         assert_eq!(p.secondary_ips(id).await.len(), 1, "{id}: one secondary private IPv4");
     }
+    // Onto the active instance's secondary address, as the operator asked (LocalStack records
+    // the primary one in DescribeAddresses, above).
+    let onto_secondary = (active.clone(), p.secondary_ips(&active).await[0].clone());
+    assert_eq!(p.associations(), [onto_secondary]);
     let t = p.tunnel().await;
     assert_eq!(pair::ha(&t).active.as_deref(), Some(active.as_str()));
     let own = p.own_addresses(&[]).await;
@@ -131,6 +135,8 @@ async fn on_ec2_the_elastic_ip_moves_at_once_off_a_terminated_instance_whose_slo
     let (after, to) = p.moved_off(&active, started).await;
     println!("Elastic IP on the standby {:.2} s after the active instance was terminated", after.as_secs_f64());
     assert_eq!(to, standby);
+    let moved = p.associations().last().cloned().unwrap();
+    assert_eq!(moved, (standby.clone(), p.secondary_ips(&standby).await[0].clone()), "onto its secondary address");
     let t = failed_over(&p, &active, 1).await;
     let last = pair::ha(&t).last_failover.unwrap();
     assert_eq!(last.to, standby);

@@ -8,7 +8,8 @@
 //! the Elastic IP). Everything else is real: the EC2 calls (RunInstances, AssignPrivateIpAddresses,
 //! AllocateAddress, AssociateAddress, TerminateInstances, ReleaseAddress) against LocalStack, the
 //! tags, the operator's decisions with its default hysteresis, its status, Events and the
-//! Service's ingress. No bytes flow: nothing here measures or proves the data path.
+//! Service's ingress; the operator's EC2 requests pass through [`asked::Asked`] on their way, to
+//! read what LocalStack ignores. No bytes flow: nothing here measures or proves the data path.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -24,6 +25,9 @@ use skyport::crd::tunnel::HighAvailabilityStatus;
 
 use crate::common::tunnels::{self, TunnelOperator, fast_tunnel_settings, finish_tunnels, service};
 use crate::common::{TestNs, eventually};
+
+#[path = "asked.rs"]
+pub mod asked;
 
 /// The exit servers' side of the end-to-end check, as the test says it is (see the module).
 #[derive(Default)]
@@ -74,6 +78,8 @@ pub struct Ec2Pair {
     pub ns: TestNs,
     pub op: TunnelOperator,
     pub ec2: Arc<Ec2Provider>,
+    /// The operator's (and the test's) EC2 requests.
+    pub asked: asked::Asked,
     pub stand_in: Arc<StandIn>,
     pub services: Api<Service>,
     pub tunnels: Api<Tunnel>,
@@ -88,9 +94,10 @@ pub struct Ec2Pair {
 impl Ec2Pair {
     pub async fn start(prefix: &str) -> Self {
         let ns = TestNs::new(prefix).await;
-        let ec2 = Arc::new(
-            Ec2Provider::from_env(providers::Ec2Settings::new("ami-0123456789abcdef0")).await.expect("EC2 provider"),
-        );
+        let asked = asked::Asked::start().await;
+        let mut settings = providers::Ec2Settings::new("ami-0123456789abcdef0");
+        settings.endpoint_url = Some(asked.url.clone());
+        let ec2 = Arc::new(Ec2Provider::from_env(settings).await.expect("EC2 provider"));
         let stand_in = Arc::new(StandIn::default());
         let op =
             TunnelOperator::start_with_probe(&ns, fast_tunnel_settings(), vec![ec2.clone()], stand_in.clone()).await;
@@ -107,6 +114,7 @@ impl Ec2Pair {
             ns,
             op,
             ec2,
+            asked,
             stand_in,
             services,
             tunnels,
@@ -155,6 +163,16 @@ impl Ec2Pair {
         let a = &out.addresses()[0];
         let some = |s: Option<&str>| s.filter(|s| !s.is_empty()).map(str::to_string);
         (some(a.instance_id()), some(a.private_ip_address()))
+    }
+
+    /// (instance, private IPv4) of each AssociateAddress the operator sent, in order.
+    pub fn associations(&self) -> Vec<(String, String)> {
+        let asked = self.asked.of("AssociateAddress", &["InstanceId", "PrivateIpAddress", "AllowReassociation"]);
+        let each = asked.into_iter().map(|a| {
+            assert_eq!(a[2].as_deref(), Some("true"), "moved from wherever it is");
+            (a[0].clone().unwrap_or_default(), a[1].clone().unwrap_or_default())
+        });
+        each.collect()
     }
 
     /// How long after `since` DescribeAddresses first showed the Elastic IP on an instance other
