@@ -87,7 +87,10 @@ pub struct TunnelSpec {
     /// standby whose own check fails. In mode `BothAddresses` (any provider, for those that cannot
     /// move an address) the Service lists both servers' own addresses and drops one at once when
     /// its check fails. Both servers, the active one and the last failover are in
-    /// `status.highAvailability`. Costs a second exit server. Immutable.
+    /// `status.highAvailability`. A new client config or image rolls the two clients one at a
+    /// time; in `ActiveStandby` the address first goes to the server whose new client is rolled
+    /// out and passes, so a planned roll interrupts nothing. Costs a second exit server.
+    /// Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub high_availability: Option<HighAvailability>,
 }
