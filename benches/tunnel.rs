@@ -24,7 +24,10 @@
 //! 4. **`--failover`**: a highly available Tunnel on the test node (client Pods of skyport's image)
 //!    while its active exit server is killed, its active client Pod goes for good, and both
 //!    clients roll for a config change: when the address moved, the longest gap between answered
-//!    requests (one every 100 ms), the requests failed (`tunnel/failover.rs`). 3 runs, 1 with
+//!    requests (one every 100 ms), the requests failed (`tunnel/failover.rs`). Then the same
+//!    Tunnel on EC2 semantics against LocalStack, through the operator: from the active instance's
+//!    termination, and from its check starting to fail, to the Elastic IP on the other instance
+//!    (`tunnel/failover_ec2.rs`; no bytes flow there). `--ec2` runs only that arm. 3 runs, 1 with
 //!    `--quick`; it replaces 1-3.
 //!
 //! 5. **`--guest`**: the same path against booted guests (the `guest` provider), from the
@@ -51,6 +54,7 @@
 //! cargo bench --bench tunnel -- --quick     # 2 runs, 16 MiB, 200 round trips, 0.5 s (CI, tests/run.sh)
 //! cargo bench --bench tunnel -- --guest     # as root, with SKYPORT_GUEST_ROOTFS and SKYPORT_GUEST_EXE
 //! cargo bench --bench tunnel -- --failover  # with the node, SKYPORT_IMAGE and SKYPORT_ECHO_IMAGE as tests/run.sh sets them
+//! cargo bench --bench tunnel -- --failover --ec2  # the EC2 arm alone (LocalStack, no node)
 //! cargo bench --bench tunnel -- --guest --failover  # as root, as --guest
 //! ```
 //!
@@ -69,8 +73,14 @@ mod entry;
 mod deploy {
     pub(crate) use crate::deploy_harness as harness;
 }
+/// The EC2 pair of the integration tests (tests/tunnel_ec2_ha.rs), for the EC2 failover arm.
+#[allow(dead_code)]
+#[path = "../tests/tunnel_ec2_ha/pair.rs"]
+mod ec2_pair;
 #[path = "tunnel/failover.rs"]
 mod failover;
+#[path = "tunnel/failover_ec2.rs"]
+mod failover_ec2;
 #[path = "tunnel/guest_failover.rs"]
 mod guest_failover;
 #[allow(dead_code)]
@@ -368,7 +378,7 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if !args.iter().any(|a| a == "--bench") {
         println!(
-            "benches/tunnel.rs is a benchmark against the test environment: cargo bench --bench tunnel [-- --quick] [--guest] [--failover]"
+            "benches/tunnel.rs is a benchmark against the test environment: cargo bench --bench tunnel [-- --quick] [--guest] [--failover [--ec2]]"
         );
         return Ok(());
     }
@@ -379,7 +389,13 @@ fn main() -> anyhow::Result<()> {
     }
     if args.iter().any(|a| a == "--failover") {
         let runs = if quick { 1 } else { 3 };
-        return tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(failover::run(runs));
+        let ec2_only = args.iter().any(|a| a == "--ec2");
+        return tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async {
+            if !ec2_only {
+                failover::run(runs).await?;
+            }
+            failover_ec2::run(runs).await
+        });
     }
     if args.iter().any(|a| a == "--guest") {
         let runs = if quick { 1 } else { 3 };

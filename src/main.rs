@@ -224,6 +224,7 @@ async fn start_tunnels(
     let (ctx, tunnels) = controllers::tunnel::controller(
         client.clone(),
         registry,
+        Arc::new(controllers::tunnel::observe::NetworkProbe),
         args.tunnel.clone(),
         backoff,
         args.namespace.clone(),

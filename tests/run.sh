@@ -71,8 +71,13 @@ if [[ $# == 0 ]]; then
   if [[ $(id -u) == 0 ]]; then cargo bench --profile dev --bench tunnel -- --quick --guest; fi
   # A highly available Tunnel's failover on booted guests (one run, ~30 s), as root.
   if [[ $(id -u) == 0 ]]; then cargo bench --profile dev --bench tunnel -- --quick --guest --failover; fi
-  # A highly available Tunnel's failover on the node (one run of each fault, ~1 min).
-  if [[ -n "${SKYPORT_NODE_KUBECONFIG:-}" ]]; then cargo bench --profile dev --bench tunnel -- --quick --failover; fi
+  # A highly available Tunnel's failover on the node (one run of each fault, ~1 min), then on
+  # EC2 semantics against LocalStack (~20 s; that arm alone without the node).
+  if [[ -n "${SKYPORT_NODE_KUBECONFIG:-}" ]]; then
+    cargo bench --profile dev --bench tunnel -- --quick --failover
+  else
+    cargo bench --profile dev --bench tunnel -- --quick --failover --ec2
+  fi
   # skyport side by side with ACK (10 Queues); without SKYPORT_ACK_SRC skyport's arms and the
   # floor only, and it says so.
   cargo bench --profile dev --bench ack -- --quick

@@ -1,7 +1,16 @@
 //! A highly available Tunnel on EC2 (LocalStack) through the operator: two instances, each with
 //! a secondary private IPv4 (their user data is pair_tests.rs and providers/tests/guest.rs), one
-//! Elastic IP, and nothing left once the Service goes. LocalStack's instances run no exit server, so neither passes its
-//! check and the Elastic IP stays unassigned; its moves are providers/tests/ec2_ha.rs.
+//! Elastic IP, and nothing left once the Service goes. With the real check nothing answers
+//! (LocalStack runs no exit server), so the Elastic IP stays unassigned; the failover tests check
+//! with a stand-in for the exit servers ([`pair::StandIn`]), everything else real.
+//!
+//! What LocalStack shows and what it does not: DescribeAddresses names the instance the Elastic
+//! IP is on, but LocalStack ignores AssociateAddress's `PrivateIpAddress` and records the primary
+//! private IPv4 (the request naming the secondary one is the unit test in `ec2::secondary`); it
+//! reports the Elastic IP as the public IPv4 of every instance it was on, which is why each
+//! server is checked at the own address recorded in status, the one its client dials.
+
+mod pair;
 
 use std::time::Duration;
 
@@ -13,6 +22,7 @@ use skyport::crd::Tunnel;
 
 use crate::common::tunnels::{self, TunnelOperator, fast_tunnel_settings, finish_tunnels, ready, service};
 use crate::common::{TestNs, eventually};
+use pair::Ec2Pair;
 
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]
@@ -72,4 +82,119 @@ async fn a_highly_available_tunnel_on_ec2_gets_two_instances_with_secondary_addr
     }
     assert_eq!(ec2.get_address(&address.id).await.unwrap(), None, "the Elastic IP is released");
     finish_tunnels(op, ns).await;
+}
+
+/// Warning Events `reason` on the Tunnel.
+async fn warnings(p: &Ec2Pair, reason: &str) -> Vec<String> {
+    let api: Api<k8s_openapi::api::core::v1::Event> = p.ns.api();
+    let events = api.list(&Default::default()).await.unwrap().items.into_iter();
+    let on_tunnel = events.filter(|e| e.involved_object.name.as_deref() == Some("web-tunnel"));
+    let warning = on_tunnel.filter(|e| e.type_.as_deref() == Some("Warning") && e.reason.as_deref() == Some(reason));
+    warning.map(|e| e.message.unwrap_or_default()).collect()
+}
+
+/// The Tunnel once its status records a failover off `from`.
+async fn failed_over(p: &Ec2Pair, from: &str, n: u32) -> Tunnel {
+    eventually(&format!("failover {n} recorded in status"), Duration::from_secs(30), || async {
+        let t = p.tunnels.get("web-tunnel").await.ok()?;
+        let ha = pair::ha(&t);
+        (ha.failovers == Some(n) && ha.last_failover.as_ref()?.from == from).then_some(t)
+    })
+    .await
+}
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn on_ec2_the_elastic_ip_moves_at_once_off_a_terminated_instance_whose_slot_is_filled_again() {
+    let p = Ec2Pair::start("tun-ec2-fo").await;
+    let (active, standby) = (p.active.clone(), p.standby.clone());
+    let (instance, private_ip) = p.associated().await;
+    assert_eq!(instance.as_deref(), Some(active.as_str()), "DescribeAddresses: on the active instance");
+    let out = p.ec2.client().describe_instances().instance_ids(&active).send().await.unwrap();
+    let eth0 = &out.reservations()[0].instances()[0].network_interfaces()[0];
+    let ips: Vec<_> = eth0.private_ip_addresses().iter().filter_map(|a| a.private_ip_address()).collect();
+    assert!(private_ip.as_deref().is_some_and(|ip| ips.contains(&ip)), "{private_ip:?} of {ips:?}");
+    for id in [&active, &standby] {
+        assert_eq!(p.secondary_ips(id).await.len(), 1, "{id}: one secondary private IPv4");
+    }
+    // Onto the active instance's secondary address, as the operator asked (LocalStack records
+    // the primary one in DescribeAddresses, above).
+    let onto_secondary = (active.clone(), p.secondary_ips(&active).await[0].clone());
+    assert_eq!(p.associations(), [onto_secondary]);
+    let t = p.tunnel().await;
+    assert_eq!(pair::ha(&t).active.as_deref(), Some(active.as_str()));
+    let own = p.own_addresses(&[]).await;
+    let web = p.services.get("web").await.unwrap();
+    assert_eq!(tunnels::ingress_ip(&web).as_deref(), Some(p.ip.as_str()), "the Service shows the Elastic IP");
+    let message = ready(&t).unwrap().2;
+    assert!(message.contains(&format!("at its own address {} (not through", own[&active])), "{message}");
+
+    // Terminated behind the operator's back: the Elastic IP goes to the standby at once.
+    let started = std::time::Instant::now();
+    p.terminate(&active).await;
+    let (after, to) = p.moved_off(&active, started).await;
+    println!("Elastic IP on the standby {:.2} s after the active instance was terminated", after.as_secs_f64());
+    assert_eq!(to, standby);
+    let moved = p.associations().last().cloned().unwrap();
+    assert_eq!(moved, (standby.clone(), p.secondary_ips(&standby).await[0].clone()), "onto its secondary address");
+    let t = failed_over(&p, &active, 1).await;
+    let last = pair::ha(&t).last_failover.unwrap();
+    assert_eq!(last.to, standby);
+    assert!(last.reason.contains("not running"), "{last:?}");
+    let failovers = warnings(&p, "Failover").await;
+    assert!(failovers.iter().any(|m| m.contains(&active) && m.contains(&standby)), "{failovers:?}");
+    assert_eq!(tunnels::ingress_ip(&p.services.get("web").await.unwrap()).as_deref(), Some(p.ip.as_str()));
+
+    // The terminated slot gets a new instance, with its secondary address; once its server
+    // answers it is the passing standby, and the Elastic IP stays where it is.
+    let now = p.own_addresses(&[&active]).await;
+    assert!(now.contains_key(&standby), "{now:?}");
+    let fresh = now.keys().find(|id| **id != standby).unwrap().clone();
+    assert_eq!(p.secondary_ips(&fresh).await.len(), 1, "the new instance's secondary private IPv4");
+    p.stand_in.answer(&now[&fresh], true);
+    eventually("both servers passing", Duration::from_secs(30), || async {
+        let t = p.tunnels.get("web-tunnel").await.ok()?;
+        pair::ha(&t).servers.iter().all(|s| s.healthy).then_some(())
+    })
+    .await;
+    assert_eq!(p.associated().await.0.as_deref(), Some(standby.as_str()));
+    let checked = p.stand_in.checked();
+    assert!(!checked.contains(&p.ip), "never checked at the Elastic IP: {checked:?}");
+    p.finish(&[active, standby, fresh]).await;
+}
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn on_ec2_a_failing_check_moves_the_elastic_ip_after_the_hysteresis_never_onto_a_failing_server() {
+    let p = Ec2Pair::start("tun-ec2-hy").await;
+    let (a, b) = (p.active.clone(), p.standby.clone());
+    let own = p.own_addresses(&[]).await;
+    let settings = skyport::config::TunnelArgs::default();
+
+    // a's server stops answering: the address moves to b, but only after the hysteresis.
+    let started = std::time::Instant::now();
+    p.stand_in.answer(&own[&a], false);
+    let (after, to) = p.moved_off(&a, started).await;
+    assert_eq!(to, b);
+    assert!(after >= settings.failover_after, "not before the hysteresis: {after:?}");
+    let last = pair::ha(&failed_over(&p, &a, 1).await).last_failover.unwrap();
+    assert!(last.reason.contains("health checks in a row") && last.reason.contains(&own[&a]), "{last:?}");
+
+    // Now b fails too while a still fails: the address stays on b, however long.
+    p.stand_in.answer(&own[&b], false);
+    tokio::time::sleep(settings.failover_after * 3).await;
+    assert_eq!(p.associated().await.0.as_deref(), Some(b.as_str()), "not onto a server whose check fails");
+    let t = p.tunnel().await;
+    assert_eq!(pair::ha(&t).failovers, Some(1));
+    let (_, reason, message) = ready(&t).unwrap();
+    assert_eq!(reason, "WaitingForTunnel");
+    assert!(message.contains("address stays"), "{message}");
+
+    // a answers again: the address goes back to it, the one server that passes.
+    p.stand_in.answer(&own[&a], true);
+    let (_, to) = p.moved_off(&b, std::time::Instant::now()).await;
+    assert_eq!(to, a);
+    failed_over(&p, &b, 2).await;
+    assert_eq!(warnings(&p, "Failover").await.len(), 2);
+    p.finish(&[a, b]).await;
 }

@@ -281,6 +281,8 @@ pub trait HostProvider: Send + Sync {
     /// private IPv4 each, which the adapter gives a host requested with [`TAG_MOVED_ADDRESS`] and
     /// its OS reads from the instance metadata at boot ([`crate::exit::userdata::InterfaceAddresses`]).
     /// EC2: an Elastic IP on the primary one replaces the public IPv4 the server's client dials.
+    /// Each server keeps that own address beside the moved one, so the controller checks it there,
+    /// not where the API reports its public IPv4 (an emulator may report the moved address).
     fn moves_to_secondary_ip(&self) -> bool {
         false
     }

@@ -14,7 +14,8 @@
 //!   still there after the address moved on. So that each server keeps its own public IPv4 is
 //!   not observable here; the request naming the secondary address is a unit test
 //!   (`ec2::secondary`), and the controller's handling of it a controller test
-//!   (`pair_tests.rs`).
+//!   (`pair_tests.rs`) and the operator's failover here (`tests/tunnel_ec2_ha.rs`, each server
+//!   checked at its own address as recorded in status).
 
 mod contract;
 mod ec2_support;

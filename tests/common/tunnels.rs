@@ -79,7 +79,7 @@ impl TunnelOperator {
 
     /// Like [`TunnelOperator::start`], talking to the API server as `client` (another identity).
     pub async fn start_as(client: kube::Client, ns: &TestNs, settings: skyport::config::TunnelArgs) -> Self {
-        Self::start_full(client, ns, settings, Vec::new(), kubelet::skyport_exe()).await
+        Self::start_full(client, ns, settings, Vec::new(), kubelet::skyport_exe(), None).await
     }
 
     /// Like [`TunnelOperator::start`], with more providers next to the local one.
@@ -88,7 +88,18 @@ impl TunnelOperator {
         settings: skyport::config::TunnelArgs,
         extra: Vec<Arc<dyn providers::HostProvider>>,
     ) -> Self {
-        Self::start_full(ns.client.clone(), ns, settings, extra, kubelet::skyport_exe()).await
+        Self::start_full(ns.client.clone(), ns, settings, extra, kubelet::skyport_exe(), None).await
+    }
+
+    /// Like [`TunnelOperator::start_with`], checking tunnels with `probe` instead of the real
+    /// end-to-end check: a stand-in for exit servers that cannot run (LocalStack boots no VM).
+    pub async fn start_with_probe(
+        ns: &TestNs,
+        settings: skyport::config::TunnelArgs,
+        extra: Vec<Arc<dyn providers::HostProvider>>,
+        probe: Arc<dyn skyport::controllers::tunnel::observe::Probe>,
+    ) -> Self {
+        Self::start_full(ns.client.clone(), ns, settings, extra, kubelet::skyport_exe(), Some(probe)).await
     }
 
     /// Like [`TunnelOperator::start_with`], with `exe` as the operator's own executable: the
@@ -99,7 +110,7 @@ impl TunnelOperator {
         extra: Vec<Arc<dyn providers::HostProvider>>,
         exe: std::path::PathBuf,
     ) -> Self {
-        Self::start_full(ns.client.clone(), ns, settings, extra, exe).await
+        Self::start_full(ns.client.clone(), ns, settings, extra, exe, None).await
     }
 
     async fn start_full(
@@ -108,6 +119,7 @@ impl TunnelOperator {
         settings: skyport::config::TunnelArgs,
         extra: Vec<Arc<dyn providers::HostProvider>>,
         own_exe: std::path::PathBuf,
+        probe: Option<Arc<dyn skyport::controllers::tunnel::observe::Probe>>,
     ) -> Self {
         use futures::FutureExt;
         if std::env::var_os("RUST_LOG").is_some() {
@@ -141,6 +153,7 @@ impl TunnelOperator {
         let (ctx, tunnels) = skyport::controllers::tunnel::controller(
             client.clone(),
             registry,
+            probe.unwrap_or_else(|| Arc::new(skyport::controllers::tunnel::observe::NetworkProbe)),
             settings.clone(),
             backoff,
             Some(ns.name.clone()),

@@ -23,6 +23,8 @@ pub mod desired;
 mod health_tests;
 pub mod observe;
 #[cfg(test)]
+mod pair_cloud_tests;
+#[cfg(test)]
 mod pair_tests;
 pub mod phases;
 pub mod placement;
@@ -90,7 +92,8 @@ pub struct State {
     pub failovers: std::sync::atomic::AtomicU64,
     /// Time highly available Tunnels spent without a server passing behind their address.
     pub unserved: observe::Unserved,
-    /// The end-to-end health check ([`observe::NetworkProbe`]; a fake in reconcile tests).
+    /// The end-to-end health check ([`observe::NetworkProbe`]; a fake in reconcile tests, a
+    /// stand-in for the exit servers LocalStack's instances cannot run in integration tests).
     pub probe: Arc<dyn observe::Probe>,
 }
 
@@ -102,12 +105,14 @@ impl State {
     }
 }
 
-/// Builds the controller and its orphan sweep. Returns the context and the future running both
-/// until `shutdown` resolves.
+/// Builds the controller and its orphan sweep, checking tunnels with `probe`
+/// ([`observe::NetworkProbe`]; a stand-in where no exit server can run, as on LocalStack's
+/// instances). Returns the context and the future running both until `shutdown` resolves.
 #[allow(clippy::too_many_arguments)]
 pub fn controller(
     client: Client,
     providers: Providers,
+    probe: Arc<dyn observe::Probe>,
     settings: TunnelArgs,
     backoff: Backoff,
     namespace: Option<String>,
@@ -150,7 +155,7 @@ pub fn controller(
         streaks: Default::default(),
         failovers: Default::default(),
         unserved: Default::default(),
-        probe: Arc::new(observe::NetworkProbe),
+        probe,
     };
     let ctx = Arc::new(Context::new(client, backoff, state));
     let (by_service, by_client) = (tunnel_reader.clone(), tunnel_reader.clone());

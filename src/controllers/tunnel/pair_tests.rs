@@ -18,7 +18,7 @@ use crate::crd::tunnel::{AddressMode, HighAvailability, TunnelAddress};
 const SECRET: &str = "/api/v1/namespaces/ns/secrets/web-tunnel-credentials";
 
 /// An HA Tunnel whose failover needs 3 failed checks in a row (and no minimum time).
-fn pair() -> (Harness, Arc<Tunnel>) {
+pub(super) fn pair() -> (Harness, Arc<Tunnel>) {
     let settings = TunnelArgs { failover_failures: 3, failover_after: Duration::ZERO, ..Default::default() };
     let mut h = harness_settings(settings);
     h.add_service();
@@ -29,7 +29,7 @@ fn pair() -> (Harness, Arc<Tunnel>) {
     (h, t)
 }
 
-fn ha(h: &Harness) -> HighAvailabilityStatus {
+pub(super) fn ha(h: &Harness) -> HighAvailabilityStatus {
     h.current().status.unwrap().high_availability.expect("highAvailability status")
 }
 
@@ -38,7 +38,7 @@ fn ingress_ip(h: &Harness) -> serde_json::Value {
 }
 
 /// `n` passes with the checks at `ip` refused, then the refusal lifted.
-async fn fail_checks(h: &Harness, ip: &str, n: usize) {
+pub(super) async fn fail_checks(h: &Harness, ip: &str, n: usize) {
     h.probe.refuse(ip, true);
     for _ in 0..n {
         pass(h).await;
@@ -55,7 +55,7 @@ fn roll_out(h: &Harness, slot: &str) {
     h.api.put(&path, d);
 }
 
-async fn pass(h: &Harness) {
+pub(super) async fn pass(h: &Harness) {
     let action = h.reconcile(Arc::new(h.current())).await.unwrap();
     assert!(crate::controllers::testing::requeue_secs(&action) <= 1.0, "{action:?}");
 }

@@ -22,7 +22,7 @@ use providers::{Address, AddressBinding, Host, HostState};
 use super::super::placement::Placement;
 use super::super::placement::SLOTS;
 use super::super::plan::Blocked;
-use super::super::plan::failover::{Client, FailoverStep, Health, Hysteresis, Server, failover_step, roll, roll_both};
+use super::super::plan::failover::{Client, FailoverStep, Hysteresis, Server, failover_step, roll, roll_both};
 use super::super::status::not_ready;
 use super::super::{act, desired, observe};
 use super::{Desired, Failure, Keys, Pass};
@@ -32,20 +32,13 @@ use crate::crd::tunnel::{Failover, HighAvailabilityStatus, ServerStatus, TunnelP
 use crate::error::{Error, Result};
 
 mod both;
+mod slot;
+
+use slot::{Slot, checked_at, standby_note};
 
 /// How long the holder's stale client waits for the other server to pass its check before it is
 /// rolled in place: a client Pod normally restarts within seconds.
 const ROLL_PATIENCE: Duration = Duration::from_secs(60);
-
-/// One slot's exit server as this pass found it.
-struct Slot {
-    slot: &'static str,
-    host: Option<Host>,
-    /// Its own address, which its client dials: as recorded for this host, else as first seen.
-    own_ip: Option<String>,
-    /// Its end-to-end check at its current address, when it runs: the streak and the error.
-    check: Option<(Health, String)>,
-}
 
 /// What a pass writes into status, after its writes to the cloud and the cluster.
 struct PairRecord {
@@ -56,31 +49,6 @@ struct PairRecord {
     ha: HighAvailabilityStatus,
     ready: bool,
     condition: Condition,
-}
-
-impl Slot {
-    /// As `status.highAvailability.servers` shows it.
-    fn status(&self) -> ServerStatus {
-        ServerStatus {
-            slot: self.slot.to_string(),
-            host_id: self.id().map(str::to_string),
-            host_ip: self.own_ip.clone().filter(|_| self.host.is_some()),
-            healthy: self.passing(),
-        }
-    }
-
-    /// Whether a server fills the slot and its last check passed.
-    fn passing(&self) -> bool {
-        self.host.is_some() && self.check.as_ref().is_some_and(|(h, _)| h.passing())
-    }
-
-    fn running_ip(&self) -> Option<&str> {
-        self.host.as_ref().filter(|h| h.state == HostState::Running).and_then(|h| h.public_ipv4.as_deref())
-    }
-
-    fn id(&self) -> Option<&str> {
-        self.host.as_ref().map(|h| h.id.as_str())
-    }
 }
 
 impl Pass<'_> {
@@ -104,6 +72,18 @@ impl Pass<'_> {
         act::host::delete_extras(provider.as_ref(), &found.extras, None, ctx).await?;
         let recorded = self.status().high_availability.clone().unwrap_or_default();
         let reserved_ip = address.as_ref().map(|a| a.ip.clone());
+        let found_ids: Vec<&str> = found.hosts.iter().flatten().map(|h| h.id.as_str()).collect();
+        // The host holding the address: as the provider says, else the one recorded active if it
+        // is gone (a cloud unassigns a deleted host's address: EC2, DigitalOcean), whose loss is
+        // a failover like any other.
+        let holder = address
+            .as_ref()
+            .and_then(|a| a.host_id.clone())
+            .or_else(|| recorded.active.clone().filter(|id| !found_ids.contains(&id.as_str())));
+        // A slot that lost the holder is filled once the address moved on: creating a server
+        // takes seconds (and may fail), the move one call.
+        let holder_gone = holder.as_deref().is_some_and(|id| !found_ids.contains(&id));
+        let mut deferred = Vec::new();
         let mut slots = Vec::new();
         // Where a reserved address exists only once it is on a first host (DigitalOcean), the
         // second host waits for it, to be made in its region: the address cannot move between
@@ -128,20 +108,21 @@ impl Pass<'_> {
                     slots.push(Slot { slot, host: None, own_ip: None, check: None });
                     continue;
                 }
+                None if holder_gone => {
+                    deferred.push(slot);
+                    slots.push(Slot { slot, host: None, own_ip: None, check: None });
+                    continue;
+                }
                 None => self.create_slot(want, keys, (slot, address.as_ref())).await?,
             };
             let kept = recorded.servers.iter().find(|s| s.slot == slot && s.host_id.as_deref() == Some(&host.id));
-            let own_ip = kept.and_then(|s| s.host_ip.clone()).or_else(|| {
-                // A host seen first while it holds the reserved address (status lost) does not
-                // show its own; its client waits until it is replaced.
-                host.public_ipv4
-                    .clone()
-                    .filter(|ip| host.state == HostState::Running && Some(ip) != reserved_ip.as_ref())
-            });
+            let own_ip = kept.and_then(|s| s.host_ip.clone()).or_else(|| first_own_ip(&host, reserved_ip.as_deref()));
             slots.push(Slot { slot, host: Some(host), own_ip, check: None });
         }
         let ports_current = self.reconfigure_pair(want, keys, &mut slots).await?;
-        self.check_pair(keys, &mut slots).await;
+        // Where each server is checked ([`Slot::check_ip`]).
+        let beside = provider.moves_to_secondary_ip();
+        self.check_pair(keys, &mut slots, beside).await;
 
         let hysteresis = Hysteresis {
             failures: ctx.settings.failover_failures,
@@ -152,7 +133,6 @@ impl Pass<'_> {
             .iter()
             .filter_map(|s| Some(Server { id: s.id()?, health: s.check.as_ref()?.0, error: &s.check.as_ref()?.1 }))
             .collect();
-        let holder = address.as_ref().and_then(|a| a.host_id.clone());
         let step = failover_step(&servers, holder.as_deref(), &hysteresis);
         let mut last_failover = recorded.last_failover.clone();
         let mut failovers = recorded.failovers;
@@ -169,7 +149,14 @@ impl Pass<'_> {
                 ctx.failovers.fetch_add(1, Ordering::Relaxed);
                 failovers = Some(failovers.unwrap_or(0) + 1);
                 let time = k8s_openapi::jiff::Timestamp::now().to_string();
-                last_failover = Some(Failover { time, from, to, reason });
+                last_failover = Some(Failover { time, from, to: to.clone(), reason });
+                // Recorded at once: a later step of this pass may fail (creating a server).
+                let moved = (Some(to), failovers, last_failover.clone());
+                self.record(|s| {
+                    let ha = s.high_availability.get_or_insert_default();
+                    (ha.active, ha.failovers, ha.last_failover) = moved;
+                })
+                .await?;
             }
             FailoverStep::ReplaceStandby { id, reason } => {
                 act::host::replace_lost(tunnel, provider.as_ref(), (&id, &reason), None, ctx).await?;
@@ -184,6 +171,11 @@ impl Pass<'_> {
             act::host::replace_lost(tunnel, provider.as_ref(), (&id, &why), None, ctx).await?;
             ctx.streaks.forget(&id);
             slot.host = None;
+        }
+        for slot in slots.iter_mut().filter(|s| deferred.contains(&s.slot)) {
+            let host = self.create_slot(want, keys, (slot.slot, address.as_ref())).await?;
+            slot.own_ip = first_own_ip(&host, reserved_ip.as_deref());
+            slot.host = Some(host);
         }
 
         self.pair_clients(want, keys, &slots, &mut address, false).await?;
@@ -214,7 +206,7 @@ impl Pass<'_> {
                     active.as_deref().unwrap_or_default(),
                     super::super::status::describe(&want.ports),
                     tunnel.spec.service_ref.name,
-                    checked_at(active_slot, &a.ip),
+                    checked_at(active_slot.and_then(|s| s.check_ip(beside)), &a.ip),
                     standby_note(&slots, active.as_deref()),
                 ),
             ),
@@ -361,11 +353,11 @@ impl Pass<'_> {
         Ok(step.apply.into_iter().filter(|&i| clients[i] == Some(Client::Stale)).collect())
     }
 
-    /// Checks every running host end to end at its current address, both at once.
-    async fn check_pair(&self, keys: &Keys, slots: &mut [Slot]) {
+    /// Checks every running host end to end ([`Slot::check_ip`]), both at once.
+    async fn check_pair(&self, keys: &Keys, slots: &mut [Slot], beside: bool) {
         let (ctx, token) = (self.ctx, keys.credentials.token.as_str());
         let checks = slots.iter().map(|s| async move {
-            match (s.running_ip(), s.id()) {
+            match (s.check_ip(beside), s.id()) {
                 (Some(ip), Some(id)) => {
                     let result = ctx.probe.check(ip, ctx.settings.health_port, token).await;
                     let error = result.as_ref().err().cloned().unwrap_or_default();
@@ -393,24 +385,8 @@ impl Pass<'_> {
     }
 }
 
-/// Where the holder's check went, for the Ready message: through the reserved address where the
-/// provider reports the holder there (local), else the holder's own address (the cloud's routing
-/// of the reserved address to it is not what was checked, and the message must not claim it).
-fn checked_at(holder: Option<&Slot>, reserved: &str) -> String {
-    match holder.and_then(Slot::running_ip) {
-        Some(ip) if ip == reserved => format!("the reserved address {ip}"),
-        Some(ip) => format!("its own address {ip} (not through the reserved address)"),
-        None => "no address".into(),
-    }
-}
-
-/// How the server without the address stands, for the Ready message.
-fn standby_note(slots: &[Slot], active: Option<&str>) -> String {
-    let standby = slots.iter().find(|s| s.id() != active);
-    match standby.and_then(|s| Some((s.id()?, s.check.as_ref()))) {
-        Some((id, Some((h, _)))) if h.passing() => format!("exit server {id}, passing its health check"),
-        Some((id, Some((_, error)))) => format!("exit server {id}, failing its health check: {error}"),
-        Some((id, None)) => format!("exit server {id}, not running yet"),
-        None => "none running".into(),
-    }
+/// A host's own address as first seen: a host seen first while it holds the reserved address
+/// (status lost) does not show its own; its client waits until it is replaced.
+fn first_own_ip(host: &Host, reserved: Option<&str>) -> Option<String> {
+    host.public_ipv4.clone().filter(|ip| host.state == HostState::Running && Some(ip.as_str()) != reserved)
 }

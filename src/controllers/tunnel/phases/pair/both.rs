@@ -35,7 +35,7 @@ impl Pass<'_> {
             slots.push(Slot { slot, host: Some(host), own_ip, check: None });
         }
         let ports_current = self.reconfigure_pair(want, keys, &mut slots).await?;
-        self.check_pair(keys, &mut slots).await;
+        self.check_pair(keys, &mut slots, false).await;
 
         // A stopped server goes at once; a failing one once it has failed for the replace time
         // while the other carries the traffic (both failing points at the clients, not the

@@ -1,0 +1,73 @@
+//! A highly available Tunnel on a cloud's terms, through whole reconciles: each server checked
+//! at its own address whatever the API reports as its public one, and a server deleted with the
+//! address (which the cloud then unassigns) a failover like any other.
+
+use std::sync::Arc;
+
+use providers::hosts::TAG_TUNNEL_SLOT;
+
+use super::pair_tests::{fail_checks, ha, pair, pass};
+use super::tests::Harness;
+
+#[tokio::test]
+async fn where_the_address_moves_onto_secondary_addresses_each_server_is_checked_at_its_own() {
+    // As LocalStack reports EC2: the Elastic IP as the public IPv4 of every instance it was ever
+    // associated with, the instance's own gone from the API. On AWS it goes onto a secondary
+    // private address and each instance keeps its own, where its client dials; the check goes
+    // there, and nothing is decided from an answer at the Elastic IP.
+    let (h, t) = pair();
+    h.provider.move_to_secondary_addresses();
+    h.reconcile(t).await.unwrap();
+    let reserved = h.provider.addresses()[0].ip.clone();
+    let report_reserved = |h: &Harness, id: &str| {
+        let mut host = h.provider.hosts().into_iter().find(|host| host.id == id).unwrap();
+        host.public_ipv4 = Some(reserved.clone());
+        h.provider.insert(host);
+    };
+    report_reserved(&h, "h-1");
+    h.probe.refuse(&reserved, true);
+    for _ in 0..3 {
+        pass(&h).await;
+    }
+    assert_eq!(ha(&h).active.as_deref(), Some("h-1"), "its own address passes: no failover");
+    let message = crate::controllers::status::ready_condition(&h.current()).unwrap().message.clone();
+    assert!(message.contains("health check at its own address 203.0.113.1 (not through"), "{message}");
+
+    // Its own address fails: the address moves to h-2, which LocalStack then reports there too.
+    fail_checks(&h, "203.0.113.1", 3).await;
+    assert_eq!(ha(&h).active.as_deref(), Some("h-2"));
+    report_reserved(&h, "h-2");
+    h.probe.refuse(&reserved, true);
+    pass(&h).await;
+    pass(&h).await;
+    let status = ha(&h);
+    assert_eq!((status.active.as_deref(), status.failovers), (Some("h-2"), Some(1)));
+    assert!(status.servers.iter().all(|s| s.healthy), "{status:?}");
+    let checked = h.probe.checked();
+    assert!(!checked.iter().any(|c| c.starts_with(&format!("{reserved}:"))), "{checked:?}");
+}
+
+#[tokio::test]
+async fn a_deleted_holder_is_a_failover_and_its_slot_is_filled_after_the_address_moved() {
+    // Deleted outside skyport, as EC2 terminates an instance: the cloud unassigns its address
+    // (the fake's delete does). That loss is a failover, recorded and announced like any other;
+    // creating its replacement (which takes seconds, and here fails) waits until the move.
+    let (h, t) = pair();
+    h.reconcile(t).await.unwrap();
+    providers::HostProvider::delete(h.provider.as_ref(), "h-1").await.unwrap();
+    assert_eq!(h.provider.addresses()[0].host_id, None);
+    h.provider.fail_next("create", providers::HostError::Unavailable { provider: "fake", message: "slow".into() });
+    assert!(h.reconcile(Arc::new(h.current())).await.is_err(), "the create failed");
+    assert_eq!(h.provider.addresses()[0].host_id.as_deref(), Some("h-2"), "moved before the create");
+    let status = ha(&h);
+    assert_eq!((status.active.as_deref(), status.failovers), (Some("h-2"), Some(1)));
+    let last = status.last_failover.unwrap();
+    assert_eq!((last.from.as_str(), last.to.as_str()), ("h-1", "h-2"));
+    assert!(last.reason.contains("not running"), "{last:?}");
+    assert_eq!(h.api.event_reasons().iter().filter(|r| *r == "Failover").count(), 2);
+
+    pass(&h).await;
+    let slots: Vec<_> = h.provider.hosts().iter().map(|h| (h.id.clone(), h.tags[TAG_TUNNEL_SLOT].clone())).collect();
+    assert_eq!(slots, [("h-2".to_string(), "b".to_string()), ("h-3".to_string(), "a".to_string())]);
+    assert_eq!((ha(&h).active.as_deref(), ha(&h).failovers), (Some("h-2"), Some(1)));
+}

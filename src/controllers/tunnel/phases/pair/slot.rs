@@ -1,0 +1,74 @@
+//! One slot of a highly available Tunnel's pair as a pass found it, and how the Ready message
+//! describes the pair.
+
+use providers::{Host, HostState};
+
+use super::super::super::plan::failover::Health;
+use crate::crd::tunnel::ServerStatus;
+
+/// One slot's exit server as this pass found it.
+pub(super) struct Slot {
+    pub(super) slot: &'static str,
+    pub(super) host: Option<Host>,
+    /// Its own address, which its client dials: as recorded for this host, else as first seen.
+    pub(super) own_ip: Option<String>,
+    /// Its end-to-end check ([`Slot::check_ip`]), when it runs: the streak and the error.
+    pub(super) check: Option<(Health, String)>,
+}
+
+impl Slot {
+    /// As `status.highAvailability.servers` shows it.
+    pub(super) fn status(&self) -> ServerStatus {
+        ServerStatus {
+            slot: self.slot.to_string(),
+            host_id: self.id().map(str::to_string),
+            host_ip: self.own_ip.clone().filter(|_| self.host.is_some()),
+            healthy: self.passing(),
+        }
+    }
+
+    /// Whether a server fills the slot and its last check passed.
+    pub(super) fn passing(&self) -> bool {
+        self.host.is_some() && self.check.as_ref().is_some_and(|(h, _)| h.passing())
+    }
+
+    pub(super) fn running_ip(&self) -> Option<&str> {
+        self.host.as_ref().filter(|h| h.state == HostState::Running).and_then(|h| h.public_ipv4.as_deref())
+    }
+
+    /// Where its end-to-end check goes while it runs: where the provider reports it (local: the
+    /// holder answers only at the reserved address, its ports bound there), except where the
+    /// address goes onto a secondary private IPv4 beside the host's own public one (`beside`,
+    /// EC2): there its own address, which its client dials, whatever the API reports as its
+    /// public IPv4 (LocalStack reports the Elastic IP, and still after it moved on).
+    pub(super) fn check_ip(&self, beside: bool) -> Option<&str> {
+        let reported = self.running_ip()?;
+        Some(self.own_ip.as_deref().filter(|_| beside).unwrap_or(reported))
+    }
+
+    pub(super) fn id(&self) -> Option<&str> {
+        self.host.as_ref().map(|h| h.id.as_str())
+    }
+}
+
+/// Where the holder's check went, for the Ready message: through the reserved address where it
+/// was checked there (local), else the holder's own address (the cloud's routing of the reserved
+/// address to it is not what was checked, and the message must not claim it).
+pub(super) fn checked_at(holder_checked_at: Option<&str>, reserved: &str) -> String {
+    match holder_checked_at {
+        Some(ip) if ip == reserved => format!("the reserved address {ip}"),
+        Some(ip) => format!("its own address {ip} (not through the reserved address)"),
+        None => "no address".into(),
+    }
+}
+
+/// How the server without the address stands, for the Ready message.
+pub(super) fn standby_note(slots: &[Slot], active: Option<&str>) -> String {
+    let standby = slots.iter().find(|s| s.id() != active);
+    match standby.and_then(|s| Some((s.id()?, s.check.as_ref()))) {
+        Some((id, Some((h, _)))) if h.passing() => format!("exit server {id}, passing its health check"),
+        Some((id, Some((_, error)))) => format!("exit server {id}, failing its health check: {error}"),
+        Some((id, None)) => format!("exit server {id}, not running yet"),
+        None => "none running".into(),
+    }
+}
