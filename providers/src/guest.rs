@@ -289,6 +289,11 @@ impl HostProvider for GuestProvider {
         result
     }
 
+    /// Files, processes and routes on this machine.
+    fn reads_are_free(&self) -> bool {
+        true
+    }
+
     fn address_binding(&self) -> AddressBinding {
         AddressBinding::AtCreate
     }

@@ -219,6 +219,12 @@ pub trait HostProvider: Send + Sync {
     async fn sync_source_ranges(&self, _id: &str, _server: &ExitServer) -> Result<bool, HostError> {
         Ok(false)
     }
+    /// Whether reading hosts and addresses costs nothing against a cloud API's budget (hosts on
+    /// this machine), so a highly available Tunnel re-reads them at every check pass instead of
+    /// only after a change, a failed check or its resync.
+    fn reads_are_free(&self) -> bool {
+        false
+    }
     /// Whether this provider's hosts download the exit-server binary from the artifact URL, so
     /// the operator checks that URL before buying one (the local provider runs the operator's
     /// own executable).

@@ -362,6 +362,11 @@ impl HostProvider for LocalProvider {
         Ok(())
     }
 
+    /// Files and processes on this machine.
+    fn reads_are_free(&self) -> bool {
+        true
+    }
+
     /// Local exit servers run the operator's own executable; nothing is downloaded.
     fn fetches_artifact(&self) -> bool {
         false

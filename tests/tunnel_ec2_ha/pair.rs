@@ -93,14 +93,18 @@ pub struct Ec2Pair {
 
 impl Ec2Pair {
     pub async fn start(prefix: &str) -> Self {
+        Self::start_with(prefix, fast_tunnel_settings()).await
+    }
+
+    /// [`Ec2Pair::start`] with the operator's Tunnel settings `settings`.
+    pub async fn start_with(prefix: &str, tunnel_settings: skyport::config::TunnelArgs) -> Self {
         let ns = TestNs::new(prefix).await;
         let asked = asked::Asked::start().await;
         let mut settings = providers::Ec2Settings::new("ami-0123456789abcdef0");
         settings.endpoint_url = Some(asked.url.clone());
         let ec2 = Arc::new(Ec2Provider::from_env(settings).await.expect("EC2 provider"));
         let stand_in = Arc::new(StandIn::default());
-        let op =
-            TunnelOperator::start_with_probe(&ns, fast_tunnel_settings(), vec![ec2.clone()], stand_in.clone()).await;
+        let op = TunnelOperator::start_with_probe(&ns, tunnel_settings, vec![ec2.clone()], stand_in.clone()).await;
         let (services, tunnels): (Api<Service>, Api<Tunnel>) = (ns.api(), ns.api());
         let annotations = serde_json::json!({
             "skyport.dev/provider": "ec2",
@@ -199,9 +203,12 @@ impl Ec2Pair {
         secondary.filter_map(|a| a.private_ip_address()).map(str::to_string).collect()
     }
 
-    /// Terminates instance `id` behind the operator's back, as when AWS loses it.
+    /// Terminates instance `id` behind the operator's back, as when AWS loses it: its exit
+    /// server stops answering with it.
     pub async fn terminate(&self, id: &str) {
+        let own = self.own_addresses(&[]).await;
         self.ec2.client().terminate_instances().instance_ids(id).send().await.unwrap();
+        self.stand_in.answer(&own[id], false);
     }
 
     /// Deletes the Service and checks nothing is left at LocalStack: every instance the Tunnel

@@ -40,6 +40,8 @@ struct Hosts {
     movable: Vec<String>,
     /// The user data each host was created with.
     user_data: BTreeMap<String, String>,
+    /// Whether reads count against a budget, as at a cloud ([`FakeProvider::charge_reads`]).
+    charged_reads: bool,
 }
 
 impl Hosts {
@@ -136,6 +138,12 @@ impl FakeProvider {
     }
 
     /// Addresses reach hosts by `binding`.
+    /// Reads count against an API budget from now on, as at a cloud: a quiet highly available
+    /// pair stops re-reading them at every pass.
+    pub fn charge_reads(&self) {
+        self.hosts.lock().unwrap().charged_reads = true;
+    }
+
     pub fn bind_addresses(&self, binding: AddressBinding) {
         self.hosts.lock().unwrap().binding = Some(binding);
     }
@@ -273,6 +281,9 @@ impl HostProvider for FakeProvider {
     }
     fn binds_moved_address(&self) -> bool {
         self.hosts.lock().unwrap().floating
+    }
+    fn reads_are_free(&self) -> bool {
+        !self.hosts.lock().unwrap().charged_reads
     }
     fn moves_to_secondary_ip(&self) -> bool {
         self.hosts.lock().unwrap().secondary

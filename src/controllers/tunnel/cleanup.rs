@@ -30,6 +30,7 @@ pub async fn cleanup(tunnel: &Tunnel, api: &Api<Tunnel>, ctx: &Context) -> Resul
     let mut pass = Pass::new(tunnel, api, ctx);
     let uid = tunnel.uid().ok_or(Error::MissingObjectKey("uid"))?;
     ctx.unserved.forget(&uid);
+    ctx.pair_views.forget(&uid);
     let recorded_host = pass.status().host_id.clone();
     let provider = match provider_for(tunnel, pass.status(), &ctx.providers) {
         Ok(p) => Some(p),

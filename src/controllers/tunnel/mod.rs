@@ -92,6 +92,8 @@ pub struct State {
     pub failovers: std::sync::atomic::AtomicU64,
     /// Time highly available Tunnels spent without a server passing behind their address.
     pub unserved: observe::Unserved,
+    /// Highly available Tunnels' provider reads, kept while their pairs are quiet.
+    pub pair_views: observe::PairViews,
     /// The end-to-end health check ([`observe::NetworkProbe`]; a fake in reconcile tests, a
     /// stand-in for the exit servers LocalStack's instances cannot run in integration tests).
     pub probe: Arc<dyn observe::Probe>,
@@ -155,6 +157,7 @@ pub fn controller(
         streaks: Default::default(),
         failovers: Default::default(),
         unserved: Default::default(),
+        pair_views: Default::default(),
         probe,
     };
     let ctx = Arc::new(Context::new(client, backoff, state));

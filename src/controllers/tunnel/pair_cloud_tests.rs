@@ -71,3 +71,56 @@ async fn a_deleted_holder_is_a_failover_and_its_slot_is_filled_after_the_address
     assert_eq!(slots, [("h-2".to_string(), "b".to_string()), ("h-3".to_string(), "a".to_string())]);
     assert_eq!((ha(&h).active.as_deref(), ha(&h).failovers), (Some("h-2"), Some(1)));
 }
+
+/// The provider calls that only read.
+fn reads(h: &Harness) -> usize {
+    const READS: [&str; 4] = ["get", "get_address", "list_addresses_by_tag", "list_by_tag"];
+    h.provider.calls().iter().filter(|c| READS.contains(c)).count()
+}
+
+#[tokio::test]
+async fn a_quiet_pair_reads_the_cloud_only_at_its_resync_or_after_a_failed_check() {
+    let (h, t) = pair();
+    h.provider.charge_reads();
+    h.reconcile(t).await.unwrap();
+    pass(&h).await;
+    assert_eq!(ha(&h).servers.iter().filter(|s| s.healthy).count(), 2);
+    let quiet = reads(&h);
+    for _ in 0..5 {
+        pass(&h).await;
+    }
+    assert_eq!(reads(&h), quiet, "both servers pass and nothing changes: no cloud reads");
+
+    // The standby fails a check: that pass decides from what it has, the next one reads again.
+    h.probe.refuse("203.0.113.2", true);
+    pass(&h).await;
+    assert_eq!(reads(&h), quiet);
+    pass(&h).await;
+    assert!(reads(&h) > quiet, "read again after a failed check");
+    h.probe.refuse("203.0.113.2", false);
+    pass(&h).await;
+    let settled = reads(&h);
+    pass(&h).await;
+    assert_eq!(reads(&h), settled, "quiet again");
+
+    // A holder deleted behind skyport's back fails its check (here at the address the fake
+    // cloud gave it, the reserved one); the pass after reads the cloud, finds it gone and moves
+    // the address at once.
+    let reserved = h.provider.addresses()[0].ip.clone();
+    providers::HostProvider::delete(h.provider.as_ref(), "h-1").await.unwrap();
+    h.probe.refuse(&reserved, true);
+    pass(&h).await;
+    pass(&h).await;
+    assert_eq!(ha(&h).active.as_deref(), Some("h-2"));
+    assert_eq!(ha(&h).failovers, Some(1));
+}
+
+#[tokio::test]
+async fn without_a_read_budget_a_pair_reads_at_every_pass() {
+    let (h, t) = pair();
+    h.reconcile(t).await.unwrap();
+    pass(&h).await;
+    let before = reads(&h);
+    pass(&h).await;
+    assert!(reads(&h) > before, "a provider on this machine is read at every pass");
+}

@@ -67,9 +67,19 @@ impl Pass<'_> {
             );
             return Err(Failure::Blocked(Blocked(TunnelPhase::Failed, "HighAvailabilityUnavailable", message)));
         }
-        let mut address = self.prepare_address(want).await?;
-        let found = observe::find_pair(provider.as_ref(), self.status(), &want.uid).await?;
-        act::host::delete_extras(provider.as_ref(), &found.extras, None, ctx).await?;
+        // A quiet pair's last read stands until its resync ([`observe::PairViews`]): a server that
+        // stops fails its check, and the pass after that reads the provider again.
+        let cached = ctx.pair_views.recent(&want.uid, ctx.settings.resync).filter(|_| !provider.reads_are_free());
+        let fresh = cached.is_none();
+        let (mut address, found) = match cached {
+            Some(view) => view,
+            None => {
+                let address = self.prepare_address(want).await?;
+                let found = observe::find_pair(provider.as_ref(), self.status(), &want.uid).await?;
+                act::host::delete_extras(provider.as_ref(), &found.extras, None, ctx).await?;
+                (address, found)
+            }
+        };
         let recorded = self.status().high_availability.clone().unwrap_or_default();
         let reserved_ip = address.as_ref().map(|a| a.ip.clone());
         let found_ids: Vec<&str> = found.hosts.iter().flatten().map(|h| h.id.as_str()).collect();
@@ -134,6 +144,7 @@ impl Pass<'_> {
             .filter_map(|s| Some(Server { id: s.id()?, health: s.check.as_ref()?.0, error: &s.check.as_ref()?.1 }))
             .collect();
         let step = failover_step(&servers, holder.as_deref(), &hysteresis);
+        let steady = step == FailoverStep::Keep { degraded: None } && slots.iter().all(Slot::passing) && ports_current;
         let mut last_failover = recorded.last_failover.clone();
         let mut failovers = recorded.failovers;
         let mut degraded = None;
@@ -181,6 +192,14 @@ impl Pass<'_> {
         self.pair_clients(want, keys, &slots, &mut address, false).await?;
 
         let active = address.as_ref().and_then(|a| a.host_id.clone());
+        match (steady && active == holder, fresh) {
+            (true, true) => {
+                let hosts = [slots[0].host.clone(), slots[1].host.clone()];
+                ctx.pair_views.keep(&want.uid, address.clone(), observe::FoundPair { hosts, extras: Vec::new() });
+            }
+            (true, false) => {}
+            (false, _) => ctx.pair_views.forget(&want.uid),
+        }
         let active_slot = slots.iter().find(|s| s.id().is_some() && s.id() == active.as_deref());
         let active_check = active_slot.and_then(|s| s.check.as_ref());
         let ready = active_check.is_some_and(|(h, _)| h.passing());
