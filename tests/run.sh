@@ -56,9 +56,9 @@ if [[ -n "${SKYPORT_ACK_SRC:-}" ]]; then
 fi
 
 # The integration tests are one binary (tests/main.rs) and mostly wait on real servers, so they
-# run several at a time; each starts controllers, exit servers and clients of its own, and at 16
-# on 2 busy cores some starved past their timeouts, so 8.
-cargo test --workspace --all-targets --no-fail-fast "$@" -- --include-ignored --test-threads 8
+# run several at a time; each starts controllers, exit servers and clients of its own (some boot
+# guests), and more than 6 at once on 2 busy cores starve some past their timeouts.
+cargo test --workspace --all-targets --no-fail-fast "$@" -- --include-ignored --test-threads 6
 
 # The benchmarks' quick modes, so they cannot rot: benches/queues.rs (10 Queues, one run, ~2 min,
 # most of it SQS's 60 s recreate rule), benches/tunnel.rs (2 runs, ~20 s; one on guests as root) and benches/ack.rs

@@ -145,7 +145,9 @@ async fn with_both_addresses_a_killed_server_leaves_the_service_and_the_other_ca
     let (doomed, survivor) = (&ips[0], &ips[1]);
     let host = ha(&t).servers.iter().find(|s| s.host_ip.as_ref() == Some(doomed)).and_then(|s| s.host_id.clone());
 
-    let requests = Requests::start(survivor.clone(), PORT);
+    // Whether each is answered at all: 5 s each, since under the whole suite's load a request
+    // through the node can take longer than a second.
+    let requests = Requests::with_patience(survivor.clone(), PORT, Duration::from_secs(5));
     tokio::time::sleep(Duration::from_secs(1)).await;
     tunnels::kill_exit_server(&op, &host.expect("the server of the first address"));
     eventually("only the other address on the Service", Duration::from_secs(30), || async {
