@@ -20,7 +20,7 @@ use providers::HostProvider;
 use providers::hosts::{MOVED_ADDRESS_SECONDARY, TAG_MOVED_ADDRESS, TAG_TUNNEL_SLOT, TAG_TUNNEL_UID};
 use skyport::crd::Tunnel;
 
-use crate::common::tunnels::{self, TunnelOperator, fast_tunnel_settings, finish_tunnels, ready, service};
+use crate::common::tunnels::{self, TunnelOperator, fast_tunnel_settings, finish_tunnels, ready};
 use crate::common::{TestNs, eventually};
 use pair::Ec2Pair;
 
@@ -33,16 +33,7 @@ async fn a_highly_available_tunnel_on_ec2_gets_two_instances_with_secondary_addr
     );
     let op = TunnelOperator::start_with(&ns, fast_tunnel_settings(), vec![ec2.clone()]).await;
     let (services, tunnels): (Api<Service>, Api<Tunnel>) = (ns.api(), ns.api());
-    let annotations = serde_json::json!({
-        "skyport.dev/provider": "ec2",
-        "skyport.dev/address": "reserved",
-        "skyport.dev/high-availability": "true",
-    });
-    let ports = serde_json::json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
-    services
-        .create(&PostParams::default(), &service("web", Some("skyport.dev/tunnel"), annotations, ports))
-        .await
-        .unwrap();
+    services.create(&PostParams::default(), &pair::web()).await.unwrap();
 
     let tunnel = eventually("both servers of the pair, waiting for a tunnel", Duration::from_secs(60), || async {
         let t = tunnels.get("web-tunnel").await.ok()?;

@@ -69,6 +69,17 @@ impl Probe for StandIn {
     }
 }
 
+/// Service `web` (TCP 8080) asking for a highly available Tunnel on EC2 with a reserved address.
+pub fn web() -> Service {
+    let annotations = serde_json::json!({
+        "skyport.dev/provider": "ec2",
+        "skyport.dev/address": "reserved",
+        "skyport.dev/high-availability": "true",
+    });
+    let ports = serde_json::json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
+    service("web", Some("skyport.dev/tunnel"), annotations, ports)
+}
+
 pub fn ha(t: &Tunnel) -> HighAvailabilityStatus {
     t.status.as_ref().and_then(|s| s.high_availability.clone()).expect("status.highAvailability")
 }
@@ -106,14 +117,7 @@ impl Ec2Pair {
         let stand_in = Arc::new(StandIn::default());
         let op = TunnelOperator::start_with_probe(&ns, tunnel_settings, vec![ec2.clone()], stand_in.clone()).await;
         let (services, tunnels): (Api<Service>, Api<Tunnel>) = (ns.api(), ns.api());
-        let annotations = serde_json::json!({
-            "skyport.dev/provider": "ec2",
-            "skyport.dev/address": "reserved",
-            "skyport.dev/high-availability": "true",
-        });
-        let ports = serde_json::json!([{"name": "http", "port": 8080, "protocol": "TCP"}]);
-        let web = service("web", Some("skyport.dev/tunnel"), annotations, ports);
-        services.create(&PostParams::default(), &web).await.unwrap();
+        services.create(&PostParams::default(), &web()).await.unwrap();
         let pair = Ec2Pair {
             ns,
             op,
