@@ -52,6 +52,14 @@ const WATCHING: &str = "Start watching the config";
 /// In a host's folder: the reserved address its server forwards to its own listeners, if any
 /// (`skyport tunnel server --forward-file`; the server acknowledges in `forward.bound`).
 const FORWARD_FILE: &str = "forward";
+/// Where `skyport tunnel server` acknowledges the forward file `file`: `forward.bound` beside
+/// `forward`, naming the address once it listens on every port there.
+pub fn bound_file(file: &std::path::Path) -> PathBuf {
+    let mut name = file.as_os_str().to_owned();
+    name.push(".bound");
+    PathBuf::from(name)
+}
+
 /// How long a moved address waits for its new holder to listen on it.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long `delete` gives the server to exit on SIGTERM before SIGKILL.

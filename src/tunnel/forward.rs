@@ -24,6 +24,8 @@ use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::{info, warn};
 
+pub use providers::local::bound_file;
+
 use super::ports;
 
 /// How often the forward file and the configuration are looked at.
@@ -54,13 +56,6 @@ pub fn relays(ip: Option<Ipv4Addr>, services: &ports::Ports) -> BTreeSet<Relay> 
             Relay { udp, listen: SocketAddr::new(ip.into(), target.port()), target }
         })
         .collect()
-}
-
-/// The acknowledgement file of `forward_file`.
-pub fn bound_file(forward_file: &Path) -> PathBuf {
-    let mut name = forward_file.as_os_str().to_owned();
-    name.push(".bound");
-    PathBuf::from(name)
 }
 
 /// Keeps the relays of `forward_file`'s address in front of `config`'s services, for as long as

@@ -4,7 +4,7 @@
 //! reserved one is forwarded by whichever server holds it.
 
 use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use async_trait::async_trait;
 
@@ -92,7 +92,7 @@ impl LocalProvider {
         let text = ip.map(|ip| format!("{ip}\n")).unwrap_or_default();
         write_replacing(&file, &text)?;
         let Some(ip) = ip else { return Ok(()) };
-        let bound = bound_file(&file);
+        let bound = super::bound_file(&file);
         let deadline = tokio::time::Instant::now() + super::FORWARD_TIMEOUT;
         while tokio::time::Instant::now() < deadline {
             if std::fs::read_to_string(&bound).is_ok_and(|t| t.trim() == ip.to_string()) {
@@ -111,13 +111,6 @@ impl LocalProvider {
         let json = serde_json::to_vec_pretty(record).map_err(|e| unavailable(e.to_string()))?;
         write_replacing(&self.host_dir(&record.id).join("host.json"), &String::from_utf8_lossy(&json))
     }
-}
-
-/// `forward` → `forward.bound`: where `skyport tunnel server` acknowledges the forward file.
-fn bound_file(file: &Path) -> PathBuf {
-    let mut name = file.as_os_str().to_owned();
-    name.push(".bound");
-    PathBuf::from(name)
 }
 
 /// Replaces `path` through a rename: its reader never sees half a file.
