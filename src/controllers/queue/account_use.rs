@@ -40,9 +40,25 @@ pub async fn hold(placement: &Placement, ctx: &Context) -> Result<()> {
     add(&api(ctx, account), account).await
 }
 
+/// Adds the finalizer to `account`, or to what it is now if it changed since it was read: a
+/// Queue's [`hold`] and this reconciler may add it at once, and the account's status write moves
+/// its resourceVersion under a cached copy. Neither is a failure to back off from.
+async fn add(api: &Api<AwsAccount>, account: &AwsAccount) -> Result<()> {
+    match add_to(api, account).await {
+        Err(crate::Error::Kube(kube::Error::Api(e))) if e.code == 409 || e.code == 422 => {
+            let now = api.get(&account.name_any()).await?;
+            if has_finalizer(&now, ACCOUNT_FINALIZER) {
+                return Ok(());
+            }
+            add_to(api, &now).await
+        }
+        other => other,
+    }
+}
+
 /// Adds the finalizer without overwriting one added meanwhile: conditional on the finalizer
 /// list (not the resourceVersion, which every status write moves) when there is one.
-async fn add(api: &Api<AwsAccount>, account: &AwsAccount) -> Result<()> {
+async fn add_to(api: &Api<AwsAccount>, account: &AwsAccount) -> Result<()> {
     let name = account.name_any();
     let finalizers = account.finalizers();
     if finalizers.is_empty() {
@@ -170,6 +186,7 @@ mod tests {
 
     use super::*;
     use crate::controllers::queue::accounts::Usage;
+    use crate::controllers::testing::FakeApi;
 
     #[test]
     fn a_queue_holds_its_account_until_its_cleanup_released_it() {
@@ -193,5 +210,39 @@ mod tests {
         assert!(!usage.changed(&account), "the same");
         account.metadata.generation = Some(2);
         assert!(usage.changed(&account), "its spec changed");
+    }
+
+    const PATH: &str = "/apis/skyport.dev/v1alpha1/namespaces/a/awsaccounts/team";
+
+    fn account_at(fake: &FakeApi) -> AwsAccount {
+        let account = json!({"apiVersion": "skyport.dev/v1alpha1", "kind": "AwsAccount",
+            "metadata": {"name": "team", "namespace": "a", "uid": "account-1"},
+            "spec": {"roleArn": "arn:aws:iam::000000000002:role/team", "region": "eu-west-1"}});
+        serde_json::from_value(fake.put(PATH, account)).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_finalizer_added_to_a_copy_older_than_a_status_write_still_lands() {
+        let (client, fake) = FakeApi::start();
+        let cached = account_at(&fake);
+        let mut now = fake.get(PATH).unwrap();
+        now["status"] = json!({"externalId": "x"});
+        fake.put(PATH, now);
+        add(&Api::namespaced(client, "a"), &cached).await.expect("not a conflict to back off from");
+        assert_eq!(fake.get(PATH).unwrap()["metadata"]["finalizers"], json!([ACCOUNT_FINALIZER]));
+        assert_eq!(fake.get(PATH).unwrap()["status"]["externalId"], "x", "the status write is kept");
+    }
+
+    #[tokio::test]
+    async fn a_finalizer_the_other_writer_added_first_is_not_added_twice() {
+        let (client, fake) = FakeApi::start();
+        let cached = account_at(&fake);
+        let mut now = fake.get(PATH).unwrap();
+        now["metadata"]["finalizers"] = json!([ACCOUNT_FINALIZER]);
+        fake.put(PATH, now);
+        add(&Api::namespaced(client, "a"), &cached).await.expect("already held");
+        assert_eq!(fake.get(PATH).unwrap()["metadata"]["finalizers"], json!([ACCOUNT_FINALIZER]));
+        let patches = fake.calls().iter().filter(|c| c.method == hyper::Method::PATCH).count();
+        assert_eq!(patches, 1, "one refused patch, then a read");
     }
 }
