@@ -169,3 +169,57 @@ async fn with_both_addresses_a_killed_server_leaves_the_service_and_the_other_ca
     assert_eq!(answered, sent, "the other server's address answered every request meanwhile");
     finish_tunnels(op, ns).await;
 }
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn a_client_image_that_cannot_be_pulled_halts_the_roll_while_the_address_keeps_answering() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let Some(pair) = Pair::start("tun-ha-badimg").await else { return };
+    let deployments: kube::Api<Deployment> = pair.ns.api();
+    let slot = pair.active_slot().await;
+    let (holder, standby) = (["a", "b"][slot], ["a", "b"][1 - slot]);
+    let image_of = async |slot: &str| {
+        let d = deployments.get(&format!("web-tunnel-client-{slot}")).await.unwrap();
+        d.spec.unwrap().template.spec.unwrap().containers[0].image.clone().unwrap()
+    };
+    let good = image_of(holder).await;
+    let requests = Requests::with_patience(pair.ip.clone(), PORT, Duration::from_secs(5));
+
+    // A new operator version whose client image does not exist: the standby's client rolls
+    // first and never comes up.
+    let Pair { ns, op, tunnels, ip, active, _turn, .. } = pair;
+    let mut settings = op.ctx.settings.clone();
+    op.stop().await;
+    settings.client_image = "registry.invalid/skyport/missing:0".into();
+    let op = tunnels::TunnelOperator::start(&ns, settings.clone()).await;
+    eventually("the standby's client rolled onto the new image", Duration::from_secs(60), || async {
+        (image_of(standby).await != good).then_some(())
+    })
+    .await;
+    // Longer than a minute: the holder's client is never rolled for the standby's sake.
+    tokio::time::sleep(Duration::from_secs(65)).await;
+    let t = tunnels.get("web-tunnel").await.unwrap();
+    assert_eq!(ha(&t).active.as_deref(), Some(active.as_str()), "the address stays on the holder");
+    assert_eq!(image_of(holder).await, good, "the holder's client is not rolled onto an image that cannot run");
+    let (_, reason, message) = tunnels::ready(&t).unwrap();
+    assert_eq!(reason, "Active");
+    assert!(message.contains("client roll:") && message.contains("to roll out"), "{message}");
+    let (answered, sent) = requests.tally();
+    println!("bad client image: {answered} of {sent} requests answered while the roll was halted");
+    assert_eq!(answered, sent, "every request through the reserved address answered");
+
+    // The image fixed: the roll completes.
+    op.stop().await;
+    settings.client_image = good.clone();
+    let op = tunnels::TunnelOperator::start(&ns, settings).await;
+    eventually("the roll done: both clients on the image, both servers passing", ACTIVE, || async {
+        let t = tunnels.get("web-tunnel").await.ok()?;
+        let message = tunnels::ready(&t)?.2;
+        let healthy = ha(&t).servers.iter().filter(|s| s.healthy).count() == 2;
+        (healthy && !message.contains("client roll:")).then_some(())
+    })
+    .await;
+    assert_eq!((image_of("a").await, image_of("b").await), (good.clone(), good));
+    carries(&ip, PORT, None).await;
+    finish_tunnels(op, ns).await;
+}

@@ -166,7 +166,9 @@ pub struct TunnelArgs {
     /// How many exit servers in a row skyport replaces because their tunnel does not come up
     /// (each after twice the wait of the one before, starting at --tunnel-replace-after), before
     /// it stops and leaves the Tunnel Ready=False with the cause; an Active tunnel resets the count.
-    /// A client Deployment that is not available is never a reason to replace the exit server.
+    /// In a highly available pair, the same limit holds per slot for a server failing while the
+    /// other serves. A client Deployment that is not available is never a reason to replace the
+    /// exit server.
     #[arg(long = "tunnel-max-replacements", env = "SKYPORT_TUNNEL_MAX_REPLACEMENTS", default_value_t = 3)]
     pub max_replacements: u32,
 

@@ -323,6 +323,17 @@ pub struct ServerStatus {
     /// Whether its last end-to-end health check passed.
     #[serde(default)]
     pub healthy: bool,
+    /// Exit servers of this slot replaced in a row because their check kept failing while the
+    /// other server served (each after twice the wait of the one before, starting at
+    /// `--tunnel-replace-after`, at most `--tunnel-max-replacements`); reset once the slot's
+    /// server passes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replacements: Option<u32>,
+    /// Why a server whose check fails is kept rather than replaced: the failure is not one a new
+    /// exit server can cure (its client Deployment has no available replica, or the VM refused
+    /// the exit-server binary), or the slot's replacements are spent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_because: Option<String>,
 }
 
 /// A move of the reserved address from one exit server to the other.

@@ -9,6 +9,7 @@ use providers::AddressBinding;
 use providers::hosts::{TAG_MOVED_ADDRESS, TAG_TUNNEL_SLOT};
 use serde_json::json;
 
+use super::pair_tests::roll_out;
 use super::tests::{Harness, SERVICE, harness_settings, ready};
 use super::*;
 use crate::config::TunnelArgs;
@@ -74,14 +75,58 @@ async fn a_failing_server_leaves_the_addresses_at_once_and_is_replaced_while_the
     assert!(h.api.event_reasons().contains(&"AddressWithdrawn".to_string()));
     assert!(h.provider.hosts().iter().any(|host| host.id == "h-1"), "kept within the replace time");
 
+    // Its client runs: the failure is the server's, which a new one can cure.
+    roll_out(&h, "a");
     tokio::time::sleep(REPLACE_AFTER).await;
     pass(&h).await;
     assert!(!h.provider.hosts().iter().any(|host| host.id == "h-1"), "replaced past the replace time");
+    assert_eq!(ha(&h).servers[0].replacements, Some(1));
     pass(&h).await;
     pass(&h).await;
     let slots: Vec<_> = h.provider.hosts().iter().map(|h| (h.id.clone(), h.tags[TAG_TUNNEL_SLOT].clone())).collect();
     assert_eq!(slots, [("h-2".to_string(), "b".to_string()), ("h-3".to_string(), "a".to_string())]);
     assert_eq!(ingress_ips(&h), ["203.0.113.3", "203.0.113.2"], "the replacement on its new address");
+    assert_eq!(ha(&h).servers[0].replacements, None, "its server passes: the count starts over");
+}
+
+#[tokio::test]
+async fn a_failing_server_whose_client_cannot_run_is_kept_and_replaced_servers_wait_longer_each_time() {
+    let (h, t) = both();
+    h.reconcile(t).await.unwrap();
+    // Slot a's client Pod never becomes available (an image that cannot be pulled): a new exit
+    // server cannot help, so none is bought however long it fails.
+    h.probe.refuse("203.0.113.1", true);
+    pass(&h).await;
+    h.ctx.streaks.backdate("h-1", 100 * REPLACE_AFTER);
+    pass(&h).await;
+    pass(&h).await;
+    assert_eq!(h.provider.hosts().len(), 2, "nothing bought");
+    let a = ha(&h).servers[0].clone();
+    assert!(
+        a.kept_because.as_deref().is_some_and(|k| k.contains("web-tunnel-client-a has no available replica")),
+        "{a:?}"
+    );
+    assert_eq!(h.api.event_reasons().iter().filter(|r| *r == "ClientNotAvailable").count(), 1, "once per resync");
+
+    // Its client runs now: replaced, and the next server of the slot must fail twice as long.
+    roll_out(&h, "a");
+    h.ctx.streaks.forget("h-1");
+    pass(&h).await;
+    h.ctx.streaks.backdate("h-1", REPLACE_AFTER);
+    pass(&h).await;
+    assert_eq!(h.provider.hosts().iter().filter(|host| host.id == "h-1").count(), 0, "replaced");
+    // Its successor fails from the start (one that passes starts the count over).
+    h.probe.refuse("203.0.113.3", true);
+    pass(&h).await;
+    roll_out(&h, "a");
+    pass(&h).await;
+    h.ctx.streaks.backdate("h-3", REPLACE_AFTER);
+    pass(&h).await;
+    assert!(h.provider.hosts().iter().any(|host| host.id == "h-3"), "the second waits twice as long");
+    h.ctx.streaks.backdate("h-3", REPLACE_AFTER);
+    pass(&h).await;
+    assert!(!h.provider.hosts().iter().any(|host| host.id == "h-3"), "and then goes");
+    assert_eq!(ha(&h).servers[0].replacements, Some(2));
 }
 
 #[tokio::test]

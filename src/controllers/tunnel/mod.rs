@@ -32,6 +32,8 @@ pub mod placement;
 mod placement_tests;
 pub mod plan;
 pub mod ranges;
+#[cfg(test)]
+mod roll_tests;
 pub mod status;
 pub mod sweep;
 #[cfg(test)]

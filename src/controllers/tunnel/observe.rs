@@ -96,25 +96,60 @@ pub async fn find_pair(provider: &dyn HostProvider, status: &TunnelStatus, uid: 
 /// Per host id: the streak of failed health checks of a highly available Tunnel's exit servers
 /// (how many in a row, since when). In memory, like [`FailingClocks`]: a restarted operator
 /// starts every streak anew, which only delays a failover by the hysteresis.
+/// A streak also keeps, once diagnosed, why its failing server is not replaced: diagnosing asks
+/// the cloud (the VM's console), which a pass every second must not do each time.
 #[derive(Default)]
-pub struct Streaks(Mutex<HashMap<String, (u32, Instant)>>);
+pub struct Streaks(Mutex<HashMap<String, Streak>>);
+
+struct Streak {
+    failures: u32,
+    since: Instant,
+    kept: Option<(Instant, String)>,
+}
 
 impl Streaks {
+    fn streaks(&self) -> std::sync::MutexGuard<'_, HashMap<String, Streak>> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Records one check of `host`; returns its streak.
     pub fn record(&self, host: &str, passed: bool) -> Health {
-        let mut streaks = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut streaks = self.streaks();
         if passed {
             streaks.remove(host);
             return Health::default();
         }
-        let (failures, since) = streaks.entry(host.to_string()).or_insert((0, Instant::now()));
-        *failures += 1;
-        Health { failures: *failures, failing_for: since.elapsed() }
+        let streak =
+            streaks.entry(host.to_string()).or_insert(Streak { failures: 0, since: Instant::now(), kept: None });
+        streak.failures += 1;
+        Health { failures: streak.failures, failing_for: streak.since.elapsed() }
+    }
+
+    /// Why failing `host` was kept, if that was decided less than `max_age` ago in this streak.
+    pub fn kept(&self, host: &str, max_age: Duration) -> Option<String> {
+        let streaks = self.streaks();
+        let (at, why) = streaks.get(host)?.kept.as_ref()?;
+        (at.elapsed() < max_age).then(|| why.clone())
+    }
+
+    /// Records why failing `host` is kept, for [`Streaks::kept`].
+    pub fn keep(&self, host: &str, why: String) {
+        if let Some(streak) = self.streaks().get_mut(host) {
+            streak.kept = Some((Instant::now(), why));
+        }
     }
 
     /// Drops the streak of a host that is gone.
     pub fn forget(&self, host: &str) {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(host);
+        self.streaks().remove(host);
+    }
+
+    /// Moves `host`'s streak back by `by`, as if it had been failing that much longer.
+    #[cfg(test)]
+    pub fn backdate(&self, host: &str, by: Duration) {
+        if let Some(streak) = self.streaks().get_mut(host) {
+            streak.since = streak.since.checked_sub(by).expect("the machine has been up longer than the backdate");
+        }
     }
 }
 

@@ -332,7 +332,13 @@ impl<'a> Pass<'a> {
                 };
                 let client = format!("{}/{}", want.at.namespace, want.at.deployment);
                 let now = (k8s_openapi::jiff::Timestamp::now(), client.as_str());
-                match replace::unhealthy((&cause, &error), failing_for, self.status(), &limits, now) {
+                match replace::unhealthy(
+                    (&cause, &error),
+                    failing_for,
+                    self.status().replacements.unwrap_or(0),
+                    &limits,
+                    now,
+                ) {
                     Unhealthy::Report { reason, message } => {
                         self.record(record).await?;
                         self.report(TunnelPhase::Provisioning, reason, &message).await?;

@@ -123,6 +123,12 @@ pub async fn deployed(at: &Placement, image: &str, checksum: &str, ctx: &Context
     }
 }
 
+/// Whether the client Deployment at `at` has an available replica, whatever it runs.
+pub async fn client_available(at: &Placement, ctx: &Context) -> Result<bool> {
+    let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &at.namespace);
+    Ok(api.get_opt(&at.deployment).await?.is_some_and(|d| available(&d)))
+}
+
 /// Applies the client Deployment; whether it has an available replica.
 pub async fn apply_deployment(
     tunnel: &Tunnel,

@@ -10,35 +10,30 @@
 //! rolled one at a time ([`roll`]); status records both servers. A pass is due every
 //! `--tunnel-failover-probe-interval`.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use providers::exit::userdata::render_client_toml;
 use providers::{Address, AddressBinding, Host, HostState};
 
-use super::super::placement::Placement;
 use super::super::placement::SLOTS;
 use super::super::plan::Blocked;
-use super::super::plan::failover::{Client, FailoverStep, Hysteresis, Server, failover_step, roll, roll_both};
+use super::super::plan::failover::{FailoverStep, Hysteresis, Server, failover_step};
 use super::super::status::not_ready;
 use super::super::{act, desired, observe};
 use super::{Desired, Failure, Keys, Pass};
 use crate::controllers::jittered;
 use crate::crd::condition::{Condition, ConditionStatus};
 use crate::crd::tunnel::{Failover, HighAvailabilityStatus, ServerStatus, TunnelPhase};
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 mod both;
+mod clients;
 mod slot;
+mod standby;
 
 use slot::{Slot, checked_at, standby_note};
-
-/// How long the holder's stale client waits for the other server to pass its check before it is
-/// rolled in place: a client Pod normally restarts within seconds.
-const ROLL_PATIENCE: Duration = Duration::from_secs(60);
 
 /// What a pass writes into status, after its writes to the cloud and the cluster.
 struct PairRecord {
@@ -115,33 +110,33 @@ impl Pass<'_> {
                 }
                 Some(host) => host,
                 None if wait_for_address && slot != SLOTS[0] => {
-                    slots.push(Slot { slot, host: None, own_ip: None, check: None });
+                    slots.push(Slot::new(slot, None, None, &recorded.servers));
                     continue;
                 }
                 None if holder_gone => {
                     deferred.push(slot);
-                    slots.push(Slot { slot, host: None, own_ip: None, check: None });
+                    slots.push(Slot::new(slot, None, None, &recorded.servers));
                     continue;
                 }
                 None => self.create_slot(want, keys, (slot, address.as_ref())).await?,
             };
             let kept = recorded.servers.iter().find(|s| s.slot == slot && s.host_id.as_deref() == Some(&host.id));
             let own_ip = kept.and_then(|s| s.host_ip.clone()).or_else(|| first_own_ip(&host, reserved_ip.as_deref()));
-            slots.push(Slot { slot, host: Some(host), own_ip, check: None });
+            slots.push(Slot::new(slot, Some(host), own_ip, &recorded.servers));
         }
         let ports_current = self.reconfigure_pair(want, keys, &mut slots).await?;
         // Where each server is checked ([`Slot::check_ip`]).
         let beside = provider.moves_to_secondary_ip();
         self.check_pair(keys, &mut slots, beside).await;
 
-        let hysteresis = Hysteresis {
-            failures: ctx.settings.failover_failures,
-            after: ctx.settings.failover_after,
-            replace_standby_after: ctx.settings.replace_after,
-        };
+        let hysteresis = Hysteresis { failures: ctx.settings.failover_failures, after: ctx.settings.failover_after };
+        let (replace_after, max) = (ctx.settings.replace_after, ctx.settings.max_replacements);
         let servers: Vec<Server> = slots
             .iter()
-            .filter_map(|s| Some(Server { id: s.id()?, health: s.check.as_ref()?.0, error: &s.check.as_ref()?.1 }))
+            .filter_map(|s| {
+                let (health, error) = s.check.as_ref()?;
+                Some(Server { id: s.id()?, health: *health, error, replace_after: s.replace_after(replace_after, max) })
+            })
             .collect();
         let step = failover_step(&servers, holder.as_deref(), &hysteresis);
         let steady = step == FailoverStep::Keep { degraded: None } && slots.iter().all(Slot::passing) && ports_current;
@@ -169,11 +164,15 @@ impl Pass<'_> {
                 })
                 .await?;
             }
-            FailoverStep::ReplaceStandby { id, reason } => {
-                act::host::replace_lost(tunnel, provider.as_ref(), (&id, &reason), None, ctx).await?;
-                ctx.streaks.forget(&id);
-                slots.iter_mut().filter(|s| s.id() == Some(id.as_str())).for_each(|s| s.host = None);
+            // Due for replacement ([`Server::replace_after`]), if a new server can help.
+            FailoverStep::ReplaceStandby { id, .. } => {
+                if let Some(slot) = slots.iter_mut().find(|s| s.id() == Some(id.as_str())) {
+                    self.replace_failing(want, slot, beside).await?;
+                }
             }
+        }
+        for slot in slots.iter_mut().filter(|s| s.id().is_some() && s.id() != holder.as_deref()) {
+            self.spent(slot);
         }
         // Stopped hosts go once the address is off them; their slots are filled next pass.
         for slot in slots.iter_mut().filter(|s| s.host.as_ref().is_some_and(|h| h.state == HostState::Stopped)) {
@@ -189,7 +188,7 @@ impl Pass<'_> {
             slot.host = Some(host);
         }
 
-        self.pair_clients(want, keys, &slots, &mut address, false).await?;
+        let clients = self.pair_clients(want, keys, &slots, &mut address, false).await?;
 
         let active = address.as_ref().and_then(|a| a.host_id.clone());
         match (steady && active == holder, fresh) {
@@ -220,13 +219,14 @@ impl Pass<'_> {
                 ConditionStatus::True,
                 "Active",
                 format!(
-                    "reserved address {} on exit server {} forwards {} to Service {}; its tunnel passed its health check at {}; standby: {}",
+                    "reserved address {} on exit server {} forwards {} to Service {}; its tunnel passed its health check at {}; standby: {}{}",
                     a.ip,
                     active.as_deref().unwrap_or_default(),
                     super::super::status::describe(&want.ports),
                     tunnel.spec.service_ref.name,
                     checked_at(active_slot.and_then(|s| s.check_ip(beside)), &a.ip),
                     standby_note(&slots, active.as_deref()),
+                    clients.waiting.map(|w| format!("; client roll: {w}")).unwrap_or_default(),
                 ),
             ),
             _ => {
@@ -277,8 +277,11 @@ impl Pass<'_> {
         self.record(|s| {
             s.provider = Some(name);
             let ha = s.high_availability.get_or_insert_default();
+            // The slot's replacements in a row go on until one of its servers passes.
+            let replacements = ha.servers.iter().find(|server| server.slot == slot).and_then(|s| s.replacements);
             ha.servers.retain(|server| server.slot != slot);
-            ha.servers.push(ServerStatus { slot: slot.to_string(), host_id: Some(id), ..Default::default() });
+            let host_id = Some(id);
+            ha.servers.push(ServerStatus { slot: slot.to_string(), host_id, replacements, ..Default::default() });
             ha.servers.sort_by(|a, b| a.slot.cmp(&b.slot));
         })
         .await?;
@@ -303,73 +306,6 @@ impl Pass<'_> {
             }
         }
         Ok(all)
-    }
-
-    /// One client config per slot whose host's own address is known (all in one Secret write,
-    /// only when one changed), and one client Deployment for each, rolled one at a time
-    /// ([`roll`]): the holder's last, after the address was handed to the other server; with
-    /// `both` addresses published, [`roll_both`]. The slots whose running client was restarted.
-    async fn pair_clients(
-        &mut self,
-        want: &Desired,
-        keys: &Keys,
-        slots: &[Slot],
-        address: &mut Option<Address>,
-        both: bool,
-    ) -> Result<Vec<usize>, Failure> {
-        let (tunnel, ctx) = (self.tunnel, self.ctx);
-        let cluster_ip = self.cluster_ip(want)?;
-        let ports = (ctx.settings.control_port, ctx.settings.health_port);
-        let image = ctx.settings.client_image.as_str();
-        let mut configs: BTreeMap<String, String> = keys.stored_pair.clone();
-        let mut wanted: [Option<(Placement, String)>; 2] = [None, None];
-        let mut clients = [None, None];
-        for (i, slot) in slots.iter().enumerate() {
-            let Some(ip) = slot.own_ip.as_deref().filter(|_| slot.host.is_some()) else { continue };
-            let client = desired::client(&want.ports, &keys.credentials, ip, ports, &cluster_ip);
-            let toml = render_client_toml(&client).map_err(|e| Error::Internal(format!("client config: {e}")))?;
-            let at = want.at.for_slot(slot.slot);
-            let checksum = desired::checksum(&toml);
-            clients[i] = Some(match act::deployed(&at, image, &checksum, ctx).await? {
-                act::Deployed::Missing => Client::Missing,
-                act::Deployed::Stale => Client::Stale,
-                act::Deployed::Current { rolled_out: true, .. } => Client::Current,
-                act::Deployed::Current { rolled_out: false, .. } => Client::Rolling,
-            });
-            configs.insert(at.client_key(), toml);
-            wanted[i] = Some((at, checksum));
-        }
-        if configs != keys.stored_pair {
-            act::write_pair_client_config(tunnel, &want.at, &configs, ctx).await?;
-        }
-        let holder = address
-            .as_ref()
-            .and_then(|a| slots.iter().position(|s| s.id().is_some() && s.id() == a.host_id.as_deref()));
-        let health = |i: usize| slots[i].check.as_ref().map(|(h, _)| *h);
-        let passing = [0, 1].map(|i| health(i).is_some_and(|h| h.passing()));
-        // A server not running yet (booting, being replaced) is waited for like a failing one.
-        let failing_for = [0, 1].map(|i| health(i).map_or(Duration::ZERO, |h| h.failing_for));
-        let step = if both {
-            roll_both(clients, passing, failing_for, ROLL_PATIENCE)
-        } else {
-            roll(clients, holder, passing, failing_for, ROLL_PATIENCE)
-        };
-        if let (Some(to), Some(from)) = (step.handover_to, holder)
-            && let Some(to_id) = slots[to].id()
-        {
-            *address = Some(self.put_address(want, address.take(), to_id).await?);
-            let from_id = slots[from].id().unwrap_or_default();
-            let note = format!(
-                "moved the reserved address from exit server {from_id} to {to_id}, whose client is current, to roll the client of {from_id}"
-            );
-            ctx.publish(tunnel, EventType::Normal, "Handover", note).await;
-        }
-        for &i in &step.apply {
-            if let Some((at, checksum)) = &wanted[i] {
-                act::apply_deployment(tunnel, at, image, checksum, ctx).await?;
-            }
-        }
-        Ok(step.apply.into_iter().filter(|&i| clients[i] == Some(Client::Stale)).collect())
     }
 
     /// Checks every running host end to end ([`Slot::check_ip`]), both at once.

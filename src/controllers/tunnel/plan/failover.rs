@@ -32,17 +32,19 @@ pub struct Server<'a> {
     pub health: Health,
     /// The last failed check's message (for the failover's reason).
     pub error: &'a str,
+    /// How long it may fail while the other server holds the address before it is replaced
+    /// (`--tunnel-replace-after`, doubled for each replacement of its slot in a row); `None`
+    /// once `--tunnel-max-replacements` of its slot are spent.
+    pub replace_after: Option<Duration>,
 }
 
-/// How much failing makes a failover, and when a failing standby is replaced.
+/// How much failing makes a failover.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hysteresis {
     /// Failed checks in a row (at least 1).
     pub failures: u32,
     /// Time the streak must span.
     pub after: Duration,
-    /// How long the server without the address may fail before it is replaced.
-    pub replace_standby_after: Duration,
 }
 
 /// What to do with the address.
@@ -54,7 +56,8 @@ pub enum FailoverStep {
     Assign { to: String },
     /// Take it from the failing holder `from` to `to`, whose check passes.
     Move { from: String, to: String, reason: String },
-    /// The holder is fine; the other server failed long enough to be replaced.
+    /// The holder is fine; the other server failed long enough ([`Server::replace_after`]) to be
+    /// replaced, if a new one can help (the caller diagnoses that first).
     ReplaceStandby { id: String, reason: String },
 }
 
@@ -76,7 +79,8 @@ pub fn failover_step(servers: &[Server], holder: Option<&str>, h: &Hysteresis) -
         };
     };
     if !failed(&active.health, h) {
-        let failing_standby = others().find(|s| s.health.failing_for >= h.replace_standby_after && !s.health.passing());
+        let due = |s: &Server| s.replace_after.is_some_and(|after| s.health.failing_for >= after);
+        let failing_standby = others().find(|s| due(s) && !s.health.passing());
         return match failing_standby {
             Some(s) => FailoverStep::ReplaceStandby {
                 id: s.id.to_string(),
@@ -131,9 +135,12 @@ pub struct Roll {
 /// Rolls the pair's clients one at a time: a missing one is made at once; a stale one of the
 /// server without the address first; the holder's only once the other is current and passes
 /// (the address is handed over to it, and the old holder's client rolls at the next pass, as the
-/// server without the address), or once the other has failed for `patience` (then no server is
-/// better, as with a single exit server). `clients[i]` is slot `i`'s client (`None`
-/// without a server to point it at), `other_failing_for[i]` how long slot `i` has been failing.
+/// server without the address), or once the holder itself has failed for `patience` (it carries
+/// nothing a roll could interrupt). A new client that never rolls out or never passes (a bad
+/// image, a config the servers refuse) halts the roll there, like a Deployment's rolling update
+/// with no unavailable Pod allowed: the holder keeps serving with its previous client.
+/// `clients[i]` is slot `i`'s client (`None` without a server to point it at), `failing_for[i]`
+/// how long slot `i` has been failing.
 pub fn roll(
     clients: [Option<Client>; 2],
     holder: Option<usize>,
@@ -157,8 +164,7 @@ pub fn roll(
     let other = 1 - h;
     match clients[other] {
         Some(Client::Current) if passing[other] => roll.handover_to = Some(other),
-        Some(Client::Stale | Client::Missing) => {}
-        _ if failing_for[other] >= patience => roll.apply.push(h),
+        _ if failing_for[h] >= patience => roll.apply.push(h),
         _ => {}
     }
     roll.apply.sort_unstable();
@@ -167,7 +173,8 @@ pub fn roll(
 
 /// [`roll`] for a pair that publishes both servers' own addresses: there is no address to hand
 /// over, but each address carries traffic, so the clients still roll one at a time, the first
-/// stale one last, once the other is current and passes (or failed for `patience`).
+/// stale one last, once the other is current and passes (or once it failed itself for
+/// `patience`).
 pub fn roll_both(
     clients: [Option<Client>; 2],
     passing: [bool; 2],
@@ -202,15 +209,16 @@ fn whole_seconds(d: Duration) -> humantime::FormattedDuration {
 mod tests {
     use super::*;
 
-    const H: Hysteresis =
-        Hysteresis { failures: 3, after: Duration::from_secs(2), replace_standby_after: Duration::from_secs(900) };
+    const H: Hysteresis = Hysteresis { failures: 3, after: Duration::from_secs(2) };
+    const REPLACE_AFTER: Option<Duration> = Some(Duration::from_secs(900));
 
     fn ok(id: &str) -> Server<'_> {
-        Server { id, health: Health::default(), error: "" }
+        Server { id, health: Health::default(), error: "", replace_after: REPLACE_AFTER }
     }
 
     fn failing(id: &str, failures: u32, secs: u64) -> Server<'_> {
-        Server { id, health: Health { failures, failing_for: Duration::from_secs(secs) }, error: "connection refused" }
+        let health = Health { failures, failing_for: Duration::from_secs(secs) };
+        Server { id, health, error: "connection refused", replace_after: REPLACE_AFTER }
     }
 
     #[test]
@@ -285,6 +293,10 @@ mod tests {
         assert!(reason.contains("standby exit server b") && reason.contains("15m"), "{reason}");
         let blip = failover_step(&[failing("a", 1, 0), failing("b", 900, 900)], Some("a"), &H);
         assert!(matches!(blip, FailoverStep::ReplaceStandby { .. }), "a holder within its blip still serves");
+        let later = Server { replace_after: Some(Duration::from_secs(1800)), ..failing("b", 900, 900) };
+        assert_eq!(failover_step(&[ok("a"), later], Some("a"), &H), FailoverStep::Keep { degraded: None });
+        let spent = Server { replace_after: None, ..failing("b", 9000, 9000) };
+        assert_eq!(failover_step(&[ok("a"), spent], Some("a"), &H), FailoverStep::Keep { degraded: None });
     }
 
     #[test]
@@ -306,11 +318,25 @@ mod tests {
         assert_eq!(handover, Roll { handover_to: Some(1), apply: vec![] });
         let after = roll([Some(Stale), Some(Current)], Some(1), [true; 2], zero, patience);
         assert_eq!(after, Roll { handover_to: None, apply: vec![0] });
-        // b has been failing past the patience: no better server, a rolls in place.
-        let alone = roll([Some(Stale), Some(Current)], Some(0), [true, false], [Duration::ZERO, patience], patience);
-        assert_eq!(alone, Roll { handover_to: None, apply: vec![0] });
-        let no_standby = roll([Some(Stale), None], Some(0), [true, false], [Duration::ZERO, patience], patience);
-        assert_eq!(no_standby.apply, [0]);
+    }
+
+    #[test]
+    fn a_new_client_that_never_rolls_out_or_passes_halts_the_roll_and_the_holder_keeps_serving() {
+        use Client::*;
+        let (patience, long) = (Duration::from_secs(60), [Duration::ZERO, Duration::from_secs(3600)]);
+        // b's new client never becomes available (an image that cannot be pulled), or runs and
+        // never passes: rolling a too would take both down.
+        for b in [Rolling, Current] {
+            let halted = roll([Some(Stale), Some(b)], Some(0), [true, false], long, patience);
+            assert_eq!(halted, Roll::default(), "{b:?}");
+        }
+        assert_eq!(roll([Some(Stale), None], Some(0), [true, false], long, patience), Roll::default(), "no b at all");
+        // The holder itself has failed for the patience: it serves nothing a roll could interrupt.
+        let down = roll([Some(Stale), Some(Rolling)], Some(0), [false; 2], [patience, patience], patience);
+        assert_eq!(down, Roll { handover_to: None, apply: vec![0] });
+        let blip =
+            roll([Some(Stale), Some(Rolling)], Some(0), [false; 2], [Duration::from_secs(2), patience], patience);
+        assert_eq!(blip, Roll::default(), "a blip of the holder is no reason");
     }
 
     #[test]
@@ -342,7 +368,7 @@ mod tests {
 
     #[test]
     fn zero_failures_in_the_settings_still_needs_one_failed_check() {
-        let h = Hysteresis { failures: 0, after: Duration::ZERO, ..H };
+        let h = Hysteresis { failures: 0, after: Duration::ZERO };
         assert_eq!(failover_step(&[ok("a"), ok("b")], Some("a"), &h), FailoverStep::Keep { degraded: None });
         assert!(matches!(failover_step(&[failing("a", 1, 0), ok("b")], Some("a"), &h), FailoverStep::Move { .. }));
     }

@@ -11,8 +11,6 @@ use std::time::Duration;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use providers::exit::userdata::InstallReport;
 
-use crate::crd::tunnel::TunnelStatus;
-
 /// Which side a failed health check is blamed on, diagnosed before any replacement.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Cause {
@@ -126,11 +124,12 @@ pub fn replace_wait(replace_after: Duration, done: u32) -> Duration {
 }
 
 /// Decides for a host whose tunnel has failed the health check for `failing_for` with `error`
-/// (past the boot timeout), blamed on `cause`, given the replacements recorded in `status`.
+/// (past the boot timeout), blamed on `cause`, after `done` replacements in a row (recorded in
+/// status: the Tunnel's for a single exit server, the slot's in a highly available pair).
 pub fn unhealthy(
     (cause, error): (&Cause, &str),
     failing_for: Duration,
-    status: &TunnelStatus,
+    done: u32,
     limits: &Limits,
     (now, client): (Timestamp, &str),
 ) -> Unhealthy {
@@ -145,7 +144,6 @@ pub fn unhealthy(
     if matches!(cause, Cause::ClientNotAvailable | Cause::ArtifactRefused(_)) {
         return report(base);
     }
-    let done = status.replacements.unwrap_or(0);
     if done >= max {
         return report(format!(
             "{base}; skyport stopped replacing the exit server after {done} replacement(s) (--tunnel-max-replacements \
@@ -173,17 +171,13 @@ mod tests {
 
     const MIN: Duration = Duration::from_secs(60);
 
-    fn status(done: Option<u32>, next: Option<&str>) -> TunnelStatus {
-        TunnelStatus { replacements: done, next_replacement_after: next.map(String::from), ..Default::default() }
-    }
-
     fn now() -> Timestamp {
         "2030-01-01T00:00:00Z".parse().unwrap()
     }
 
-    fn decide(cause: Cause, failing_for: Duration, s: &TunnelStatus) -> Unhealthy {
+    fn decide(cause: Cause, failing_for: Duration, done: u32) -> Unhealthy {
         let limits = Limits { boot_timeout: MIN / 2, replace_after: MIN, max: 3 };
-        unhealthy((&cause, "refused"), failing_for, s, &limits, (now(), "web-tunnel-client"))
+        unhealthy((&cause, "refused"), failing_for, done, &limits, (now(), "web-tunnel-client"))
     }
 
     #[test]
@@ -199,8 +193,7 @@ mod tests {
 
     #[test]
     fn a_client_that_is_not_available_never_costs_a_new_exit_server() {
-        let Unhealthy::Report { reason, message } = decide(Cause::ClientNotAvailable, 100 * MIN, &status(None, None))
-        else {
+        let Unhealthy::Report { reason, message } = decide(Cause::ClientNotAvailable, 100 * MIN, 0) else {
             panic!("replaced although the client is not running")
         };
         assert_eq!(reason, "ClientNotAvailable");
@@ -214,28 +207,24 @@ mod tests {
         assert_eq!(replace_wait(MIN, u32::MAX), MIN * (1 << 16), "capped, never an overflow");
         // First: after replace_after; recorded with the next one's earliest time.
         assert!(matches!(
-            decide(Cause::ExitServerUnreachable, MIN - Duration::from_secs(1), &status(None, None)),
+            decide(Cause::ExitServerUnreachable, MIN - Duration::from_secs(1), 0),
             Unhealthy::Report { reason: "ExitServerUnreachable", .. }
         ));
-        let Unhealthy::Replace { count, next_after, why } =
-            decide(Cause::TunnelNotEstablished, MIN, &status(None, None))
-        else {
+        let Unhealthy::Replace { count, next_after, why } = decide(Cause::TunnelNotEstablished, MIN, 0) else {
             panic!("not replaced after replace_after")
         };
         assert_eq!(count, 1);
         assert_eq!(next_after, "2030-01-01T00:02:00Z".parse::<Timestamp>().unwrap(), "twice the wait");
         assert!(why.contains("replacement 1 of at most 3"), "{why}");
         // Second: the new host must fail twice as long.
-        let second = status(Some(1), Some("2030-01-01T00:02:00Z"));
-        let Unhealthy::Report { message, .. } = decide(Cause::TunnelNotEstablished, MIN, &second) else {
+        let second = 1;
+        let Unhealthy::Report { message, .. } = decide(Cause::TunnelNotEstablished, MIN, second) else {
             panic!("the second replacement came as early as the first")
         };
         assert!(message.contains("boot timeout 30s") && message.contains("replaced after 2m"), "{message}");
-        assert!(matches!(decide(Cause::TunnelNotEstablished, 2 * MIN, &second), Unhealthy::Replace { count: 2, .. }));
+        assert!(matches!(decide(Cause::TunnelNotEstablished, 2 * MIN, second), Unhealthy::Replace { count: 2, .. }));
         // At the maximum: the cause stays, with what to do.
-        let Unhealthy::Report { reason, message } =
-            decide(Cause::ExitServerUnreachable, 1000 * MIN, &status(Some(3), None))
-        else {
+        let Unhealthy::Report { reason, message } = decide(Cause::ExitServerUnreachable, 1000 * MIN, 3) else {
             panic!("replaced beyond the maximum")
         };
         assert_eq!(reason, "ExitServerUnreachable");
@@ -244,8 +233,7 @@ mod tests {
             "{message}"
         );
         let limits = Limits { boot_timeout: MIN, replace_after: MIN, max: 0 };
-        let none =
-            unhealthy((&Cause::TunnelNotEstablished, "x"), 1000 * MIN, &status(None, None), &limits, (now(), "c"));
+        let none = unhealthy((&Cause::TunnelNotEstablished, "x"), 1000 * MIN, 0, &limits, (now(), "c"));
         assert!(matches!(none, Unhealthy::Report { .. }), "0 never replaces");
     }
 
@@ -268,14 +256,14 @@ mod tests {
     #[test]
     fn an_artifact_the_vm_refused_never_buys_another_vm() {
         let refused = Cause::ArtifactRefused("architecture riscv64".into());
-        let Unhealthy::Report { reason, message } = decide(refused, 1000 * MIN, &status(None, None)) else {
+        let Unhealthy::Report { reason, message } = decide(refused, 1000 * MIN, 0) else {
             panic!("replaced a VM that refused the artifact")
         };
         assert_eq!(reason, "ExitServerArtifactRefused");
         assert!(message.contains("architecture riscv64") && message.contains("--exit-server-url"), "{message}");
         // A server that did not start may start on another VM: replaced as any other failure.
         let not_started = Cause::NotStarted("service".into());
-        let Unhealthy::Replace { why, .. } = decide(not_started, MIN, &status(None, None)) else {
+        let Unhealthy::Replace { why, .. } = decide(not_started, MIN, 0) else {
             panic!("a server that did not start is never replaced")
         };
         assert!(why.contains("the service step failed"), "{why}");

@@ -2,7 +2,8 @@
 //! both in the Service's ingress while their end-to-end checks pass. For providers that cannot
 //! move an address between running servers (and for anyone who prefers two addresses to one
 //! that moves): nothing is reserved or moved; a server whose check fails leaves the ingress at
-//! once, and is replaced once it has failed for `--tunnel-replace-after` while the other passes.
+//! once, and is replaced once it has failed for `--tunnel-replace-after` while the other passes
+//! (if a new server can help: [`Pass::replace_failing`]).
 
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -32,34 +33,36 @@ impl Pass<'_> {
             let own_ip = kept
                 .and_then(|s| s.host_ip.clone())
                 .or_else(|| host.public_ipv4.clone().filter(|_| host.state == HostState::Running));
-            slots.push(Slot { slot, host: Some(host), own_ip, check: None });
+            slots.push(Slot::new(slot, Some(host), own_ip, &recorded.servers));
         }
         let ports_current = self.reconfigure_pair(want, keys, &mut slots).await?;
         self.check_pair(keys, &mut slots, false).await;
 
-        // A stopped server goes at once; a failing one once it has failed for the replace time
-        // while the other carries the traffic (both failing points at the clients, not the
-        // servers, as with a single exit server). Its slot is filled next pass, on a new address.
-        let replace_after = ctx.settings.replace_after;
+        // A stopped server goes at once; a failing one while the other carries the traffic, once
+        // it is due ([`Slot::replace_after`]) and a new server can help (both failing points at
+        // the clients, not the servers, as with a single exit server). Its slot is filled next
+        // pass, on a new address.
+        let (replace_after, max) = (ctx.settings.replace_after, ctx.settings.max_replacements);
         let other_passes = [slots[1].passing(), slots[0].passing()];
         for (i, slot) in slots.iter_mut().enumerate() {
             let Some(id) = slot.id().map(str::to_string) else { continue };
-            let stopped = slot.host.as_ref().is_some_and(|h| h.state == HostState::Stopped);
-            let failed = slot.check.as_ref().filter(|(h, _)| !h.passing() && h.failing_for >= replace_after);
-            let why = match failed {
-                _ if stopped => format!("exit server {id} (slot {}) is no longer running", slot.slot),
-                Some((_, error)) if other_passes[i] => format!(
-                    "exit server {id} (slot {}) failed its health check for over {replace_after:?} while the other passed: {error}",
-                    slot.slot
-                ),
-                _ => continue,
-            };
-            act::host::replace_lost(tunnel, provider.as_ref(), (&id, &why), None, ctx).await?;
-            ctx.streaks.forget(&id);
-            slot.host = None;
+            if slot.host.as_ref().is_some_and(|h| h.state == HostState::Stopped) {
+                let why = format!("exit server {id} (slot {}) is no longer running", slot.slot);
+                act::host::replace_lost(tunnel, provider.as_ref(), (&id, &why), None, ctx).await?;
+                ctx.streaks.forget(&id);
+                slot.host = None;
+                continue;
+            }
+            let due = slot.replace_after(replace_after, max).zip(slot.check.as_ref());
+            match due.is_some_and(|(after, (h, _))| !h.passing() && h.failing_for >= after) {
+                true if other_passes[i] => _ = self.replace_failing(want, slot, false).await?,
+                _ if other_passes[i] => self.spent(slot),
+                _ => {}
+            }
         }
 
-        let restarted = self.pair_clients(want, keys, &slots, &mut None, true).await?;
+        let clients = self.pair_clients(want, keys, &slots, &mut None, true).await?;
+        let restarted = &clients.restarted;
         // A server whose client is being restarted leaves the ingress first, like a failing one.
         let published: Vec<&Slot> =
             slots.iter().enumerate().filter(|(i, s)| s.passing() && !restarted.contains(i)).map(|(_, s)| s).collect();
@@ -110,11 +113,12 @@ impl Pass<'_> {
                 ConditionStatus::True,
                 "Active",
                 format!(
-                    "{} forward {} to Service {}, each having passed its health check{}",
+                    "{} forward {} to Service {}, each having passed its health check{}{}",
                     list.join(" and "),
                     super::super::super::status::describe(&want.ports),
                     tunnel.spec.service_ref.name,
                     if published.len() < 2 { "; the other exit server is not serving" } else { "" },
+                    clients.waiting.map(|w| format!("; client roll: {w}")).unwrap_or_default(),
                 ),
             )
         } else {

@@ -4,6 +4,7 @@
 use providers::{Host, HostState};
 
 use super::super::super::plan::failover::Health;
+use super::super::super::plan::replace::replace_wait;
 use crate::crd::tunnel::ServerStatus;
 
 /// One slot's exit server as this pass found it.
@@ -14,17 +15,41 @@ pub(super) struct Slot {
     pub(super) own_ip: Option<String>,
     /// Its end-to-end check ([`Slot::check_ip`]), when it runs: the streak and the error.
     pub(super) check: Option<(Health, String)>,
+    /// Servers of this slot replaced in a row for failing ([`ServerStatus::replacements`]).
+    pub(super) replaced: u32,
+    /// Why its failing server is kept ([`ServerStatus::kept_because`]).
+    pub(super) kept: Option<String>,
 }
 
 impl Slot {
-    /// As `status.highAvailability.servers` shows it.
+    /// Slot `slot` filled by `host` (or waiting for one), with its replacements as recorded.
+    pub(super) fn new(
+        slot: &'static str,
+        host: Option<Host>,
+        own_ip: Option<String>,
+        recorded: &[ServerStatus],
+    ) -> Self {
+        let replaced = recorded.iter().find(|s| s.slot == slot).and_then(|s| s.replacements).unwrap_or(0);
+        Slot { slot, host, own_ip, check: None, replaced, kept: None }
+    }
+
+    /// As `status.highAvailability.servers` shows it; a passing server clears the count.
     pub(super) fn status(&self) -> ServerStatus {
+        let passing = self.passing();
         ServerStatus {
             slot: self.slot.to_string(),
             host_id: self.id().map(str::to_string),
             host_ip: self.own_ip.clone().filter(|_| self.host.is_some()),
-            healthy: self.passing(),
+            healthy: passing,
+            replacements: Some(self.replaced).filter(|n| *n > 0 && !passing),
+            kept_because: self.kept.clone().filter(|_| !passing && self.host.is_some()),
         }
+    }
+
+    /// How long its server may fail while the other holds the address before it is replaced:
+    /// `None` once its slot's replacements are spent.
+    pub(super) fn replace_after(&self, replace_after: std::time::Duration, max: u32) -> Option<std::time::Duration> {
+        (self.replaced < max).then(|| replace_wait(replace_after, self.replaced))
     }
 
     /// Whether a server fills the slot and its last check passed.
@@ -67,7 +92,10 @@ pub(super) fn standby_note(slots: &[Slot], active: Option<&str>) -> String {
     let standby = slots.iter().find(|s| s.id() != active);
     match standby.and_then(|s| Some((s.id()?, s.check.as_ref()))) {
         Some((id, Some((h, _)))) if h.passing() => format!("exit server {id}, passing its health check"),
-        Some((id, Some((_, error)))) => format!("exit server {id}, failing its health check: {error}"),
+        Some((id, Some((_, error)))) => match standby.and_then(|s| s.kept.as_deref()) {
+            Some(kept) => format!("exit server {id}, failing its health check and kept: {kept}"),
+            None => format!("exit server {id}, failing its health check: {error}"),
+        },
         Some((id, None)) => format!("exit server {id}, not running yet"),
         None => "none running".into(),
     }

@@ -1,0 +1,73 @@
+//! A server of a highly available Tunnel's pair that keeps failing while the other serves is
+//! replaced the way a single exit server is ([`replace::unhealthy`]): only when a new VM can
+//! cure the failure, each replacement of its slot waiting twice as long as the one before, and
+//! at most `--tunnel-max-replacements` in a row. A standby whose client Pod cannot start (an
+//! image that cannot be pulled) would otherwise buy a new VM every `--tunnel-replace-after`.
+
+use kube::runtime::events::EventType;
+
+use super::super::super::act;
+use super::super::super::plan::replace::{self, Cause, Unhealthy};
+use super::super::console;
+use super::super::{Desired, Pass};
+use super::Slot;
+use crate::error::Result;
+
+impl Pass<'_> {
+    /// Replaces `slot`'s failing server if a new one can help, else records in the slot why it
+    /// is kept (with a Warning Event once per `--tunnel-resync`). Whether it was replaced.
+    pub(super) async fn replace_failing(&mut self, want: &Desired, slot: &mut Slot, beside: bool) -> Result<bool> {
+        let (tunnel, ctx, provider) = (self.tunnel, self.ctx, want.provider.as_ref());
+        let settings = &ctx.settings;
+        let (Some(id), Some((health, error))) = (slot.id().map(str::to_string), slot.check.clone()) else {
+            return Ok(false);
+        };
+        if let Some(kept) = ctx.streaks.kept(&id, settings.resync) {
+            slot.kept = Some(kept);
+            return Ok(false);
+        }
+        let reachable = match slot.check_ip(beside) {
+            Some(ip) => ctx.probe.reachable(ip, settings.control_port).await,
+            None => false,
+        };
+        let at = want.at.for_slot(slot.slot);
+        let cause = Cause::diagnose(reachable, act::client_available(&at, ctx).await?);
+        let cause = console::with_report(cause, provider, Some(&id)).await;
+        let limits = replace::Limits {
+            boot_timeout: settings.boot_timeout,
+            replace_after: settings.replace_after,
+            max: settings.max_replacements,
+        };
+        let client = format!("{}/{}", at.namespace, at.deployment);
+        let now = (k8s_openapi::jiff::Timestamp::now(), client.as_str());
+        match replace::unhealthy((&cause, &error), health.failing_for, slot.replaced, &limits, now) {
+            Unhealthy::Report { reason, message } => {
+                let note = format!("exit server {id} (slot {}) is kept: {message}", slot.slot);
+                ctx.publish(tunnel, EventType::Warning, reason, note).await;
+                ctx.streaks.keep(&id, message.clone());
+                slot.kept = Some(message);
+                Ok(false)
+            }
+            Unhealthy::Replace { why, count, .. } => {
+                let why = format!("exit server {id} (slot {}): {why}", slot.slot);
+                act::host::replace_lost(tunnel, provider, (&id, &why), None, ctx).await?;
+                ctx.streaks.forget(&id);
+                slot.host = None;
+                slot.replaced = count;
+                Ok(true)
+            }
+        }
+    }
+
+    /// Records, for a failing server whose slot has spent its replacements, why it is kept.
+    pub(super) fn spent(&self, slot: &mut Slot) {
+        let max = self.ctx.settings.max_replacements;
+        let failing = slot.host.is_some() && slot.check.as_ref().is_some_and(|(h, _)| !h.passing());
+        if failing && slot.replaced >= max && slot.kept.is_none() {
+            slot.kept = Some(format!(
+                "skyport stopped replacing the exit server of slot {} after {} replacement(s) (--tunnel-max-replacements {max}); fix the cause, then delete the server (or the Tunnel) to try again",
+                slot.slot, slot.replaced
+            ));
+        }
+    }
+}
