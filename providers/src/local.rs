@@ -23,6 +23,7 @@
 //! `server.toml`, rathole reloads it, and the host keeps its address.
 
 mod addresses;
+pub mod forward_file;
 mod process;
 
 use std::collections::BTreeMap;
@@ -49,16 +50,6 @@ const PROVIDER: &str = "local";
 /// What rathole (built with `hot-reload`) logs once its config watcher is in place. Until then a
 /// rewritten `server.toml` would go unnoticed, so `create` waits for it.
 const WATCHING: &str = "Start watching the config";
-/// In a host's folder: the reserved address its server forwards to its own listeners, if any
-/// (`skyport tunnel server --forward-file`; the server acknowledges in `forward.bound`).
-const FORWARD_FILE: &str = "forward";
-/// Where `skyport tunnel server` acknowledges the forward file `file`: `forward.bound` beside
-/// `forward`, naming the address once it listens on every port there.
-pub fn bound_file(file: &std::path::Path) -> PathBuf {
-    let mut name = file.as_os_str().to_owned();
-    name.push(".bound");
-    PathBuf::from(name)
-}
 
 /// How long a moved address waits for its new holder to listen on it.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
