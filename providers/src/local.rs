@@ -23,6 +23,7 @@
 //! `server.toml`, rathole reloads it, and the host keeps its address.
 
 mod addresses;
+pub mod forward_file;
 mod process;
 
 use std::collections::BTreeMap;
@@ -41,7 +42,7 @@ use process::{render, signal_group};
 use crate::error::HostError;
 use crate::exit::userdata::ExitServer;
 use crate::host_files::HostFiles;
-use crate::hosts::{AddressBinding, Host, HostProvider, HostRequest, HostState, TAG_TUNNEL_SLOT};
+use crate::hosts::{AddressBinding, Host, HostProvider, HostRequest, HostState, TAG_TUNNEL_SLOT, fnv1a32};
 use crate::limiter::Limiter;
 use crate::reservations::Booked;
 
@@ -49,16 +50,6 @@ const PROVIDER: &str = "local";
 /// What rathole (built with `hot-reload`) logs once its config watcher is in place. Until then a
 /// rewritten `server.toml` would go unnoticed, so `create` waits for it.
 const WATCHING: &str = "Start watching the config";
-/// In a host's folder: the reserved address its server forwards to its own listeners, if any
-/// (`skyport tunnel server --forward-file`; the server acknowledges in `forward.bound`).
-const FORWARD_FILE: &str = "forward";
-/// Where `skyport tunnel server` acknowledges the forward file `file`: `forward.bound` beside
-/// `forward`, naming the address once it listens on every port there.
-pub fn bound_file(file: &std::path::Path) -> PathBuf {
-    let mut name = file.as_os_str().to_owned();
-    name.push(".bound");
-    PathBuf::from(name)
-}
 
 /// How long a moved address waits for its new holder to listen on it.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(5);
@@ -178,6 +169,8 @@ impl LocalProvider {
             .map(u32::from)
             .filter(|a| (first..first + size).contains(a))
             .map(|a| a - first)
+            // Spreads state directories over the range, so two providers rarely start on the
+            // same address.
             .unwrap_or_else(|| fnv1a32(self.settings.state_dir.to_string_lossy().as_bytes()) % size);
         for step in 1..=size {
             let address = Ipv4Addr::from(first + (last + step) % size);
@@ -215,11 +208,6 @@ fn unavailable(message: String) -> HostError {
 
 fn valid_id(id: &str) -> bool {
     id.starts_with("local-") && id.len() <= 40 && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
-}
-
-/// 32-bit FNV-1a, to spread state directories over the address range (not for security).
-fn fnv1a32(bytes: &[u8]) -> u32 {
-    bytes.iter().fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(*b)).wrapping_mul(0x0100_0193))
 }
 
 #[async_trait]

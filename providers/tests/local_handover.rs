@@ -141,3 +141,47 @@ async fn moving_the_address_between_running_servers_refuses_no_connection() {
         let _ = std::fs::remove_file(config);
     }
 }
+
+/// Taking the address off a server and giving it back before that server looked at its forward
+/// file again finds the server's acknowledgement of the earlier request still on disk; the move
+/// back must wait for the server to answer the new one. A stopped server holds that moment open.
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn an_address_given_back_before_its_server_looked_again_waits_for_that_server() {
+    let (p, dir) = provider("giveback");
+    let uid = contract::fresh_uid();
+    let mut base = contract::request("skyport-giveback", &uid);
+    base.server.noise_private_key = NoiseKeypair::generate().private_key;
+    let movable =
+        AddressRequest { name: base.name.clone(), region: None, tags: base.tags.clone(), host_id: None, movable: true };
+    let address = p.reserve_address(&movable).await.unwrap();
+    let mut hosts = Vec::new();
+    for slot in ["a", "b"] {
+        let mut request = base.clone();
+        request.name = format!("skyport-giveback-{slot}");
+        request.tags.insert(TAG_TUNNEL_SLOT.into(), slot.into());
+        hosts.push(p.create(&request).await.unwrap());
+    }
+    p.assign_address(&address.id, &hosts[0].id).await.unwrap();
+    let pid = std::fs::read_to_string(dir.0.join(&hosts[0].id).join("pid")).unwrap();
+    let a = nix::unistd::Pid::from_raw(pid.trim().parse().unwrap());
+    nix::sys::signal::kill(a, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    p.assign_address(&address.id, &hosts[1].id).await.unwrap();
+
+    let p = Arc::new(p);
+    let back = tokio::spawn({
+        let (p, id, host) = (p.clone(), address.id.clone(), hosts[0].id.clone());
+        async move { p.assign_address(&id, &host).await }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let answered_early = back.is_finished();
+    nix::sys::signal::kill(a, nix::sys::signal::Signal::SIGCONT).unwrap();
+    assert!(!answered_early, "the move back took the acknowledgement of the earlier move for its own");
+    back.await.unwrap().unwrap();
+    assert_eq!(p.get_address(&address.id).await.unwrap().unwrap().host_id.as_deref(), Some(hosts[0].id.as_str()));
+
+    for host in &hosts {
+        p.delete(&host.id).await.unwrap();
+    }
+    p.release_address(&address.id).await.unwrap();
+}

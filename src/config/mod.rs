@@ -67,9 +67,9 @@ pub enum TunnelRole {
         #[arg(long, default_value_t = providers::exit::push::PUSH_PORT)]
         push_port: u16,
         /// A file naming a reserved IPv4 address to forward, on every service port, to this
-        /// server's own listeners (the local provider's moving address); the server writes
-        /// `<file>.bound` once it listens there. Not set on cloud VMs, where the cloud routes
-        /// the reserved address.
+        /// server's own listeners (the local provider's moving address), after the request's
+        /// generation; the server repeats the request in `<file>.bound` once it listens there.
+        /// Not set on cloud VMs, where the cloud routes the reserved address.
         #[arg(long)]
         forward_file: Option<std::path::PathBuf>,
     },

@@ -7,11 +7,11 @@
 //!
 //! The listeners set `SO_REUSEPORT`, so during a move both servers hold the address for a moment:
 //! the provider names the address in the new holder's forward file, waits until the server
-//! acknowledges (the `.bound` file next to it names the address once every port is bound), and
-//! only then empties the old holder's, whose listeners close. No connection attempt finds nobody
-//! listening; with `net.ipv4.tcp_migrate_req=1` the kernel hands connections still queued on a
-//! closing listener to the new holder's instead of resetting them. Established connections carry
-//! on where they were, as a cloud's connection tracking keeps them.
+//! acknowledges (the `.bound` file next to it repeats the request, generation included, once
+//! every port is bound), and only then empties the old holder's, whose listeners close. No
+//! connection attempt finds nobody listening; with `net.ipv4.tcp_migrate_req=1` the kernel hands
+//! connections still queued on a closing listener to the new holder's instead of resetting them.
+//! Established connections carry on where they were, as a cloud's connection tracking keeps them.
 
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
@@ -24,7 +24,7 @@ use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::{info, warn};
 
-pub use providers::local::bound_file;
+pub use providers::local::forward_file::{Forward, bound_file};
 
 use super::ports;
 
@@ -64,10 +64,12 @@ pub fn spawn(forward_file: PathBuf, config: PathBuf) {
     tokio::spawn(async move {
         let mut running: BTreeMap<Relay, JoinHandle<()>> = BTreeMap::new();
         let mut services = (None, ports::Ports::new());
-        let mut acked: Option<Option<Ipv4Addr>> = None;
+        let mut acked: Option<Forward> = None;
         let mut failing = BTreeSet::new();
+        let mut malformed = None;
         loop {
-            let ip = wanted(&forward_file);
+            let request = wanted(&forward_file, &mut malformed);
+            let ip = request.address;
             refresh(&config, &mut services).await;
             let want = relays(ip, &services.1);
             running.retain(|relay, task| {
@@ -90,16 +92,19 @@ pub fn spawn(forward_file: PathBuf, config: PathBuf) {
                     Err(_) => {}
                 }
             }
-            if running.len() == want.len() && acked != Some(ip) {
-                match acknowledge(&forward_file, ip) {
+            // A new generation for the same address is acknowledged too: its requester waits
+            // for exactly that one.
+            if running.len() == want.len() && acked != Some(request) {
+                match acknowledge(&forward_file, request) {
                     Ok(()) => {
-                        info!(address = ?ip, ports = want.len(), "forwarding the reserved address");
+                        let (generation, ports) = (request.generation, want.len());
+                        info!(address = ?ip, generation, ports, "forwarding the reserved address");
                         if ip.is_some() && !migrates() {
                             warn!(
                                 "net.ipv4.tcp_migrate_req is not 1: when this server gives the address up, a connection still queued on its listener is reset"
                             );
                         }
-                        acked = Some(ip);
+                        acked = Some(request);
                     }
                     Err(e) => warn!("cannot acknowledge the forward file: {e}"),
                 }
@@ -115,15 +120,22 @@ fn migrates() -> bool {
     std::fs::read_to_string("/proc/sys/net/ipv4/tcp_migrate_req").is_ok_and(|v| v.trim() == "1")
 }
 
-/// The address the forward file names; none without the file. A file that names no IPv4 address
-/// is none too (and said so).
-fn wanted(forward_file: &Path) -> Option<Ipv4Addr> {
-    let text = std::fs::read_to_string(forward_file).ok()?;
-    let text = text.trim();
-    if text.is_empty() {
-        return None;
+/// The forward file's request; none without the file. A malformed file forwards nothing either,
+/// and is said so once (`malformed` keeps the last error) rather than at every poll.
+fn wanted(forward_file: &Path, malformed: &mut Option<String>) -> Forward {
+    match Forward::read(forward_file) {
+        Ok(request) => {
+            *malformed = None;
+            request.unwrap_or_default()
+        }
+        Err(e) => {
+            if malformed.as_ref() != Some(&e) {
+                warn!("the forward file is not `<generation> [<IPv4 address>]`, so nothing is forwarded: {e}");
+                *malformed = Some(e);
+            }
+            Forward::default()
+        }
     }
-    text.parse().map_err(|_| warn!(file = %forward_file.display(), "the forward file names no IPv4 address")).ok()
 }
 
 /// Re-reads the services of `config` when the file changed since `cached` was read.
@@ -138,17 +150,17 @@ async fn refresh(config: &Path, cached: &mut (Option<SystemTime>, ports::Ports))
     }
 }
 
-/// Writes (or, without an address, removes) the acknowledgement, through a rename.
-fn acknowledge(forward_file: &Path, ip: Option<Ipv4Addr>) -> std::io::Result<()> {
+/// Writes `request` as the acknowledgement through a rename, or, without an address, removes it.
+fn acknowledge(forward_file: &Path, request: Forward) -> std::io::Result<()> {
     let bound = bound_file(forward_file);
-    let Some(ip) = ip else {
+    if request.address.is_none() {
         return match std::fs::remove_file(&bound) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
         };
-    };
+    }
     let tmp = bound.with_extension("tmp");
-    std::fs::write(&tmp, format!("{ip}\n"))?;
+    std::fs::write(&tmp, request.render())?;
     std::fs::rename(tmp, bound)
 }
 
@@ -262,5 +274,26 @@ mod tests {
     #[test]
     fn the_acknowledgement_lives_next_to_the_forward_file() {
         assert_eq!(bound_file(Path::new("/var/x/forward")), PathBuf::from("/var/x/forward.bound"));
+    }
+
+    #[test]
+    fn the_acknowledgement_repeats_the_request_it_answers_and_a_withdrawal_removes_it() {
+        let dir = std::env::temp_dir().join(format!("skyport-forward-ack-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("forward");
+        let mut malformed = None;
+        let request = Forward { generation: 4, address: Some(Ipv4Addr::new(10, 204, 0, 3)) };
+        std::fs::write(&file, request.render()).unwrap();
+        assert_eq!(wanted(&file, &mut malformed), request);
+        acknowledge(&file, request).unwrap();
+        assert_eq!(Forward::read(&bound_file(&file)), Ok(Some(request)));
+        acknowledge(&file, Forward { generation: 5, address: None }).unwrap();
+        assert_eq!(Forward::read(&bound_file(&file)), Ok(None));
+
+        // An address without its generation is no request: nothing is forwarded, and said why.
+        std::fs::write(&file, "10.204.0.3\n").unwrap();
+        assert_eq!(wanted(&file, &mut malformed), Forward::default());
+        assert!(malformed.as_deref().is_some_and(|e| e.contains("not a generation")), "{malformed:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

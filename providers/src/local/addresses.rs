@@ -8,6 +8,7 @@ use std::path::Path;
 
 use async_trait::async_trait;
 
+use super::forward_file::{FORWARD_FILE, Forward, bound_file};
 use super::{LocalProvider, unavailable};
 use crate::error::HostError;
 use crate::hosts::{Address, AddressRequest};
@@ -46,7 +47,7 @@ impl LocalProvider {
     /// Puts address `id` on host `host_id`: already there (it was created with it) is success;
     /// else the host must be running. Its server starts forwarding the address and acknowledges
     /// before the host forwarding it now stops, so the address never goes unanswered during a
-    /// move between running hosts ([`crate::local`]'s forward file).
+    /// move between running hosts ([`super::forward_file`]).
     pub(super) async fn move_address(&self, id: &str, host_id: &str) -> Result<(), HostError> {
         let _guard = self.lock.lock().await;
         let hosts = self.hosts()?;
@@ -85,24 +86,28 @@ impl LocalProvider {
     }
 
     /// Names `ip` (or nothing) in host `id`'s forward file; for an address, waits until its
-    /// server acknowledges that it listens there, and takes the address back from the file if
-    /// it does not in time.
+    /// server acknowledges this very request (an acknowledgement of an earlier one may still be
+    /// on disk), and takes the address back from the file if it does not in time.
     async fn forward(&self, id: &str, ip: Option<Ipv4Addr>) -> Result<(), HostError> {
-        let file = self.host_dir(id).join(super::FORWARD_FILE);
-        let text = ip.map(|ip| format!("{ip}\n")).unwrap_or_default();
-        write_replacing(&file, &text)?;
+        let file = self.host_dir(id).join(FORWARD_FILE);
+        let request = Forward::next(&file, ip).map_err(unavailable)?;
+        write_replacing(&file, &request.render())?;
         let Some(ip) = ip else { return Ok(()) };
-        let bound = super::bound_file(&file);
+        let bound = bound_file(&file);
         let deadline = tokio::time::Instant::now() + super::FORWARD_TIMEOUT;
+        let mut malformed = None;
         while tokio::time::Instant::now() < deadline {
-            if std::fs::read_to_string(&bound).is_ok_and(|t| t.trim() == ip.to_string()) {
-                return Ok(());
+            match Forward::read(&bound) {
+                Ok(ack) if ack == Some(request) => return Ok(()),
+                Ok(_) => malformed = None,
+                Err(e) => malformed = Some(e),
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
-        write_replacing(&file, "")?;
+        write_replacing(&file, &Forward::next(&file, None).map_err(unavailable)?.render())?;
+        let why = malformed.map_or_else(|| "its server.log says why".to_string(), |e| format!("last read: {e}"));
         Err(unavailable(format!(
-            "exit server {id} did not listen on {ip} within {}s (its server.log says why)",
+            "exit server {id} did not listen on {ip} within {}s ({why})",
             super::FORWARD_TIMEOUT.as_secs()
         )))
     }

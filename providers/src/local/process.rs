@@ -7,7 +7,8 @@ use std::time::Duration;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
-use super::{FORWARD_FILE, LocalProvider, PROVIDER, Record, WATCHING, unavailable};
+use super::forward_file::FORWARD_FILE;
+use super::{LocalProvider, PROVIDER, Record, WATCHING, unavailable};
 use crate::error::HostError;
 use crate::exit::userdata::{ExitServer, render_server_toml_split};
 
