@@ -35,7 +35,7 @@ use providers::exit::userdata::{ExitServer, render_client_toml};
 
 use super::observe::SecretState;
 use super::placement::Placement;
-use super::plan::replace::{self, Cause, Unhealthy};
+use super::plan::replace::Unhealthy;
 use super::plan::{self, Blocked, TrafficStep};
 use super::status::{self, Writer, describe};
 use super::{Context, act, desired, observe, ranges};
@@ -322,31 +322,18 @@ impl<'a> Pass<'a> {
                 return Ok(Action::requeue(jittered(plan::health_poll(failing_for, HEALTH_POLL))));
             }
             TrafficStep::NotEstablished { .. } | TrafficStep::Replace { .. } => {
-                let reachable = ctx.probe.reachable(&ip, settings.control_port).await;
-                let cause = Cause::diagnose(reachable, client_available);
-                let cause = console::with_report(cause, want.provider.as_ref(), host_id.as_deref()).await;
-                let limits = replace::Limits {
-                    boot_timeout: settings.boot_timeout,
-                    replace_after: settings.replace_after,
-                    max: settings.max_replacements,
-                };
-                let client = format!("{}/{}", want.at.namespace, want.at.deployment);
-                let now = (k8s_openapi::jiff::Timestamp::now(), client.as_str());
-                match replace::unhealthy(
-                    (&cause, &error),
-                    failing_for,
-                    self.status().replacements.unwrap_or(0),
-                    &limits,
-                    now,
-                ) {
-                    Unhealthy::Report { reason, message } => {
+                let replaced = self.status().replacements.unwrap_or(0);
+                let failing =
+                    console::Failing { host: (host_id.as_deref(), &ip), error: &error, failing_for, replaced };
+                let provider = want.provider.as_ref();
+                match console::judge(failing, client_available, &want.at, provider, ctx).await {
+                    (_, Unhealthy::Report { reason, message }) => {
                         self.record(record).await?;
                         self.report(TunnelPhase::Provisioning, reason, &message).await?;
                         return Ok(Action::requeue(jittered(HEALTH_POLL)));
                     }
-                    Unhealthy::Replace { why, count, next_after } => {
+                    (cause, Unhealthy::Replace { why, count, next_after }) => {
                         let host = (host_id.as_deref(), cause.reason(), why.as_str());
-                        let provider = want.provider.as_ref();
                         act::host::replace_unhealthy(tunnel, &want.service, want.publishes, provider, host, ctx)
                             .await?;
                         ctx.failing.forget(&clock);

@@ -1,16 +1,53 @@
-//! The VM's own word on an exit server the operator cannot reach: its install report, read
-//! from the console where the provider keeps one ([`HostProvider::console_output`]).
+//! Why an exit server's tunnel does not come up, and whether a new one would help: the probes
+//! and the VM's own word on an exit server the operator cannot reach (its install report, read
+//! from the console where the provider keeps one, [`HostProvider::console_output`]). One
+//! diagnosis for a single exit server and for either server of a highly available pair.
 
 use providers::HostProvider;
 use providers::exit::userdata::InstallReport;
 use tracing::warn;
 
-use super::super::plan::replace::Cause;
+use super::super::Context;
+use super::super::placement::Placement;
+use super::super::plan::replace::{self, Cause, Unhealthy};
+
+/// A failing exit server to judge: its id and the address its control port is probed at, the
+/// error and duration of its failing checks, and its replacements in a row so far.
+pub(super) struct Failing<'a> {
+    pub(super) host: (Option<&'a str>, &'a str),
+    pub(super) error: &'a str,
+    pub(super) failing_for: std::time::Duration,
+    pub(super) replaced: u32,
+}
+
+/// Diagnoses `failing` (control port, client Deployment `at`'s availability, the install
+/// report) and decides ([`replace::unhealthy`]) whether it is replaced.
+pub(super) async fn judge(
+    failing: Failing<'_>,
+    client_available: bool,
+    at: &Placement,
+    provider: &dyn HostProvider,
+    ctx: &Context,
+) -> (Cause, Unhealthy) {
+    let settings = &ctx.settings;
+    let (id, ip) = failing.host;
+    let reachable = ctx.probe.reachable(ip, settings.control_port).await;
+    let cause = with_report(Cause::diagnose(reachable, client_available), provider, id).await;
+    let limits = replace::Limits {
+        boot_timeout: settings.boot_timeout,
+        replace_after: settings.replace_after,
+        max: settings.max_replacements,
+    };
+    let client = format!("{}/{}", at.namespace, at.deployment);
+    let now = (k8s_openapi::jiff::Timestamp::now(), client.as_str());
+    let decision = replace::unhealthy((&cause, failing.error), failing.failing_for, failing.replaced, &limits, now);
+    (cause, decision)
+}
 
 /// `cause`, told apart by the install report on host `id`'s console when the exit server is
 /// unreachable. Only then is the console read (a cloud call); a console that cannot be read
 /// leaves the cause as it is.
-pub(super) async fn with_report(cause: Cause, provider: &dyn HostProvider, id: Option<&str>) -> Cause {
+async fn with_report(cause: Cause, provider: &dyn HostProvider, id: Option<&str>) -> Cause {
     let (Cause::ExitServerUnreachable, Some(id)) = (&cause, id) else { return cause };
     match provider.console_output(id).await {
         Ok(console) => cause.with_report(console.as_deref().and_then(InstallReport::find)),

@@ -7,7 +7,7 @@
 use kube::runtime::events::EventType;
 
 use super::super::super::act;
-use super::super::super::plan::replace::{self, Cause, Unhealthy};
+use super::super::super::plan::replace::Unhealthy;
 use super::super::console;
 use super::super::{Desired, Pass};
 use super::Slot;
@@ -18,29 +18,23 @@ impl Pass<'_> {
     /// is kept (with a Warning Event once per `--tunnel-resync`). Whether it was replaced.
     pub(super) async fn replace_failing(&mut self, want: &Desired, slot: &mut Slot, beside: bool) -> Result<bool> {
         let (tunnel, ctx, provider) = (self.tunnel, self.ctx, want.provider.as_ref());
-        let settings = &ctx.settings;
         let (Some(id), Some((health, error))) = (slot.id().map(str::to_string), slot.check.clone()) else {
             return Ok(false);
         };
-        if let Some(kept) = ctx.streaks.kept(&id, settings.resync) {
+        if let Some(kept) = ctx.streaks.kept(&id, ctx.settings.resync) {
             slot.kept = Some(kept);
             return Ok(false);
         }
-        let reachable = match slot.check_ip(beside) {
-            Some(ip) => ctx.probe.reachable(ip, settings.control_port).await,
-            None => false,
-        };
+        let Some(ip) = slot.check_ip(beside) else { return Ok(false) };
         let at = want.at.for_slot(slot.slot);
-        let cause = Cause::diagnose(reachable, act::client_available(&at, ctx).await?);
-        let cause = console::with_report(cause, provider, Some(&id)).await;
-        let limits = replace::Limits {
-            boot_timeout: settings.boot_timeout,
-            replace_after: settings.replace_after,
-            max: settings.max_replacements,
+        let available = act::client_available(&at, ctx).await?;
+        let failing = console::Failing {
+            host: (Some(&id), ip),
+            error: &error,
+            failing_for: health.failing_for,
+            replaced: slot.replaced,
         };
-        let client = format!("{}/{}", at.namespace, at.deployment);
-        let now = (k8s_openapi::jiff::Timestamp::now(), client.as_str());
-        match replace::unhealthy((&cause, &error), health.failing_for, slot.replaced, &limits, now) {
+        match console::judge(failing, available, &at, provider, ctx).await.1 {
             Unhealthy::Report { reason, message } => {
                 let note = format!("exit server {id} (slot {}) is kept: {message}", slot.slot);
                 ctx.publish(tunnel, EventType::Warning, reason, note).await;
