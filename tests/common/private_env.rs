@@ -37,8 +37,18 @@ pub struct PrivateEnv {
     down: bool,
 }
 
+/// A port free now, below the kernel's ephemeral range (32768–60999 by default), and not handed
+/// to another private environment of this run. A port from that range, free when picked, can be
+/// taken by any outgoing connection of the suite in the tens of seconds before LocalStack binds
+/// it (it was, once: "Address already in use").
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().unwrap().port()
+    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    (0..10_000)
+        .map(|_| rand::random_range(21_000..26_000))
+        .find(|port| !given.contains(port) && std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok())
+        .inspect(|port| _ = given.insert(*port))
+        .expect("a free port between 21000 and 26000")
 }
 
 fn script() -> PathBuf {
