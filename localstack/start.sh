@@ -45,13 +45,18 @@ is_running() {
 
 healthy() { curl -fsS --max-time 2 "$ENDPOINT/_localstack/health" 2>/dev/null; }
 
+# TERM, then KILL after 15 s: a LocalStack whose gateway could not bind its port ignores TERM.
+terminate() {
+  kill -TERM "$1" 2>/dev/null || return 0
+  for _ in $(seq 1 60); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.25; done
+  kill -KILL "$1" 2>/dev/null || true
+}
+
 case "${1:-start}" in
   stop)
     if is_running; then
       pid="$(cat "$PIDFILE")"
-      kill -TERM "$pid"
-      for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
-      kill -0 "$pid" 2>/dev/null && kill -KILL "$pid"
+      terminate "$pid"
       log "stopped (pid $pid)"
     else
       log "not running"
@@ -199,7 +204,7 @@ print(f"localstack: ready at {endpoint} (pid {pid}) after {time.time() - t0:.1f}
 PY
 then
   tail -n 30 "$LOGFILE" >&2
-  kill -TERM "$PID" 2>/dev/null || true
+  terminate "$PID"
   rm -f "$PIDFILE"
   die "failed to start; full log: $LOGFILE"
 fi
