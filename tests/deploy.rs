@@ -5,6 +5,7 @@
 //! The tests that need `kubectl`, `helm` or the API server are ignored by default; tests/run.sh
 //! runs them (it builds helm with tests/env/build-helm.sh and exports SKYPORT_HELM).
 
+pub(crate) mod chart;
 mod deployment;
 mod files;
 pub(crate) mod harness;

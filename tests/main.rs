@@ -17,6 +17,7 @@ mod deploy;
 mod guest;
 mod health;
 mod install;
+mod monitoring;
 mod node;
 mod operate;
 mod queue;
