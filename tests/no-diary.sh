@@ -21,6 +21,10 @@ patterns=(
   "\\b(main|build|binary|code) (at|of) \`${hash}\`"              # main at \`abc1234\`
   "\\((BENCHMARKS|RELIABILITY|README|ARCHITECTURE)\\.md, (${ordinal}|[a-z]+th)\\b" # (BENCHMARKS.md, eleventh ...)
   "\\.\\./shared/|/work/"                                        # paths outside the repository
+  # Upgrade notes for versions that were never released, and what the code once did.
+  "\\bupgrading from (a|an|the|older|earlier) (version|release)"
+  "\\bolder versions?\\b|\\bearlier versions?\\b|\\bthe old default\\b|\\bcan no longer be set\\b"
+  "\\bit did once\\b|\\bused to (be|do|run|write|read|make)\\b"
 )
 pattern=$(IFS='|'; echo "${patterns[*]}")
 

@@ -269,7 +269,7 @@ async fn default_names_do_not_collide_across_namespaces_and_recorded_names_are_k
     assert_eq!(status_of(&x).queue_name.unwrap(), format!("{base}_a-orders"));
     assert_eq!(status_of(&y).queue_name.unwrap(), format!("{base}-a_orders"));
 
-    // A Queue made under the old default (`<namespace>-<name>`) keeps its queue.
+    // A Queue whose status records a name (`<namespace>-<name>`) keeps its queue.
     op1.stop().await;
     q1.create(&PostParams::default(), &queue("legacy", json!({}))).await.unwrap();
     let legacy = q1.get("legacy").await.unwrap();

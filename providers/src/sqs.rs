@@ -90,7 +90,7 @@ impl Default for SqsSettings {
 pub const TAGGING: &[&str] = &["ListQueueTags", "TagQueue", "UntagQueue"];
 
 /// Tagging actions per second per AWS account ("Quotas related to queues", Amazon SQS Developer
-/// Guide). Older versions of that page said 5; the current one says 30.
+/// Guide).
 pub const TAGGING_QUOTA_PER_SECOND: u32 = 30;
 
 /// 80 % of the tagging quota, as the DigitalOcean and Hetzner budgets are sized: 24/s.

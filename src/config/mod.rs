@@ -126,6 +126,9 @@ pub struct RunArgs {
 }
 
 #[cfg(test)]
+mod docs_tests;
+
+#[cfg(test)]
 mod tests {
     use std::time::Duration;
 

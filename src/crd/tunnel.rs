@@ -23,9 +23,12 @@ use super::Condition;
     category = "skyport",
     doc = "A public exit server provisioned by skyport that forwards a Service's ports into the cluster through an encrypted tunnel (rathole, Noise transport). The exit server's address appears in `status.hostIp` and, when the Tunnel is owned by its Service, in the Service's `status.loadBalancer.ingress`.",
     printcolumn = r#"{"name":"Service","type":"string","jsonPath":".spec.serviceRef.name"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Address","type":"string","description":"The reserved address, when the Tunnel has one (else the exit server's IP is the address)","jsonPath":".status.addressIp"}"#,
     printcolumn = r#"{"name":"Host IP","type":"string","jsonPath":".status.hostIp"}"#,
-    printcolumn = r#"{"name":"Provider","type":"string","jsonPath":".status.provider"}"#,
+    printcolumn = r#"{"name":"Active","type":"string","description":"Highly available Tunnels: the slot whose server holds the address","jsonPath":".status.highAvailability.active"}"#,
+    printcolumn = r#"{"name":"Provider","type":"string","jsonPath":".status.provider","priority":1}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
