@@ -38,7 +38,9 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
 
 #[test]
 fn metric_names_are_read_from_promql() {
-    let names = metric_names("histogram_quantile(0.99, sum by (le) (rate(skyport_reconcile_duration_seconds_bucket[5m]))) / skyport_leader");
+    let names = metric_names(
+        "histogram_quantile(0.99, sum by (le) (rate(skyport_reconcile_duration_seconds_bucket[5m]))) / skyport_leader",
+    );
     assert_eq!(names, BTreeSet::from(["skyport_leader".into(), "skyport_reconcile_duration_seconds_bucket".into()]));
     assert_eq!(family("skyport_reconciles_total"), "skyport_reconciles");
     assert_eq!(family("skyport_build_info"), "skyport_build");
@@ -62,13 +64,19 @@ async fn the_dashboard_and_alerts_query_only_metrics_the_operator_exports() {
         .spawn()
         .expect("start skyport");
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let address = eventually("the operator serving /metrics", Duration::from_secs(30), || async {
-        let line = lines.next_line().await.ok()??;
-        let log: serde_json::Value = serde_json::from_str(&line).ok()?;
-        let serving = log["message"].as_str()?.starts_with("serving /healthz");
-        serving.then(|| log["address"].as_str().map(str::to_string)).flatten()
+    let address = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            let Ok(log) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
+            if log["message"].as_str().is_some_and(|m| m.starts_with("serving /healthz")) {
+                return log["address"].as_str().map(str::to_string);
+            }
+        }
+        None
     })
-    .await;
+    .await
+    .ok()
+    .flatten()
+    .expect("the operator logs the address it serves /metrics on");
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     eventually("the controllers running", Duration::from_secs(60), || async {
         (http_get(&address, "/readyz").await.2.trim() == "running").then_some(())

@@ -80,7 +80,8 @@ fn the_operator_has_a_disruption_budget_and_spreads_over_nodes() {
     let spread = &find(&docs, "Deployment", "skyport")["spec"]["template"]["spec"]["topologySpreadConstraints"][0];
     assert_eq!(spread["topologyKey"], "kubernetes.io/hostname");
     assert_eq!(spread["whenUnsatisfiable"], "ScheduleAnyway", "spreading must never block scheduling");
-    let off = documents(&helm_template(&["--set", "podDisruptionBudget.enabled=false", "--set", "spreadOverNodes=false"]));
+    let off =
+        documents(&helm_template(&["--set", "podDisruptionBudget.enabled=false", "--set", "spreadOverNodes=false"]));
     assert!(!off.iter().any(|d| d["kind"] == "PodDisruptionBudget"));
     assert!(find(&off, "Deployment", "skyport")["spec"]["template"]["spec"].get("topologySpreadConstraints").is_none());
 }
