@@ -26,7 +26,7 @@ SKYPORT_HELM="$(tests/env/build-helm.sh)"
 export SKYPORT_HELM
 # The skyport binary is also the tunnel server and client (`skyport tunnel server|client`); the
 # providers crate's tests run it as a process, and Cargo hands other packages' tests no path.
-cargo build --bin skyport
+tests/env/cargo-progress.sh skyport --bin skyport
 SKYPORT_EXE="${CARGO_TARGET_DIR:-$PWD/target}/debug/skyport"
 export SKYPORT_EXE
 # The shipped static binary (tests/env/build-musl.sh; ~16 min once on 2 cores, then only what
