@@ -35,7 +35,8 @@ while kill -0 "$cargo" 2>/dev/null; do
   next=$((SECONDS + every))
   n="$(built)" elapsed=$((SECONDS - start))
   ((total > n)) || total=$((n + 1))
-  left=
+  # None finished yet: cargo may be waiting for another build's lock on the target directory.
+  left=", none finished yet (another cargo build may hold the target directory)"
   ((n > 0)) && left=", about $(minsec $((elapsed * (total - n) / n))) left (estimate)"
   echo "building $what: $n/$total crates, $(minsec "$elapsed") elapsed$left" >&2
 done
