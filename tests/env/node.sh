@@ -193,14 +193,14 @@ start_node() {
   echo "$NODE_BIN" >"$N/node-bin"
   DNS_IMAGE="$(tar -xOf "$NODE_BIN/images/coredns.tar" index.json | sed -n 's/.*"io.containerd.image.name": "\([^"]*\)".*/\1/p')"
   node_link kubectl "$BIN/kubectl" >/dev/null
+  if ! alive kubelet && port_busy 10250; then
+    die "port 10250 (the kubelet's) is taken: is another test node running (tests/env.sh with another SKYPORT_STATE)? One node per machine"
+  fi
   # Debian's container runtime and CNI plugins, what kube-proxy and the kubelet call, the host
   # network's tools, and socat for localstack-forward.
   need /usr/bin/containerd ctr runc /usr/lib/cni/bridge /usr/lib/cni/host-local /usr/lib/cni/portmap \
     iptables conntrack ip sysctl pgrep umount awk socat >>"$NODE_LOG" 2>&1 \
     || die "installing the node's packages failed (log: $NODE_LOG)"
-  if ! alive kubelet && port_busy 10250; then
-    die "port 10250 (the kubelet's) is taken: is another test node running (tests/env.sh with another SKYPORT_STATE)? One node per machine"
-  fi
   node_host_network
   node_pki
   node_configs
