@@ -289,12 +289,48 @@ def self_test():
             errors = check(d)
             if (not errors) != with_need:
                 failed.append(f"Rust socat {'with' if with_need else 'without'} need in run.sh: {errors or 'no errors'}")
+    failed += need_self_test()
     for f in failed:
         print(f"check-packages self-test FAILED: {f}", file=sys.stderr)
     if failed:
         return 1
-    print(f"check-packages self-test: {len(cases) + 2} cases as expected")
+    print(f"check-packages self-test: {len(cases) + 2} check cases and need.sh's answers as expected")
     return 0
+
+
+def need_self_test():
+    """tests/env/need.sh against a list of its own, never installing: as a user other than root
+    it names the packages to install instead."""
+    need_sh = os.path.join(os.path.dirname(os.path.abspath(__file__)), "need.sh")
+    listing = (
+        "# comment lines and blank lines are skipped\n\n"
+        "no-such-tool-x   toolchain   a prerequisite\n"
+        "no-such-cmd-y    env         built by the environment\n"
+        "no-such-cmd-z    some-package  a package\n"
+        "/no/such/path    path-package  a file\n"
+    )
+    cases = [  # (arguments, exit status, what stderr must say)
+        ("sh sed", 0, ""),
+        ("no-such-unlisted", 1, "is not in"),
+        ("no-such-tool-x", 1, "a prerequisite"),
+        ("no-such-cmd-y", 1, "tests/env.sh up"),
+        ("sh no-such-cmd-z /no/such/path", 1, "apt-get install some-package path-package"),
+    ]
+    failed = []
+    with tempfile.TemporaryDirectory() as d:
+        with open(f"{d}/packages.txt", "w") as f:
+            f.write(listing)
+        for args, want_rc, want_err in cases:
+            script = f'. "$1"; id() {{ echo 1000; }}; need {args}'
+            r = subprocess.run(
+                ["bash", "-c", script, "need-test", need_sh],
+                env={**os.environ, "NEED_LIST": f"{d}/packages.txt"},
+                capture_output=True,
+                text=True,
+            )
+            if r.returncode != want_rc or want_err not in r.stderr:
+                failed.append(f"need {args}: exit {r.returncode}, stderr {r.stderr.strip()!r}")
+    return failed
 
 
 def main():
