@@ -31,6 +31,8 @@ LOGFILE="$LS_STATE/localstack.log"
 FSROOT="$LS_STATE/fs"
 ENDPOINT="http://127.0.0.1:$LS_PORT"
 
+# shellcheck source=tests/env/need.sh
+. "$HERE/../tests/env/need.sh"
 log() { echo "localstack: $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
@@ -71,6 +73,7 @@ case "${1:-start}" in
 esac
 
 mkdir -p "$LS_STATE"
+need curl ss
 
 # ---- interpreter and venv -------------------------------------------------------------------
 if [[ -z "${LS_PYTHON:-}" ]]; then

@@ -353,6 +353,7 @@ take_lock() {
 cmd_up() {
   local t0=$SECONDS
   take_lock
+  need curl openssl ss
   mkdir -p "$RUN" "$LOGS"
   load_ports
   BIN="$("$ROOT/tests/env/build-control-plane.sh" {LOCK}>&-)" || die "building the control plane failed"

@@ -5,6 +5,9 @@
 # if there is any. Run by .ci/run.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=tests/env/need.sh
+. tests/env/need.sh
+need git
 
 self=tests/no-diary.sh
 ordinal='first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|thirteenth|fourteenth|fifteenth|sixteenth|seventeenth|eighteenth|nineteenth|twentieth'

@@ -7,11 +7,17 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 [[ -n "${SKYPORT_NODE_KUBECONFIG:-}" ]] || { echo "no node: run tests/playground.sh" >&2; exit 1; }
+# shellcheck source=tests/env/need.sh
+. tests/env/need.sh
+need ctr curl cc make
 k() { kubectl --kubeconfig "$SKYPORT_NODE_KUBECONFIG" "$@"; }
 HELM="$(tests/env/build-helm.sh)"
 
-echo "building skyport's image (first run: a musl build of skyport, many minutes) ..." >&2
-read -r archive ref < <(tests/env/build-image.sh)
+# The image ships the debug build the playground has anyway (its glibc libraries go into the
+# image's base; tests/env/build-image.sh).
+tests/env/cargo-progress.sh skyport --bin skyport
+image="$(tests/env/build-image.sh "${CARGO_TARGET_DIR:-target}/debug/skyport")"
+read -r archive ref <<<"$image"
 ctr --address "$SKYPORT_NODE_CONTAINERD" --namespace k8s.io images import "$archive" >&2
 k create namespace skyport-system --dry-run=client -o yaml | k apply -f - >&2
 k -n skyport-system create secret generic skyport-aws --dry-run=client -o yaml \

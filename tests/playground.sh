@@ -21,6 +21,8 @@
 # Afterwards: eval "$(tests/env.sh env)"; kubectl get queues,tunnels,services
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=tests/env/need.sh
+. tests/env/need.sh
 STATE="${SKYPORT_STATE:-/tmp/skyport-env}"
 PIDFILE="$STATE/run/operator.pid"
 LOG="$STATE/logs/operator.log"
@@ -71,13 +73,13 @@ case "${1:-up}" in
   *) echo "usage: $0 [up|down]" >&2; exit 2 ;;
 esac
 
+need curl awk cc make
 eval "$(tests/env.sh up)"
 if [[ -n "${SKYPORT_NODE_KUBECONFIG:-}" ]]; then
   exec tests/playground-node.sh
 fi
 [[ -n "${SKYPORT_NODE_ERROR:-}" ]] && echo "the test node is not available ($SKYPORT_NODE_ERROR); the operator runs as a local process" >&2
-echo "building skyport ..." >&2
-cargo build --quiet --bin skyport
+tests/env/cargo-progress.sh skyport --bin skyport
 kubectl apply --server-side --force-conflicts --field-manager=skyport-playground -f crds/ >&2
 kubectl wait --for condition=Established crd/queues.skyport.dev crd/tunnels.skyport.dev --timeout=60s >/dev/null
 
@@ -88,6 +90,7 @@ OPERATOR="${CARGO_TARGET_DIR:-target}/debug/skyport"
 PROVIDER_ARGS=(--provider local --local-state-dir "$HOSTS")
 if [[ $PROVIDER == guest ]]; then
   [[ $(id -u) == 0 ]] || { echo "playground: the guest provider needs root" >&2; exit 1; }
+  need openssl
   ROOTFS="$(tests/env/build-guest.sh)"
   OPERATOR="$(tests/env/build-musl.sh)"
   # The mirror: the static binary at the default URL's path, over HTTPS with a CA made for it.

@@ -4,6 +4,12 @@
 # or SKYPORT_KEEP_ENV=1). Extra arguments go to `cargo test` before `--`, e.g. `--test integration queue::`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=tests/env/need.sh
+. tests/env/need.sh
+# What the tests and benchmarks run as processes (beyond what the scripts below install): /bin/kill
+# (processes they start), ip (guests' network), openssl (the guest mirror's CA), git (the ACK
+# benchmark's commit); cc and make for cargo's C parts.
+need kill ip openssl git cc make
 
 started=0
 tests/env.sh env >/dev/null 2>&1 || started=1
@@ -20,29 +26,32 @@ SKYPORT_HELM="$(tests/env/build-helm.sh)"
 export SKYPORT_HELM
 # The skyport binary is also the tunnel server and client (`skyport tunnel server|client`); the
 # providers crate's tests run it as a process, and Cargo hands other packages' tests no path.
-cargo build --bin skyport
+tests/env/cargo-progress.sh skyport --bin skyport
 SKYPORT_EXE="${CARGO_TARGET_DIR:-$PWD/target}/debug/skyport"
 export SKYPORT_EXE
-# The Debian guests tests/guest.rs, tests/tunnel_guest*.rs and providers/tests/guest*.rs boot with
-# systemd-nspawn (root only; built once, ~6 min), and the shipped static binary they download and
-# run (tests/env/build-musl.sh; ~16 min once on 2 cores, then only what changed). Without root
-# those tests fail, unless SKYPORT_SKIP_GUEST_TESTS=1 opts out of them.
+# The shipped static binary (tests/env/build-musl.sh; ~16 min once on 2 cores, then only what
+# changed): the Debian guests of tests/guest.rs, tests/tunnel_guest*.rs and providers/tests/guest*.rs
+# download and run it, and skyport's image on the test node ships it. The guests boot with
+# systemd-nspawn (root only; their root file system is built once, ~6 min). Without root those
+# tests fail, unless SKYPORT_SKIP_GUEST_TESTS=1 opts out of them.
+if [[ $(id -u) == 0 || -n "${SKYPORT_NODE_KUBECONFIG:-}" ]]; then
+  SKYPORT_STATIC_EXE="$(tests/env/build-musl.sh)"
+fi
 if [[ $(id -u) == 0 ]]; then
   SKYPORT_GUEST_ROOTFS="$(tests/env/build-guest.sh)"
-  SKYPORT_GUEST_EXE="$(tests/env/build-musl.sh)"
+  SKYPORT_GUEST_EXE="$SKYPORT_STATIC_EXE"
   export SKYPORT_GUEST_ROOTFS SKYPORT_GUEST_EXE
 elif [[ "${SKYPORT_SKIP_GUEST_TESTS:-0}" != 1 ]]; then
   echo "run.sh: not root, so the guest tests will fail (SKYPORT_SKIP_GUEST_TESTS=1 skips them)" >&2
 fi
 
 # skyport's image for the test node (tests/install.rs, and the tunnel client Pods of the Tunnel
-# tests there): the Dockerfile built with buildah, the stages that need a registry supplied
-# locally (tests/env/build-image.sh; a cold musl build of skyport takes ~20 min on 2 cores,
-# incremental ones a few, the buildah build ~5 s), and their backend image (tests/env/echo.rs,
-# ~1 s). Only when `tests/env.sh up` started the node; without it those tests fail with
-# SKYPORT_NODE_ERROR, or say they are skipped with SKYPORT_NODE=0.
+# tests there): the Dockerfile built with buildah around the static binary above, the stages that
+# need a registry supplied locally (tests/env/build-image.sh, ~5 s), and their backend image
+# (tests/env/echo.rs, ~1 s). Only when `tests/env.sh up` started the node; without it those tests
+# fail with SKYPORT_NODE_ERROR, or say they are skipped with SKYPORT_NODE=0.
 if [[ -n "${SKYPORT_NODE_KUBECONFIG:-}" ]]; then
-  SKYPORT_IMAGE="$(tests/env/build-image.sh)"
+  SKYPORT_IMAGE="$(tests/env/build-image.sh "$SKYPORT_STATIC_EXE")"
   SKYPORT_ECHO_IMAGE="$(tests/env/build-echo.sh)"
   export SKYPORT_IMAGE SKYPORT_ECHO_IMAGE
 fi

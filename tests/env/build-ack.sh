@@ -16,6 +16,9 @@ CACHE="${SKYPORT_CACHE:-$HOME/.cache/skyport}"
 SRC="${SKYPORT_ACK_SRC:?set SKYPORT_ACK_SRC to a checkout of aws-controllers-k8s/sqs-controller}"
 [[ -f "$SRC/cmd/controller/main.go" ]] || { echo "build-ack: $SRC has no cmd/controller/main.go" >&2; exit 1; }
 command -v go >/dev/null || { echo "build-ack: Go is required" >&2; exit 1; }
+# shellcheck source=tests/env/need.sh
+. "$(dirname "${BASH_SOURCE[0]}")/need.sh"
+need git
 COMMIT="$(git -C "$SRC" rev-parse --short=12 HEAD)"
 # A dirty tree is a different program than its commit: key it by the diff too.
 if [[ -n "$(git -C "$SRC" status --porcelain --untracked-files=no)" ]]; then

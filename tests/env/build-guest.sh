@@ -24,11 +24,9 @@ if [[ -d "$OUT/rootfs/etc/cloud" ]]; then
   echo "$OUT/rootfs"; exit 0
 fi
 [[ $(id -u) == 0 ]] || { echo "build-guest: needs root (mmdebstrap, systemd-nspawn)" >&2; exit 1; }
-if ! command -v mmdebstrap >/dev/null || ! command -v systemd-nspawn >/dev/null; then
-  echo "build-guest: installing mmdebstrap and systemd-container" >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap systemd-container >&2 \
-    || { apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap systemd-container >&2; }
-fi
+# shellcheck source=tests/env/need.sh
+. "$(dirname "${BASH_SOURCE[0]}")/need.sh"
+need mmdebstrap systemd-nspawn
 echo "building a $SUITE guest root file system into $OUT (first run: several minutes)" >&2
 rm -rf "$OUT.tmp" && mkdir -p "$OUT.tmp"
 mmdebstrap --variant=minbase --include="$PACKAGES" \

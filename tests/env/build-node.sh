@@ -12,8 +12,8 @@
 #                                         named as the kubelet and the DNS Deployment expect
 #   images/busybox.tar                    Debian's static busybox, for tests' probe and backend Pods
 #
-# The container runtime and the CNI plugins are Debian's (containerd, runc, containernetworking-
-# plugins, iptables, conntrack, busybox-static): installed here with apt-get when missing (needs root).
+# The container runtime and the CNI plugins the node runs are Debian's, installed by tests/env/node.sh
+# (`need`, tests/env/packages.txt).
 #
 #   SKYPORT_CACHE   cache root (default ~/.cache/skyport); output in $SKYPORT_CACHE/bin/node-<ver>-<key>/
 set -euo pipefail
@@ -28,26 +28,17 @@ KEY="$(cat "$HERE"/node/go.mod "$HERE"/node/go.sum "$HERE"/node-tools/go.mod "$H
   "$HERE/oci-image.py" "${BASH_SOURCE[0]}" | sha256sum | cut -c1-12)"
 OUT="$CACHE/bin/node-$KV-$KEY"
 
-debian_packages() {
-  local missing=() p
-  for p in containerd runc containernetworking-plugins iptables conntrack busybox-static; do
-    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
-  done
-  ((${#missing[@]} == 0)) && return 0
-  [[ $(id -u) == 0 ]] || { echo "build-node: needs root to install ${missing[*]}" >&2; exit 1; }
-  echo "build-node: installing ${missing[*]}" >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2 \
-    || { apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2; }
-}
-debian_packages
-
 if [[ -x "$OUT/kubelet" && -x "$OUT/kube-proxy" && -x "$OUT/kube-scheduler" && -x "$OUT/coredns" && -x "$OUT/crictl" \
   && -f "$OUT/images/pause.tar" && -f "$OUT/images/coredns.tar" && -f "$OUT/images/busybox.tar" ]]; then
   echo "$OUT"; exit 0
 fi
 
 command -v go >/dev/null || { echo "build-node: Go is required (https://go.dev/dl/)" >&2; exit 1; }
-command -v gcc >/dev/null || { echo "build-node: gcc is required (the pause binary)" >&2; exit 1; }
+# shellcheck source=tests/env/need.sh
+. "$HERE/need.sh"
+need gcc strip /bin/busybox
+# Debian's busybox package installs a dynamically linked /bin/busybox; the images need busybox-static's.
+ldd /bin/busybox 2>/dev/null | grep -q ' => ' && { echo "build-node: /bin/busybox is dynamically linked; install busybox-static" >&2; exit 1; }
 export GOTOOLCHAIN=local GOFLAGS= CGO_ENABLED=0
 export GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build"
 rm -rf "$OUT.tmp" && mkdir -p "$OUT.tmp/images"

@@ -29,6 +29,8 @@ EXIT_ADDRESSES=10.204.0.1-10.204.0.254
 PAUSE_IMAGE=registry.k8s.io/pause:3.10.2
 N="$STATE/node"
 NODE_LOG="$LOGS/node.log"
+# shellcheck source=tests/env/need.sh
+. "$ROOT/tests/env/need.sh"
 
 ctr_() { ctr --address "$N/containerd/containerd.sock" --namespace k8s.io "$@"; }
 kubectl_node() { "$N/bin/kubectl" --kubeconfig "$N/kubeconfig" "$@"; }
@@ -194,6 +196,11 @@ start_node() {
   if ! alive kubelet && port_busy 10250; then
     die "port 10250 (the kubelet's) is taken: is another test node running (tests/env.sh with another SKYPORT_STATE)? One node per machine"
   fi
+  # Debian's container runtime and CNI plugins, what kube-proxy and the kubelet call, the host
+  # network's tools, and socat for localstack-forward.
+  need /usr/bin/containerd ctr runc /usr/lib/cni/bridge /usr/lib/cni/host-local /usr/lib/cni/portmap \
+    iptables conntrack ip sysctl pgrep umount awk socat >>"$NODE_LOG" 2>&1 \
+    || die "installing the node's packages failed (log: $NODE_LOG)"
   node_host_network
   node_pki
   node_configs
@@ -236,7 +243,7 @@ start_node() {
   wait_until kubelet 120 node_ready
   alive kube-proxy || launch kube-proxy "$NODE_BIN/kube-proxy" --config="$N/kube-proxy.yaml"
   if ! alive localstack-forward; then
-    launch localstack-forward "$(node_link localstack-forward "$(command -v socat)")" \
+    launch localstack-forward "$(node_link localstack-forward "$(type -P socat)")" \
       "TCP-LISTEN:$P_LS,bind=$NODE_IP,reuseaddr,fork" "TCP:127.0.0.1:$P_LS"
   fi
   node_dns_manifest | kubectl_node apply -f - >>"$NODE_LOG" 2>&1 || die "applying CoreDNS failed (log: $NODE_LOG)"
