@@ -24,6 +24,7 @@ mod queue;
 mod queue_accounts;
 mod queue_exports;
 mod queue_ownership;
+mod queue_secret_exports;
 mod queue_tenancy;
 mod rbac;
 mod secrets;

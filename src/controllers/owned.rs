@@ -1,13 +1,17 @@
 //! The objects a controller owns in the cluster: how they are marked ([`meta`]: managed-by label
-//! and controller reference), created ([`create`]), and, for Secrets, read only when skyport's.
+//! and controller reference), created ([`create`]), and, for a Tunnel's credentials Secret in
+//! the tunnel clients' namespace, read only when skyport's ([`json_patch`]).
 //!
 //! Reading a Secret only when it is skyport's, with no right to read Secrets at all:
 //! skyport is granted no `get` on Secrets: with it, a stolen token would read every Secret of the
-//! cluster by name. Instead it sends a JSON patch made only of `test` operations on the Secret's
+//! namespace by name. Instead it sends a JSON patch made only of `test` operations on the Secret's
 //! controller owner reference. The API server tests them against the stored object: when one
 //! fails it answers 422 and returns nothing of the object; when all pass the patch is a no-op
-//! update, whose answer is the object. The admission policy refuses every update of a Secret that
-//! no skyport object controls, so the same `patch` verb cannot read anyone else's Secret either.
+//! update, whose answer is the object. `patch` itself is a read, though: a JSON patch that copies
+//! a value into the name, sent as a dry run, is answered with the value before any admission
+//! policy runs. So `patch` on Secrets is granted only in the tunnel clients' namespace (see
+//! docs/security.md); Queue Secret exports in tenants' namespaces are never read
+//! (`queue::secret_exports`).
 
 use std::collections::BTreeMap;
 
@@ -47,10 +51,18 @@ pub async fn create<T>(api: &Api<T>, obj: &T, writes: &ApiWrites) -> Result<bool
 where
     T: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
 {
+    Ok(create_new(api, obj, writes).await?.is_some())
+}
+
+/// [`create`], answering the object as created (its UID); `Ok(None)` when the name is taken.
+pub async fn create_new<T>(api: &Api<T>, obj: &T, writes: &ApiWrites) -> Result<Option<T>>
+where
+    T: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+{
     writes.inc();
     match api.create(&PostParams::default(), obj).await {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Ok(made) => Ok(Some(made)),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(None),
         Err(e) => Err(e.into()),
     }
 }

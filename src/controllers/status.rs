@@ -41,8 +41,10 @@ pub trait WithStatus: Resource<DynamicType = ()> + Clone + DeserializeOwned + st
 }
 
 impl ObjectStatus for QueueStatus {
-    // `adopted` is omitted when false: a queue recreated after adoption must clear it.
-    const CLEARABLE: &'static [&'static str] = &["adopted"];
+    // `adopted` is omitted when false: a queue recreated after adoption must clear it. `exports`
+    // is omitted when empty: the last export dropped, or a Secret export found replaced, must
+    // leave no recorded object (whose UID would be written and deleted by).
+    const CLEARABLE: &'static [&'static str] = &["adopted", "exports"];
     fn conditions(&self) -> &[Condition] {
         &self.conditions
     }

@@ -75,11 +75,24 @@ pub struct ExportRef {
     pub kind: ExportKind,
     /// The object's name in the Queue's namespace.
     pub name: String,
+    /// The UID of the Secret this Queue created (Secrets only). skyport never reads Secrets:
+    /// every later write replaces the whole object with this UID in it, which the API server
+    /// refuses for any other object of the name, and a dropped export is deleted only with this
+    /// UID as precondition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+}
+
+impl ExportRef {
+    /// Whether both name the same object (kind and name; the UID is what is known of it).
+    pub fn names(&self, kind: ExportKind, name: &str) -> bool {
+        self.kind == kind && self.name == name
+    }
 }
 
 impl Export {
     pub fn target(&self) -> ExportRef {
-        ExportRef { kind: self.kind, name: self.name.clone() }
+        ExportRef { kind: self.kind, name: self.name.clone(), uid: None }
     }
 }
 

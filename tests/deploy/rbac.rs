@@ -58,7 +58,7 @@ fn rbac_grants_exactly_the_calls_the_controllers_make() {
         "/services:watch",                      //
         "/services/status:patch",               // status.loadBalancer.ingress
         "/secrets:create",                      // a new Secret export
-        "/secrets:patch",                       // exports; reading its own back
+        "/secrets:update",                      // a Secret export rewritten whole, by its UID
         "/secrets:delete",                      // a Secret export removed from a Queue's spec
         "/namespaces[kube-system]:get",         // cluster id for queue and host tags
         "skyport.dev/awsaccounts:patch",        // the in-use finalizer

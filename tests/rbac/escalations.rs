@@ -126,6 +126,60 @@ async fn secrets_are_limited_to_opaque_owned_ones(
         "read an unrelated Secret back from a no-op patch",
     );
     forbidden(as_sa.get("no-such-secret").await, "probe Secret names (403 before 404)");
+    no_patch_reads_a_secret(admin, sa, ns, queue_owner).await;
+}
+
+/// `patch` is a read where it is granted: the API server checks a patched object's name (and
+/// validates its labels) before any admission policy runs, and its refusal quotes the value a
+/// JSON patch copied there; a `test` operation that holds fails later than one that does not.
+/// None of it may answer anything of a Secret skyport did not make.
+async fn no_patch_reads_a_secret(admin: &Client, sa: &Client, ns: &str, queue_owner: &Value) {
+    let value = format!("s3cr3t-{ns}");
+    let encoded = serde_json::to_value(k8s_openapi::ByteString(value.clone().into_bytes())).unwrap();
+    let encoded = encoded.as_str().unwrap().to_string();
+    let victim: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "victim", "labels": {"team": "a"}, "annotations": {"note": "b"}},
+        "stringData": {"password": value},
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(admin.clone(), ns).create(&PostParams::default(), &victim).await.unwrap();
+    let as_sa: Api<Secret> = Api::namespaced(sa.clone(), ns);
+    let dry_run = PatchParams { dry_run: true, ..Default::default() };
+    let copy = |to: &str| json!([{"op": "copy", "from": "/data/password", "path": to}]);
+    let test = |guess: &str| json!([{"op": "test", "path": "/data/password", "value": guess}]);
+    let mut answers = Vec::new();
+    for (what, ops) in [
+        ("copy into the name", copy("/metadata/name")),
+        ("copy into a label", copy("/metadata/labels/leak")),
+        ("copy into an annotation", copy("/metadata/annotations/leak")),
+        ("test the right value", test(&encoded)),
+        ("test a wrong value", test("d3Jvbmc=")),
+    ] {
+        let patch: json_patch::Patch = serde_json::from_value(ops).unwrap();
+        let answer = as_sa.patch("victim", &dry_run, &Patch::<()>::Json(patch)).await;
+        let text = format!("{answer:?}");
+        assert!(!text.contains(&encoded) && !text.contains(&value), "{what}: the Secret's value came back: {text}");
+        answers.push((what, text));
+    }
+    // Refused by RBAC, which runs before all of the above; an admission policy would be too late.
+    for (what, answer) in &answers {
+        assert!(
+            answer.contains("403") && answer.contains("cannot patch resource"),
+            "{what}: a JSON patch of someone else's Secret must be refused by RBAC, got {answer}"
+        );
+    }
+    // `update` is granted (Secret exports are rewritten whole): it answers only what was sent, and
+    // the policy refuses taking over a Secret no Queue controls.
+    let take_over: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "victim", "labels": {MANAGED.0: MANAGED.1}, "ownerReferences": [queue_owner]},
+        "stringData": {"password": "overwritten"},
+    }))
+    .unwrap();
+    let answer = format!("{:?}", as_sa.replace("victim", &PostParams::default(), &take_over).await);
+    assert!(answer.contains("403") && !answer.contains(&encoded), "update of someone else's Secret: {answer}");
+    let kept = Api::<Secret>::namespaced(admin.clone(), ns).get("victim").await.unwrap();
+    assert_eq!(kept.data.unwrap()["password"].0, value.as_bytes(), "the Secret is untouched");
+    Api::<Secret>::namespaced(admin.clone(), ns).delete("victim", &DeleteParams::default()).await.unwrap();
 }
 
 async fn deployments_are_limited_to_unprivileged_tunnel_clients(

@@ -2,28 +2,26 @@
 //!
 //! Every object follows the default ConfigMap's rules: created and owned (controller owner
 //! reference, skyport's label, which the admission policy requires of its writes), never written
-//! when someone else holds the name, written only when its data differs, deleted when its entry
-//! leaves the spec. ConfigMaps are compared with the watch cache. Secrets are not watched (that
-//! would need list/watch on every Secret of the cluster), nor ever read with `get`: a Secret is
-//! read back only when the Queue controls it ([`owned`]), so one that is someone else's is never
-//! seen. What skyport last wrote or read is remembered per Secret and read again at most once per
-//! `--queue-tag-resync`.
+//! when someone else holds the name, deleted when its entry leaves the spec. ConfigMaps are
+//! compared with the watch cache and written when their data differs. Secrets are never read at
+//! all, not even back from a write: [`secret_exports`] writes them by the UID recorded at
+//! creation.
 
-use crate::controllers::hash_of;
 use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::events::EventType;
 use tracing::info;
 
-use super::act::{controlled_by, data_patch, ensure_configmap, ensure_owned_configmap};
+use super::act::{controlled_by, ensure_configmap, ensure_owned_configmap};
 use super::desired::configmap_name;
 use super::plan::Ready;
+use super::secret_exports::{self, Outcome};
 use super::{Context, configmaps};
-use crate::controllers::owned::{self, Guarded};
+use crate::controllers::owned;
 use crate::crd::export::{Export, ExportKind, ExportRef};
 use crate::crd::queue::Queue;
 use crate::error::{Error, Result};
@@ -49,11 +47,19 @@ pub fn data(export: &Export, ready: &Ready) -> Data {
         .collect()
 }
 
-/// Objects this Queue wrote (`recorded`) whose entries are no longer in the spec (pure).
+/// Objects this Queue wrote (`recorded`) whose entries are no longer in the spec, each once, with
+/// its UID where one was recorded (pure).
 pub fn dropped(spec: &[Export], recorded: impl IntoIterator<Item = ExportRef>) -> Vec<ExportRef> {
-    let mut gone: Vec<ExportRef> = recorded.into_iter().filter(|r| !spec.iter().any(|e| e.target() == *r)).collect();
+    let mut gone: Vec<ExportRef> =
+        recorded.into_iter().filter(|r| !spec.iter().any(|e| r.names(e.kind, &e.name))).collect();
     gone.sort();
-    gone.dedup();
+    gone.dedup_by(|later, kept| {
+        let same = kept.names(later.kind, &later.name);
+        if same && kept.uid.is_none() {
+            kept.uid = later.uid.take();
+        }
+        same
+    });
     gone
 }
 
@@ -78,31 +84,50 @@ pub async fn publish(queue: &Queue, ready: &Ready, ctx: &Context) -> Result<Publ
     for target in dropped(&queue.spec.exports, recorded(queue, ctx)) {
         remove(queue, &target, ctx).await?;
     }
-    let mut taken = Vec::new();
+    let mut refused = Vec::new();
     for export in &queue.spec.exports {
         let values = data(export, ready);
-        let ours = match export.kind {
+        let mut target = export.target();
+        let outcome = match export.kind {
             ExportKind::ConfigMap => {
-                ensure_owned_configmap(queue, configmap(queue, &export.name, values)?, ctx).await?
+                let ours = ensure_owned_configmap(queue, configmap(queue, &export.name, values)?, ctx).await?;
+                if ours { Outcome::Ours { uid: String::new() } } else { Outcome::Taken }
             }
-            ExportKind::Secret => ensure_secret(queue, secret(queue, &export.name, values)?, ctx).await?,
+            ExportKind::Secret => {
+                let uid = recorded_uid(queue, &export.name);
+                secret_exports::ensure(queue, secret(queue, &export.name, values)?, uid, ctx).await?
+            }
         };
-        if ours {
-            published.owned.push(export.target());
-        } else {
-            taken.push(format!("{} {}", export.kind, export.name));
+        match outcome {
+            Outcome::Ours { uid } => {
+                target.uid = (export.kind == ExportKind::Secret).then_some(uid);
+                published.owned.push(target);
+            }
+            Outcome::Taken => {
+                refused.push(format!("{} {} exists and was not made by this Queue", export.kind, export.name))
+            }
+            Outcome::Replaced => refused.push(format!(
+                "{} {} is no longer the one this Queue made (replaced, or its owner changed)",
+                export.kind, export.name
+            )),
         }
     }
-    if !taken.is_empty() && published.conflict.is_none() {
+    if !refused.is_empty() && published.conflict.is_none() {
         published.conflict = Some((
             "ExportConflict",
             format!(
-                "{} already exist(s) and do(es) not belong to this Queue; skyport leaves them alone. Rename the export or delete the object, then skyport writes it",
-                taken.join(", ")
+                "{}; skyport leaves it alone: delete it or rename the export, then skyport writes it",
+                refused.join("; ")
             ),
         ));
     }
     Ok(published)
+}
+
+/// The UID `status.exports` records for the Secret export `name`.
+fn recorded_uid<'a>(queue: &'a Queue, name: &str) -> Option<&'a str> {
+    let exports = &queue.status.as_ref()?.exports;
+    exports.iter().find(|r| r.names(ExportKind::Secret, name)).and_then(|r| r.uid.as_deref())
 }
 
 /// What this Queue wrote: `status.exports`, plus ConfigMaps the cache shows it controls (covers
@@ -113,105 +138,24 @@ fn recorded(queue: &Queue, ctx: &Context) -> Vec<ExportRef> {
     let controlled = ctx
         .configmaps
         .state_filter(|cm| Some(&cm.namespace) == ns.as_ref() && cm.name != default && cm.controlled_by(queue));
-    all.extend(controlled.iter().map(|cm| ExportRef { kind: ExportKind::ConfigMap, name: cm.name.clone() }));
+    all.extend(controlled.iter().map(|cm| ExportRef { kind: ExportKind::ConfigMap, name: cm.name.clone(), uid: None }));
     all
 }
 
-fn fingerprint(uid: &str, data: &Option<BTreeMap<String, ByteString>>) -> u64 {
-    hash_of((uid, data.iter().flatten().map(|(k, v)| (k, &v.0)).collect::<Vec<_>>()))
-}
-
-/// Like [`ensure_owned_configmap`] for a Secret, with the memory of what was last seen instead
-/// of a cache. Nothing of the Secret's data is ever logged.
-async fn ensure_secret(queue: &Queue, want: Secret, ctx: &Context) -> Result<bool> {
-    let ns = queue.namespace().ok_or(Error::MissingObjectKey("namespace"))?;
-    let name = want.name_any();
-    let key = format!("{ns}/{name}");
-    let wanted = fingerprint(&queue.uid().unwrap_or_default(), &want.data);
-    if ctx.secrets.get(&key, |seen, age| *seen == wanted && age < ctx.settings.tag_resync).is_some() {
-        return Ok(true);
-    }
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-    let existing = match read_if_controlled(queue, &ns, &name, ctx).await? {
-        Guarded::Ours(existing) => existing,
-        Guarded::NotOurs => {
-            ctx.secrets.forget(&key);
-            return Ok(false);
-        }
-        Guarded::Missing => {
-            if owned::create(&api, &want, &ctx.api_writes).await? {
-                info!(secret = name, "created export Secret");
-                ctx.secrets.record(key, wanted);
-                return Ok(true);
-            }
-            match read_if_controlled(queue, &ns, &name, ctx).await? {
-                Guarded::Ours(existing) => existing,
-                Guarded::NotOurs => {
-                    ctx.secrets.forget(&key);
-                    return Ok(false);
-                }
-                // Created and deleted again since: the next reconcile starts over.
-                Guarded::Missing => {
-                    return Err(Error::Internal(format!("Secret {name} was deleted right after a conflict")));
-                }
-            }
-        }
-    };
-    if existing.data != want.data {
-        ctx.api_writes.inc();
-        api.patch(&name, &PatchParams::default(), &Patch::Merge(data_patch(&existing, &existing.data, &want.data)))
-            .await?;
-        info!(secret = name, "updated export Secret");
-    }
-    ctx.secrets.record(key, wanted);
-    Ok(true)
-}
-
-/// The Secret `name` if `queue` controls it; one that it does not control is not read.
-async fn read_if_controlled(queue: &Queue, ns: &str, name: &str, ctx: &Context) -> Result<Guarded<Secret>> {
-    let uid = queue.uid().ok_or(Error::MissingObjectKey("uid"))?;
-    Ok(owned::json_patch(&ctx.client, ns, name, &owned::owner_tests(&[("uid", &uid)])).await?)
-}
-
-/// Deletes an export's object if this Queue controls it (the UID precondition makes sure the one
-/// checked is the one deleted); anything else of that name is left alone.
+/// Deletes an export's object if this Queue controls it (a ConfigMap by the cache, a Secret by
+/// the UID it was created with; the UID precondition makes sure the one checked is the one
+/// deleted); anything else of that name is left alone.
 async fn remove(queue: &Queue, target: &ExportRef, ctx: &Context) -> Result<()> {
     let ns = queue.namespace().ok_or(Error::MissingObjectKey("namespace"))?;
-    let uid = match target.kind {
-        ExportKind::ConfigMap => match ctx.configmaps.get(&configmaps::key(&target.name, &ns)) {
-            Some(cached) => cached.controlled_by(queue).then(|| cached.uid.clone()),
-            None => {
-                let cm = Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns).get_opt(&target.name).await?;
-                cm.filter(|cm| controlled_by(cm, queue)).and_then(|cm| cm.uid())
-            }
-        },
-        ExportKind::Secret => {
-            ctx.secrets.forget(&format!("{ns}/{}", target.name));
-            match read_if_controlled(queue, &ns, &target.name, ctx).await? {
-                Guarded::Ours(secret) => secret.uid(),
-                Guarded::NotOurs | Guarded::Missing => None,
-            }
-        }
-    };
-    let Some(uid) = uid else { return Ok(()) };
-    let params = DeleteParams {
-        preconditions: Some(Preconditions { uid: Some(uid), resource_version: None }),
-        ..Default::default()
-    };
-    ctx.api_writes.inc();
     let deleted = match target.kind {
-        ExportKind::ConfigMap => {
-            Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns).delete(&target.name, &params).await.map(|_| ())
-        }
-        ExportKind::Secret => {
-            Api::<Secret>::namespaced(ctx.client.clone(), &ns).delete(&target.name, &params).await.map(|_| ())
-        }
+        ExportKind::ConfigMap => remove_configmap(queue, &ns, &target.name, ctx).await?,
+        ExportKind::Secret => match secret_exports::uid_to_delete(queue, &target.name, target.uid.as_deref(), ctx) {
+            Some(uid) => secret_exports::delete(&ns, &target.name, uid, ctx).await?,
+            None => false,
+        },
     };
-    match deleted {
-        Ok(_) => {}
-        // Already gone, or replaced by another object since it was read: not ours to delete.
-        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => return Ok(()),
-        Err(e) => return Err(e.into()),
+    if !deleted {
+        return Ok(());
     }
     info!(kind = %target.kind, export = target.name, "deleted export dropped from the spec");
     let note = format!("deleted {} {}: its entry was removed from spec.exports", target.kind, target.name);
@@ -219,10 +163,31 @@ async fn remove(queue: &Queue, target: &ExportRef, ctx: &Context) -> Result<()> 
     Ok(())
 }
 
+async fn remove_configmap(queue: &Queue, ns: &str, name: &str, ctx: &Context) -> Result<bool> {
+    let api = Api::<ConfigMap>::namespaced(ctx.client.clone(), ns);
+    let uid = match ctx.configmaps.get(&configmaps::key(name, ns)) {
+        Some(cached) => cached.controlled_by(queue).then(|| cached.uid.clone()),
+        None => api.get_opt(name).await?.filter(|cm| controlled_by(cm, queue)).and_then(|cm| cm.uid()),
+    };
+    let Some(uid) = uid else { return Ok(false) };
+    let params = DeleteParams {
+        preconditions: Some(Preconditions { uid: Some(uid), resource_version: None }),
+        ..Default::default()
+    };
+    ctx.api_writes.inc();
+    match api.delete(name, &params).await {
+        Ok(_) => Ok(true),
+        // Already gone, or replaced by another object since it was read: not ours to delete.
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::controllers::MANAGED_BY;
+    use crate::controllers::queue::act::data_patch;
     use crate::crd::export::ExportKeys;
     use crate::crd::queue::QueueSpec;
 
@@ -250,21 +215,23 @@ mod tests {
         assert_eq!(data(&e, &ready()).keys().collect::<Vec<_>>(), ["A", "U"]);
     }
 
+    fn target(kind: ExportKind, name: &str, uid: Option<&str>) -> ExportRef {
+        ExportRef { kind, name: name.into(), uid: uid.map(Into::into) }
+    }
+
     #[test]
     fn dropped_exports_are_those_recorded_but_no_longer_in_the_spec() {
         let spec = [export(ExportKind::Secret, "a", Some("U"), None)];
         let recorded = [
-            ExportRef { kind: ExportKind::Secret, name: "a".into() },
-            ExportRef { kind: ExportKind::ConfigMap, name: "a".into() },
-            ExportRef { kind: ExportKind::Secret, name: "b".into() },
-            ExportRef { kind: ExportKind::Secret, name: "b".into() },
+            target(ExportKind::Secret, "a", Some("u-a")),
+            target(ExportKind::ConfigMap, "a", None),
+            target(ExportKind::Secret, "b", Some("u-b")),
+            target(ExportKind::Secret, "b", None),
         ];
         assert_eq!(
             dropped(&spec, recorded),
-            [
-                ExportRef { kind: ExportKind::ConfigMap, name: "a".into() },
-                ExportRef { kind: ExportKind::Secret, name: "b".into() }
-            ]
+            [target(ExportKind::ConfigMap, "a", None), target(ExportKind::Secret, "b", Some("u-b"))],
+            "each once, with the UID it was recorded with"
         );
         assert!(dropped(&[], Vec::new()).is_empty());
     }

@@ -30,6 +30,7 @@ pub mod exports;
 pub mod observe;
 pub mod pace;
 pub mod plan;
+pub mod secret_exports;
 pub mod status;
 pub mod tenancy;
 #[cfg(test)]
@@ -80,9 +81,9 @@ pub struct State {
     /// ConfigMaps skyport manages (what it decides with, see [`configmaps`]), to skip writes that
     /// would change nothing.
     pub configmaps: Store<configmaps::CachedConfigMap>,
-    /// Per export Secret (`namespace/name`): a fingerprint of the owner and data last written or
-    /// read (Secrets are not watched, see [`exports`]).
-    pub secrets: crate::controllers::memory::OwnWrites<u64>,
+    /// Per Queue and export Secret: the UID and a hash of the data last written (Secrets are
+    /// never read, see [`secret_exports`]).
+    pub secrets: crate::controllers::memory::OwnWrites<secret_exports::Written>,
     /// Per Queue: the queue its owner tag last proved ours, when, and at which generation.
     verified: observe::Proofs,
     /// When each converged Queue is checked again (its periodic resync).

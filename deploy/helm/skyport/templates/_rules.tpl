@@ -40,14 +40,16 @@
   - apiGroups: [""]
     resources: ["services/status"]
     verbs: ["patch"]
-  # Queue Secret exports (spec.exports): created, updated, and deleted when removed from the spec.
-  # Never get, list or watch: a Secret is read back only as the answer to a patch whose tests
-  # prove skyport's object controls it, and the admission policy refuses any write to a Secret
-  # that none does, so no other Secret can be read. (Tunnel clients and their credentials live
-  # in the operator's namespace only: see the Role skyport-tunnel-clients.)
+  # Queue Secret exports (spec.exports): created, then only replaced as a whole (`update`, with
+  # the UID recorded at creation, which the API server checks) and deleted when removed from the
+  # spec (UID precondition). Never get, list, watch or patch: a JSON patch is a read (one that
+  # copies a value into the name is answered with the value, before any admission policy runs),
+  # while an update's answer is the caller's own object, and the admission policy refuses updates
+  # and deletes of Secrets no Queue controls. (Tunnel clients and their credentials live in the
+  # operator's namespace only: see the Role skyport-tunnel-clients.)
   - apiGroups: [""]
     resources: ["secrets"]
-    verbs: ["create", "patch", "delete"]
+    verbs: ["create", "update", "delete"]
   # Events on the objects skyport manages.
   - apiGroups: ["events.k8s.io"]
     resources: ["events"]
