@@ -11,6 +11,8 @@ use crate::common;
 use crate::common::sqs_faults;
 
 mod lifecycle;
+mod pinning;
+mod status;
 mod trust;
 
 use std::time::Duration;
@@ -174,12 +176,7 @@ async fn a_namespace_cannot_use_an_account_it_may_not_and_waits_for_a_missing_on
     // Another namespace's account, not allowed: refused, and nothing is created anywhere.
     let foreign = json!({"accountRef": {"name": "shared", "namespace": owner.name}});
     queues.create(&PostParams::default(), &queue("stolen", foreign)).await.unwrap();
-    let q = eventually("stolen refused", TIMEOUT, || async {
-        let q = queues.get("stolen").await.ok()?;
-        let reason = q.status.as_ref()?.ready()?.reason.clone();
-        ["AccountNotAllowed", "AccountNotFound"].contains(&reason.as_str()).then_some(q)
-    })
-    .await;
+    let q = wait_ready(&queues, "stolen", ConditionStatus::False, "AccountNotAllowed", TIMEOUT).await;
     assert!(message(&q).contains(&format!("{}/shared", owner.name)), "{}", message(&q));
     assert_eq!(op.sqs_calls().values().sum::<u64>(), 0, "no SQS call as the operator either");
     assert!(op.ctx.accounts.budgets().is_empty(), "the role was never assumed");

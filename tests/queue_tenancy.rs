@@ -6,6 +6,9 @@
 
 use crate::common;
 
+mod namespace_reuse;
+mod redrive;
+
 use std::collections::HashMap;
 use std::process::Command;
 use std::time::Duration;

@@ -58,7 +58,8 @@ pub struct AwsAccountSpec {
     /// SQS endpoint to use instead of the region's, e.g. a VPC endpoint. `https://` only, unless
     /// the operator runs with `--allow-http-account-endpoints` (test servers). STS is reached as
     /// for the operator's own calls. Changing it does not move existing queues
-    /// (`AccountChanged`); they are deleted through the endpoint they were created at.
+    /// (`AccountChanged`); deleting such a Queue looks for its queue through the endpoint named
+    /// here now (its owner tag decides), never through one recorded in the Queue's status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 2048), regex(pattern = r"^https?://[^\s]+$"))]
     pub endpoint_url: Option<String>,

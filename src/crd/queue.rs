@@ -348,11 +348,11 @@ pub struct QueueStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<CompactString>,
     /// The IAM role the queue was created and is managed as (unset for the operator's own
-    /// identity). Deletion uses this role even if the AwsAccount changed since.
+    /// identity). Shown, never trusted: deletion assumes only the role the AwsAccount names now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub role_arn: Option<Box<str>>,
-    /// The AwsAccount's own SQS endpoint the queue was created at, if it named one. Deletion
-    /// goes through this endpoint, never through one the AwsAccount names later.
+    /// The AwsAccount's own SQS endpoint the queue was created at, if it named one. Shown, never
+    /// trusted: deletion goes only through the endpoint the AwsAccount names now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint_url: Option<Box<String>>,
     /// The ConfigMaps and Secrets of `spec.exports` this Queue has written and owns.

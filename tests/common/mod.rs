@@ -171,6 +171,21 @@ impl Operator {
 
     /// Like [`Operator::start`], talking to SQS at `endpoint` instead of `AWS_ENDPOINT_URL`.
     pub async fn start_with_endpoint(ns: &TestNs, settings: QueueArgs, endpoint: Option<String>) -> Self {
+        Self::watching(ns.client.clone(), Some(ns.name.clone()), settings, endpoint).await
+    }
+
+    /// A Queue controller for every namespace of the cluster `client` talks to, with SQS at
+    /// `endpoint`: only for a private environment (`private_env`), whose Queues are all the test's.
+    pub async fn everywhere(client: Client, settings: QueueArgs, endpoint: String) -> Self {
+        Self::watching(client, None, settings, Some(endpoint)).await
+    }
+
+    async fn watching(
+        client: Client,
+        namespace: Option<String>,
+        settings: QueueArgs,
+        endpoint: Option<String>,
+    ) -> Self {
         // One set of settings for the client and the controller, as `skyport run` has: the
         // controller builds AwsAccounts' clients from them.
         let aws = providers::SqsSettings {
@@ -183,7 +198,7 @@ impl Operator {
         };
         let sqs = providers::SqsProvider::from_env(&aws).await;
         let (tx, rx) = oneshot::channel::<()>();
-        let (ctx, run) = controller(ns.client.clone(), Arc::new(sqs), aws, settings, Some(ns.name.clone()), async {
+        let (ctx, run) = controller(client, Arc::new(sqs), aws, settings, namespace, async {
             let _ = rx.await;
         });
         let task = tokio::spawn(run);

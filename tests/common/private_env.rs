@@ -79,6 +79,8 @@ impl PrivateEnv {
     fn command(&self, arg: &str) -> std::process::Command {
         let mut cmd = std::process::Command::new(script());
         cmd.arg(arg).env("SKYPORT_STATE", &self.state).envs(self.ports.iter().map(|(k, v)| (k, v.to_string())));
+        // No private environment's test needs the node (one per machine, the shared one's).
+        cmd.env("SKYPORT_NODE", "0");
         cmd
     }
 

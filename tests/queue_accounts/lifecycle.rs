@@ -1,6 +1,7 @@
-//! AwsAccounts over their Queues' lifetime: a new endpoint is a move (the queue is neither
-//! reached nor deleted through it), and deleting a namespace deletes its Queues' SQS queues
-//! through their AwsAccount, which stays until they are gone.
+//! AwsAccounts over their Queues' lifetime: a new endpoint is a move (the Queue is refused, not
+//! moved), its cleanup goes only through what the AwsAccount names now (never through what status
+//! records), and deleting a namespace deletes its Queues' SQS queues through their AwsAccount,
+//! which stays until they are gone.
 
 use std::time::Duration;
 
@@ -21,7 +22,7 @@ fn localstack() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the test environment: tests/env.sh up"]
-async fn a_new_endpoint_is_a_move_and_the_queue_is_deleted_where_it_lives() {
+async fn a_new_endpoint_is_a_move_and_cleanup_goes_only_through_what_the_account_names_now() {
     const ROLE: &str = "arn:aws:iam::000000000009:role/vpce";
     let ns = TestNs::new("acct-endpoint").await;
     let sts = Sts::start().await;
@@ -44,11 +45,16 @@ async fn a_new_endpoint_is_a_move_and_the_queue_is_deleted_where_it_lives() {
     let q = wait_ready(&queues, "orders", ConditionStatus::False, "AccountChanged", TIMEOUT).await;
     assert!(message(&q).contains(&old.url()) && message(&q).contains(&new.url()), "{}", message(&q));
 
+    assert!(new.calls().is_empty(), "a refused Queue calls nothing through the new endpoint: {:?}", new.calls());
+    let before = old.calls().len();
+
+    // Both endpoints reach the same SQS here: the queue is found through the new one, and its
+    // owner tag says it is this Queue's.
     queues.delete("orders", &DeleteParams::default()).await.unwrap();
     wait_gone(&queues, "orders", TIMEOUT).await;
     assert!(sqs_as(ROLE, "eu-west-1").await.get_queue_url().queue_name(&name).send().await.is_err(), "deleted");
-    assert!(old.calls().iter().any(|c| c.operation == "DeleteQueue" && c.queue == name), "{:?}", old.calls());
-    assert!(new.calls().is_empty(), "nothing went through the new endpoint: {:?}", new.calls());
+    assert!(new.calls().iter().any(|c| c.operation == "DeleteQueue" && c.queue == name), "{:?}", new.calls());
+    assert_eq!(old.calls().len(), before, "nothing through the endpoint status records: {:?}", old.calls());
     eventually("the finalizer released with the last Queue", TIMEOUT, || async {
         let a = accounts.get("team").await.ok()?;
         (!a.metadata.finalizers.unwrap_or_default().contains(&IN_USE.to_string())).then_some(())

@@ -127,13 +127,14 @@ async fn reconcile_inner(account: Arc<AwsAccount>, ctx: Arc<Context>) -> Result<
     let usage = &ctx.accounts.usage;
     let users = usage.users(&account, &ctx.queues);
     if usage.changed(&account) {
-        for queue in &users {
+        for queue in &users.named {
             let _ = ctx.dependents.unbounded_send(queue.clone());
         }
     }
     let api = api(&ctx, &account);
     let deleting = account.meta().deletion_timestamp.is_some();
     let held = has_finalizer(&*account, ACCOUNT_FINALIZER);
+    let users = users.holders;
     if users.is_empty() && held {
         ctx.api_writes.inc();
         remove_finalizer(&api, &*account, ACCOUNT_FINALIZER).await?;
@@ -202,14 +203,32 @@ mod tests {
         let mut other = account.clone();
         other.metadata.name = Some("other".into());
         let (usage, _wakes) = Usage::new();
-        assert_eq!(usage.users(&account, &queues).len(), 1);
-        assert!(usage.users(&other, &queues).is_empty(), "only the account it names");
+        assert_eq!(usage.users(&account, &queues).holders.len(), 1);
+        assert!(usage.users(&other, &queues).named.is_empty(), "only the account it names");
         usage.released.lock().unwrap().insert("queue-1".into());
-        assert!(usage.users(&account, &queues).is_empty(), "released, though still cached");
+        assert!(usage.users(&account, &queues).named.is_empty(), "released, though still cached");
         assert!(usage.changed(&account), "new");
         assert!(!usage.changed(&account), "the same");
         account.metadata.generation = Some(2);
         assert!(usage.changed(&account), "its spec changed");
+    }
+
+    #[test]
+    fn a_queue_the_account_does_not_allow_never_holds_it() {
+        let (queues, mut writer) = reflector::store::<Queue>();
+        let foreign: Queue = serde_json::from_value(json!({"apiVersion": "skyport.dev/v1alpha1", "kind": "Queue",
+            "metadata": {"name": "pin", "namespace": "b", "uid": "queue-b"},
+            "spec": {"accountRef": {"name": "team", "namespace": "a"}}}))
+        .unwrap();
+        writer.apply_watcher_event(&watcher::Event::Apply(foreign));
+        let mut account = AwsAccount::new("team", Default::default());
+        account.metadata.namespace = Some("a".into());
+        let (usage, _wakes) = Usage::new();
+        let users = usage.users(&account, &queues);
+        assert!(users.holders.is_empty(), "namespace b is not allowed: no finalizer for it");
+        assert_eq!(users.named.len(), 1, "still woken when the account changes");
+        account.spec.allowed_namespaces = vec!["b".into()];
+        assert_eq!(usage.users(&account, &queues).holders.len(), 1, "allowed now");
     }
 
     const PATH: &str = "/apis/skyport.dev/v1alpha1/namespaces/a/awsaccounts/team";

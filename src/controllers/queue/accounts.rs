@@ -4,11 +4,11 @@
 //! One SQS client per AwsAccount, rebuilt when its spec changes; one rate-limit budget per AWS
 //! account and region (SQS quotas are per account), shared by every AwsAccount naming it. A
 //! Queue keeps the account it was created in: the role, region and endpoint are recorded in its
-//! status, a Queue whose AwsAccount now points elsewhere is refused (`AccountChanged`) rather
-//! than moved, and cleanup deletes in the recorded account, through the recorded endpoint. The
-//! external id and session name are derived from the cluster and the AwsAccount's namespace
-//! ([`external_id`], [`session_name`]), never read from the spec, so cleanup can assume the
-//! recorded role even after the AwsAccount changed.
+//! status, and a Queue whose AwsAccount now points elsewhere is refused (`AccountChanged`) rather
+//! than moved. Cleanup looks for the queue only through what the AwsAccount names now (status is
+//! not the Queue owner's alone to write; the owner tag decides what is deleted). The external id
+//! and session name are derived from the cluster and the AwsAccount's namespace ([`external_id`],
+//! [`session_name`]), never read from the spec.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -61,22 +61,25 @@ pub fn target<'a>(queue_ns: &'a str, r: &'a AccountRef) -> (&'a str, &'a str) {
     (r.namespace.as_deref().unwrap_or(queue_ns), &r.name)
 }
 
-/// Whether a Queue in `queue_ns` may use `account` (found or not) through `r` (pure).
+/// Whether a Queue in `queue_ns` may use `account` (found or not) through `r` (pure). An
+/// AwsAccount of another namespace that is missing and one that does not allow `queue_ns` are
+/// refused alike (`AccountNotAllowed`, one message): a tenant learns nothing about which names
+/// exist in namespaces it cannot read.
 pub fn check(queue_ns: &str, r: &AccountRef, account: Option<&AwsAccount>) -> Result<(), Refusal> {
     let (ns, name) = target(queue_ns, r);
-    let Some(account) = account else {
+    if ns != queue_ns && !account.is_some_and(|a| a.spec.allowed_namespaces.iter().any(|n| n == queue_ns)) {
+        return Err((
+            "AccountNotAllowed",
+            format!(
+                "AwsAccount {ns}/{name} does not exist or does not allow Queues of namespace {queue_ns}: its owners can add {queue_ns} to its spec.allowedNamespaces, or use an AwsAccount of this namespace (the Queue is looked at again when that AwsAccount changes)"
+            ),
+        ));
+    }
+    if account.is_none() {
         return Err((
             "AccountNotFound",
             format!(
                 "AwsAccount {ns}/{name} does not exist; create it or fix spec.accountRef (the Queue is looked at again when it appears)"
-            ),
-        ));
-    };
-    if ns != queue_ns && !account.spec.allowed_namespaces.iter().any(|n| n == queue_ns) {
-        return Err((
-            "AccountNotAllowed",
-            format!(
-                "AwsAccount {ns}/{name} does not allow Queues of namespace {queue_ns}: add {queue_ns} to its spec.allowedNamespaces, or use an AwsAccount of this namespace"
             ),
         ));
     }
@@ -123,7 +126,7 @@ pub fn moved(queue: &Queue, spec: &AwsAccountSpec) -> Option<Refusal> {
         (
             "AccountChanged",
             format!(
-                "the SQS queue lives in {region} as {role}{}, but the AwsAccount now says {} as {}{}; skyport does not move queues: restore the AwsAccount, or delete this Queue (its queue is deleted where it lives) and create a new one",
+                "the SQS queue lives in {region} as {role}{}, but the AwsAccount now says {} as {}{}; skyport does not move queues: restore the AwsAccount (deleting this Queue then deletes its queue), or delete this Queue and create a new one; skyport deletes only through what the AwsAccount names now, so a queue in a role or region it no longer names is left for you to delete",
                 at(endpoint),
                 spec.region,
                 spec.role_arn,
@@ -176,7 +179,11 @@ impl Accounts {
         let queue_ns = queue.namespace().unwrap_or_default();
         crate::controllers::store_synced(&self.store).await;
         let account = self.get(&queue_ns, r);
-        check(&queue_ns, r, account.as_deref())?;
+        if let Err(refusal) = check(&queue_ns, r, account.as_deref()) {
+            // The tenant's message does not say which; the operator's log may.
+            tracing::debug!(account = %r.name, found = account.is_some(), "AwsAccount refused to this Queue");
+            return Err(refusal);
+        }
         let Some(account) = account else { unreachable!("check refuses a missing account") };
         if let Some(refusal) = unusable(&account, self.allow_http()) {
             return Err(refusal);
@@ -198,46 +205,32 @@ impl Accounts {
         })
     }
 
-    /// Where `queue`'s SQS queue was created, for deleting it: the recorded role, region and
-    /// endpoint, through the AwsAccount's client when it still says the same, else a client of
-    /// its own; never through an endpoint the queue was not created at.
-    pub async fn for_cleanup(&self, queue: &Queue, default: &Arc<dyn QueueBackend>) -> Arc<dyn QueueBackend> {
-        let status = queue.status.as_ref();
-        let recorded = status.and_then(|s| Some((s.role_arn.clone()?, s.region.clone()?, s.endpoint_url.clone())));
+    /// Where `queue`'s SQS queue is looked for, and deleted if its owner tag names the Queue: the
+    /// operator's own identity without an accountRef, else the AwsAccount it names, as that
+    /// AwsAccount is now, if this namespace may use it (also while it is being deleted). Never
+    /// the role, region or endpoint recorded in status: whoever may write the Queue's status
+    /// (`queues/status`) would choose them, and the cleanup would assume a role, or send signed
+    /// requests to an endpoint, that no AwsAccount this namespace may use names. `Err`: why there
+    /// is nowhere to look (the queue, if any, is left).
+    pub async fn for_cleanup(
+        &self,
+        queue: &Queue,
+        default: &Arc<dyn QueueBackend>,
+    ) -> Result<Arc<dyn QueueBackend>, String> {
+        let Some(r) = &queue.spec.account_ref else { return Ok(default.clone()) };
         let ns = queue.namespace().unwrap_or_default();
-        let Some((role, region, endpoint)) = recorded else {
-            // Not recorded as created anywhere, yet a create may have been cut short before its
-            // status write: look where it would have gone (the owner tag decides), also through
-            // an account being deleted.
-            let Some(r) = &queue.spec.account_ref else { return default.clone() };
-            crate::controllers::store_synced(&self.store).await;
-            let account = self.get(&ns, r);
-            return match account {
-                Some(account)
-                    if check(&ns, r, Some(&account)).is_ok() && insecure(&account, self.allow_http()).is_none() =>
-                {
-                    let account_ns = account.namespace().unwrap_or_default();
-                    let key = format!("{account_ns}/{}", account.name_any());
-                    self.client(&key, &account_ns, &account.spec).await
-                }
-                _ => default.clone(),
-            };
-        };
-        let account_ns = queue.spec.account_ref.as_ref().map_or(ns.as_str(), |r| target(&ns, r).0).to_string();
-        let endpoint = endpoint.map(|e| *e);
-        if let Some(r) = &queue.spec.account_ref
-            && let Some(account) = self.get(&ns, r)
-            && *account.spec.role_arn == *role
-            && account.spec.region == region
-            && account.spec.endpoint_url == endpoint
-        {
-            let key = format!("{account_ns}/{}", account.name_any());
-            return self.client(&key, &account_ns, &account.spec).await;
+        crate::controllers::store_synced(&self.store).await;
+        let account = self.get(&ns, r);
+        if let Err((_, why)) = check(&ns, r, account.as_deref()) {
+            return Err(why);
         }
-        let key = format!("recorded:{account_ns}:{role}:{region}:{}", endpoint.as_deref().unwrap_or_default());
-        let (role_arn, region) = (role.to_string(), region.to_string());
-        let spec = AwsAccountSpec { role_arn, region, endpoint_url: endpoint, ..Default::default() };
-        self.client(&key, &account_ns, &spec).await
+        let Some(account) = account else { unreachable!("check refuses a missing account") };
+        if let Some((_, why)) = insecure(&account, self.allow_http()) {
+            return Err(why);
+        }
+        let account_ns = account.namespace().unwrap_or_default();
+        let key = format!("{account_ns}/{}", account.name_any());
+        Ok(self.client(&key, &account_ns, &account.spec).await)
     }
 
     /// The client for the AwsAccount `key` of `namespace` with `spec`, built again when the spec
@@ -286,6 +279,15 @@ fn own(default: &Arc<dyn QueueBackend>) -> Placement {
     }
 }
 
+/// The Queues naming one AwsAccount ([`Usage::users`]).
+#[derive(Debug, Default)]
+pub struct Users {
+    /// Every Queue naming it.
+    pub named: Vec<ObjectRef<Queue>>,
+    /// Those it allows: they keep its finalizer.
+    pub holders: Vec<ObjectRef<Queue>>,
+}
+
 /// What the AwsAccount reconciler ([`super::account_use`]) remembers between its runs.
 pub struct Usage {
     pub(super) wakes: UnboundedSender<ObjectRef<AwsAccount>>,
@@ -303,19 +305,27 @@ impl Usage {
         (Usage { wakes, released: Mutex::default(), seen: Mutex::default() }, rx)
     }
 
-    /// The Queues that name `account`, except those whose cleanup has finished.
-    pub(super) fn users(&self, account: &AwsAccount, queues: &Store<Queue>) -> Vec<ObjectRef<Queue>> {
+    /// The Queues that name `account`, except those whose cleanup has finished: all of them
+    /// (`named`, woken when the account changes: a namespace added to `allowedNamespaces` may
+    /// use it now), and those that may use it (`holders`, which keep its finalizer). A Queue the
+    /// account does not allow never holds it: a tenant could otherwise keep another namespace's
+    /// AwsAccount, and that namespace, from ever being deleted.
+    pub(super) fn users(&self, account: &AwsAccount, queues: &Store<Queue>) -> Users {
         let (ns, name) = (account.namespace().unwrap_or_default(), account.name_any());
         let mut released = self.released.lock().unwrap_or_else(|p| p.into_inner());
-        let mut users = Vec::new();
+        let mut users = Users::default();
         let mut cached = HashSet::new();
         for q in queues.state() {
             let uid = q.uid().unwrap_or_default();
             let queue_ns = q.namespace().unwrap_or_default();
-            let names =
-                q.spec.account_ref.as_ref().is_some_and(|r| target(&queue_ns, r) == (ns.as_str(), name.as_str()));
-            if names && !released.contains(&uid) {
-                users.push(ObjectRef::from_obj(&*q));
+            let named = q.spec.account_ref.as_deref().filter(|r| target(&queue_ns, r) == (ns.as_str(), name.as_str()));
+            if let Some(r) = named
+                && !released.contains(&uid)
+            {
+                if check(&queue_ns, r, Some(account)).is_ok() {
+                    users.holders.push(ObjectRef::from_obj(&*q));
+                }
+                users.named.push(ObjectRef::from_obj(&*q));
             }
             cached.insert(uid);
         }
@@ -364,8 +374,15 @@ mod tests {
         assert!(refused.1.contains("allowedNamespaces"), "{}", refused.1);
         assert_eq!(check("b", &reference(Some("a")), Some(&account("a", &["b"]))), Ok(()));
         let missing = check("b", &reference(None), None).unwrap_err();
-        assert_eq!(missing.0, "AccountNotFound");
+        assert_eq!(missing.0, "AccountNotFound", "its own namespace: nothing to hide");
         assert!(missing.1.contains("b/team"), "{}", missing.1);
+    }
+
+    #[test]
+    fn another_namespaces_missing_and_forbidden_accounts_read_the_same() {
+        let forbidden = check("b", &reference(Some("a")), Some(&account("a", &["c"]))).unwrap_err();
+        let missing = check("b", &reference(Some("a")), None).unwrap_err();
+        assert_eq!(forbidden, missing, "one reason, one message: whether a/team exists stays unknown");
     }
 
     #[test]

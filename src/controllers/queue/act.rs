@@ -193,16 +193,22 @@ pub fn data_patch<K: Resource, V: serde::Serialize>(
     })
 }
 
-/// Queues in the same namespace whose deadLetter.queueRef names `queue` are reconciled now
-/// instead of at their next resync. This runs for every Queue that becomes Ready, so the scan of
-/// the cache compares in place rather than copying names.
+/// Queues in the same namespace whose deadLetter names `queue` (by queueRef, or by targetArn its
+/// recorded ARN) are reconciled now instead of at their next resync: when it becomes Ready, and
+/// when it is deleted ([`super::cleanup`]).
 pub fn wake_dependents(queue: &Queue, ctx: &Context) {
-    let (ns, name) = (&queue.metadata.namespace, queue.metadata.name.as_deref());
-    let dependents = ctx.queues.state_filter(|q| {
-        &q.metadata.namespace == ns
-            && q.spec.dead_letter.as_ref().and_then(|d| d.queue_ref.as_ref()).map(|r| r.name.as_str()) == name
-    });
-    for q in dependents {
+    for q in dependents(queue, ctx) {
         let _ = ctx.dependents.unbounded_send(ObjectRef::from_obj(&*q));
     }
+}
+
+/// The Queues of `queue`'s namespace whose deadLetter names it. This runs for every Queue that
+/// becomes Ready, so the scan of the cache compares in place rather than copying names.
+pub fn dependents(queue: &Queue, ctx: &Context) -> Vec<std::sync::Arc<Queue>> {
+    let (ns, name) = (&queue.metadata.namespace, queue.metadata.name.as_deref());
+    let arn = queue.status.as_ref().and_then(|s| s.queue_arn.as_deref());
+    ctx.queues.state_filter(|q| {
+        let Some(d) = q.spec.dead_letter.as_ref().filter(|_| &q.metadata.namespace == ns) else { return false };
+        d.queue_ref.as_ref().map(|r| r.name.as_str()) == name || (arn.is_some() && d.target_arn.as_deref() == arn)
+    })
 }

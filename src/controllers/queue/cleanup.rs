@@ -31,29 +31,7 @@ pub async fn cleanup(queue: &Queue, api: &Api<Queue>, ctx: &Context) -> Result<A
     }
     let url = queue.status.as_ref().and_then(|s| s.queue_url.clone()).unwrap_or_default();
     match deletion_policy(queue) {
-        // In the account the queue was created in, whatever its AwsAccount says now.
-        DeletionPolicy::Delete => match super::account_use::unless_never_trusted(
-            queue,
-            observe::owned_queue(queue, sqs_of(queue, ctx).await.as_ref()).await,
-            ctx,
-        )
-        .await?
-        {
-            // Adopted, by the marker on the queue, though status never said so (the status write
-            // after the adoption was lost): kept unless deletionPolicy says Delete.
-            Some((url, true)) if queue.spec.deletion_policy.is_none() => retained(queue, ctx, &url).await,
-            Some((url, _)) => {
-                sqs_of(queue, ctx).await.delete_queue(&url).await?;
-                info!(url, "deleted SQS queue");
-                ctx.publish(queue, EventType::Normal, "Deleted", format!("deleted SQS queue {url}")).await;
-            }
-            None if !url.is_empty() => {
-                info!(url, "SQS queue not deleted: it is gone or its owner tag names someone else");
-                let note = format!("SQS queue {url} left alone: it no longer exists or belongs to someone else");
-                ctx.publish(queue, EventType::Normal, "NotOwned", note).await;
-            }
-            None => {}
-        },
+        DeletionPolicy::Delete => delete(queue, ctx, &url).await?,
         DeletionPolicy::Retain => retained(queue, ctx, &url).await,
     }
     ctx.api_writes.inc();
@@ -63,20 +41,55 @@ pub async fn cleanup(queue: &Queue, api: &Api<Queue>, ctx: &Context) -> Result<A
     ctx.backoff.reset(&key);
     if let Some(uid) = queue.uid() {
         ctx.verified.forget(&uid);
+        ctx.redrives.forget(&uid);
+    }
+    // Queues sending their dead letters here prove their redrive again now (its target may be
+    // gone), not at the next owner-tag cadence: a proof made before this deletion is void.
+    for q in super::act::dependents(queue, ctx) {
+        ctx.redrives.forget(&q.uid().unwrap_or_default());
+        let _ = ctx.dependents.unbounded_send(kube::runtime::reflector::ObjectRef::from_obj(&*q));
     }
     ctx.written.forget(&key);
     ctx.reported.forget(&key);
     Ok(Action::await_change())
 }
 
+/// Deletes the queue whose owner tag names `queue`, looked for through what its AwsAccount names
+/// now (`url`: the one status records, for the Event when nothing is deleted).
+async fn delete(queue: &Queue, ctx: &Context, url: &str) -> Result<()> {
+    let sqs = match ctx.accounts.for_cleanup(queue, &ctx.sqs).await {
+        Ok(sqs) => sqs,
+        Err(why) => {
+            info!(why, "SQS queue not looked for: no AwsAccount this namespace may use");
+            let note = format!("no SQS queue deleted: {why}; a queue created before, if any, is left where it is");
+            ctx.publish(queue, EventType::Warning, "NotDeleted", note).await;
+            return Ok(());
+        }
+    };
+    let owned = observe::owned_queue(queue, sqs.as_ref()).await;
+    match super::account_use::unless_never_trusted(queue, owned, ctx).await? {
+        // Adopted, by the marker on the queue, though status never said so (the status write
+        // after the adoption was lost): kept unless deletionPolicy says Delete.
+        Some((url, true)) if queue.spec.deletion_policy.is_none() => retained(queue, ctx, &url).await,
+        Some((url, _)) => {
+            sqs.delete_queue(&url).await?;
+            info!(url, "deleted SQS queue");
+            ctx.publish(queue, EventType::Normal, "Deleted", format!("deleted SQS queue {url}")).await;
+        }
+        None if !url.is_empty() => {
+            info!(url, "SQS queue not deleted: it is gone or its owner tag names someone else");
+            let note = format!("SQS queue {url} left alone: it no longer exists or belongs to someone else");
+            ctx.publish(queue, EventType::Normal, "NotOwned", note).await;
+        }
+        None => {}
+    }
+    Ok(())
+}
+
 async fn retained(queue: &Queue, ctx: &Context, url: &str) {
     info!(url, "SQS queue kept");
     let note = format!("SQS queue {url} kept (deletionPolicy Retain, adopted or observe-only)");
     ctx.publish(queue, EventType::Normal, "Retained", note).await;
-}
-
-async fn sqs_of(queue: &Queue, ctx: &Context) -> std::sync::Arc<dyn providers::QueueBackend> {
-    ctx.accounts.for_cleanup(queue, &ctx.sqs).await
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use providers::QueueBackend;
 use tracing::debug;
 
 use super::plan::{Observed, Outcome, Plan, Ready, Step};
-use super::{Context, act, desired, observe, plan, tenancy};
+use super::{Context, act, dead_letter, desired, observe, plan, tenancy};
 use crate::controllers::context::namespace_of;
 use crate::controllers::jittered;
 use crate::crd::queue::{ManagementPolicy, Queue, QueueStatus};
@@ -34,7 +34,11 @@ pub async fn converge(queue: &Queue, ctx: &Context, sqs: &dyn QueueBackend) -> R
     }
     let dead_letter_arn = match observe::dead_letter_arn(queue, &ctx.queues) {
         Ok(arn) => arn,
-        Err(wait) => return Ok(wait.into_outcome(ctx.settings.resync)),
+        Err(wait) => {
+            // The redrive already on the queue has no spec to vouch for it now: proven or taken off.
+            let desired = desired::desired(&queue.spec, &owner, None);
+            return dead_letter::unresolved(queue, wait.into_outcome(ctx.settings.resync), &desired, ctx, sqs).await;
+        }
     };
     let desired = desired::desired(&queue.spec, &owner, dead_letter_arn.as_deref());
     if queue.spec.management_policy == ManagementPolicy::Observe {
@@ -77,7 +81,7 @@ pub async fn converge(queue: &Queue, ctx: &Context, sqs: &dyn QueueBackend) -> R
             plan = plan::plan(&desired, &intent, &observed);
         }
         debug!(?plan, "planned");
-        if let Some(refusal) = dead_letter_refusal(queue, &plan, &ns, ctx, sqs).await? {
+        if let Some(refusal) = dead_letter::guard(queue, &plan, &observed, true, ctx, sqs).await? {
             return Ok(refusal);
         }
         match act::apply(queue, &desired, &observed, plan.clone(), adopted, ctx, sqs).await? {
@@ -95,36 +99,6 @@ pub async fn converge(queue: &Queue, ctx: &Context, sqs: &dyn QueueBackend) -> R
         "the SQS queue {:?} appeared and disappeared while it was being created; retrying",
         desired.name
     ))))
-}
-
-/// Why the redrive policy this plan writes may not name `deadLetter.targetArn`, if it may not:
-/// checked whenever it is written, since SQS moves dead letters into the target without asking
-/// its access policy.
-async fn dead_letter_refusal(
-    queue: &Queue,
-    plan: &Plan,
-    ns: &str,
-    ctx: &Context,
-    sqs: &dyn QueueBackend,
-) -> Result<Option<Outcome>> {
-    let Some(arn) = queue.spec.dead_letter.as_ref().and_then(|d| d.target_arn.as_deref()) else { return Ok(None) };
-    let Plan::Apply { steps, .. } = plan else { return Ok(None) };
-    let writes_redrive = steps.iter().any(|s| match s {
-        Step::Create { attributes, .. } | Step::SetAttributes(attributes) => {
-            attributes.get("RedrivePolicy").is_some_and(|v| !v.is_empty())
-        }
-        _ => false,
-    });
-    if !writes_redrive {
-        return Ok(None);
-    }
-    let grants = &ctx.settings.name_grants;
-    let refusal = match observe::dead_letter_holder(arn, ns, &ctx.settings.cluster_id, sqs).await? {
-        Err(refusal) => Some(refusal),
-        Ok((name, holder)) => tenancy::dead_letter_refusal(&holder, ns, &name, grants),
-    };
-    let retry = Some(jittered(ctx.resync()));
-    Ok(refusal.map(|(reason, message)| Outcome::Wait { reason, message, retry }))
 }
 
 fn plan_created(plan: &Plan) -> bool {

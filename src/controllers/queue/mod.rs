@@ -25,6 +25,7 @@ pub mod act;
 pub mod cleanup;
 pub mod configmaps;
 mod converge;
+pub mod dead_letter;
 pub mod desired;
 pub mod exports;
 pub mod observe;
@@ -86,6 +87,8 @@ pub struct State {
     pub secrets: crate::controllers::memory::OwnWrites<secret_exports::Written>,
     /// Per Queue: the queue its owner tag last proved ours, when, and at which generation.
     verified: observe::Proofs,
+    /// Per Queue: the dead-letter target its owner tags last proved this namespace's, and when.
+    redrives: dead_letter::Proven,
     /// When each converged Queue is checked again (its periodic resync).
     pub resyncs: Arc<Resyncs>,
     /// Wakes Queues that use a queue as their dead-letter queue when it changes.
@@ -169,6 +172,7 @@ pub fn controller(
         configmaps: cm_reader,
         secrets: Default::default(),
         verified: Default::default(),
+        redrives: Default::default(),
         resyncs: resyncs.clone(),
         reported: Default::default(),
         dependents: tx,

@@ -68,6 +68,9 @@ pub fn dead_letter_arn(queue: &Queue, queues: &Store<Queue>) -> Result<Option<St
     let Some(target) = queues.get(&ObjectRef::new(&r.name).within(&ns)) else {
         return Err(DeadLetterWait::NotReady(format!("dead-letter Queue {ns}/{} does not exist yet", r.name)));
     };
+    if target.metadata.deletion_timestamp.is_some() {
+        return Err(DeadLetterWait::NotReady(format!("dead-letter Queue {ns}/{} is being deleted", r.name)));
+    }
     if target.spec.fifo != queue.spec.fifo {
         let kind = |fifo: bool| if fifo { "FIFO" } else { "standard" };
         return Err(DeadLetterWait::Mismatch(format!(

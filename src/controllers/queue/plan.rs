@@ -9,6 +9,8 @@ use super::desired::{Desired, TAG_ADOPTED, TAG_OWNER_UID};
 use super::tenancy::{self, Holder};
 use crate::config::NameGrant;
 
+pub mod redrive;
+
 /// What observation found under the queue's name.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Observed {

@@ -123,16 +123,17 @@ pub fn adoption_refusal(
     }
 }
 
-/// Why a Queue of `namespace` may not send its dead letters to the existing queue `name`
-/// (`deadLetter.targetArn`): SQS moves messages by the redrive policy without asking the target
-/// queue's IAM policy, so a target of another tenant would receive this tenant's messages. The
-/// message does not repeat the name: a default name carries the other namespace's.
+/// Why a Queue of `namespace` may not send its dead letters to the existing queue `name` (its
+/// `deadLetter` target, by ARN or through a Queue's status): SQS moves messages by the redrive
+/// policy without asking the target queue's IAM policy, so a target of another tenant would
+/// receive this tenant's messages. The message does not repeat the name: a default name carries
+/// the other namespace's.
 pub fn dead_letter_refusal(holder: &Holder, namespace: &str, name: &str, grants: &[NameGrant]) -> Option<Refusal> {
     let refusal = |why: &str| {
         Some((
             "DeadLetterNotAllowed",
             format!(
-                "deadLetter.targetArn names an SQS queue which {why}; point it at a Queue of this namespace (deadLetter.queueRef)"
+                "the dead-letter target (spec.deadLetter) is an SQS queue which {why}; point it at a Queue of this namespace (deadLetter.queueRef)"
             ),
         ))
     };

@@ -49,6 +49,7 @@ fn harness_with(sqs: FakeSqs) -> Harness {
         configmaps,
         secrets: Default::default(),
         verified: Default::default(),
+        redrives: Default::default(),
         resyncs: Default::default(),
         dependents: tx,
         reported: Default::default(),
@@ -390,4 +391,45 @@ async fn the_resync_is_paced_by_the_sqs_clients_own_budget() {
     h.cache_others(3_000);
     assert_eq!(h.ctx.resync(), h.ctx.settings.resync, "3,000 checks per minute fit half of 1,000/s");
     assert_eq!(h.ctx.tag_resync(), h.ctx.settings.tag_resync);
+}
+
+/// A redrive stays only while its target proves this namespace's: taken off when the target is
+/// gone at the next proof, and not written back while a queue of that name is another's.
+#[tokio::test]
+async fn a_redrive_whose_target_went_away_is_taken_off_and_not_written_back_to_anothers() {
+    use crate::controllers::queue::desired::{TAG_CLUSTER, TAG_OWNER_NAME, TAG_OWNER_NAMESPACE, TAG_OWNER_UID};
+    use providers::QueueBackend;
+    let h = harness();
+    let owned = |ns: &str| -> Tags {
+        [(TAG_OWNER_UID, "uid-dlq"), (TAG_OWNER_NAMESPACE, ns), (TAG_OWNER_NAME, "dlq"), (TAG_CLUSTER, "")]
+            .into_iter()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    h.sqs.insert("ns_dlq", owned("ns"));
+    let dead_letter = crate::crd::queue::DeadLetter {
+        queue_ref: None,
+        target_arn: Some("arn:aws:sqs:fake:000000000000:ns_dlq".into()),
+        max_receive_count: 3,
+    };
+    let spec = QueueSpec { dead_letter: Some(Box::new(dead_letter)), ..Default::default() };
+    h.reconcile(h.put(&queue(spec))).await.unwrap();
+    assert_eq!(ready_reason(&h.current()), Some((ConditionStatus::True, "Available".into())));
+    let source = format!("{}ns_orders", crate::controllers::testing::sqs::URL_PREFIX);
+    let redrive = async || h.sqs.attributes(&source).await.unwrap().unwrap_or_default()["RedrivePolicy"].clone();
+    assert!(redrive().await.contains("ns_dlq"));
+
+    h.sqs.delete_queue(&format!("{}ns_dlq", crate::controllers::testing::sqs::URL_PREFIX)).await.unwrap();
+    // The owner-tag cadence has passed: the proof is void.
+    h.ctx.redrives.forget("uid-1");
+    h.ctx.written.forget(&object_key(&h.current()));
+    h.reconcile(Arc::new(h.current())).await.unwrap();
+    assert_eq!(ready_reason(&h.current()), Some((ConditionStatus::False, "DeadLetterQueueNotFound".into())));
+    assert_eq!(redrive().await, "", "taken off");
+
+    h.sqs.insert("ns_dlq", owned("other"));
+    h.reconcile(Arc::new(h.current())).await.unwrap();
+    assert_eq!(ready_reason(&h.current()), Some((ConditionStatus::False, "DeadLetterNotAllowed".into())));
+    assert_eq!(redrive().await, "", "never written to another namespace's queue");
 }
