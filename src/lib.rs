@@ -3,6 +3,7 @@
 //! The binary (`src/main.rs`) only parses flags and wires these modules together; tests and
 //! benchmarks drive the same controllers in-process.
 
+pub mod admission;
 pub mod clouds;
 pub mod config;
 pub mod controllers;

@@ -70,6 +70,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         .context("no Kubernetes configuration found (KUBECONFIG, ~/.kube/config or in-cluster)")?;
     let client = kube::Client::try_from(config.clone()).context("building the Kubernetes client")?;
 
+    // Before anything is written (the Lease included): the admission policies must cover us.
+    skyport::admission::verify(&client, &args.own_namespace(&client), args.allow_without_admission_policies).await?;
+
     let state = http::State::new(Metrics::default());
     let (listener, address) =
         http::bind(args.listen_address).await.with_context(|| format!("cannot listen on {}", args.listen_address))?;

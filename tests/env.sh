@@ -32,7 +32,8 @@
 #     $STATE/kubeconfig) or by client certificate ($STATE/pki/admin.{crt,key}, signed by
 #     $STATE/pki/ca.crt). RBAC is on; system:masters bypasses it.
 #   - kube-controller-manager runs only the garbage collector (ownerReference cascades), the
-#     namespace controller (namespace deletion completes) and the serviceaccount controller.
+#     namespace controller (namespace deletion completes), the serviceaccount controller and the
+#     ClusterRole aggregation (skyport's tenant roles reach the built-in view/edit/admin).
 #     No scheduler, no kubelet: Pods stay Pending and Deployments get no ReplicaSets, so tests
 #     patch .status themselves. The GC rediscovers resource types every 30 s, so cascades
 #     *from* a custom resource owner work only ~30 s after its CRD was created.
@@ -307,7 +308,7 @@ start_kcm() {
   launch kube-controller-manager "$BIN/kube-controller-manager" \
     --kubeconfig="$STATE/kubeconfig" \
     --leader-elect=false --secure-port=0 \
-    --controllers=garbage-collector-controller,namespace-controller,serviceaccount-controller \
+    --controllers=garbage-collector-controller,namespace-controller,serviceaccount-controller,clusterrole-aggregation-controller \
     --service-account-private-key-file="$PKI/sa.key" --root-ca-file="$PKI/ca.crt" \
     --use-service-account-credentials=false
   wait_until kube-controller-manager 60 kcm_working

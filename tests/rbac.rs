@@ -8,8 +8,12 @@
 //! environment runs no Deployment controller, scheduler or kubelet).
 
 use crate::common;
+mod accounts;
 mod escalations;
 mod install;
+mod startup;
+mod tenants;
+mod users_objects;
 use crate::common::tunnels;
 
 use std::sync::Arc;
@@ -328,7 +332,7 @@ async fn controllers_work_with_only_the_namespaced_role_of_a_watch_namespace_ins
         "--set",
         &format!("watchNamespace={},tunnel.clusterId=rbac-ns-test", ns.name),
     ]);
-    assert!(!rendered.contains("kind: ClusterRole"), "no ClusterRole with watchNamespace:\n{rendered}");
+    assert!(!rendered.contains("kind: ClusterRoleBinding"), "nothing cluster-wide with watchNamespace:\n{rendered}");
     kubectl_apply(&rendered);
     let sa = token_client(&admin, RELEASE_NS, "skyport-ns").await;
     install::until_the_policy_applies(&sa, &ns.name).await;
@@ -345,6 +349,7 @@ async fn controllers_work_with_only_the_namespaced_role_of_a_watch_namespace_ins
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
     escalations::escalations_are_refused(&admin, &sa, &ns.name, (RELEASE_NS, "skyport-ns")).await;
+    users_objects::users_objects_are_skyports_only_by_its_finalizer(&admin, &sa, &ns.name, RELEASE_NS).await;
 
     // The Tunnel and Service controllers, with the cluster id from the chart's value.
     let mut settings = tunnels::fast_tunnel_settings();

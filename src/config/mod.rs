@@ -123,6 +123,26 @@ pub struct RunArgs {
 
     #[command(flatten)]
     pub tunnel: TunnelArgs,
+
+    /// Start even when no ValidatingAdmissionPolicy covers this operator's identity (checked at
+    /// start with a dry-run probe). Unsafe: only for clusters that cannot have the policies; a
+    /// stolen token then writes every Secret, ConfigMap, Queue, Tunnel and AwsAccount its RBAC
+    /// reaches (docs/security.md).
+    #[arg(long = "allow-without-admission-policies", env = "SKYPORT_ALLOW_WITHOUT_ADMISSION_POLICIES")]
+    pub allow_without_admission_policies: bool,
+}
+
+impl RunArgs {
+    /// The operator's own namespace: where its tunnel clients live, else its Pod's, else the
+    /// client configuration's default.
+    pub fn own_namespace(&self, client: &kube::Client) -> String {
+        self.tunnel
+            .client_namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok())
+            .filter(|ns| !ns.is_empty())
+            .unwrap_or_else(|| client.default_namespace().to_string())
+    }
 }
 
 #[cfg(test)]

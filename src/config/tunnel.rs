@@ -245,7 +245,9 @@ pub struct TunnelArgs {
     /// Identity of this cluster, tagged on every exit server so that orphan sweeps of clusters
     /// sharing a cloud account leave each other's hosts alone (default: the UID of the
     /// kube-system namespace).
-    #[arg(long = "cluster-id", env = "SKYPORT_CLUSTER_ID")]
+    /// Empty is refused: every cluster with an empty id would sweep the others' hosts and share
+    /// their external ids.
+    #[arg(long = "cluster-id", env = "SKYPORT_CLUSTER_ID", value_parser = cluster_id)]
     pub cluster_id: Option<String>,
 }
 
@@ -330,6 +332,19 @@ fn address_range(text: &str) -> Result<(std::net::Ipv4Addr, std::net::Ipv4Addr),
         return Err(format!("{first} comes after {last}"));
     }
     Ok((first, last))
+}
+
+/// `--cluster-id`: anything but empty or blank.
+fn cluster_id(text: &str) -> Result<String, String> {
+    if text.trim().is_empty() {
+        return Err(
+            "the cluster id must not be empty: it is what keeps the orphan sweeps and external ids of clusters \
+                    sharing a cloud account apart; pass an id unique among them, or leave the flag out to use the \
+                    kube-system namespace's UID"
+                .into(),
+        );
+    }
+    Ok(text.to_string())
 }
 
 fn region_image(text: &str) -> Result<(String, String), String> {

@@ -130,6 +130,8 @@ fn helm_chart_output_is_accepted_by_a_server_side_dry_run() {
         "tunnel.skipExitServerCheck=true,tunnel.exitServerCheckTtl=10m",
         "--set",
         "queue.nameGrants[0]=payments=legacy-payments-*,queue.nameGrants[1]=payments=billing,aws.allowHttpAccountEndpoints=true",
+        "--set",
+        "rbac.allowWithoutAdmissionPolicies=true,rbac.tenantRoles=false",
     ]);
     // The watched namespace must exist for the Role inside it.
     run(
@@ -158,6 +160,8 @@ fn helm_chart_output_is_accepted_by_a_server_side_dry_run() {
         run_args.queue.name_grants.iter().map(|g| (g.namespace.as_str(), g.pattern.as_str())).collect();
     assert_eq!(grants, [("payments", "legacy-payments-*"), ("payments", "billing")]);
     assert!(run_args.aws.allow_http_account_endpoints);
+    assert!(run_args.allow_without_admission_policies);
+    assert!(!docs.iter().any(|d| d["kind"] == "ClusterRole"), "no tenant roles when switched off");
     let env_from = deployment_env_from(&docs);
     assert!(env_from.contains(&"my-tokens".to_string()), "{env_from:?}");
     let role: Role = serde_json::from_value(find(&docs, "Role", "skyport-leader-election").clone()).unwrap();
@@ -175,8 +179,8 @@ fn helm_chart_output_is_accepted_by_a_server_side_dry_run() {
     let deployment: Deployment = serde_json::from_value(find(&docs, "Deployment", "skyport").clone()).unwrap();
     let args = deployment.spec.unwrap().template.spec.unwrap().containers[0].args.clone().unwrap();
     assert!(
-        !args.iter().any(|a| a.starts_with("--queue-name-grant") || a.starts_with("--allow-http")),
-        "grants and plain-http endpoints only when asked for: {args:?}"
+        !args.iter().any(|a| a.starts_with("--queue-name-grant") || a.starts_with("--allow-")),
+        "grants, plain-http endpoints, no admission policies: only when asked for: {args:?}"
     );
     assert!(!docs.iter().any(|d| d["kind"] == "Role" || d["kind"] == "ClusterRole" || d["kind"] == "Service"));
     run("kubectl", &["apply", "--dry-run=server", "-f", "-"], Some(&minimal));

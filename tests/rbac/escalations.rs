@@ -27,7 +27,7 @@ use crate::common::queue;
 const MANAGED: (&str, &str) = ("app.kubernetes.io/managed-by", "skyport");
 
 /// Creates `obj` as the ServiceAccount and expects 403; anything admitted is removed first.
-async fn create_refused<K>(sa: &Client, admin: &Client, ns: &str, obj: Value, what: &str)
+pub(super) async fn create_refused<K>(sa: &Client, admin: &Client, ns: &str, obj: Value, what: &str)
 where
     K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
         + Clone
@@ -264,7 +264,7 @@ async fn deployments_are_limited_to_unprivileged_tunnel_clients(
 }
 
 /// Sets the JSON pointer `path` in `doc`, creating objects on the way and appending to arrays.
-fn set(doc: &mut Value, path: &str, value: Value) {
+pub(super) fn set(doc: &mut Value, path: &str, value: Value) {
     let (parent, last) = path.rsplit_once('/').unwrap();
     let mut at = doc;
     for part in parent.split('/').skip(1) {

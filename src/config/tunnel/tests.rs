@@ -96,3 +96,17 @@ fn allowed_sizes_and_regions_are_comma_lists_empty_by_default() {
     assert_eq!(run.tunnel.allowed_sizes, ["t3.nano", "t3.micro"]);
     assert_eq!(run.tunnel.allowed_regions, ["fra1"]);
 }
+
+#[test]
+fn an_empty_cluster_id_is_refused_rather_than_turning_cluster_separation_off() {
+    for empty in ["", "  "] {
+        let err = Cli::try_parse_from(["skyport", "run", "--cluster-id", empty]).expect_err("an empty cluster id");
+        assert!(err.to_string().contains("must not be empty"), "{err}");
+    }
+    let cli = Cli::try_parse_from(["skyport", "run", "--cluster-id", "prod-eu"]).unwrap();
+    let Command::Run(run) = cli.command else { panic!("expected run") };
+    assert_eq!(run.tunnel.cluster_id.as_deref(), Some("prod-eu"));
+    let cli = Cli::try_parse_from(["skyport", "run"]).unwrap();
+    let Command::Run(run) = cli.command else { panic!("expected run") };
+    assert_eq!(run.tunnel.cluster_id, None, "left out: the kube-system namespace's UID");
+}

@@ -10,10 +10,11 @@
     verbs: ["patch"]
   # AwsAccounts (the IAM role and region of a Queue's spec.accountRef), watched: a change wakes
   # the Queues that use it. Patched only for the finalizer that keeps one while Queues use it
-  # (their cleanup needs its role), and status for the external id skyport derives.
+  # (their cleanup needs its role; get reads the account again when that patch meets a newer
+  # copy), and status for the external id skyport derives.
   - apiGroups: ["skyport.dev"]
     resources: ["awsaccounts"]
-    verbs: ["list", "watch", "patch"]
+    verbs: ["get", "list", "watch", "patch"]
   - apiGroups: ["skyport.dev"]
     resources: ["awsaccounts/status"]
     verbs: ["patch"]
