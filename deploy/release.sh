@@ -7,8 +7,12 @@
 #                                            its own version into the download URL)
 #   deploy/release.sh assets DIST OUT       DIST/amd64/skyport and DIST/arm64/skyport (the
 #                                            Dockerfile's release-binary stage per platform) into OUT
-#   deploy/release.sh local OUT             x86_64 only: the same static `dist` build
-#                                            (tests/env/build-musl.sh), for a mirror or a check
+#   deploy/release.sh local OUT [BINARY]    x86_64 only: the same static `dist` build
+#                                            (tests/env/build-musl.sh, or BINARY when given), its
+#                                            digest and SHA256SUMS, and the image around it as an
+#                                            OCI archive (skyport-image-x86_64.tar, built with
+#                                            buildah by tests/env/build-image.sh); tests/run.sh
+#                                            runs it, so a tag is never its first run
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -42,13 +46,16 @@ case "${1:-}" in
     sums "$3"
     ;;
   local)
-    [[ $# == 2 ]] || { echo "usage: $0 local OUT" >&2; exit 2; }
+    [[ $# == 2 || $# == 3 ]] || { echo "usage: $0 local OUT [BINARY]" >&2; exit 2; }
     mkdir -p "$2"
-    asset "$(env -u CARGO_TARGET_DIR "$ROOT/tests/env/build-musl.sh")" "$2" x86_64
+    binary="${3:-$(env -u CARGO_TARGET_DIR "$ROOT/tests/env/build-musl.sh")}"
+    asset "$binary" "$2" x86_64
+    read -r archive _ < <("$ROOT/tests/env/build-image.sh" "$binary")
+    install -m 0644 "$archive" "$2/skyport-image-x86_64.tar"
     sums "$2"
     ;;
   *)
-    sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac

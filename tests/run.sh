@@ -56,6 +56,17 @@ if [[ -n "${SKYPORT_NODE_KUBECONFIG:-}" ]]; then
   export SKYPORT_IMAGE SKYPORT_ECHO_IMAGE
 fi
 
+# The release path as far as it runs here (deploy/release.sh local): the exit-server asset and
+# its digest from the static binary above, SHA256SUMS, and the image archive around it; each
+# asset is then checked against SHA256SUMS. A tag is never the first time this runs.
+if [[ -n "${SKYPORT_STATIC_EXE:-}" ]]; then
+  release_out="$(mktemp -d)"
+  deploy/release.sh local "$release_out" "$SKYPORT_STATIC_EXE" >/dev/null
+  (cd "$release_out" && sha256sum --check --strict --quiet skyport-x86_64.sha256 && test -s skyport-image-x86_64.tar)
+  cmp "$release_out/skyport-x86_64" "$SKYPORT_STATIC_EXE"
+  rm -rf "$release_out"
+fi
+
 # The tunnel benchmark's peers (OpenSSH, socat) from Debian's packages; the ACK SQS controller the
 # Queue benchmark compares with, built only when a checkout is given (SKYPORT_ACK_SRC).
 tests/env/install-bench-peers.sh
