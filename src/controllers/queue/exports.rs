@@ -75,6 +75,8 @@ pub fn secret(queue: &Queue, name: &str, data: Data) -> Result<Secret> {
     Ok(Secret { metadata, type_: Some("Opaque".into()), data: Some(data), ..Default::default() })
 }
 
+const TAKEN: &str = "exists and was not made by this Queue";
+
 /// Writes the default ConfigMap and every export, and deletes the exports dropped from the spec.
 pub async fn publish(queue: &Queue, ready: &Ready, ctx: &Context) -> Result<Published> {
     let mut published = Published::default();
@@ -87,29 +89,24 @@ pub async fn publish(queue: &Queue, ready: &Ready, ctx: &Context) -> Result<Publ
     let mut refused = Vec::new();
     for export in &queue.spec.exports {
         let values = data(export, ready);
-        let mut target = export.target();
-        let outcome = match export.kind {
+        // Ok: written, with the Secret's UID; Err: why the name is not this Queue's.
+        let written = match export.kind {
             ExportKind::ConfigMap => {
                 let ours = ensure_owned_configmap(queue, configmap(queue, &export.name, values)?, ctx).await?;
-                if ours { Outcome::Ours { uid: String::new() } } else { Outcome::Taken }
+                if ours { Ok(None) } else { Err(TAKEN) }
             }
             ExportKind::Secret => {
                 let uid = recorded_uid(queue, &export.name);
-                secret_exports::ensure(queue, secret(queue, &export.name, values)?, uid, ctx).await?
+                match secret_exports::ensure(queue, secret(queue, &export.name, values)?, uid, ctx).await? {
+                    Outcome::Ours { uid } => Ok(Some(uid)),
+                    Outcome::Taken => Err(TAKEN),
+                    Outcome::Replaced => Err("is no longer the one this Queue made (replaced, or its owner changed)"),
+                }
             }
         };
-        match outcome {
-            Outcome::Ours { uid } => {
-                target.uid = (export.kind == ExportKind::Secret).then_some(uid);
-                published.owned.push(target);
-            }
-            Outcome::Taken => {
-                refused.push(format!("{} {} exists and was not made by this Queue", export.kind, export.name))
-            }
-            Outcome::Replaced => refused.push(format!(
-                "{} {} is no longer the one this Queue made (replaced, or its owner changed)",
-                export.kind, export.name
-            )),
+        match written {
+            Ok(uid) => published.owned.push(ExportRef { uid, ..export.target() }),
+            Err(why) => refused.push(format!("{} {} {why}", export.kind, export.name)),
         }
     }
     if !refused.is_empty() && published.conflict.is_none() {

@@ -164,13 +164,15 @@ pub fn controller(
     let resyncs = Arc::new(Resyncs::default());
     let due = resyncs::sweep(resyncs.clone(), queue_reader.clone(), resyncs::tick(settings.resync));
     let written = crate::controllers::memory::OwnWrites::expiring(follow_up_window(settings.resync));
+    // Entries of Queues that are gone are swept; live ones are rewritten every tag resync.
+    let secrets = crate::controllers::memory::OwnWrites::expiring(settings.tag_resync * 2);
     let state = State {
         sqs,
         accounts: accounts::Accounts::new(account_reader.clone(), aws).within(settings.cluster_id.clone(), usage),
         settings,
         queues: queue_reader.clone(),
         configmaps: cm_reader,
-        secrets: Default::default(),
+        secrets,
         verified: Default::default(),
         redrives: Default::default(),
         resyncs: resyncs.clone(),
