@@ -4,7 +4,10 @@
 //! proxy's record of every request: the call rate never exceeds the governor budget set with
 //! `--sqs-rate`/`--sqs-burst` (the SDK must not retry behind the limiter's back), no Queue is
 //! called again sooner than its error backoff after a failed call, and once the faults stop the
-//! backlog drains: every live Queue Ready with its spec in SQS, every deleted one gone.
+//! backlog drains: every live Queue Ready with its spec in SQS, every deleted one gone. Queues
+//! aimed at another tenant's queues (adopt, dead letters; `tests/common/bait.rs`), made while
+//! the cloud misbehaves, stay refused, and those queues unchanged (steals counted, as in the
+//! crash and two-operator runs): a failed or retried call must not skip the ownership check.
 //!
 //! CI: 12 Queues, 30 s of faults. Full run (figures in RELIABILITY.md):
 //! `SKYPORT_FAULTS_QUEUES=60 SKYPORT_FAULTS_SECONDS=180 cargo test --test integration cloud_faults:: -- --include-ignored --nocapture`
@@ -17,6 +20,7 @@ use crate::common::sqs_faults;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use common::bait::{Attempt, Bait};
 use common::private_env::{Skyport, audit, setting};
 use common::*;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -39,11 +43,16 @@ async fn under_throttling_errors_resets_and_slow_answers_the_budget_and_backoff_
     let fault_time = Duration::from_secs(setting("SKYPORT_FAULTS_SECONDS", 30));
     let ns = TestNs::new("faults").await;
     let queues: Api<Queue> = ns.api();
+    let cluster = format!("faults-{}", ns.name);
+    // Laid directly in LocalStack, not through the faulty proxy.
+    let bait = Bait::lay(&format!("bait-{}", ns.name), &ns.name, &cluster).await;
     let endpoint = std::env::var("AWS_ENDPOINT_URL").unwrap();
     let proxy = FaultProxy::start(endpoint.trim_start_matches("http://").trim_end_matches('/')).await;
     let args: Vec<String> = [
         "--namespace",
         &ns.name,
+        "--cluster-id",
+        &cluster,
         "--queue-resync",
         "10s",
         "--error-backoff-min",
@@ -68,6 +77,14 @@ async fn under_throttling_errors_resets_and_slow_answers_the_budget_and_backoff_
         let name = format!("q{i}");
         queues.create(&PostParams::default(), &queue(&name, json!({"visibilityTimeoutSeconds": 30}))).await.unwrap();
         live.insert(name, 30);
+    }
+    // One Queue per bait queue: the early-retry check below goes by SQS queue name, and two
+    // Queues calling about the same queue would look like one retrying.
+    let mut aimed = BTreeMap::new();
+    for (i, attempt) in [Attempt::Adopt, Attempt::DeadLetter].into_iter().cycle().take(bait.queues.len()).enumerate() {
+        let (spec, reason) = bait.spec(i, attempt);
+        queues.create(&PostParams::default(), &queue(&format!("steal{i}"), spec)).await.unwrap();
+        aimed.insert(format!("steal{i}"), reason);
     }
     // Some of them change and some go while the cloud misbehaves.
     tokio::time::sleep(fault_time / 3).await;
@@ -112,10 +129,14 @@ async fn under_throttling_errors_resets_and_slow_answers_the_budget_and_backoff_
                 .attributes?;
             (attrs.values().next()? == &timeout.to_string()).then_some(())?;
         }
-        deleted.iter().all(|n| !by_name.contains_key(n)).then(|| faults_off.elapsed())
+        let refused = aimed.iter().all(|(n, reason)| {
+            by_name.get(n).is_some_and(|q| ready(q) == Some((ConditionStatus::False, reason.to_string())))
+        });
+        (refused && deleted.iter().all(|n| !by_name.contains_key(n))).then(|| faults_off.elapsed())
     })
     .await;
     let (leaks, duplicates, stuck) = audit(&sqs, &queues, &ns.name).await;
+    let steals = bait.steals().await;
     let calls = proxy.calls();
     let above_budget = above_budget(&calls);
     let too_soon = retried_too_soon(&calls, settled);
@@ -128,19 +149,22 @@ async fn under_throttling_errors_resets_and_slow_answers_the_budget_and_backoff_
     println!(
         "misbehaving cloud: {fault_time:?} of faults at 50% ({faults:?}), SQS calls {} {operations:?}, Queues created {count} / edited {} / \
          deleted {}, backlog drained {converged:?} after the faults stopped, leaks {leaks}, duplicates {duplicates}, \
-         stuck finalizers {stuck}, calls above budget ({RATE}/s, burst {BURST}) {above_budget}, retries sooner than the \
-         backoff {too_soon}, panics {panics}",
+         stuck finalizers {stuck}, refused steals {} (steals {steals}), calls above budget ({RATE}/s, burst {BURST}) \
+         {above_budget}, retries sooner than the backoff {too_soon}, panics {panics}",
         calls.len(),
         (1..count).step_by(4).count(),
         deleted.len(),
+        aimed.len(),
     );
-    assert_eq!((leaks, duplicates, stuck, above_budget, too_soon, panics), (0, 0, 0, 0, 0, 0));
+    assert_eq!((leaks, duplicates, stuck, steals, above_budget, too_soon, panics), (0, 0, 0, 0, 0, 0, 0));
 
     let _ = queues.delete_collection(&DeleteParams::default(), &ListParams::default()).await;
     eventually("all Queues deleted", Duration::from_secs(60), || async {
         queues.list(&ListParams::default()).await.ok()?.items.is_empty().then_some(())
     })
     .await;
+    assert_eq!(bait.steals().await, 0, "deleting the Queues that aimed at another tenant's queues changed them");
+    bait.remove().await;
     skyport.stop().await;
     ns.cleanup().await;
 }

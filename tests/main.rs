@@ -8,6 +8,7 @@
 mod common;
 
 mod apiserver_away;
+mod attacks;
 mod bad_input;
 mod cloud_faults;
 mod cloud_wiped;
