@@ -1,6 +1,11 @@
 //! Events on the objects skyport reconciles (events.k8s.io/v1), a repeat within six minutes
 //! folded into the first one's series as kubectl shows it (`x3 over 2m`).
 //!
+//! A repeat replaces the first Event whole (`update`), made again from what names it, rather than
+//! patching it: `patch` on Events would be a read of every Event in the cluster (a JSON patch
+//! copying the note into the name is answered with the note before any admission policy runs),
+//! while an update's answer is the object sent. So skyport holds `create` and `update` on Events.
+//!
 //! kube-runtime's `Recorder` does the same, but keeps a full copy of every Event it published in
 //! the last six minutes (about 4 KiB each) and scans all of them on every publish: a create storm
 //! of 10,000 Queues held ~40 MiB of Events (BENCHMARKS.md). This keeps, per key, the time that
@@ -12,10 +17,10 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::events::v1::{Event, EventSeries};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Client;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 pub use kube::runtime::events::EventType;
 
 /// How long a repeat still counts as one: the same window as kube-runtime's Recorder and
@@ -56,10 +61,12 @@ impl Events {
         let repeat = self.lock().repeat_of(key, now);
         let namespace = regarding.namespace.as_deref().unwrap_or("default");
         let api: Api<Event> = Api::namespaced(self.client.clone(), namespace);
-        let stamp = MicroTime(k8s_openapi::jiff::Timestamp::now());
+        // Whole microseconds, as the API server keeps them, so a repeat names the same eventTime.
+        let stamp = micro_time(nanos(&MicroTime(k8s_openapi::jiff::Timestamp::now())));
         if let Some((first, count)) = repeat {
-            let series = serde_json::json!({"series": {"count": count + 1, "lastObservedTime": stamp}});
-            match api.patch(&self.name(regarding, first), &PatchParams::default(), &Patch::Merge(&series)).await {
+            let mut event = self.event(regarding, type_, reason, action, note, micro_time(first));
+            event.series = Some(EventSeries { count: count + 1, last_observed_time: stamp.clone() });
+            match api.replace(&self.name(regarding, first), &PostParams::default(), &event).await {
                 Ok(_) => {
                     self.lock().remember(key, first, count + 1, now);
                     return Ok(());
@@ -127,6 +134,13 @@ fn nanos(stamp: &MicroTime) -> u64 {
     u64::try_from(stamp.0.as_nanosecond()).unwrap_or_default()
 }
 
+/// The time `nanos` named, for the first Event of a series made again (its eventTime cannot
+/// change; the API server keeps microseconds, so that is all that must round-trip).
+fn micro_time(nanos: u64) -> MicroTime {
+    let micros = i64::try_from(nanos / 1_000).unwrap_or_default();
+    MicroTime(k8s_openapi::jiff::Timestamp::from_microsecond(micros).unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH))
+}
+
 /// One hash of everything that makes two Events the same one.
 fn key(regarding: &ObjectReference, type_: EventType, reason: &str, action: &str, note: &str) -> u64 {
     let object = (&regarding.uid, &regarding.kind, &regarding.namespace, &regarding.name);
@@ -173,6 +187,14 @@ impl Recent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_first_events_time_is_made_again_exactly_from_the_name() {
+        let stamp = micro_time(nanos(&MicroTime(k8s_openapi::jiff::Timestamp::now())));
+        let again = micro_time(nanos(&stamp));
+        assert_eq!(serde_json::to_value(&again).unwrap(), serde_json::to_value(&stamp).unwrap());
+        assert_eq!(nanos(&stamp) % 1_000, 0, "whole microseconds");
+    }
 
     #[test]
     fn a_repeat_within_the_window_counts_on_and_an_old_one_starts_anew() {

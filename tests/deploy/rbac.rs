@@ -48,7 +48,7 @@ fn rbac_grants_exactly_the_calls_the_controllers_make() {
         "/configmaps:patch",                    // server-side apply
         "/configmaps:delete",                   // an export removed from a Queue's spec
         "events.k8s.io/events:create",          // Recorder
-        "events.k8s.io/events:patch",           // Recorder (repeated events become a series)
+        "events.k8s.io/events:update",          // a repeat replaces the first Event, with its series
         "skyport.dev/tunnels:list",             // Tunnel watch (reflector)
         "skyport.dev/tunnels:watch",            //
         "skyport.dev/tunnels:patch",            // finalizer add/remove

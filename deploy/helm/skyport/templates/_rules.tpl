@@ -51,8 +51,10 @@
   - apiGroups: [""]
     resources: ["secrets"]
     verbs: ["create", "update", "delete"]
-  # Events on the objects skyport manages.
+  # Events on the objects skyport manages: created, and a repeat replaces the first whole
+  # (update). No patch: a JSON patch is a read of any Event (its note copied into the name comes
+  # back in the error, before admission); an update's answer is the object sent.
   - apiGroups: ["events.k8s.io"]
     resources: ["events"]
-    verbs: ["create", "patch"]
+    verbs: ["create", "update"]
 {{- end }}
