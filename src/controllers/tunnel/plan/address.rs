@@ -223,7 +223,7 @@ mod tests {
         assert!(!kept_for(&tagged("gone-uid", "b", "Delete"), "a", "c1", &live), "another namespace's");
         assert!(!kept_for(&tagged("gone-uid", "a", "Delete"), "a", "c2", &live), "another cluster's");
         assert!(!kept_for(&tagged("gone-uid", "a", "Retain"), "a", "c1", &live), "kept on purpose");
-        let recorded: HashSet<String> = ["addr-1".to_string()].into();
+        let recorded: HashSet<String> = ["a-1".to_string()].into();
         let awaiting: HashSet<(String, String)> = [("a".to_string(), "web-tunnel".to_string())].into();
         assert!(taken_over(&tagged("gone-uid", "b", "Delete"), &recorded, &HashSet::new()), "by its id");
         assert!(taken_over(&tagged("gone-uid", "a", "Delete"), &HashSet::new(), &awaiting), "by its name");
