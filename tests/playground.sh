@@ -119,8 +119,10 @@ server.serve_forever()' "$MIRROR_PORT" >"$DEMO/mirror.log" 2>&1 </dev/null) &
     --exit-server-url "https://host.skyport.internal:$MIRROR_PORT/v{version}/skyport-{arch}"
     --skip-exit-server-check)
 fi
-# Only the default namespace: tests run their own controllers in their own namespaces.
+# Only the default namespace: tests run their own controllers in their own namespaces. As the
+# cluster admin, whom no admission policy covers: hence --allow-without-admission-policies.
 setsid nohup "$OPERATOR" run --namespace default --queue-resync 20s \
+  --allow-without-admission-policies \
   "${PROVIDER_ARGS[@]}" --tunnel-resync 20s \
   >"$LOG" 2>&1 </dev/null &
 echo $! >"$PIDFILE"

@@ -228,3 +228,45 @@ async fn a_retained_elastic_ip_outlives_its_tunnel() {
     ec2.release_address(&id).await.unwrap();
     finish_tunnels(op, ns).await;
 }
+
+/// A Tunnel deleted while its Service still asks for one (by hand, or with a stolen token of
+/// skyport's) keeps its reserved address, and the Service's next Tunnel takes it over: the
+/// Service's published address never goes back to the cloud's pool, where anyone could reserve
+/// it while DNS still names it. The orphan sweep leaves it alone meanwhile.
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn a_tunnel_deleted_while_its_service_asks_for_one_hands_its_elastic_ip_to_the_next() {
+    let ns = TestNs::new("tun-ec2-next").await;
+    let (op, ec2) = on_ec2(&ns).await;
+    let (services, tunnels): (Api<Service>, Api<Tunnel>) = (ns.api(), ns.api());
+    let annotations = serde_json::json!({"skyport.dev/provider": "ec2", "skyport.dev/address": "reserved"});
+    services.create(&PostParams::default(), &reserved_web(annotations)).await.unwrap();
+    let holding = |uid: Option<String>| {
+        let tunnels = tunnels.clone();
+        async move {
+            eventually("a Tunnel on an instance holding its Elastic IP", Duration::from_secs(90), || async {
+                let t = tunnels.get("web-tunnel").await.ok()?;
+                let s = t.status.as_ref()?;
+                (t.metadata.uid != uid && s.address_ip.is_some() && s.host_ip == s.address_ip).then_some(t)
+            })
+            .await
+        }
+    };
+    let first = holding(None).await;
+    let id = address_id(&first);
+    tunnels.delete("web-tunnel", &DeleteParams::default()).await.unwrap();
+    let second = holding(first.metadata.uid.clone()).await;
+    assert_eq!(address_id(&second), id, "the next Tunnel holds the same Elastic IP");
+    assert_eq!(host_ip(&second), host_ip(&first), "the same address");
+    assert_eq!(ec2.get(&host_id(&first)).await.unwrap(), None, "the first instance is terminated");
+    let calls = |op: &str| ec2.limiter().counters.snapshot().get(op).copied().unwrap_or_default();
+    assert_eq!((calls("AllocateAddress"), calls("ReleaseAddress")), (1, 0), "one Elastic IP, never released");
+    skyport::controllers::tunnel::sweep::sweep_once(&op.ctx).await;
+    assert!(ec2.get_address(&id).await.unwrap().is_some(), "the sweep leaves the taken-over address");
+
+    // Once the Service goes, its Tunnel releases the address.
+    services.delete("web", &DeleteParams::default()).await.unwrap();
+    tunnels::gone(&tunnels, "web-tunnel").await;
+    assert_eq!(ec2.get_address(&id).await.unwrap(), None, "released with the Service");
+    finish_tunnels(op, ns).await;
+}

@@ -34,6 +34,8 @@ impl Process {
                 "--sqs-tag-rate",
                 &rate.to_string(),
             ])
+            // As the cluster admin, whom no admission policy covers.
+            .env("SKYPORT_ALLOW_WITHOUT_ADMISSION_POLICIES", "true")
             // "reconciled" lines (debug) tell when a restart has been through every Queue.
             .env("RUST_LOG", "info,kube_runtime=warn,skyport::controllers::queue=debug")
             .stdout(Stdio::from(file.try_clone()?))

@@ -35,6 +35,8 @@ async fn operator_as(admin: &Client, (namespace, name): (&str, &str), watch: &st
     let mut child = Command::new(env!("CARGO_BIN_EXE_skyport"))
         .args(["run", "--leader-elect=false", "--listen-address", "127.0.0.1:0", "--namespace", watch])
         .arg(format!("--tunnel-client-namespace={namespace}"))
+        // A RoleBinding of the ClusterRole does not reach kube-system's UID.
+        .arg("--cluster-id=startup-test")
         .args(extra)
         .env("KUBECONFIG", &path)
         .env("RUST_LOG", "info")

@@ -31,11 +31,20 @@ fn ingress_ip(h: &Harness) -> serde_json::Value {
 }
 
 async fn delete_tunnel(h: &mut Harness) {
+    delete_tunnel_with(h, true).await;
+}
+
+/// Deletes the Tunnel, with its Service being deleted too (`service_going`: the garbage collector's
+/// cascade) or still asking for a Tunnel (a Tunnel deleted by hand).
+async fn delete_tunnel_with(h: &mut Harness, service_going: bool) {
+    let now = || Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
     let mut t = h.current();
-    t.metadata.deletion_timestamp =
-        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
+    t.metadata.deletion_timestamp = now();
     let t = h.put_tunnel(&t);
-    let svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(h.api.get(SERVICE).unwrap()).unwrap();
+    let mut svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(h.api.get(SERVICE).unwrap()).unwrap();
+    if service_going {
+        svc.metadata.deletion_timestamp = now();
+    }
     h.services.apply_watcher_event(&watcher::Event::Apply(svc));
     assert_eq!(h.reconcile(t).await.unwrap(), Action::await_change());
 }
@@ -284,5 +293,24 @@ async fn the_steady_state_costs_one_address_list_per_reconcile() {
         let before = h.provider.calls().len();
         h.reconcile(Arc::new(h.current())).await.unwrap();
         assert_eq!(h.provider.calls()[before..], ["list_by_tag", "list_addresses_by_tag"], "{binding:?}");
+    }
+}
+
+/// Deleted by hand (or with a stolen token) while its Service still asks for a Tunnel: the
+/// address is kept for the Service's next Tunnel, except where only its host's tags find it.
+#[tokio::test]
+async fn a_tunnel_deleted_while_its_service_asks_for_one_keeps_the_address_for_the_next() {
+    for (binding, kept) in
+        [(AddressBinding::Assign, true), (AddressBinding::AtCreate, true), (AddressBinding::WithHost, false)]
+    {
+        let (mut h, t) = reserved(binding, AddressDeletionPolicy::Delete);
+        h.reconcile(t).await.unwrap();
+        assert_eq!(ready(&h.current()), (ConditionStatus::True, "Active".into()), "{binding:?}");
+        delete_tunnel_with(&mut h, false).await;
+        assert!(h.provider.hosts().is_empty(), "{binding:?}: the exit server goes");
+        assert_eq!(h.provider.addresses().len(), usize::from(kept), "{binding:?}");
+        let reason = if kept { "AddressKept" } else { "AddressReleased" };
+        assert!(h.api.event_reasons().contains(&reason.to_string()), "{binding:?}: {:?}", h.api.event_reasons());
+        assert_eq!(h.current().metadata.finalizers, Some(vec![]), "{binding:?}");
     }
 }

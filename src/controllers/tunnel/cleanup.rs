@@ -1,9 +1,10 @@
 //! Deleting a Tunnel: the Service's ingress is cleared, its reserved address released (or kept,
-//! with `deletionPolicy: Retain`), its exit servers and a client in the operator's namespace
-//! deleted, then the finalizer goes.
+//! with `deletionPolicy: Retain`, or for the Service's next Tunnel while the Service still asks for
+//! one), its exit servers and a client in the operator's namespace deleted, then the finalizer goes.
 
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
@@ -12,6 +13,7 @@ use tracing::info;
 
 use super::phases::Pass;
 use super::placement::Placement;
+use super::plan::address::keep_for_successor;
 use super::plan::{Blocked, provider_for};
 use super::status::not_ready;
 use super::{Context, FINALIZER, act, desired};
@@ -61,7 +63,8 @@ pub async fn cleanup(tunnel: &Tunnel, api: &Api<Tunnel>, ctx: &Context) -> Resul
     if let Some(provider) = &provider
         && (tunnel.spec.reserves_address() || pass.status().address_id.is_some())
     {
-        addresses(tunnel, provider.as_ref(), &uid, ctx, pass.status()).await?;
+        let keep = keep_for_successor(service_asks(tunnel, pass.service.as_deref(), ctx), provider.address_binding());
+        addresses(tunnel, provider.as_ref(), (&uid, keep), ctx, pass.status()).await?;
     }
     if let Some(provider) = provider {
         let mut ids: Vec<String> = recorded_host.into_iter().collect();
@@ -95,13 +98,24 @@ pub async fn cleanup(tunnel: &Tunnel, api: &Api<Tunnel>, ctx: &Context) -> Resul
     Ok(Action::await_change())
 }
 
+/// Whether the Service that controls `tunnel` still asks for a Tunnel: it exists, is served and
+/// is not being deleted. The Service controller deletes a Tunnel only when that is no longer so;
+/// otherwise it was deleted by hand (or with a stolen token), and a new one follows at once.
+fn service_asks(tunnel: &Tunnel, service: Option<&Service>, ctx: &Context) -> bool {
+    service.is_some_and(|s| {
+        desired::controls_service_status(tunnel, s)
+            && s.metadata.deletion_timestamp.is_none()
+            && crate::controllers::service::desired::served(s, &ctx.settings).is_ok()
+    })
+}
+
 /// Releases the Tunnel's reserved addresses (the recorded one and any carrying its UID), or with
-/// `Retain` only says where the kept one is. Done before the hosts go: a DigitalOcean reserved IP
-/// is found by its droplet's tags.
+/// `Retain`, or kept for the Service's next Tunnel (`keep`), only says where they are. Done before
+/// the hosts go: a DigitalOcean reserved IP is found by its droplet's tags.
 async fn addresses(
     tunnel: &Tunnel,
     provider: &dyn providers::HostProvider,
-    uid: &str,
+    (uid, keep): (&str, bool),
     ctx: &Context,
     status: &TunnelStatus,
 ) -> Result<()> {
@@ -125,6 +139,14 @@ async fn addresses(
             provider.name()
         );
         ctx.publish(tunnel, EventType::Normal, "AddressRetained", note).await;
+        return Ok(());
+    }
+    if keep {
+        info!(addresses = %names, provider = provider.name(), "keeping the reserved address for the Service's next Tunnel");
+        let note = format!(
+            "kept reserved address {names} for the Service's next Tunnel: the Service still asks for one (delete the Service, or change its type or class, to release it)"
+        );
+        ctx.publish(tunnel, EventType::Normal, "AddressKept", note).await;
         return Ok(());
     }
     for address in &all {

@@ -245,6 +245,11 @@ pub async fn find_address(provider: &dyn HostProvider, status: &TunnelStatus, ui
     Ok(FoundAddress { address: addresses.next(), extras: addresses.collect() })
 }
 
+/// The reserved addresses tagged with the Tunnel name `name` (of any namespace and cluster).
+pub async fn addresses_named(provider: &dyn HostProvider, name: &str) -> Result<Vec<Address>> {
+    Ok(provider.list_addresses_by_tag(providers::hosts::TAG_TUNNEL_NAME, name).await?)
+}
+
 /// What the Tunnel's Secret holds.
 pub struct Stored {
     pub credentials: Credentials,

@@ -209,7 +209,9 @@ async fn in_the_operators_namespace_both_clients_go_with_the_tunnel_and_so_do_bo
     let mut t = h.current();
     t.metadata.deletion_timestamp =
         Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
-    let svc = serde_json::from_value(h.api.get(SERVICE).unwrap()).unwrap();
+    // The Service goes too (a Tunnel deleted while its Service asks for one keeps the address).
+    let mut svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(h.api.get(SERVICE).unwrap()).unwrap();
+    svc.metadata.deletion_timestamp = t.metadata.deletion_timestamp.clone();
     h.services.apply_watcher_event(&kube::runtime::watcher::Event::Apply(svc));
     h.reconcile(h.put_tunnel(&t)).await.unwrap();
     assert_eq!(h.current().metadata.finalizers, Some(vec![]));

@@ -18,6 +18,7 @@ use tracing::{Instrument, info, info_span, warn};
 use super::Context;
 use super::act;
 use super::placement::{LABEL_TUNNEL_NAMESPACE, LABEL_TUNNEL_UID, label_test};
+use super::plan::address::taken_over;
 use crate::controllers::MANAGED_BY;
 use crate::controllers::owned::{self, Guarded};
 
@@ -169,9 +170,19 @@ async fn release_orphaned_addresses(provider: &dyn HostProvider, ctx: &Context) 
             return;
         }
     };
-    let live: HashSet<String> = ctx.tunnels.state().iter().filter_map(|t| t.uid()).collect();
+    let tunnels = ctx.tunnels.state();
+    let live: HashSet<String> = tunnels.iter().filter_map(|t| t.uid()).collect();
+    // Kept by a deleted Tunnel for its Service's next one, which took it over or is about to.
+    let recorded: HashSet<String> = tunnels.iter().filter_map(|t| t.status.as_ref()?.address_id.clone()).collect();
+    let awaiting: HashSet<(String, String)> = tunnels
+        .iter()
+        .filter(|t| t.spec.reserves_address() && t.status.as_ref().is_none_or(|s| s.address_id.is_none()))
+        .map(|t| (t.namespace().unwrap_or_default(), t.name_any()))
+        .collect();
     let namespace = ctx.namespace.as_deref();
-    for address in listed.iter().filter(|a| is_orphan_address(a, &live, &ctx.cluster_id, namespace)) {
+    let orphan =
+        |a: &&Address| is_orphan_address(a, &live, &ctx.cluster_id, namespace) && !taken_over(a, &recorded, &awaiting);
+    for address in listed.iter().filter(orphan) {
         let uid = address.tags.get(TAG_TUNNEL_UID).map(String::as_str).unwrap_or_default();
         match provider.release_address(&address.id).await {
             Ok(()) => {

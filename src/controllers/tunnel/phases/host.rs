@@ -3,6 +3,7 @@
 //! created host or reserved address is recorded the moment it exists, so a crash never makes a
 //! second one; waiting is a short requeue, never a blocked worker.
 
+use kube::ResourceExt;
 use providers::{Address, AddressBinding, Host, HostProvider};
 
 use super::super::plan::address::{self as address_plan, AddressStep, address_step};
@@ -136,13 +137,46 @@ impl Pass<'_> {
             })
             .await?;
         }
-        match found.address {
+        let mut found_address = found.address;
+        if found_address.is_none() && self.status().address_id.is_none() {
+            found_address = self.take_over_kept(want).await?;
+        }
+        match found_address {
             Some(address) => Ok(Some(address)),
             None if address_plan::reserve_first(provider.address_binding(), None) => {
                 self.reserve(want, None).await.map(Some)
             }
             None => Ok(None),
         }
+    }
+
+    /// The address an earlier Tunnel of this Service kept for it (deleted while the Service still
+    /// asked for one: [`address_plan::keep_for_successor`]), recorded as this Tunnel's at once.
+    async fn take_over_kept(&mut self, want: &Desired) -> Result<Option<Address>> {
+        if !want.publishes {
+            return Ok(None);
+        }
+        let (tunnel, ctx) = (self.tunnel, self.ctx);
+        let live = ctx.tunnels.state().iter().filter_map(|t| t.uid()).collect();
+        let namespace = tunnel.namespace().unwrap_or_default();
+        let listed = observe::addresses_named(want.provider.as_ref(), &tunnel.name_any()).await?;
+        let Some(address) = listed.into_iter().find(|a| address_plan::kept_for(a, &namespace, &ctx.cluster_id, &live))
+        else {
+            return Ok(None);
+        };
+        let provider = want.provider.name().to_string();
+        self.record(|s| {
+            s.provider = Some(provider);
+            s.address_id = Some(address.id.clone());
+            s.address_ip = Some(address.ip.clone());
+        })
+        .await?;
+        let note = format!(
+            "took over reserved address {} ({}), kept by this Service's previous Tunnel",
+            address.ip, address.id
+        );
+        ctx.publish(tunnel, kube::runtime::events::EventType::Normal, "AddressTakenOver", note).await;
+        Ok(Some(address))
     }
 
     /// Reserves the Tunnel's address (onto host `onto` if set) and records it at once.

@@ -6,6 +6,9 @@
 //! found through its host's tags (`WithHost`). Either way the Tunnel's address is the reserved
 //! one only once it is on the running host; until then nothing is published.
 
+use std::collections::HashSet;
+
+use providers::hosts::{TAG_CLUSTER, TAG_DELETION_POLICY, TAG_TUNNEL_NAME, TAG_TUNNEL_NAMESPACE, TAG_TUNNEL_UID};
 use providers::{Address, AddressBinding};
 
 /// Whether to reserve the address before the exit server is created or stepped: where a new
@@ -70,6 +73,36 @@ pub fn address_step(binding: AddressBinding, address: Option<&Address>, host_id:
             AddressStep::Assign { id: address.id.clone(), host_id: host_id.to_string() }
         }
     }
+}
+
+/// Whether deleting a Tunnel keeps its reserved address for the next Tunnel of its Service
+/// rather than releasing it: the Service that controls the Tunnel still exists, is served and is
+/// not being deleted (`service_asks`), so the Service controller makes a new Tunnel at once, and
+/// a released address (the Service's published IP, which DNS may name) could be reserved by anyone
+/// on that cloud. Only where an address carries its own tags ([`kept_for`] finds it again by
+/// them): a DigitalOcean reserved IP is found only through its droplet's.
+pub fn keep_for_successor(service_asks: bool, binding: AddressBinding) -> bool {
+    service_asks && binding != AddressBinding::WithHost
+}
+
+/// Whether `address` is one an earlier Tunnel of `namespace` (of the name it was listed by) kept
+/// for its Service's next Tunnel ([`keep_for_successor`]): this cluster's, released on deletion
+/// (`Delete`: a `Retain` address was kept on purpose and is left alone), of a Tunnel UID that no
+/// live Tunnel has.
+pub fn kept_for(address: &Address, namespace: &str, cluster_id: &str, live: &HashSet<String>) -> bool {
+    let tag = |k: &str| address.tags.get(k).map(String::as_str);
+    tag(TAG_CLUSTER) == Some(cluster_id)
+        && tag(TAG_TUNNEL_NAMESPACE) == Some(namespace)
+        && tag(TAG_DELETION_POLICY) != Some("Retain")
+        && tag(TAG_TUNNEL_UID).is_some_and(|uid| !live.contains(uid))
+}
+
+/// Whether the orphan sweep must leave `address` alone although its Tunnel UID is gone: a live
+/// Tunnel took it over (its id in `recorded`), or a live Tunnel of the name it carries has none
+/// yet and will take it (`awaiting`, namespace and name).
+pub fn taken_over(address: &Address, recorded: &HashSet<String>, awaiting: &HashSet<(String, String)>) -> bool {
+    let tag = |k: &str| address.tags.get(k).cloned().unwrap_or_default();
+    recorded.contains(&address.id) || awaiting.contains(&(tag(TAG_TUNNEL_NAMESPACE), tag(TAG_TUNNEL_NAME)))
 }
 
 #[cfg(test)]
@@ -157,5 +190,45 @@ mod tests {
         assert!(!lost(Some("a-1"), Some(&address(None))));
         assert!(lost(Some("a-1"), None), "released outside skyport");
         assert!(lost(Some("a-0"), Some(&address(None))), "another one took its place");
+    }
+
+    fn tagged(uid: &str, ns: &str, policy: &str) -> Address {
+        let mut a = address(None);
+        a.tags = [
+            (TAG_CLUSTER, "c1"),
+            (TAG_TUNNEL_UID, uid),
+            (TAG_TUNNEL_NAMESPACE, ns),
+            (TAG_TUNNEL_NAME, "web-tunnel"),
+            (TAG_DELETION_POLICY, policy),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        a
+    }
+
+    #[test]
+    fn an_address_is_kept_for_the_services_next_tunnel_only_while_the_service_asks_and_tags_find_it() {
+        assert!(keep_for_successor(true, AddressBinding::Assign));
+        assert!(keep_for_successor(true, AddressBinding::AtCreate));
+        assert!(!keep_for_successor(true, AddressBinding::WithHost), "found only through its droplet: released");
+        assert!(!keep_for_successor(false, AddressBinding::Assign), "the Service is gone or opted out: released");
+    }
+
+    #[test]
+    fn a_kept_address_is_taken_over_only_in_its_namespace_cluster_and_once_its_tunnel_is_gone() {
+        let live: HashSet<String> = ["live-uid".to_string()].into();
+        assert!(kept_for(&tagged("gone-uid", "a", "Delete"), "a", "c1", &live));
+        assert!(!kept_for(&tagged("live-uid", "a", "Delete"), "a", "c1", &live), "its Tunnel still holds it");
+        assert!(!kept_for(&tagged("gone-uid", "b", "Delete"), "a", "c1", &live), "another namespace's");
+        assert!(!kept_for(&tagged("gone-uid", "a", "Delete"), "a", "c2", &live), "another cluster's");
+        assert!(!kept_for(&tagged("gone-uid", "a", "Retain"), "a", "c1", &live), "kept on purpose");
+        let recorded: HashSet<String> = ["a-1".to_string()].into();
+        let awaiting: HashSet<(String, String)> = [("a".to_string(), "web-tunnel".to_string())].into();
+        assert!(taken_over(&tagged("gone-uid", "b", "Delete"), &recorded, &HashSet::new()), "by its id");
+        assert!(taken_over(&tagged("gone-uid", "a", "Delete"), &HashSet::new(), &awaiting), "by its name");
+        let mut other = tagged("gone-uid", "b", "Delete");
+        other.id = "addr-2".into();
+        assert!(!taken_over(&other, &recorded, &awaiting));
     }
 }
