@@ -57,6 +57,8 @@ async fn the_dashboard_and_alerts_query_only_metrics_the_operator_exports() {
         .args(["run", "--namespace", &ns.name, "--log-format", "json", "--listen-address", "127.0.0.1:0"])
         .args(["--provider", "local", "--cluster-id", "monitoring-test", "--local-state-dir"])
         .arg(&state)
+        // As the test cluster's admin, whom no admission policy covers.
+        .env("SKYPORT_ALLOW_WITHOUT_ADMISSION_POLICIES", "true")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

@@ -138,7 +138,9 @@ fn nanos(stamp: &MicroTime) -> u64 {
 /// change; the API server keeps microseconds, so that is all that must round-trip).
 fn micro_time(nanos: u64) -> MicroTime {
     let micros = i64::try_from(nanos / 1_000).unwrap_or_default();
-    MicroTime(k8s_openapi::jiff::Timestamp::from_microsecond(micros).unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH))
+    MicroTime(
+        k8s_openapi::jiff::Timestamp::from_microsecond(micros).unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+    )
 }
 
 /// One hash of everything that makes two Events the same one.

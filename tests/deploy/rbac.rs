@@ -140,6 +140,7 @@ fn admission_policies_narrow_the_service_accounts_writes() {
         ("skyport-writes-only-its-own-objects", vec!["secrets", "configmaps", "deployments"]),
         ("skyport-publishes-only-its-own-load-balancers", vec!["services/status"]),
         ("skyport-never-writes-specs", vec!["queues", "tunnels", "awsaccounts", "tunnels"]),
+        ("skyport-writes-only-its-own-events", vec!["events"]),
     ] {
         let policy = find(&docs, "ValidatingAdmissionPolicy", name);
         let condition = policy["spec"]["matchConditions"][0]["expression"].as_str().unwrap();

@@ -68,6 +68,8 @@ fn kustomize_base_is_accepted_by_a_server_side_dry_run() {
         "validatingadmissionpolicybinding.admissionregistration.k8s.io/skyport-queue-names",
         "validatingadmissionpolicy.admissionregistration.k8s.io/skyport-publishes-only-its-own-load-balancers",
         "validatingadmissionpolicy.admissionregistration.k8s.io/skyport-never-writes-specs",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/skyport-writes-only-its-own-events",
+        "validatingadmissionpolicybinding.admissionregistration.k8s.io/skyport-writes-only-its-own-events",
         "deployment.apps/skyport",
         "service/skyport-metrics",
     ] {
