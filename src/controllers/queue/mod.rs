@@ -287,7 +287,10 @@ async fn apply(queue: Arc<Queue>, ctx: &Context, added_finalizer: bool) -> Resul
             let status = status::ready(&queue, &api, ctx, &ready, &published.owned, &placement);
             let ((), became_ready) = tokio::join!(events, status);
             let became_ready = became_ready?;
-            if became_ready {
+            // A queue made again under its ARN is a dead-letter target again: the Queues whose
+            // redrive waited for it to exist look now, not at their next resync.
+            let recreated = ready.events.iter().any(|(reason, _)| *reason == "Recreated");
+            if became_ready || recreated {
                 act::wake_dependents(&queue, ctx);
             }
             ctx.reported.forget(&key);

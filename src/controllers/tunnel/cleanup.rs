@@ -67,7 +67,15 @@ pub async fn cleanup(tunnel: &Tunnel, api: &Api<Tunnel>, ctx: &Context) -> Resul
         addresses(tunnel, provider.as_ref(), (&uid, keep), ctx, pass.status()).await?;
     }
     if let Some(provider) = provider {
-        let mut ids: Vec<String> = recorded_host.into_iter().collect();
+        // The id in status counts only if the host carries this Tunnel's tag: whoever may write
+        // `tunnels/status` could name another Tunnel's exit server there.
+        let mut ids = Vec::new();
+        if let Some(id) = recorded_host
+            && let Some(host) = provider.get(&id).await?
+            && super::observe::tagged_for(&host.tags, &uid)
+        {
+            ids.push(host.id);
+        }
         for host in provider.list_by_tag(providers::hosts::TAG_TUNNEL_UID, &uid).await? {
             if !ids.contains(&host.id) {
                 ids.push(host.id);

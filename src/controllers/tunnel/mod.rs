@@ -35,6 +35,8 @@ pub mod ranges;
 #[cfg(test)]
 mod roll_tests;
 pub mod status;
+#[cfg(test)]
+mod status_tests;
 pub mod sweep;
 #[cfg(test)]
 mod tests;

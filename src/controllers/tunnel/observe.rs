@@ -44,6 +44,7 @@ pub async fn find_host(provider: &dyn HostProvider, status: &TunnelStatus, uid: 
         && !hosts.iter().any(|h| h.id == id)
         && let Some(host) = provider.get(&id).await?
         && host.state != providers::HostState::Deleting
+        && tagged_for(&host.tags, uid)
     {
         hosts.push(host);
     }
@@ -56,6 +57,17 @@ pub async fn find_host(provider: &dyn HostProvider, status: &TunnelStatus, uid: 
         info!(host = %h.id, "found the exit server by its owner tag");
     }
     Ok(Found { host, extras: hosts.collect() })
+}
+
+/// Whether a host or address an id in status names carries the Tunnel's UID tag: an id in status
+/// is not proof (whoever may write `tunnels/status` chooses it), the cloud's tag is. A host read by
+/// its id has the tags it was created with, even while a lagging tag index does not list it yet.
+pub fn tagged_for(tags: &BTreeMap<String, String>, uid: &str) -> bool {
+    let ours = tags.get(TAG_TUNNEL_UID).is_some_and(|t| t == uid);
+    if !ours {
+        info!(tunnel_uid = uid, "an id recorded in status names a cloud object without this Tunnel's tag: left alone");
+    }
+    ours
 }
 
 /// A highly available Tunnel's exit servers by slot ([`SLOTS`]): of the hosts carrying its UID
@@ -76,6 +88,7 @@ pub async fn find_pair(provider: &dyn HostProvider, status: &TunnelStatus, uid: 
         if status.provider.as_deref() == Some(provider.name())
             && !hosts.iter().any(|h| h.id == id)
             && let Some(host) = provider.get(&id).await?
+            && tagged_for(&host.tags, uid)
         {
             hosts.push(host);
         }
@@ -237,7 +250,9 @@ pub async fn find_address(provider: &dyn HostProvider, status: &TunnelStatus, ui
     if let Some(id) = &recorded
         && !addresses.iter().any(|a| &a.id == id)
         && let Some(address) = provider.get_address(id).await?
+        && (!address.tags.contains_key(TAG_TUNNEL_UID) || tagged_for(&address.tags, uid))
     {
+        // Untagged: a DigitalOcean reserved IP between droplets has no tags to prove it by.
         addresses.push(address);
     }
     addresses.sort_by(|a, b| (Some(&a.id) != recorded.as_ref(), &a.id).cmp(&(Some(&b.id) != recorded.as_ref(), &b.id)));
