@@ -127,7 +127,8 @@ async fn addresses(
     ctx: &Context,
     status: &TunnelStatus,
 ) -> Result<()> {
-    let found = match super::observe::find_address(provider, status, uid).await {
+    let at = (tunnel.namespace().unwrap_or_default(), tunnel.name_any());
+    let found = match super::observe::find_address(provider, status, uid, (&at.0, &at.1)).await {
         Ok(found) => found,
         // A provider without reserved addresses never reserved one: it must not keep the Tunnel.
         Err(Error::Host(providers::HostError::Invalid { .. })) if status.address_id.is_none() => {

@@ -62,6 +62,13 @@ pub async fn find_host(provider: &dyn HostProvider, status: &TunnelStatus, uid: 
 /// Whether a host or address an id in status names carries the Tunnel's UID tag: an id in status
 /// is not proof (whoever may write `tunnels/status` chooses it), the cloud's tag is. A host read by
 /// its id has the tags it was created with, even while a lagging tag index does not list it yet.
+/// Whether an address's tags name this Tunnel's namespace and name: one taken over from the
+/// Service's previous Tunnel of the same name (never another namespace's).
+fn taken_over(tags: &BTreeMap<String, String>, (namespace, name): (&str, &str)) -> bool {
+    tags.get(providers::hosts::TAG_TUNNEL_NAMESPACE).is_some_and(|n| n == namespace)
+        && tags.get(providers::hosts::TAG_TUNNEL_NAME).is_some_and(|n| n == name)
+}
+
 pub fn tagged_for(tags: &BTreeMap<String, String>, uid: &str) -> bool {
     let ours = tags.get(TAG_TUNNEL_UID).is_some_and(|t| t == uid);
     if !ours {
@@ -243,14 +250,23 @@ pub struct FoundAddress {
 }
 
 /// Looks for the Tunnel's reserved address (see [`FoundAddress`]). The recorded id is read
-/// directly too: a DigitalOcean reserved IP between two droplets carries no tags to list it by.
-pub async fn find_address(provider: &dyn HostProvider, status: &TunnelStatus, uid: &str) -> Result<FoundAddress> {
+/// directly too: a DigitalOcean reserved IP between two droplets carries no tags to list it by,
+/// and one taken over from this Service's previous Tunnel still carries that Tunnel's UID, with
+/// this Tunnel's namespace and name (`tunnel` is (namespace, name)).
+pub async fn find_address(
+    provider: &dyn HostProvider,
+    status: &TunnelStatus,
+    uid: &str,
+    tunnel: (&str, &str),
+) -> Result<FoundAddress> {
     let mut addresses = provider.list_addresses_by_tag(TAG_TUNNEL_UID, uid).await?;
     let recorded = status.address_id.clone().filter(|_| status.provider.as_deref() == Some(provider.name()));
     if let Some(id) = &recorded
         && !addresses.iter().any(|a| &a.id == id)
         && let Some(address) = provider.get_address(id).await?
-        && (!address.tags.contains_key(TAG_TUNNEL_UID) || tagged_for(&address.tags, uid))
+        && (!address.tags.contains_key(TAG_TUNNEL_UID)
+            || taken_over(&address.tags, tunnel)
+            || tagged_for(&address.tags, uid))
     {
         // Untagged: a DigitalOcean reserved IP between droplets has no tags to prove it by.
         addresses.push(address);

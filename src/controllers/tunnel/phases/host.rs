@@ -126,7 +126,8 @@ impl Pass<'_> {
         if !tunnel.spec.reserves_address() {
             return Ok(None);
         }
-        let found = observe::find_address(provider.as_ref(), self.status(), &want.uid).await?;
+        let at = (tunnel.namespace().unwrap_or_default(), tunnel.name_any());
+        let found = observe::find_address(provider.as_ref(), self.status(), &want.uid, (&at.0, &at.1)).await?;
         act::address::release_extras(provider.as_ref(), &found.extras).await?;
         if address_plan::lost(self.status().address_id.as_deref(), found.address.as_ref()) {
             let old = self.status().address_ip.clone().unwrap_or_default();
