@@ -165,13 +165,7 @@ impl Pass<'_> {
         else {
             return Ok(None);
         };
-        let provider = want.provider.name().to_string();
-        self.record(|s| {
-            s.provider = Some(provider);
-            s.address_id = Some(address.id.clone());
-            s.address_ip = Some(address.ip.clone());
-        })
-        .await?;
+        self.record_address(want, &address).await?;
         let note = format!(
             "took over reserved address {} ({}), kept by this Service's previous Tunnel",
             address.ip, address.id
@@ -180,16 +174,21 @@ impl Pass<'_> {
         Ok(Some(address))
     }
 
-    /// Reserves the Tunnel's address (onto host `onto` if set) and records it at once.
-    pub(super) async fn reserve(&mut self, want: &Desired, onto: Option<String>) -> Result<Address> {
-        let address = act::address::reserve(self.tunnel, want.provider.as_ref(), onto, self.ctx).await?;
+    /// Records `address` as the Tunnel's reserved address, with its provider.
+    async fn record_address(&mut self, want: &Desired, address: &Address) -> Result<()> {
         let provider = want.provider.name().to_string();
         self.record(|s| {
             s.provider = Some(provider);
             s.address_id = Some(address.id.clone());
             s.address_ip = Some(address.ip.clone());
         })
-        .await?;
+        .await
+    }
+
+    /// Reserves the Tunnel's address (onto host `onto` if set) and records it at once.
+    pub(super) async fn reserve(&mut self, want: &Desired, onto: Option<String>) -> Result<Address> {
+        let address = act::address::reserve(self.tunnel, want.provider.as_ref(), onto, self.ctx).await?;
+        self.record_address(want, &address).await?;
         Ok(address)
     }
 
