@@ -5,8 +5,8 @@
 //! their matchConditions. An install that moved the namespace or renamed the ServiceAccount
 //! without changing those, or left the policies out, would run with the bare RBAC and look
 //! healthy. So the operator asks the API server, with a dry run, whether it would create an
-//! unlabelled Secret without an owner in the operator's own namespace, which the policies refuse,
-//! and does not start when the answer is yes.
+//! unlabelled Secret without an owner in the tunnel clients' namespace (where every install lets
+//! it create Secrets), which the policies refuse, and does not start when the answer is yes.
 
 use std::time::Duration;
 

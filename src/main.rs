@@ -71,7 +71,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let client = kube::Client::try_from(config.clone()).context("building the Kubernetes client")?;
 
     // Before anything is written (the Lease included): the admission policies must cover us.
-    skyport::admission::verify(&client, &args.own_namespace(&client), args.allow_without_admission_policies).await?;
+    skyport::admission::verify(&client, &args.probe_namespace(&client), args.allow_without_admission_policies).await?;
 
     let state = http::State::new(Metrics::default());
     let (listener, address) =

@@ -3,8 +3,8 @@
 //! every rule the manifests grant the ServiceAccount is read from the rendered manifests, and
 //! the known ways to read, overwrite, delete or redirect an object skyport does not own are
 //! tried with a token of that ServiceAccount against the real API server, on objects of every
-//! attacked kind planted in a tenant's namespace and in the operator's own (and on the
-//! operator's own Deployment and kube-system):
+//! attacked kind planted in a tenant's namespace, in the operator's own and in the tunnel
+//! clients' (and on the operator's own Deployment and kube-system):
 //!
 //! - reads: get, list and watch, in the namespace and in all;
 //! - JSON patch `copy` and `move` of the value into the name, a label or an annotation (the
@@ -61,20 +61,20 @@ async fn a_stolen_token_of_the_helm_chart_at_its_defaults_reaches_nothing_beyond
 
 async fn attack(install: Install) {
     let admin = common::client().await;
-    let op_ns = install.namespace().to_string();
+    let client_ns = install.client_namespace();
     let grants = grants::of(&install.docs, (&install.sa.0, &install.sa.1));
     assert!(!grants.is_empty(), "{}: no rule is bound to {:?}", install.name, install.sa);
-    let mut problems = grants::uncovered(&grants, &[&op_ns]);
+    let mut problems = grants::uncovered(&grants, &[install.namespace(), &client_ns]);
     problems.extend(residues::stale(&grants));
     let sa = install::service_account(&admin, &install).await;
     let tenant = TestNs::new("attacks").await;
     let (victims, planted) = plant(&admin, &install, &tenant.name).await;
     let judge = Judge::new(install.name, admin.clone(), sa, grants, &victims);
-    let client = tunnel_client(&judge, &install, &victims).await;
+    let client = tunnel_client(&judge, &install, &victims, &tenant.name).await;
 
     futures::stream::iter(&victims)
         .for_each_concurrent(4, |v| {
-            let (judge, client, all, op_ns) = (&judge, &client, &victims, &op_ns);
+            let (judge, client, all, client_ns) = (&judge, &client, &victims, &client_ns);
             async move {
                 let owners = owners(&judge.admin, v, all).await;
                 let mut attempts = attempts::reads(v);
@@ -82,7 +82,7 @@ async fn attack(install: Install) {
                 // The creates are per kind and namespace: tried beside the first victim of each.
                 let first = all.iter().find(|w| w.kind.resource == v.kind.resource && w.namespace == v.namespace);
                 if first.is_some_and(|f| std::ptr::eq(f, v)) {
-                    let client = client.as_ref().filter(|_| v.namespace.as_ref() == Some(op_ns));
+                    let client = client.as_ref().filter(|_| v.namespace.as_ref() == Some(client_ns));
                     attempts.extend(attempts::hostile_creates(v, &owners[1].1, client));
                 }
                 let (patches, mut oracles) = patches::patches(v, None, &owners);
@@ -113,15 +113,17 @@ async fn attack(install: Install) {
 }
 
 /// Every victim (and those of them planted by the test, to delete): one object of each kind in
-/// the tenant's namespace and in the operator's, a Namespace, the operator's credentials Secret
-/// (when not there already), its own Deployment, and kube-system.
+/// the tenant's namespace, in the operator's and in the tunnel clients', a Namespace, the
+/// operator's credentials Secret (when not there already), its own Deployment, and kube-system.
 async fn plant(admin: &Client, install: &Install, tenant: &str) -> (Vec<Victim>, Vec<Victim>) {
     let op_ns = install.namespace();
+    let client_ns = install.client_namespace();
     let mut planted = Vec::new();
     for kind in KINDS {
         if kind.namespaced {
             planted.push(victims::plant(admin, kind, Some(tenant), None).await);
             planted.push(victims::plant(admin, kind, Some(op_ns), None).await);
+            planted.push(victims::plant(admin, kind, Some(&client_ns), None).await);
         } else {
             planted.push(victims::plant(admin, kind, None, None).await);
         }
@@ -162,17 +164,17 @@ async fn owners(admin: &Client, v: &Victim, all: &[Victim]) -> Vec<(String, Valu
     vec![("an owner that does not exist".into(), missing), (format!("the Queue {}", queue.name), queue_owner)]
 }
 
-/// The tunnel client skyport writes for the tenant's Tunnel, in the operator's namespace: the
-/// base the tunnel client attacks change one thing of. It must be admitted as it is (a dry
+/// The tunnel client skyport writes for the tenant's Tunnel, in the tunnel clients' namespace:
+/// the base the tunnel client attacks change one thing of. It must be admitted as it is (a dry
 /// run), or those attacks would prove nothing.
-async fn tunnel_client(judge: &Judge, install: &Install, all: &[Victim]) -> Option<Value> {
-    let op_ns = install.namespace();
-    let tunnel = all.iter().find(|v| v.kind.resource == "tunnels" && v.namespace.as_deref() != Some(op_ns))?;
+async fn tunnel_client(judge: &Judge, install: &Install, all: &[Victim], tenant: &str) -> Option<Value> {
+    let client_ns = install.client_namespace();
+    let tunnel = all.iter().find(|v| v.kind.resource == "tunnels" && v.namespace.as_deref() == Some(tenant))?;
     let found = victims::get(&judge.admin, tunnel).await.expect("the tenant's Tunnel");
     let t: Tunnel = serde_json::from_value(found).expect("a Tunnel");
-    let at = Placement::of(&t, Some(op_ns)).expect("placement");
+    let at = Placement::of(&t, Some(&client_ns)).expect("placement");
     let client = serde_json::to_value(desired::deployment(&t, &at, &install.client_image(), "0").unwrap()).unwrap();
-    let control = wire::Call::new(hyper::Method::POST, wire::collection("apps", "v1", "deployments", Some(op_ns)))
+    let control = wire::Call::new(hyper::Method::POST, wire::collection("apps", "v1", "deployments", Some(&client_ns)))
         .with(wire::JSON, client.clone())
         .query(attempts::DRY_RUN);
     let answer = control.send(&judge.sa).await;

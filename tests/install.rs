@@ -28,6 +28,8 @@ use serde_json::json;
 use skyport::crd::{ConditionStatus, Queue};
 
 const NS: &str = "skyport-system";
+/// The tunnel clients' namespace of both installs (chart value tunnel.clientNamespace).
+const CLIENT_NS: &str = "skyport-tunnels";
 const APP_NS: &str = "install-app";
 const SELECTOR: &str = "app.kubernetes.io/name=skyport,app.kubernetes.io/instance=skyport";
 /// Pod start on a busy 2-core machine, and the chart's lease duration (15 s) plus a second.
@@ -178,9 +180,10 @@ async fn helm_install_on_the_node_runs_the_operator_as_users_get_it_and_uninstal
     ]);
     let operator = ready_pods(&pods, 1).await.remove(0);
     hardened(&node, &operator, "skyport", MEMORY_LIMIT);
-    let address = tunnel::web_through_a_tunnel(&node, APP_NS, NS).await;
-    // The client runs in the operator's namespace; the tenant's holds only its own Pods.
-    let client = pods.get(&tunnel::client_pod(&node, NS).await).await.expect("client Pod");
+    let address = tunnel::web_through_a_tunnel(&node, APP_NS, CLIENT_NS).await;
+    // The client runs in the tunnel clients' namespace; the tenant's holds only its own Pods.
+    let client_pods: Api<Pod> = Api::namespaced(node.client.clone(), CLIENT_NS);
+    let client = client_pods.get(&tunnel::client_pod(&node, CLIENT_NS).await).await.expect("client Pod");
     hardened(&node, &client, "tunnel-client", CLIENT_MEMORY_LIMIT);
     let app_pods: Api<Pod> = Api::namespaced(node.client.clone(), APP_NS);
     let clients = ListParams::default().labels("app.kubernetes.io/name=skyport-tunnel-client");
@@ -191,7 +194,7 @@ async fn helm_install_on_the_node_runs_the_operator_as_users_get_it_and_uninstal
     node.kubectl(&["-n", APP_NS, "delete", "service", "web"], None);
     eventually("the exit server gone", TIMEOUT, || async { tunnel::get(&address).await.is_none().then_some(()) }).await;
     eventually("the tunnel client Pod gone", TIMEOUT, || async {
-        pods.list(&clients).await.ok()?.items.is_empty().then_some(())
+        client_pods.list(&clients).await.ok()?.items.is_empty().then_some(())
     })
     .await;
     queues.delete_collection(&DeleteParams::default(), &ListParams::default()).await.expect("delete Queues");
@@ -253,7 +256,7 @@ fn remove_earlier_installs(node: &node::Node) {
     // Secret, which goes with the namespace).
     let base = crate::deploy::harness::root().join("deploy");
     node.attempt("kubectl", &["delete", "-k", &base.to_string_lossy(), "--ignore-not-found", "--timeout=120s"]);
-    let mut namespaces = vec!["delete", "namespace", NS, "--ignore-not-found", "--timeout=120s"];
+    let mut namespaces = vec!["delete", "namespace", NS, CLIENT_NS, "--ignore-not-found", "--timeout=120s"];
     namespaces.extend(app_namespaces);
     node.attempt("kubectl", &namespaces);
 }
@@ -277,6 +280,14 @@ fn nothing_of_the_release_left(node: &node::Node) {
     );
     let left: Vec<&str> = cluster.lines().filter(|l| l.contains("skyport")).collect();
     assert!(left.is_empty(), "cluster-scoped objects left behind after helm uninstall: {left:?}");
+    client_namespace_gone(node, "helm uninstall");
+}
+
+/// The tunnel clients' namespace, made by the install, goes with it (or is on its way).
+fn client_namespace_gone(node: &node::Node, how: &str) {
+    let args = ["get", "namespace", CLIENT_NS, "--ignore-not-found", "-o", "jsonpath={.metadata.deletionTimestamp}."];
+    let left = node.kubectl(&args, None);
+    assert!(left.is_empty() || left.trim() != ".", "namespace {CLIENT_NS} left behind after {how}: {left:?}");
 }
 
 /// The operator container as the kernel runs it: the chart's securityContext and limits hold.

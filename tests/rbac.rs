@@ -20,7 +20,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use install::{INSTALL_NS, helm_render, install_deploy_once, kubectl_apply, service_account_client, token_client};
+use install::{
+    CLIENT_NS, INSTALL_NS, helm_render, install_deploy_once, kubectl_apply, service_account_client, token_client,
+};
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec};
 use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
@@ -194,7 +196,7 @@ async fn a_stolen_service_account_token_reaches_nothing_beyond_skyports_objects(
     install_deploy_once().await;
     let sa = service_account_client(&admin).await;
     let ns = TestNs::new("rbac-esc").await;
-    escalations::escalations_are_refused(&admin, &sa, &ns.name, (INSTALL_NS, "skyport")).await;
+    escalations::escalations_are_refused(&admin, &sa, &ns.name, (INSTALL_NS, "skyport"), CLIENT_NS).await;
     ns.cleanup().await;
 }
 
@@ -212,10 +214,10 @@ async fn tunnel_controllers_work_with_the_deploy_service_account() {
     // The cluster id as the binary reads it: the kube-system namespace's UID.
     let mut settings = tunnels::fast_tunnel_settings();
     settings.cluster_id = Some(skyport::hosts::cluster_id(&sa, &settings).await.expect("read kube-system as the SA"));
-    // As installed: the client and its credentials in the operator's namespace.
-    settings.client_namespace = Some(INSTALL_NS.into());
+    // As installed: the client and its credentials in the tunnel clients' namespace.
+    settings.client_namespace = Some(CLIENT_NS.into());
     let op = tunnels::TunnelOperator::start_as(sa.clone(), &ns, settings).await;
-    let (_, client, _) = Placement::names(&ns.name, "web-tunnel", Some(INSTALL_NS));
+    let (_, client, _) = Placement::names(&ns.name, "web-tunnel", Some(CLIENT_NS));
 
     let services: Api<Service> = ns.api();
     let svc: Service = serde_json::from_value(json!({
@@ -226,7 +228,7 @@ async fn tunnel_controllers_work_with_the_deploy_service_account() {
     services.create(&PostParams::default(), &svc).await.unwrap();
     // Active needs the tunnel client running (the kubelet's part here).
     let _client =
-        common::kubelet::ClientRunner::start(admin.clone(), INSTALL_NS, &client, common::kubelet::Backends::default());
+        common::kubelet::ClientRunner::start(admin.clone(), CLIENT_NS, &client, common::kubelet::Backends::default());
     let tunnels_api: Api<Tunnel> = ns.api();
     let tunnel = eventually("Tunnel Active", ACTIVE_TIMEOUT, || async {
         let t = tunnels_api.get("web-tunnel").await.ok()?;
@@ -239,8 +241,8 @@ async fn tunnel_controllers_work_with_the_deploy_service_account() {
         (s.status?.load_balancer?.ingress?.first()?.ip.as_deref()? == ip).then_some(())
     })
     .await;
-    let clients: Api<Deployment> = Api::namespaced(admin.clone(), INSTALL_NS);
-    clients.get(&client).await.expect("the client Deployment in the operator's namespace");
+    let clients: Api<Deployment> = Api::namespaced(admin.clone(), CLIENT_NS);
+    clients.get(&client).await.expect("the client Deployment in the tunnel clients' namespace");
     let beside = ns.api::<Deployment>().list(&ListParams::default()).await.unwrap().items;
     assert!(beside.is_empty(), "no Deployment in the tenant's namespace: {beside:?}");
     // Deleting the Tunnel (finalizer, ingress cleared, a new Tunnel made) works as the SA too.
@@ -323,6 +325,7 @@ async fn controllers_work_with_only_the_namespaced_role_of_a_watch_namespace_ins
     let admin = client().await;
     let ns = TestNs::new("rbac-ns").await;
     const RELEASE_NS: &str = "skyport-ns-system";
+    const RELEASE_CLIENT_NS: &str = "skyport-ns-tunnels";
     let _ = Api::<Namespace>::all(admin.clone())
         .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": RELEASE_NS}})).unwrap())
         .await;
@@ -330,7 +333,7 @@ async fn controllers_work_with_only_the_namespaced_role_of_a_watch_namespace_ins
         "--namespace",
         RELEASE_NS,
         "--set",
-        &format!("watchNamespace={},tunnel.clusterId=rbac-ns-test", ns.name),
+        &format!("watchNamespace={},tunnel.clusterId=rbac-ns-test,tunnel.clientNamespace={RELEASE_CLIENT_NS}", ns.name),
     ]);
     assert!(!rendered.contains("kind: ClusterRoleBinding"), "nothing cluster-wide with watchNamespace:\n{rendered}");
     kubectl_apply(&rendered);
@@ -348,24 +351,29 @@ async fn controllers_work_with_only_the_namespaced_role_of_a_watch_namespace_ins
     assert!(ctx.metrics.errors().is_empty(), "Queue reconciles failed with the Role: {:?}", ctx.metrics.errors());
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
-    escalations::escalations_are_refused(&admin, &sa, &ns.name, (RELEASE_NS, "skyport-ns")).await;
+    escalations::escalations_are_refused(&admin, &sa, &ns.name, (RELEASE_NS, "skyport-ns"), RELEASE_CLIENT_NS).await;
     users_objects::users_objects_are_skyports_only_by_its_finalizer(&admin, &sa, &ns.name, RELEASE_NS).await;
 
     // The Tunnel and Service controllers, with the cluster id from the chart's value.
     let mut settings = tunnels::fast_tunnel_settings();
     settings.cluster_id = Some("rbac-ns-test".into());
-    settings.client_namespace = Some(RELEASE_NS.into());
+    settings.client_namespace = Some(RELEASE_CLIENT_NS.into());
     let op = tunnels::TunnelOperator::start_as(sa.clone(), &ns, settings).await;
-    let (_, client, _) = Placement::names(&ns.name, "web-tunnel", Some(RELEASE_NS));
+    let (_, client, _) = Placement::names(&ns.name, "web-tunnel", Some(RELEASE_CLIENT_NS));
     let svc: Service = serde_json::from_value(json!({
         "metadata": {"name": "web"},
         "spec": {"type": "LoadBalancer", "loadBalancerClass": "skyport.dev/tunnel", "ports": [{"port": 8080}]},
     }))
     .unwrap();
     ns.api::<Service>().create(&PostParams::default(), &svc).await.unwrap();
-    // Active needs the tunnel client running (the kubelet's part here), in the release's namespace.
-    let _client =
-        common::kubelet::ClientRunner::start(admin.clone(), RELEASE_NS, &client, common::kubelet::Backends::default());
+    // Active needs the tunnel client running (the kubelet's part here), in the release's
+    // tunnel clients' namespace.
+    let _client = common::kubelet::ClientRunner::start(
+        admin.clone(),
+        RELEASE_CLIENT_NS,
+        &client,
+        common::kubelet::Backends::default(),
+    );
     let tunnels_api: Api<Tunnel> = ns.api();
     eventually("Tunnel Active with the Role", ACTIVE_TIMEOUT, || async {
         let t = tunnels_api.get("web-tunnel").await.ok()?;

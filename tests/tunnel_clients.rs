@@ -1,4 +1,4 @@
-//! Tunnel clients in the operator's namespace (`--tunnel-client-namespace`, as the manifests
+//! Tunnel clients in the clients' namespace (`--tunnel-client-namespace`, as the manifests
 //! install skyport): the client Deployment and credentials Secret of a tenant's Tunnel live there
 //! and nowhere in the tenant's namespace, serve the tunnel, and go with the Tunnel; one whose
 //! Tunnel vanished without its finalizer is deleted by the orphan sweep.
@@ -39,9 +39,9 @@ async fn a_tenants_tunnel_client_and_keys_live_in_the_operators_namespace_and_go
 
     let deployments: Api<Deployment> = operator.api();
     let secrets: Api<Secret> = operator.api();
-    let live = deployments.get(&client).await.expect("the client Deployment in the operator's namespace");
+    let live = deployments.get(&client).await.expect("the client Deployment in the clients' namespace");
     assert_eq!(live.metadata.labels.as_ref().unwrap().get(LABEL_TUNNEL_UID), tunnel.metadata.uid.as_ref());
-    secrets.get(&secret).await.expect("the credentials Secret in the operator's namespace");
+    secrets.get(&secret).await.expect("the credentials Secret in the clients' namespace");
     assert!(ns.api::<Deployment>().list(&ListParams::default()).await.unwrap().items.is_empty());
     let managed = ListParams::default().labels("app.kubernetes.io/managed-by=skyport");
     assert!(ns.api::<Secret>().list(&managed).await.unwrap().items.is_empty(), "no Tunnel keys with the tenant");

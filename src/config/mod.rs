@@ -133,9 +133,10 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
-    /// The operator's own namespace: where its tunnel clients live, else its Pod's, else the
-    /// client configuration's default.
-    pub fn own_namespace(&self, client: &kube::Client) -> String {
+    /// Where the admission probe asks to create a Secret: the tunnel clients' namespace (RBAC
+    /// lets skyport create Secrets there in every install, so only a policy can refuse it), else
+    /// its Pod's, else the client configuration's default.
+    pub fn probe_namespace(&self, client: &kube::Client) -> String {
         self.tunnel
             .client_namespace
             .clone()

@@ -100,7 +100,7 @@ pub fn writes(v: &Victim) -> Vec<Attempt> {
 /// token controller fills with a ServiceAccount token, a Deployment that mounts the victim
 /// Secret, a tunnel client that runs the attacker's command. `owner` is a Queue of that
 /// namespace (skyport's own objects there are Queue-owned), `client` the tunnel client skyport
-/// would write in the operator's namespace (for a victim Deployment there).
+/// would write in the tunnel clients' namespace (for a victim Deployment there).
 pub fn hostile_creates(v: &Victim, owner: &Value, client: Option<&Value>) -> Vec<Attempt> {
     let ns = v.namespace.as_deref().unwrap_or_default();
     let managed = json!({"app.kubernetes.io/managed-by": "skyport"});

@@ -42,6 +42,14 @@ impl Install {
         &self.sa.0
     }
 
+    /// Where the operator runs its tunnel clients (`--tunnel-client-namespace`).
+    pub fn client_namespace(&self) -> String {
+        let args = self.operator["spec"]["template"]["spec"]["containers"][0]["args"].as_array();
+        let arg = args.into_iter().flatten().filter_map(Value::as_str);
+        let found = arg.clone().find_map(|a| a.strip_prefix("--tunnel-client-namespace="));
+        found.expect("the operator's --tunnel-client-namespace").to_string()
+    }
+
     /// The image the operator runs its tunnel clients with.
     pub fn client_image(&self) -> String {
         let container = &self.operator["spec"]["template"]["spec"]["containers"][0];
@@ -70,9 +78,13 @@ pub fn kustomize() -> Install {
 
 pub const HELM_RELEASE: &str = "skyport-attacks";
 
-/// `helm template` of the chart with its default values, in a namespace of its own, applied.
+/// `helm template` of the chart with its default values, in a namespace of its own, applied;
+/// its tunnel clients' namespace too, named after the release (the default is the kustomize
+/// install's, attacked at the same time).
 pub fn helm_chart() -> Install {
-    let rendered = run(&helm(), &["template", HELM_RELEASE, "deploy/helm/skyport", "--namespace", HELM_RELEASE], None);
+    let clients = format!("tunnel.clientNamespace={HELM_RELEASE}-tunnels");
+    let args = ["template", HELM_RELEASE, "deploy/helm/skyport", "--namespace", HELM_RELEASE, "--set", &clients];
+    let rendered = run(&helm(), &args, None);
     let namespace = format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {HELM_RELEASE}\n---\n");
     apply(&format!("{namespace}{rendered}"));
     Install::from("helm chart (default values)", &rendered)

@@ -20,9 +20,8 @@ pub const READABLE: &[(&str, &str, &str)] = &[
     ("skyport.dev", "awsaccounts", "skyport resolves Queues' accountRefs; an AwsAccount names a role, no secret"),
     // LoadBalancer Services are watched to serve those of skyport's class.
     ("", "services", "the Service controller watches Services to find its class"),
-    // The tunnel clients, found by label in the operator's namespace (the Role there); the
-    // operator's own Deployment there names its credentials Secret, never holds them.
-    ("apps", "deployments", "tunnel clients in the operator's namespace; a Deployment holds no secret"),
+    // The tunnel clients, found by label in their namespace (the Role there).
+    ("apps", "deployments", "tunnel clients in their namespace; a Deployment holds no secret"),
     // Only kube-system, by name: its UID is the cluster id tagged on every cloud resource.
     ("", "namespaces", "kube-system by name: its UID is the cluster id"),
 ];
@@ -31,10 +30,11 @@ pub const READABLE: &[(&str, &str, &str)] = &[
 /// JSON patch that copies a value into the name with that value, before any admission policy
 /// runs. Only where the grant is (a Role names its namespace).
 pub const READ_BY_PATCH: &[(&str, &str, &str)] = &[
-    // The tunnel clients' credentials are read back with `test`-op patches in the operator's
-    // namespace (Role skyport-tunnel-clients), so every Secret there is readable: docs/security.md
-    // says to keep nothing else there. Writing them without reading removes this entry.
-    ("", "secrets", "tunnel credentials read back through patch in the operator's namespace"),
+    // The tunnel clients' credentials are read back with `test`-op patches in the tunnel
+    // clients' namespace (Role skyport-tunnel-clients), so every Secret there is readable; that
+    // namespace holds only Tunnels' credentials, skyport's own (docs/security.md: keep nothing
+    // else there). The operator's own Secrets are in its namespace, out of reach.
+    ("", "secrets", "tunnel credentials read back through patch in the tunnel clients' namespace"),
 ];
 
 /// Status subresources skyport writes for every object of the kind: a write there is admitted by

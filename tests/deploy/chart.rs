@@ -138,3 +138,32 @@ fn monitoring_objects_are_opt_in_and_select_the_operator() {
     assert!(alerts.contains(&"SkyportNoLeader") && alerts.contains(&"SkyportReconcileErrors"), "{alerts:?}");
     assert!(monitoring_expressions(&docs).len() >= 15);
 }
+
+/// The tunnel clients' namespace is its own: the chart creates it (restricted), binds the
+/// clients' Role there and nowhere else, and refuses the release's own namespace, where a patch
+/// of Secrets would read the operator's.
+#[test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+fn tunnel_clients_get_a_namespace_of_their_own_never_the_releases() {
+    require_env();
+    let docs = documents(&template(&[]).expect("default values"));
+    let namespace = find(&docs, "Namespace", "skyport-tunnels");
+    assert_eq!(namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"], "restricted");
+    let role = find(&docs, "Role", "skyport-tunnel-clients");
+    assert_eq!(role["metadata"]["namespace"], "skyport-tunnels");
+    let secret_roles = docs.iter().filter(|d| d["kind"] == "Role" && d["rules"].to_string().contains("secrets"));
+    let namespaces: Vec<&Value> = secret_roles.map(|d| &d["metadata"]["namespace"]).collect();
+    assert_eq!(namespaces, [&Value::from("skyport-tunnels")], "Secrets are granted in the clients' namespace only");
+
+    let elsewhere =
+        documents(&template(&["--set", "tunnel.clientNamespace=edge,tunnel.createClientNamespace=false"]).unwrap());
+    assert!(!elsewhere.iter().any(|d| d["kind"] == "Namespace"), "no Namespace when the platform team makes it");
+    assert_eq!(find(&elsewhere, "Role", "skyport-tunnel-clients")["metadata"]["namespace"], "edge");
+    let policy = find(&elsewhere, "ValidatingAdmissionPolicy", "skyport-writes-only-its-own-objects").to_string();
+    assert!(policy.contains("'edge'"), "the policy admits clients in the namespace given: {policy}");
+    let deployment = find(&elsewhere, "Deployment", "skyport").to_string();
+    assert!(deployment.contains("--tunnel-client-namespace=edge"), "{deployment}");
+
+    let error = template(&["--set", "tunnel.clientNamespace=skyport-system"]).expect_err("the release's namespace");
+    assert!(error.contains("tunnel.clientNamespace must differ"), "{error}");
+}

@@ -76,10 +76,16 @@ fn rbac_grants_exactly_the_calls_the_controllers_make() {
     ];
     expected.sort();
     assert_eq!(rules(lease.rules), expected);
-    // Tunnel clients and their credentials: in the operator's namespace only, no Deployment
-    // anywhere else.
+    // Tunnel clients and their credentials: in their own namespace only (a patch is a read, so
+    // not in the operator's, which holds its own Secrets), no Deployment anywhere else.
     let clients: Role = serde_json::from_value(find(&docs, "Role", "skyport-tunnel-clients").clone()).unwrap();
-    assert_eq!(clients.metadata.namespace.as_deref(), Some("skyport-system"));
+    assert_eq!(clients.metadata.namespace.as_deref(), Some("skyport-tunnels"));
+    let flag = "--tunnel-client-namespace=skyport-tunnels";
+    assert!(read("deploy/deployment.yaml").contains(flag), "the operator runs its clients there: {flag}");
+    let roles = docs.iter().filter(|d| d["kind"] == "Role" || d["kind"] == "RoleBinding");
+    let secrets_in_operator_ns = roles.filter(|d| d["metadata"]["namespace"] == "skyport-system");
+    let secrets_in_operator_ns = secrets_in_operator_ns.filter(|d| d["rules"].to_string().contains("secrets"));
+    assert_eq!(secrets_in_operator_ns.count(), 0, "no Secret verb in the operator's own namespace");
     let mut expected = vec![
         "apps/deployments:get",    // compare before applying
         "apps/deployments:list",   // client Deployments watch (by label), orphan sweep

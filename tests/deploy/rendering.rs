@@ -55,6 +55,8 @@ fn kustomize_base_is_accepted_by_a_server_side_dry_run() {
     let out = run("kubectl", &["apply", "--dry-run=server", "-k", "deploy/"], None);
     for object in [
         "namespace/skyport-system",
+        "namespace/skyport-tunnels",
+        "role.rbac.authorization.k8s.io/skyport-tunnel-clients",
         "customresourcedefinition.apiextensions.k8s.io/queues.skyport.dev",
         "serviceaccount/skyport",
         "clusterrole.rbac.authorization.k8s.io/skyport",

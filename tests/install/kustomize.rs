@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams};
 use skyport::crd::Queue;
 
-use super::{NS, TIMEOUT, node, tunnel};
+use super::{CLIENT_NS, NS, TIMEOUT, node, tunnel};
 use crate::common::{self, eventually};
 use crate::deploy::harness::root;
 
@@ -45,8 +45,9 @@ async fn kubectl_apply_k_runs_the_operator_from_an_overlay_and_delete_k_leaves_n
 
     // A LoadBalancer Service: the client Pod runs the overlay's image too (the admission policy
     // admits exactly the image the operator hands its clients), so bytes flow.
-    let address = tunnel::web_through_a_tunnel(&node, APP_NS, NS).await;
-    let client = pods.get(&tunnel::client_pod(&node, NS).await).await.expect("client Pod");
+    let address = tunnel::web_through_a_tunnel(&node, APP_NS, CLIENT_NS).await;
+    let client_pods: Api<Pod> = Api::namespaced(node.client.clone(), CLIENT_NS);
+    let client = client_pods.get(&tunnel::client_pod(&node, CLIENT_NS).await).await.expect("client Pod");
     let image = client.spec.as_ref().map(|s| s.containers[0].image.clone().unwrap_or_default());
     assert_eq!(image, Some(format!("{repository}:{tag}")), "the tunnel client runs the overlay's image");
     super::hardened(&node, &client, "tunnel-client", super::CLIENT_MEMORY_LIMIT);
@@ -54,7 +55,7 @@ async fn kubectl_apply_k_runs_the_operator_from_an_overlay_and_delete_k_leaves_n
     eventually("the exit server gone", TIMEOUT, || async { tunnel::get(&address).await.is_none().then_some(()) }).await;
     eventually("the tunnel client Pod gone", TIMEOUT, || async {
         let clients = ListParams::default().labels("app.kubernetes.io/name=skyport-tunnel-client");
-        pods.list(&clients).await.ok()?.items.is_empty().then_some(())
+        client_pods.list(&clients).await.ok()?.items.is_empty().then_some(())
     })
     .await;
 
@@ -82,6 +83,7 @@ async fn kubectl_apply_k_runs_the_operator_from_an_overlay_and_delete_k_leaves_n
     );
     let left: Vec<&str> = cluster.lines().filter(|l| l.contains("skyport")).collect();
     assert!(left.is_empty(), "cluster-scoped objects left behind after kubectl delete -k: {left:?}");
+    super::client_namespace_gone(&node, "kubectl delete -k");
     node.kubectl(&["delete", "namespace", APP_NS, "--wait=false"], None);
 }
 

@@ -18,12 +18,12 @@ const TIMEOUT: Duration = Duration::from_secs(180);
 
 /// Serves `BODY` over HTTP on port 8080 from a busybox Pod, behind Service `web` (LoadBalancer,
 /// class skyport.dev/tunnel, port 9080 → 8080) in `ns`; returns the exit server's address:port
-/// once bytes flow through it. The tunnel client runs in `operator_ns`. Port 9080: the local
+/// once bytes flow through it. The tunnel client runs in `client_ns`. Port 9080: the local
 /// provider's servers run as the operator's non-root user, which cannot bind ports below 1024
 /// (a cloud exit server can).
-pub async fn web_through_a_tunnel(node: &Node, ns: &str, operator_ns: &str) -> String {
+pub async fn web_through_a_tunnel(node: &Node, ns: &str, client_ns: &str) -> String {
     let pods: Api<Pod> = Api::namespaced(node.client.clone(), ns);
-    let operator_pods: Api<Pod> = Api::namespaced(node.client.clone(), operator_ns);
+    let client_pods: Api<Pod> = Api::namespaced(node.client.clone(), client_ns);
     let script = format!(
         "/bin/busybox mkdir -p /tmp/www && echo '{BODY}' > /tmp/www/index.html && exec /bin/busybox httpd -f -p 8080 -h /tmp/www"
     );
@@ -59,7 +59,7 @@ pub async fn web_through_a_tunnel(node: &Node, ns: &str, operator_ns: &str) -> S
     .await;
     let client = eventually("a Running tunnel client Pod", TIMEOUT, || async {
         let clients = ListParams::default().labels("app.kubernetes.io/name=skyport-tunnel-client");
-        let list = operator_pods.list(&clients).await.ok()?;
+        let list = client_pods.list(&clients).await.ok()?;
         list.items.into_iter().find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
     })
     .await;

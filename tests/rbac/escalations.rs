@@ -48,9 +48,10 @@ fn owner(api_version: &str, kind: &str, name: &str, uid: &str) -> Value {
     json!({"apiVersion": api_version, "kind": kind, "name": name, "uid": uid, "controller": true})
 }
 
-/// Checks every escalation of a stolen token in `ns` (a namespace the ServiceAccount works in)
-/// and in `operator`'s namespace (where its Deployment of that name and the tunnel clients live).
-pub async fn escalations_are_refused(admin: &Client, sa: &Client, ns: &str, operator: (&str, &str)) {
+/// Checks every escalation of a stolen token in `ns` (a namespace the ServiceAccount works in),
+/// in `operator`'s namespace (where its Deployment of that name and its own Secrets live) and in
+/// `client_ns`, the tunnel clients' namespace.
+pub async fn escalations_are_refused(admin: &Client, sa: &Client, ns: &str, operator: (&str, &str), client_ns: &str) {
     let queues: Api<Queue> = Api::namespaced(admin.clone(), ns);
     let q = queues.create(&PostParams::default(), &queue("escalation", json!({}))).await.unwrap();
     let queue_owner = owner("skyport.dev/v1alpha1", "Queue", "escalation", q.meta().uid.as_deref().unwrap());
@@ -63,7 +64,8 @@ pub async fn escalations_are_refused(admin: &Client, sa: &Client, ns: &str, oper
 
     let tunnel_owner = owner("skyport.dev/v1alpha1", "Tunnel", "escalation", tunnel.meta().uid.as_deref().unwrap());
     secrets_are_limited_to_opaque_owned_ones(admin, sa, ns, (&queue_owner, &tunnel_owner)).await;
-    deployments_are_limited_to_unprivileged_tunnel_clients(admin, sa, (ns, operator), &tunnel).await;
+    deployments_are_limited_to_unprivileged_tunnel_clients(admin, sa, (ns, client_ns), &tunnel).await;
+    the_operators_namespace_is_out_of_reach(admin, sa, ns, operator).await;
     service_status_is_limited_to_skyports_class(admin, sa, ns).await;
     specs_are_never_written(admin, sa, ns).await;
 
@@ -108,7 +110,7 @@ async fn secrets_are_limited_to_opaque_owned_ones(
     let foreign = owner("v1", "ConfigMap", "x", "00000000-0000-0000-0000-000000000000");
     let what = "a Secret owned by something other than a Queue";
     create_refused::<Secret>(sa, admin, ns, opaque("foreign-owner", json!([foreign])), what).await;
-    // A Tunnel's keys live in the operator's namespace only, never beside the Tunnel.
+    // A Tunnel's keys live in the clients' namespace only, never beside the Tunnel.
     let what = "a Secret owned by a Tunnel in a tenant's namespace";
     create_refused::<Secret>(sa, admin, ns, opaque("tunnel-owned", json!([tunnel_owner])), what).await;
     let what = "a labelled ConfigMap without an owner";
@@ -185,12 +187,12 @@ async fn no_patch_reads_a_secret(admin: &Client, sa: &Client, ns: &str, queue_ow
 async fn deployments_are_limited_to_unprivileged_tunnel_clients(
     admin: &Client,
     sa: &Client,
-    (ns, (client_ns, operator)): (&str, (&str, &str)),
+    (ns, client_ns): (&str, &str),
     t: &Tunnel,
 ) {
     let at = Placement::of(t, Some(client_ns)).unwrap();
     let exact = serde_json::to_value(desired::deployment(t, &at, OWN_IMAGE, "0").unwrap()).unwrap();
-    // The client as skyport writes it is admitted in the operator's namespace (a dry run), so
+    // The client as skyport writes it is admitted in the clients' namespace (a dry run), so
     // each refusal below is for the one thing changed.
     let dry_run = PostParams { dry_run: true, ..Default::default() };
     let pod = "/spec/template/spec";
@@ -233,25 +235,21 @@ async fn deployments_are_limited_to_unprivileged_tunnel_clients(
     let mut unlabelled = exact.clone();
     unlabelled["metadata"]["labels"].as_object_mut().unwrap().remove(LABEL_TUNNEL_UID);
     create_refused::<Deployment>(sa, admin, client_ns, unlabelled, "a client without its Tunnel's UID label").await;
-    // No Deployment at all outside the operator's namespace, not even the exact client.
+    // No Deployment at all outside the tunnel clients' namespace, not even the exact client.
     let mut elsewhere = exact.clone();
     elsewhere["metadata"]["namespace"] = json!(ns);
     create_refused::<Deployment>(sa, admin, ns, elsewhere, "a tunnel client in a tenant's namespace").await;
-    // The operator's own objects in its namespace are not tunnel clients: not changed, not read.
-    forbidden(
-        deployments.patch(operator, &PatchParams::default(), &Patch::Merge(json!({}))).await,
-        "change the operator's own Deployment",
-    );
+    // A Secret there that is no Tunnel's is not changed by a patch (its read through a JSON
+    // patch is the named residue of the tunnel clients' namespace, tests/attacks/residues.rs).
     let secret: Secret =
-        serde_json::from_value(json!({"metadata": {"name": format!("operators-{ns}")}, "stringData": {"k": "v"}}))
-            .unwrap();
+        serde_json::from_value(json!({"metadata": {"name": format!("other-{ns}")}, "stringData": {"k": "v"}})).unwrap();
     let name = secret.metadata.name.clone().unwrap();
     Api::<Secret>::namespaced(admin.clone(), client_ns).create(&PostParams::default(), &secret).await.unwrap();
-    let read = Api::<Secret>::namespaced(sa.clone(), client_ns)
-        .patch(&name, &PatchParams::default(), &Patch::Merge(json!({})))
+    let write = Api::<Secret>::namespaced(sa.clone(), client_ns)
+        .patch(&name, &PatchParams::default(), &Patch::Merge(json!({"stringData": {"k": "changed"}})))
         .await;
     Api::<Secret>::namespaced(admin.clone(), client_ns).delete(&name, &DeleteParams::default()).await.unwrap();
-    forbidden(read, "read a Secret of the operator's namespace back from a no-op patch");
+    forbidden(write, "change a Secret of the tunnel clients' namespace that is no Tunnel's");
 
     // The classic: a labelled privileged pod on the host network in kube-system.
     let mut privileged = exact.clone();
@@ -261,6 +259,35 @@ async fn deployments_are_limited_to_unprivileged_tunnel_clients(
     set(&mut privileged, &format!("{pod}/containers/0/securityContext"), json!({"privileged": true}));
     let what = "a labelled privileged Deployment in kube-system";
     create_refused::<Deployment>(sa, admin, "kube-system", privileged, what).await;
+}
+
+/// The operator's own namespace holds its Deployment, its cloud credentials and Helm's release
+/// records: the token can neither read (by any patch) nor change anything there but its Lease.
+async fn the_operators_namespace_is_out_of_reach(admin: &Client, sa: &Client, ns: &str, operator: (&str, &str)) {
+    let (operator_ns, deployment) = operator;
+    let deployments: Api<Deployment> = Api::namespaced(sa.clone(), operator_ns);
+    let change = deployments.patch(deployment, &PatchParams::default(), &Patch::Merge(json!({}))).await;
+    forbidden(change, "change the operator's own Deployment");
+    forbidden(deployments.get(deployment).await, "read the operator's own Deployment");
+    let value = format!("cloud-key-of-{ns}");
+    let encoded = serde_json::to_value(k8s_openapi::ByteString(value.clone().into_bytes())).unwrap();
+    let encoded = encoded.as_str().unwrap().to_string();
+    let name = format!("operators-{ns}");
+    let secret: Secret =
+        serde_json::from_value(json!({"metadata": {"name": name}, "stringData": {"k": value}})).unwrap();
+    Api::<Secret>::namespaced(admin.clone(), operator_ns).create(&PostParams::default(), &secret).await.unwrap();
+    let as_sa: Api<Secret> = Api::namespaced(sa.clone(), operator_ns);
+    // The read a granted patch is: the value copied into the name comes back in a 400.
+    let copy = json!([{"op": "copy", "from": "/data/k", "path": "/metadata/name"}]);
+    let copy: json_patch::Patch = serde_json::from_value(copy).unwrap();
+    let dry_run = PatchParams { dry_run: true, ..Default::default() };
+    let read = as_sa.patch(&name, &dry_run, &Patch::<()>::Json(copy)).await;
+    let no_op = as_sa.patch(&name, &PatchParams::default(), &Patch::Merge(json!({}))).await;
+    Api::<Secret>::namespaced(admin.clone(), operator_ns).delete(&name, &DeleteParams::default()).await.unwrap();
+    let answer = format!("{read:?}");
+    assert!(!answer.contains(&value) && !answer.contains(&encoded), "the operator's Secret came back: {answer}");
+    forbidden(read, "read a Secret of the operator's namespace through a JSON patch");
+    forbidden(no_op, "read a Secret of the operator's namespace back from a no-op patch");
 }
 
 /// Sets the JSON pointer `path` in `doc`, creating objects on the way and appending to arrays.

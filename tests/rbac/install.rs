@@ -9,6 +9,8 @@ use serde_json::json;
 use crate::common::service_account_token;
 
 pub const INSTALL_NS: &str = "skyport-system";
+/// The installed tunnel clients' namespace (deploy/namespace.yaml, `--tunnel-client-namespace`).
+pub const CLIENT_NS: &str = "skyport-tunnels";
 
 /// `kubectl apply -k deploy/` against the test API server.
 fn install_deploy() {

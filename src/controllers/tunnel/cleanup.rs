@@ -1,6 +1,6 @@
 //! Deleting a Tunnel: the Service's ingress is cleared, its reserved address released (or kept,
 //! with `deletionPolicy: Retain`, or for the Service's next Tunnel while the Service still asks for
-//! one), its exit servers and a client in the operator's namespace deleted, then the finalizer goes.
+//! one), its exit servers and a client in the clients' namespace deleted, then the finalizer goes.
 
 use std::time::Duration;
 
@@ -92,7 +92,7 @@ pub async fn cleanup(tunnel: &Tunnel, api: &Api<Tunnel>, ctx: &Context) -> Resul
             ctx.publish(tunnel, EventType::Normal, "Deleted", note).await;
         }
     }
-    // The client has nothing left to connect to; in the operator's namespace nothing else
+    // The client has nothing left to connect to; in the clients' namespace nothing else
     // would delete it.
     act::delete_client(&Placement::of(tunnel, ctx.settings.client_namespace.as_deref())?, ctx).await?;
     // Conditional on the version our own status write produced, not the one we were handed.

@@ -163,7 +163,7 @@ pub fn fit_label(value: &str) -> String {
 }
 
 /// Labels of the client Deployment's pods (and its selector): the instance is the Deployment's
-/// name, unique in its namespace, so two clients in the operator's namespace never select each
+/// name, unique in its namespace, so two clients in the clients' namespace never select each
 /// other's pods.
 pub fn client_labels(tunnel: &Tunnel, at: &Placement) -> BTreeMap<String, String> {
     let instance = if at.beside && at.slot.is_none() { tunnel.name_any() } else { at.deployment.clone() };

@@ -137,7 +137,7 @@ pub fn controller(
         .touched_objects()
         .predicate_filter(service_hash, Default::default());
     // A deleted or edited client Deployment is put back; its status churn is ignored. In the
-    // operator's namespace only, when clients live there (no Deployment is read elsewhere).
+    // clients' namespace only, when clients live there (no Deployment is read elsewhere).
     let deployments = match settings.client_namespace.as_deref().filter(|ns| !ns.is_empty()) {
         Some(ns) => Api::<Deployment>::namespaced(client.clone(), ns),
         None => scoped_api::<Deployment>(&client, scope),

@@ -315,7 +315,7 @@ pub async fn credentials(client: &Client, tunnel: &Tunnel, at: &Placement) -> Re
         Guarded::NotOurs => return Err(not_this_tunnels(name)),
     };
     if !at.is_ours(&secret.metadata) {
-        // In the operator's namespace the tests proved it a Tunnel's of this namespace and name.
+        // In the clients' namespace the tests proved it a Tunnel's of this namespace and name.
         if at.beside && !stale(&secret, &tunnel_uid) {
             return Err(not_this_tunnels(name));
         }

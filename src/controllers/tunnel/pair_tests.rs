@@ -202,7 +202,7 @@ async fn in_the_operators_namespace_both_clients_go_with_the_tunnel_and_so_do_bo
     let paths = ["a", "b"]
         .map(|slot| format!("/apis/apps/v1/namespaces/skyport-system/deployments/{}", at.for_slot(slot).deployment));
     for path in &paths {
-        let d = h.api.get(path).expect("a client per server in the operator's namespace");
+        let d = h.api.get(path).expect("a client per server in the clients' namespace");
         assert_eq!(d["metadata"]["labels"][placement::LABEL_TUNNEL_UID], json!("tunnel-uid"), "{path}");
     }
 

@@ -1,10 +1,11 @@
 //! Where a Tunnel's client Deployment and credentials Secret live, and how skyport knows them as
 //! the Tunnel's: pure.
 //!
-//! Installed (Helm, `deploy/`), skyport runs every tunnel client in its own namespace
+//! Installed (Helm, `deploy/`), skyport runs every tunnel client in a namespace of their own
 //! (`--tunnel-client-namespace`), the way the tailscale operator runs its proxies: its account
 //! then needs no Deployment write anywhere else, and no Tunnel's keys sit in a tenant's
-//! namespace. An owner reference cannot cross namespaces, so there the objects are the Tunnel's
+//! namespace. Not the operator's namespace: the credentials are read back by a patch, which can
+//! read any Secret of its namespace, and the operator's own Secrets must stay out of reach. An owner reference cannot cross namespaces, so there the objects are the Tunnel's
 //! by their labels (namespace, name and UID of the Tunnel), deleted by the Tunnel's cleanup and,
 //! if that never ran, by the orphan sweep. Without the flag (skyport run by hand, the tests)
 //! they live beside the Tunnel, controlled by it and garbage-collected with it.
@@ -25,7 +26,7 @@ use crate::error::{Error, Result};
 pub const LABEL_TUNNEL: &str = "skyport.dev/tunnel";
 /// Label: the Tunnel's namespace.
 pub const LABEL_TUNNEL_NAMESPACE: &str = "skyport.dev/tunnel-namespace";
-/// Label: the Tunnel's UID; what proves a client in the operator's namespace is this Tunnel's.
+/// Label: the Tunnel's UID; what proves a client in the clients' namespace is this Tunnel's.
 pub const LABEL_TUNNEL_UID: &str = "skyport.dev/tunnel-uid";
 
 /// The slots of a highly available Tunnel's two exit servers.

@@ -1,5 +1,5 @@
 //! Reconciles with `--tunnel-client-namespace`: the client Deployment and the credentials Secret
-//! live in the operator's namespace, are this Tunnel's by their labels, and go with the Tunnel.
+//! live in the clients' namespace, are this Tunnel's by their labels, and go with the Tunnel.
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;

@@ -1,6 +1,6 @@
 //! The orphan sweep: exit servers and reserved addresses tagged by this cluster's skyport whose
 //! Tunnel no longer exists are deleted and released (a `Retain` address is kept), and so are
-//! tunnel clients left in the operator's namespace. Normally the finalizer deletes every host; the sweep catches what a removed
+//! tunnel clients left in the clients' namespace. Normally the finalizer deletes every host; the sweep catches what a removed
 //! finalizer, a deleted namespace with a force-removed finalizer or a bug left behind.
 
 use std::collections::{BTreeMap, HashSet};
@@ -69,7 +69,7 @@ pub async fn sweep_once(ctx: &Context) -> usize {
     deleted
 }
 
-/// Deletes the client Deployments (and their Secrets) in the operator's namespace whose Tunnel
+/// Deletes the client Deployments (and their Secrets) in the clients' namespace whose Tunnel
 /// is gone: across namespaces no owner reference lets the garbage collector do it. Listed
 /// before the live Tunnels are read, as in [`find_orphans`].
 async fn delete_orphaned_clients(ctx: &Context) {

@@ -47,7 +47,7 @@
   # copies a value into the name is answered with the value, before any admission policy runs),
   # while an update's answer is the caller's own object, and the admission policy refuses updates
   # and deletes of Secrets no Queue controls. (Tunnel clients and their credentials live in the
-  # operator's namespace only: see the Role skyport-tunnel-clients.)
+  # tunnel clients' namespace only: see the Role skyport-tunnel-clients.)
   - apiGroups: [""]
     resources: ["secrets"]
     verbs: ["create", "update", "delete"]

@@ -145,7 +145,7 @@ pub async fn apply_deployment(
 }
 
 /// Deletes the client Deployment and Secret of a Tunnel that is going, when they live in the
-/// operator's namespace (beside the Tunnel the garbage collector does it). Only objects
+/// clients' namespace (beside the Tunnel the garbage collector does it). Only objects
 /// [`Placement::is_ours`] says are this Tunnel's, by UID precondition; already gone is success.
 pub async fn delete_client(at: &Placement, ctx: &Context) -> Result<()> {
     if at.beside {
