@@ -169,7 +169,7 @@ impl GuestProvider {
         // server of a highly available pair gets its own, and the pair's address is routed to it.
         let link = match request.tags.contains_key(TAG_TUNNEL_SLOT) {
             true => None,
-            false => self.free_address_of(&request.tags)?,
+            false => self.free_address(request.address.as_deref())?,
         };
         let mut avoid: Vec<Ipv4Addr> = self.files().all()?.iter().map(|r| r.machine.ip).collect();
         avoid.extend(self.reserved()?.iter().map(|r| r.ip));

@@ -91,6 +91,11 @@ pub struct HostRequest {
     pub server: ExitServer,
     /// Canonical tags, normally [`owner_tags`].
     pub tags: BTreeMap<String, String>,
+    /// The reserved address (its id) a single exit server comes up with, for providers that
+    /// bind an address only at creation ([`AddressBinding::AtCreate`]): the caller proved it the
+    /// Tunnel's (it may carry a previous Tunnel's tags, taken over). Named, not looked up by
+    /// tag, so a taken-over address is not missed; others bind it after creation and ignore it.
+    pub address: Option<String>,
 }
 
 impl std::fmt::Debug for HostRequest {
@@ -102,6 +107,7 @@ impl std::fmt::Debug for HostRequest {
             .field("user_data", &format_args!("<{} bytes>", self.user_data.len()))
             .field("server", &self.server)
             .field("tags", &self.tags)
+            .field("address", &self.address)
             .finish()
     }
 }

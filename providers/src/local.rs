@@ -222,7 +222,7 @@ impl HostProvider for LocalProvider {
             // server of a highly available pair gets its own, the reserved one is moved onto it.
             let reserved = match request.tags.contains_key(TAG_TUNNEL_SLOT) {
                 true => None,
-                false => self.free_address_of(&request.tags)?,
+                false => self.free_address(request.address.as_deref())?,
             };
             let address = match reserved {
                 Some(reserved) => reserved,

@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::error::HostError;
-use crate::hosts::{Address, AddressRequest, TAG_TUNNEL_UID};
+use crate::hosts::{Address, AddressRequest};
 use crate::limiter::Limiter;
 
 /// A provider whose reserved addresses are files of an [`AddressBook`] beside its hosts
@@ -38,8 +38,8 @@ pub trait Booked: Send + Sync {
     }
 
     /// The Tunnel's reserved address no host uses, for `create`.
-    fn free_address_of(&self, tags: &BTreeMap<String, String>) -> Result<Option<Ipv4Addr>, HostError> {
-        self.book().free_of(tags, &self.hosts()?)
+    fn free_address(&self, id: Option<&str>) -> Result<Option<Ipv4Addr>, HostError> {
+        id.map(|id| self.book().free(id, &self.hosts()?)).transpose()
     }
 
     async fn reserve(&self, request: &AddressRequest) -> Result<Address, HostError> {
@@ -148,18 +148,16 @@ impl AddressBook {
         Ok(Self::address(&reserved, &[]))
     }
 
-    /// The Tunnel's (by the UID tag in `tags`) reserved address no host uses, for `create`.
-    pub(crate) fn free_of(
-        &self,
-        tags: &BTreeMap<String, String>,
-        hosts: &[(Ipv4Addr, String)],
-    ) -> Result<Option<Ipv4Addr>, HostError> {
-        let Some(uid) = tags.get(TAG_TUNNEL_UID) else { return Ok(None) };
-        Ok(self
-            .reserved()?
-            .into_iter()
-            .find(|r| r.tags.get(TAG_TUNNEL_UID) == Some(uid) && !hosts.iter().any(|(ip, _)| *ip == r.ip))
-            .map(|r| r.ip))
+    /// Reserved address `id`, for `create`: an error, not a host without it, when it is gone or
+    /// another host holds it (a host created without it would only be replaced to get it).
+    pub(crate) fn free(&self, id: &str, hosts: &[(Ipv4Addr, String)]) -> Result<Ipv4Addr, HostError> {
+        let Some(address) = self.find(id, hosts)? else {
+            return Err(HostError::NotFound { provider: self.provider, message: format!("reserved address {id}") });
+        };
+        match address.host_id {
+            Some(host) => Err(self.unavailable(format!("reserved address {id} is held by host {host}"))),
+            None => address.ip.parse().map_err(|_| self.unavailable(format!("reserved address {id} is not IPv4"))),
+        }
     }
 
     pub(crate) fn find(&self, id: &str, hosts: &[(Ipv4Addr, String)]) -> Result<Option<Address>, HostError> {

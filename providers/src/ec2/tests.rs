@@ -45,6 +45,7 @@ fn request() -> HostRequest {
             services: vec![service(80, Protocol::Tcp), service(53, Protocol::Udp)],
         },
         tags: crate::hosts::owner_tags("uid", "team-a", "web"),
+        address: None,
     }
 }
 

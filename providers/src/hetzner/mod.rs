@@ -257,13 +257,15 @@ impl HostProvider for HetznerProvider {
         // gets it, in its location (a primary IP is bound to one). Not a pair's server: it keeps
         // its own address, and the pair's floating IP is moved onto it while it runs.
         let single = !request.tags.contains_key(TAG_TUNNEL_SLOT);
-        if let Some(uid) = request.tags.get(TAG_TUNNEL_UID).filter(|_| single) {
-            let free =
-                self.primary_ips_by_tag(TAG_TUNNEL_UID, uid).await?.into_iter().find(|p| p.assignee_id.is_none());
-            if let Some(ip) = free {
-                body["public_net"] = json!({"enable_ipv4": true, "enable_ipv6": true, "ipv4": ip.id});
-                location = ip.location.map(|l| l.name).or(location);
+        if let Some(id) = request.address.as_deref().filter(|_| single) {
+            let not_found = || HostError::NotFound { provider: PROVIDER, message: format!("primary IP {id}") };
+            let ip = self.primary_ip(id).await?.ok_or_else(not_found)?;
+            if let Some(server) = ip.assignee_id {
+                let message = format!("primary IP {id} is assigned to server {server}");
+                return Err(HostError::Unavailable { provider: PROVIDER, message });
             }
+            body["public_net"] = json!({"enable_ipv4": true, "enable_ipv6": true, "ipv4": ip.id});
+            location = ip.location.map(|l| l.name).or(location);
         }
         if let Some(location) = location {
             body["location"] = json!(location);

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use providers::exit::userdata::{Artifact, ExitServer, Protocol, TunnelService, render_cloud_config};
 use providers::hosts::{
-    AddressBinding, AddressRequest, HostProvider, HostRequest, HostState, MANAGED_BY_VALUE, TAG_CLUSTER,
+    Address, AddressBinding, AddressRequest, HostProvider, HostRequest, HostState, MANAGED_BY_VALUE, TAG_CLUSTER,
     TAG_MANAGED_BY, TAG_TUNNEL_UID, owner_tags,
 };
 
@@ -59,6 +59,7 @@ pub fn request(name: &str, uid: &str) -> HostRequest {
         user_data: user_data(),
         server: exit_server(),
         tags: owner_tags(uid, "team-a", "web-tunnel"),
+        address: None,
     }
 }
 
@@ -123,14 +124,17 @@ pub async fn run_with(provider: &dyn HostProvider, request: &HostRequest, expect
 }
 
 /// The reserved-address contract: reserved and tagged like hosts, found by tag, put on the
-/// Tunnel's host the provider's way ([`AddressBinding`]), kept when that host is replaced, and
-/// released. Hosts are made from `base` (its server, size, region); `region` is where to reserve
+/// Tunnel's host the provider's way ([`AddressBinding`]: at creation, the one the request
+/// names, and a request naming an address another host holds makes no host), kept when that
+/// host is replaced, and released. Hosts are made from `base` (its server, size, region); `region` is where to reserve
 /// when the provider needs one (Hetzner).
 pub async fn run_addresses(provider: &dyn HostProvider, base: &HostRequest, region: Option<&str>, expect: &Expect) {
     let uid = fresh_uid();
     let mut tags = owner_tags(&uid, "team-a", "web-tunnel");
     tags.insert(TAG_CLUSTER.into(), "cluster-contract".into());
     let host_request = |name: &str| HostRequest { name: name.into(), tags: tags.clone(), ..base.clone() };
+    // As the controller asks for a single exit server of a Tunnel with a reserved address.
+    let with = |request: HostRequest, address: &Address| HostRequest { address: Some(address.id.clone()), ..request };
     let address_request = |host_id: Option<String>| AddressRequest {
         name: format!("skyport-{uid}"),
         region: region.map(str::to_string),
@@ -145,7 +149,7 @@ pub async fn run_addresses(provider: &dyn HostProvider, base: &HostRequest, regi
         AddressBinding::Assign | AddressBinding::AtCreate => {
             let address = provider.reserve_address(&address_request(None)).await.expect("reserve");
             assert_eq!(address.host_id, None);
-            let first = running(provider, &host_request("skyport-addr-1"), expect).await;
+            let first = running(provider, &with(host_request("skyport-addr-1"), &address), expect).await;
             (first, address)
         }
         AddressBinding::WithHost => {
@@ -161,6 +165,10 @@ pub async fn run_addresses(provider: &dyn HostProvider, base: &HostRequest, regi
     assert_eq!((got.ip.as_str(), got.host_id.as_deref()), (address.ip.as_str(), Some(first.id.as_str())));
     if binding == AddressBinding::AtCreate {
         assert_eq!(first.public_ipv4.as_deref(), Some(address.ip.as_str()), "created with the reserved address");
+        let hosts = provider.list_by_tag(TAG_TUNNEL_UID, &uid).await.unwrap().len();
+        let taken = with(host_request("skyport-addr-x"), &address);
+        assert!(provider.create(&taken).await.is_err(), "an address another host holds is refused");
+        assert_eq!(provider.list_by_tag(TAG_TUNNEL_UID, &uid).await.unwrap().len(), hosts, "and no host made");
     }
 
     // Found by tag after a restart; nothing under another UID.
@@ -180,7 +188,7 @@ pub async fn run_addresses(provider: &dyn HostProvider, base: &HostRequest, regi
     provider.delete(&first.id).await.expect("delete the first host");
     // Where the address is bound to a region, the replacement is made there (as the controller
     // does); a region the request names already holds both.
-    let mut replacement = host_request("skyport-addr-2");
+    let mut replacement = with(host_request("skyport-addr-2"), &address);
     if replacement.region.is_none() {
         replacement.region = provider.address_region(&address.id).await.expect("the address's region");
     }

@@ -5,7 +5,7 @@ use std::num::NonZeroU32;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use providers::hosts::{TAG_MOVED_ADDRESS, TAG_TUNNEL_UID};
+use providers::hosts::TAG_MOVED_ADDRESS;
 use providers::{
     Address, AddressBinding, AddressRequest, ExitServer, Host, HostError, HostProvider, HostRequest, HostState, Limiter,
 };
@@ -216,6 +216,16 @@ impl FakeProvider {
 impl HostProvider for FakeProvider {
     async fn create(&self, request: &HostRequest) -> Result<Host, HostError> {
         let mut h = self.call("create")?;
+        // As the real ones: the address named, refused (no host made) when another host holds it.
+        let bind = match request.address.as_ref().filter(|_| h.binding() == AddressBinding::AtCreate) {
+            Some(id) if h.addresses.get(id).is_some_and(|a| a.host_id.is_none()) && !h.movable.contains(id) => {
+                Some(id.clone())
+            }
+            Some(id) => {
+                return Err(HostError::Unavailable { provider: NAME, message: format!("address {id} is not free") });
+            }
+            None => None,
+        };
         h.next_id += 1;
         let state = h.created_state.unwrap_or(HostState::Running);
         let host = Host {
@@ -228,16 +238,8 @@ impl HostProvider for FakeProvider {
         h.by_id.insert(host.id.clone(), host.clone());
         h.keys.insert(host.id.clone(), request.server.noise_private_key.clone());
         h.user_data.insert(host.id.clone(), request.user_data.clone());
-        if h.binding() == AddressBinding::AtCreate {
-            let uid = request.tags.get(TAG_TUNNEL_UID);
-            let movable = h.movable.clone();
-            let free = h
-                .addresses
-                .values()
-                .find(|a| a.host_id.is_none() && a.tags.get(TAG_TUNNEL_UID) == uid && !movable.contains(&a.id));
-            if let Some(id) = free.map(|a| a.id.clone()) {
-                h.attach(&id, &host.id);
-            }
+        if let Some(id) = bind {
+            h.attach(&id, &host.id);
         }
         Ok(h.by_id[&host.id].clone())
     }

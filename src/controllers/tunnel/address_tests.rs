@@ -314,3 +314,40 @@ async fn a_tunnel_deleted_while_its_service_asks_for_one_keeps_the_address_for_t
         assert_eq!(h.current().metadata.finalizers, Some(vec![]), "{binding:?}");
     }
 }
+
+/// The Service's next Tunnel (a new UID) takes the kept address over and comes up on it with one
+/// exit server, also where an address goes onto a host only at creation: the host is created
+/// with the address named, not one found by the previous Tunnel's UID tag (a host without it
+/// would be replaced to get it, again and again).
+#[tokio::test]
+async fn the_next_tunnel_of_the_service_comes_up_on_the_kept_address_with_one_exit_server() {
+    for binding in [AddressBinding::Assign, AddressBinding::AtCreate] {
+        let (mut h, t) = reserved(binding, AddressDeletionPolicy::Delete);
+        h.reconcile(t).await.unwrap();
+        let [kept] = h.provider.addresses().try_into().expect("one address");
+        delete_tunnel_with(&mut h, false).await;
+
+        let mut next = h.current();
+        next.metadata.uid = Some("next-tunnel-uid".into());
+        next.metadata.deletion_timestamp = None;
+        next.metadata.finalizers = None;
+        next.status = None;
+        let next = h.put_tunnel(&next);
+        // The watch cache sees the Service as the cleanup left it (its ingress taken off).
+        let svc = serde_json::from_value(h.api.get(SERVICE).unwrap()).unwrap();
+        h.services.apply_watcher_event(&watcher::Event::Apply(svc));
+        let created = h.provider.count("create");
+        h.reconcile(next).await.unwrap();
+        for _ in 0..2 {
+            h.reconcile(Arc::new(h.current())).await.unwrap();
+        }
+        assert_eq!(ready(&h.current()), (ConditionStatus::True, "Active".into()), "{binding:?}");
+        assert_eq!(h.provider.count("create") - created, 1, "{binding:?}: one exit server, never replaced");
+        let [host] = h.provider.hosts().try_into().expect("one host");
+        let [address] = h.provider.addresses().try_into().expect("still one address");
+        assert_eq!(address.id, kept.id, "{binding:?}: the kept address, nothing new reserved");
+        assert_eq!(address.host_id.as_deref(), Some(host.id.as_str()), "{binding:?}: on the new host");
+        assert_eq!(ingress_ip(&h), json!(kept.ip), "{binding:?}");
+        assert!(h.api.event_reasons().contains(&"AddressTakenOver".to_string()), "{binding:?}");
+    }
+}

@@ -261,6 +261,7 @@ mod tests {
             user_data: String::new(),
             server,
             tags,
+            address: None,
         };
         let tunnels = std::sync::Mutex::new(HashSet::new());
         // The Tunnel reaches the cache and its host is created just as the sweep reads the cache.

@@ -140,7 +140,11 @@ pub async fn create(
     if secondary {
         tags.insert(TAG_MOVED_ADDRESS.to_string(), MOVED_ADDRESS_SECONDARY.to_string());
     }
-    let request = HostRequest { name, region, size: tunnel.spec.size.clone(), user_data, server: server.clone(), tags };
+    // A single server comes up with the reserved address where the provider binds it at creation
+    // (a pair's servers keep their own, the address moves between them).
+    let address = address.filter(|_| slot.is_none()).map(|a| a.id.clone());
+    let (size, server) = (tunnel.spec.size.clone(), server.clone());
+    let request = HostRequest { name, region, size, user_data, server, tags, address };
     let created = provider.create(&request).await?;
     info!(host = %created.id, provider = provider.name(), "created exit server");
     Ok(created)
