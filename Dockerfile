@@ -10,7 +10,7 @@
 #
 #   docker build --target release-binary --output type=local,dest=dist .   # dist/skyport
 #
-# Then point the Deployment at it (deploy/README.md, "Build the image yourself").
+# Then point the Deployment at it (docs/install.md, "Build the image yourself").
 #
 # The tests build this file with buildah (tests/env/build-image.sh): no registry is reachable
 # there, so `--build-context` supplies the `build` stage (the same musl binary built on the host)

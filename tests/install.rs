@@ -189,7 +189,7 @@ async fn helm_install_on_the_node_runs_the_operator_as_users_get_it_and_uninstal
     let clients = ListParams::default().labels("app.kubernetes.io/name=skyport-tunnel-client");
     assert!(app_pods.list(&clients).await.unwrap().items.is_empty(), "a tunnel client in {APP_NS}");
 
-    // Uninstall as deploy/README.md says: LoadBalancer Services and Queues first, while the
+    // Uninstall as docs/uninstall.md says: LoadBalancer Services and Queues first, while the
     // operator runs; the exit server goes with the Service.
     node.kubectl(&["-n", APP_NS, "delete", "service", "web"], None);
     eventually("the exit server gone", TIMEOUT, || async { tunnel::get(&address).await.is_none().then_some(()) }).await;
@@ -262,7 +262,7 @@ fn remove_earlier_installs(node: &node::Node) {
 }
 
 /// Every object of the release, namespaced or not, is gone. The Secret and namespace the test
-/// made itself stay, and so do the CRDs (Helm never deletes them; deploy/README.md says so).
+/// made itself stay, and so do the CRDs (Helm never deletes them; docs/install.md says so).
 fn nothing_of_the_release_left(node: &node::Node) {
     let kinds = "deployments,replicasets,pods,services,serviceaccounts,roles,rolebindings,configmaps,secrets,leases";
     let namespaced = node.kubectl(&["-n", NS, "get", kinds, "-o", "name"], None);

@@ -1,6 +1,6 @@
 //! Operating the real binary (`target/debug/skyport run`) against the test API server:
 //! leader election between two processes, `/healthz`, `/readyz` and `/metrics` as documented in
-//! deploy/README.md, graceful SIGTERM, and the uninstall path (Queues first; what a forgotten
+//! docs/monitoring.md, graceful SIGTERM, and the uninstall path (Queues first; what a forgotten
 //! finalizer does and how to release it).
 
 use crate::common;
@@ -285,7 +285,7 @@ fn kubectl(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// deploy/README.md, "Uninstall": Queues first while the operator runs (Delete removes the SQS
+/// docs/uninstall.md: Queues first while the operator runs (Delete removes the SQS
 /// queue, Retain keeps it); a Queue left behind when the operator is gone blocks its namespace
 /// until its finalizer is removed by hand, which leaves the SQS queue in place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

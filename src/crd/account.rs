@@ -23,7 +23,7 @@ use super::Condition;
     status = "AwsAccountStatus",
     shortname = "awsacct",
     category = "skyport",
-    doc = "An AWS identity and region for Queues: skyport assumes `roleArn` (STS AssumeRole) for every SQS call of a Queue whose `spec.accountRef` names this object, sending the external id shown in `status.externalId` (derived from the cluster and this namespace) and the session name in `status.roleSessionName`. The role's trust policy must require that external id (deploy/README.md). Usable from its own namespace, and from `allowedNamespaces`; while Queues use it, it keeps a finalizer so their cleanup can still assume the role.",
+    doc = "An AWS identity and region for Queues: skyport assumes `roleArn` (STS AssumeRole) for every SQS call of a Queue whose `spec.accountRef` names this object, sending the external id shown in `status.externalId` (derived from the cluster and this namespace) and the session name in `status.roleSessionName`. The role's trust policy must require that external id (docs/aws-access.md). Usable from its own namespace, and from `allowedNamespaces`; while Queues use it, it keeps a finalizer so their cleanup can still assume the role.",
     printcolumn = r#"{"name":"Role","type":"string","jsonPath":".spec.roleArn"}"#,
     printcolumn = r#"{"name":"Region","type":"string","jsonPath":".spec.region"}"#,
     printcolumn = r#"{"name":"External ID","type":"string","jsonPath":".status.externalId"}"#,
@@ -38,7 +38,7 @@ use super::Condition;
 pub struct AwsAccountSpec {
     /// ARN of the IAM role to assume, e.g. `arn:aws:iam::123456789012:role/team-b-queues`. Its
     /// trust policy must allow the operator's identity `sts:AssumeRole` on the condition
-    /// `sts:ExternalId` = `status.externalId` (see deploy/README.md). Changing it does not move
+    /// `sts:ExternalId` = `status.externalId` (see docs/aws-access.md). Changing it does not move
     /// existing queues: Queues created under another role report `AccountChanged`.
     #[schemars(regex(pattern = r"^arn:aws[a-z-]*:iam::[0-9]{12}:role/[A-Za-z0-9+=,.@_/-]{1,512}$"))]
     pub role_arn: String,

@@ -1,5 +1,5 @@
 //! `skyport tunnel firewall`: the exit server's nftables ruleset from the ports of its config,
-//! so the firewall follows a config push (docs/tunnel.md, *Config push*).
+//! so the firewall follows a config push (docs/exit-server.md, *Config push*).
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;

@@ -1,4 +1,4 @@
-//! `kubectl apply -k` on the test node, as deploy/README.md tells users to install: an overlay
+//! `kubectl apply -k` on the test node, as docs/install.md tells users to install: an overlay
 //! that sets the image with kustomize's `images:` (and, by its `replacements:`, in the admission
 //! policy), generates the `skyport-aws` Secret (region, LocalStack's endpoint, credentials) and
 //! selects the local exit-server provider, deploy/ itself unchanged. The operator Pod becomes Ready and runs hardened, a Queue goes Ready, a
@@ -59,7 +59,7 @@ async fn kubectl_apply_k_runs_the_operator_from_an_overlay_and_delete_k_leaves_n
     })
     .await;
 
-    // deploy/README.md's uninstall: Services and Queues while the operator runs, then the rest.
+    // docs/uninstall.md: Services and Queues while the operator runs, then the rest.
     queues.delete_collection(&DeleteParams::default(), &ListParams::default()).await.expect("delete Queues");
     common::wait_gone(&queues, "orders", TIMEOUT).await;
     let gone = super::sqs_name(APP_NS, "orders");
@@ -105,7 +105,7 @@ images:
   - name: ghcr.io/skyport-dev/skyport
     newName: {repository}
     newTag: {tag}
-# deploy/README.md's overlay: the admission policy admits tunnel clients of this image only.
+# docs/install.md's overlay: the admission policy admits tunnel clients of this image only.
 replacements:
   - source: {{kind: Deployment, name: skyport, fieldPath: 'spec.template.spec.containers.[name=skyport].image'}}
     targets:

@@ -9,7 +9,7 @@
 //! IPv4 is released "while it has a secondary private IP address that is associated with an
 //! Elastic IP address" gets no new one, i.e. an Elastic IP on a secondary private IPv4 and the
 //! public IPv4 coexist. That reading is this module's premise; it was not checked on AWS itself
-//! (LocalStack keeps one public IPv4 per interface, see docs/tunnel.md). So each server of a pair
+//! (LocalStack keeps one public IPv4 per interface, see docs/tested-against.md). So each server of a pair
 //! (a request tagged [`TAG_MOVED_ADDRESS`]) gets one secondary private IPv4 on its primary interface
 //! right after launch (AssignPrivateIpAddresses, `SecondaryPrivateIpAddressCount` 1), and
 //! [`Ec2Provider::associate_address`] associates the Elastic IP with that address (`InstanceId` +

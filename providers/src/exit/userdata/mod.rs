@@ -5,7 +5,7 @@
 //! the server holds an X25519 key, each service has its own token). rathole declares public ports
 //! on the server side, one `[server.services.<name>]` per port, so the rendered `server.toml`
 //! lists exactly the Service's ports; it hot-reloads that file when it changes. Why rathole:
-//! docs/tunnel.md, *Tunnel software*; its measured behaviour: BENCHMARKS.md, *Tunnel*.
+//! docs/exit-server.md, *Tunnel software*; its measured behaviour: BENCHMARKS.md, *Tunnel*.
 //! The rendered `#cloud-config`:
 //! - downloads the skyport binary for the VM's architecture from an [`Artifact`] URL and refuses
 //!   to run it unless its SHA-256 is the artifact's digest (derived by the operator from its own
