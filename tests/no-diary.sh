@@ -28,6 +28,7 @@ patterns=(
   "\\bupgrading from (a|an|the|older|earlier) (version|release)"
   "\\bolder versions?\\b|\\bearlier versions?\\b|\\bthe old default\\b|\\bcan no longer be set\\b"
   "\\bit did once\\b|\\bused to (be|do|run|write|read|make)\\b"
+  "\\b(created|made|installed) before (this|the) (default|change|release)\\b"
 )
 pattern=$(IFS='|'; echo "${patterns[*]}")
 
