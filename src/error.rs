@@ -24,6 +24,10 @@ pub enum Error {
     Internal(String),
     #[error("{0}")]
     Artifact(#[from] crate::tunnel::verify::ArtifactProblem),
+    /// A Tunnel slot created its day's exit servers (`--tunnel-max-hosts-per-day`): nothing is
+    /// created until `retry_after` has passed.
+    #[error("{message}")]
+    HostBudget { message: String, retry_after: std::time::Duration },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -37,7 +41,7 @@ impl Error {
             Error::Host(e) => e.class() == ErrorClass::Permanent,
             Error::InvalidSpec(_) | Error::MissingObjectKey(_) => true,
             // A file published or a mirror fixed later heals it without touching the object.
-            Error::Kube(_) | Error::Internal(_) | Error::Artifact(_) => false,
+            Error::Kube(_) | Error::Internal(_) | Error::Artifact(_) | Error::HostBudget { .. } => false,
         }
     }
 
@@ -49,6 +53,7 @@ impl Error {
             Error::InvalidSpec(_) => "InvalidSpec",
             Error::Internal(_) => "InternalError",
             Error::Artifact(p) => p.reason(),
+            Error::HostBudget { .. } => "HostBudgetSpent",
             Error::Queue(e) => match e {
                 QueueError::NotFound => "NotFound",
                 QueueError::DeletedRecently(_) => "RecentlyDeleted",
@@ -84,6 +89,7 @@ impl Error {
     pub fn retry_after(&self) -> Option<std::time::Duration> {
         match self {
             Error::Host(e) => e.retry_after(),
+            Error::HostBudget { retry_after, .. } => Some(*retry_after),
             _ => None,
         }
     }

@@ -172,6 +172,14 @@ pub struct TunnelArgs {
     #[arg(long = "tunnel-max-replacements", env = "SKYPORT_TUNNEL_MAX_REPLACEMENTS", default_value_t = 3)]
     pub max_replacements: u32,
 
+    /// The most exit servers one Tunnel may create per slot (one server, or each of a highly
+    /// available pair's two) in any 24 hours, whatever the cause: the first one, replacements of
+    /// failing, stopped or lost servers, retries of failed creates. Past it the Tunnel reports
+    /// `HostBudgetSpent` and creates nothing until the oldest creation is a day old, so no
+    /// failure buys VMs without bound.
+    #[arg(long = "tunnel-max-hosts-per-day", env = "SKYPORT_TUNNEL_MAX_HOSTS_PER_DAY", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_hosts_per_day: u32,
+
     /// How long an exit server must fail the health check before its address is taken off the
     /// Service, so that a single failed probe does not flap the address (and DNS built on it);
     /// 0 withdraws it at the first failure. A replaced host's address always goes first.
@@ -285,6 +293,7 @@ impl Default for TunnelArgs {
             failover_after: Duration::from_secs(2),
             failover_probe_interval: Duration::from_secs(1),
             max_replacements: 3,
+            max_hosts_per_day: 10,
             local_state_dir: "/tmp/skyport-local-hosts".into(),
             local_addresses: (std::net::Ipv4Addr::new(127, 77, 0, 1), std::net::Ipv4Addr::new(127, 77, 255, 254)),
             guest_rootfs: None,

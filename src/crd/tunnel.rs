@@ -278,6 +278,11 @@ pub struct TunnelStatus {
     /// as the one before. Kept in status, so an operator restart does not reset it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_replacement_after: Option<String>,
+    /// Exit servers this Tunnel created in the last 24 hours, by slot: what
+    /// `--tunnel-max-hosts-per-day` counts. Recorded before each creation, so a crash never
+    /// makes one uncounted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts_created: Vec<HostCreated>,
     /// With `spec.highAvailability`: both exit servers, which one holds the address, and the
     /// last failover.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -285,6 +290,17 @@ pub struct TunnelStatus {
     /// `Ready`: the exit server runs, the client is deployed and the Service's ports are exposed.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+}
+
+/// One exit server creation a Tunnel made (or was about to make), for its daily budget.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostCreated {
+    /// The slot of a highly available pair (`a` or `b`); absent for a single exit server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<String>,
+    /// When (RFC 3339).
+    pub at: String,
 }
 
 /// The exit servers of a highly available Tunnel.

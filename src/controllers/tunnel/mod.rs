@@ -17,6 +17,8 @@ pub mod act;
 mod address_tests;
 #[cfg(test)]
 mod both_tests;
+#[cfg(test)]
+mod budget_tests;
 pub mod cleanup;
 pub mod desired;
 #[cfg(test)]

@@ -7,7 +7,7 @@ use kube::ResourceExt;
 use providers::{Address, AddressBinding, Host, HostProvider};
 
 use super::super::plan::address::{self as address_plan, AddressStep, address_step};
-use super::super::plan::{self, HostStep};
+use super::super::plan::{self, HostStep, budget};
 use super::super::status::not_ready;
 use super::super::{act, observe};
 use super::{Desired, Keys, Pass, Running};
@@ -58,6 +58,7 @@ impl Pass<'_> {
                         .await?;
                         return Ok(None);
                     }
+                    self.charge_host(None).await?;
                     let created =
                         act::host::create(tunnel, provider.as_ref(), &keys.server, (address.as_ref(), None), ctx)
                             .await?;
@@ -89,6 +90,20 @@ impl Pass<'_> {
             provider: provider.name(),
             message: "the exit server did not reach a usable state".into(),
         }))
+    }
+
+    /// Draws one exit server from slot `slot`'s daily budget ([`budget`]), recorded before the
+    /// create call so that a crash right after never leaves it uncounted; a spent budget is an
+    /// error that retries once the oldest creation is a day old.
+    pub(super) async fn charge_host(&mut self, slot: Option<&'static str>) -> Result<()> {
+        let (now, per_day) = (k8s_openapi::jiff::Timestamp::now(), self.ctx.settings.max_hosts_per_day);
+        if let Err(next) = budget::allows(&self.status().hosts_created, slot, now, per_day) {
+            let wait = std::time::Duration::try_from(next.duration_since(now)).unwrap_or_default();
+            let retry_after = wait.max(std::time::Duration::from_secs(1));
+            return Err(Error::HostBudget { message: budget::spent_message(slot, per_day, next), retry_after });
+        }
+        let created = budget::with_creation(&self.status().hosts_created, slot, now);
+        self.record(|s| s.hosts_created = created).await
     }
 
     /// Recorded before anything else can fail: a restart finds this host, not a new one.

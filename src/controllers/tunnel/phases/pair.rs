@@ -272,6 +272,7 @@ impl Pass<'_> {
         (slot, address): (&'static str, Option<&Address>),
     ) -> Result<Host> {
         let provider = want.provider.as_ref();
+        self.charge_host(Some(slot)).await?;
         let created = act::host::create(self.tunnel, provider, &keys.server, (address, Some(slot)), self.ctx).await?;
         let (id, name) = (created.id.clone(), provider.name().to_string());
         self.record(|s| {

@@ -1,0 +1,70 @@
+//! Every exit server a Tunnel creates draws from its slot's daily budget
+//! (`--tunnel-max-hosts-per-day`), whatever makes it create one: here, a provider whose hosts
+//! stop at once (an account policy or image that stops instances), which is replaced at once.
+
+use std::sync::Arc;
+
+use providers::HostState;
+use providers::hosts::TAG_TUNNEL_SLOT;
+
+use super::tests::{harness_settings, ready};
+use crate::config::TunnelArgs;
+use crate::crd::condition::ConditionStatus;
+use crate::crd::tunnel::{AddressMode, HighAvailability, TunnelAddress};
+
+const PER_DAY: u32 = 3;
+
+fn settings() -> TunnelArgs {
+    TunnelArgs { max_hosts_per_day: PER_DAY, ..TunnelArgs::default() }
+}
+
+#[tokio::test]
+async fn hosts_that_stop_at_once_are_bought_at_most_the_days_budget() {
+    let mut h = harness_settings(settings());
+    h.add_service();
+    h.provider.create_as(HostState::Stopped);
+    h.new_tunnel();
+    let mut refused = 0;
+    for _ in 0..12 {
+        // A pass gives up on hosts that stop as they come (ProviderUnavailable) before the
+        // budget is spent; from then on every pass is refused until a day has passed.
+        if let Err(e) = h.reconcile(Arc::new(h.current())).await
+            && e.reason() == "HostBudgetSpent"
+        {
+            let wait = e.retry_after().expect("retried when the budget refills");
+            assert!(wait > std::time::Duration::from_secs(23 * 3600), "{wait:?}");
+            refused += 1;
+        }
+    }
+    assert_eq!(h.provider.count("create"), PER_DAY as usize, "one day's budget, not one host per pass");
+    assert!(refused > 0);
+    let t = h.current();
+    assert_eq!(ready(&t), (ConditionStatus::False, "HostBudgetSpent".into()));
+    let message = crate::controllers::status::ready_condition(&t).unwrap().message.clone();
+    assert!(message.contains("--tunnel-max-hosts-per-day 3"), "{message}");
+    assert!(h.api.event_reasons().contains(&"HostBudgetSpent".to_string()), "{:?}", h.api.event_reasons());
+    // Counted in status: another operator process (a restart, a new leader) sees the same.
+    assert_eq!(t.status.unwrap().hosts_created.len(), PER_DAY as usize);
+}
+
+#[tokio::test]
+async fn each_server_of_a_pair_has_a_budget_of_its_own() {
+    let mut h = harness_settings(settings());
+    h.add_service();
+    let mut t = (*h.new_tunnel()).clone();
+    t.spec.address = Some(TunnelAddress { mode: AddressMode::Reserved, ..Default::default() });
+    t.spec.high_availability = Some(HighAvailability::default());
+    h.put_tunnel(&t);
+    h.provider.create_as(HostState::Stopped);
+    for _ in 0..12 {
+        let _ = h.reconcile(Arc::new(h.current())).await;
+    }
+    assert_eq!(h.provider.count("create"), 2 * PER_DAY as usize, "{:?}", h.provider.calls());
+    let created = h.current().status.unwrap().hosts_created;
+    for slot in ["a", "b"] {
+        let of_slot = created.iter().filter(|c| c.slot.as_deref() == Some(slot)).count();
+        assert_eq!(of_slot, PER_DAY as usize, "slot {slot}: {created:?}");
+    }
+    let slots: Vec<String> = h.provider.hosts().iter().filter_map(|h| h.tags.get(TAG_TUNNEL_SLOT).cloned()).collect();
+    assert!(slots.len() <= 2, "never more than one server per slot at a time: {slots:?}");
+}
