@@ -352,7 +352,7 @@ async fn controllers_work_with_only_the_namespaced_role_of_a_watch_namespace_ins
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
     escalations::escalations_are_refused(&admin, &sa, &ns.name, (RELEASE_NS, "skyport-ns"), RELEASE_CLIENT_NS).await;
-    users_objects::users_objects_are_skyports_only_by_its_finalizer(&admin, &sa, &ns.name, RELEASE_NS).await;
+    users_objects::users_objects_are_skyports_only_by_its_finalizer(&admin, &sa, &ns.name, RELEASE_CLIENT_NS).await;
 
     // The Tunnel and Service controllers, with the cluster id from the chart's value.
     let mut settings = tunnels::fast_tunnel_settings();

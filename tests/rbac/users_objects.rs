@@ -222,12 +222,12 @@ async fn tunnel_clients_run_only_the_client(admin: &Client, sa: &Client, client_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn a_stolen_token_changes_users_objects_only_as_skyport_does() {
-    use super::install::{INSTALL_NS, install_deploy_once, service_account_client};
+    use super::install::{CLIENT_NS, install_deploy_once, service_account_client};
     let admin = crate::common::client().await;
     install_deploy_once().await;
     let sa = service_account_client(&admin).await;
     let ns = crate::common::TestNs::new("rbac-users").await;
-    users_objects_are_skyports_only_by_its_finalizer(&admin, &sa, &ns.name, INSTALL_NS).await;
+    users_objects_are_skyports_only_by_its_finalizer(&admin, &sa, &ns.name, CLIENT_NS).await;
     ns.cleanup().await;
 }
 
