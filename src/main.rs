@@ -214,7 +214,7 @@ async fn start_tunnels(
             let settings = t.clone();
             tokio::spawn(async move {
                 if let Err(e) = skyport::tunnel::verify::check(&artifacts, &settings).await {
-                    warn!(reason = e.reason(), "{e}");
+                    warn!(reason = %e.reason(), "{e}");
                 }
             });
         }
