@@ -1,6 +1,7 @@
 //! Every reason skyport reports, defined once: the `reason` of a condition and of an Event, the
 //! kinds of object it appears on, whether it is a Warning, and what it means and what to do.
-//! No reason is spelled as a string literal anywhere else in `src/` (`literals_tests.rs`).
+//! docs/troubleshooting.md is checked against this table (`docs_tests.rs`), and no reason is
+//! spelled as a string literal anywhere else in `src/` (`literals_tests.rs`).
 
 mod table;
 
@@ -131,6 +132,8 @@ impl PartialEq<&str> for Reason {
     }
 }
 
+#[cfg(test)]
+mod docs_tests;
 #[cfg(test)]
 mod literals_tests;
 

@@ -198,7 +198,7 @@ super::reasons! {
         "the dead-letter target is not this namespace's queue, or not beside this queue",
         "point deadLetter at a Queue of this namespace (deadLetter.queueRef)";
     ConfigMapConflict: [Queue] Warning,
-        "the ConfigMap <name>-sqs exists and is not this Queue's",
+        "the ConfigMap `<name>-sqs` exists and is not this Queue's",
         "delete or rename that ConfigMap; the queue itself is fine";
     ExportConflict: [Queue] Warning,
         "an export's name is held by an object this Queue does not own (or a Secret export was replaced)",
