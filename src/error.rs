@@ -3,6 +3,8 @@
 
 use providers::{ErrorClass, HostError, QueueError};
 
+use crate::reasons::Reason;
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("Kubernetes API request failed: {0}")]
@@ -46,35 +48,35 @@ impl Error {
     }
 
     /// Stable reason for conditions, Events and metrics.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> Reason {
         match self {
-            Error::Kube(_) => "KubernetesApiError",
-            Error::MissingObjectKey(_) => "InvalidObject",
-            Error::InvalidSpec(_) => "InvalidSpec",
-            Error::Internal(_) => "InternalError",
+            Error::Kube(_) => Reason::KubernetesApiError,
+            Error::MissingObjectKey(_) => Reason::InvalidObject,
+            Error::InvalidSpec(_) => Reason::InvalidSpec,
+            Error::Internal(_) => Reason::InternalError,
             Error::Artifact(p) => p.reason(),
-            Error::HostBudget { .. } => "HostBudgetSpent",
+            Error::HostBudget { .. } => Reason::HostBudgetSpent,
             Error::Queue(e) => match e {
-                QueueError::NotFound => "NotFound",
-                QueueError::DeletedRecently(_) => "RecentlyDeleted",
-                QueueError::AlreadyExists(_) => "AlreadyExists",
-                QueueError::Invalid { .. } => "InvalidAttribute",
-                QueueError::AccessDenied { .. } => "AccessDenied",
-                QueueError::CredentialsRejected { .. } => "CredentialsRejected",
-                QueueError::AssumeRoleRefused { .. } => "AssumeRoleDenied",
-                QueueError::Throttled { .. } => "Throttled",
-                QueueError::Unavailable(_) => "SqsUnavailable",
-                QueueError::Other { .. } => "SqsError",
+                QueueError::NotFound => Reason::NotFound,
+                QueueError::DeletedRecently(_) => Reason::RecentlyDeleted,
+                QueueError::AlreadyExists(_) => Reason::AlreadyExists,
+                QueueError::Invalid { .. } => Reason::InvalidAttribute,
+                QueueError::AccessDenied { .. } => Reason::AccessDenied,
+                QueueError::CredentialsRejected { .. } => Reason::CredentialsRejected,
+                QueueError::AssumeRoleRefused { .. } => Reason::AssumeRoleDenied,
+                QueueError::Throttled { .. } => Reason::Throttled,
+                QueueError::Unavailable(_) => Reason::SqsUnavailable,
+                QueueError::Other { .. } => Reason::SqsError,
             },
             Error::Host(e) => match e {
-                HostError::RateLimited { .. } => "ProviderRateLimited",
-                HostError::Unauthorized { .. } => "ProviderUnauthorized",
-                HostError::Invalid { .. } => "ProviderRejected",
-                HostError::NotFound { .. } => "ProviderNotFound",
-                HostError::AlreadyExists { .. } => "ProviderConflict",
-                HostError::Quota { .. } => "ProviderQuotaExceeded",
-                HostError::Unavailable { .. } => "ProviderUnavailable",
-                HostError::NoDefaultVpc { .. } => "ProviderNoDefaultVpc",
+                HostError::RateLimited { .. } => Reason::ProviderRateLimited,
+                HostError::Unauthorized { .. } => Reason::ProviderUnauthorized,
+                HostError::Invalid { .. } => Reason::ProviderRejected,
+                HostError::NotFound { .. } => Reason::ProviderNotFound,
+                HostError::AlreadyExists { .. } => Reason::ProviderConflict,
+                HostError::Quota { .. } => Reason::ProviderQuotaExceeded,
+                HostError::Unavailable { .. } => Reason::ProviderUnavailable,
+                HostError::NoDefaultVpc { .. } => Reason::ProviderNoDefaultVpc,
             },
         }
     }

@@ -12,6 +12,7 @@ pub mod error;
 pub mod http;
 pub mod leader;
 pub mod metrics;
+pub mod reasons;
 pub mod telemetry;
 pub mod tunnel;
 

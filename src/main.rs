@@ -10,7 +10,7 @@ use skyport::config::{Cli, Command, RunArgs, TunnelRole};
 use skyport::controllers::shutdown::run_until_stopped;
 use skyport::http::{self, Phase};
 use skyport::leader::{self, Lease};
-use skyport::metrics::{CloudSnapshot, Metrics, ReadyCounts};
+use skyport::metrics::{CloudSnapshot, Metrics, ReadyCounts, TunnelSnapshot};
 use skyport::{controllers, crd, telemetry};
 use tracing::{error, info, warn};
 
@@ -151,6 +151,15 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     });
     add_controller(&state, "queue", &ctx, Some(ctx.queues.clone()));
     state.metrics.add_cloud("sqs", move || CloudSnapshot::of(&providers::QueueBackend::limiter(&*sqs).counters));
+    let accounts = ctx.clone();
+    state.metrics.add_sqs_accounts(move || {
+        accounts
+            .accounts
+            .budgets()
+            .into_iter()
+            .map(|(key, limiter)| (key, CloudSnapshot::of(&limiter.counters)))
+            .collect()
+    });
     tokio::spawn({
         let (ctx, state) = (ctx.clone(), state.clone());
         async move {
@@ -214,7 +223,7 @@ async fn start_tunnels(
             let settings = t.clone();
             tokio::spawn(async move {
                 if let Err(e) = skyport::tunnel::verify::check(&artifacts, &settings).await {
-                    warn!(reason = e.reason(), "{e}");
+                    warn!(reason = %e.reason(), "{e}");
                 }
             });
         }
@@ -263,6 +272,8 @@ async fn start_tunnels(
     state.metrics.add_failovers(move || moved.failovers.load(std::sync::atomic::Ordering::Relaxed));
     let unserved = ctx.clone();
     state.metrics.add_unserved(move || unserved.unserved.seconds());
+    let cached = ctx.tunnels.clone();
+    state.metrics.add_tunnels(move || TunnelSnapshot::of(cached.state().iter().map(|t| &**t)));
     Ok(async move {
         tokio::join!(tunnels, services);
     }

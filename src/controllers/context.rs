@@ -17,6 +17,7 @@ use super::memory::OwnWrites;
 use super::{ApiWrites, CONTROLLER_NAME, object_key};
 use crate::error::Error;
 use crate::metrics::ReconcileMetrics;
+use crate::reasons::{Reason, Severity};
 
 /// Longest Event note: Events are capped at 1 kB, and cloud error messages can be long.
 const NOTE_MAX_CHARS: usize = 1000;
@@ -57,17 +58,21 @@ impl<S, M> Context<S, M> {
         }
     }
 
-    /// Publishes an Event on `obj`.
-    pub async fn publish<K: Resource<DynamicType = ()>>(&self, obj: &K, type_: EventType, reason: &str, note: String) {
-        self.publish_on(&obj.object_ref(&()), type_, reason, note).await
+    /// Publishes an Event on `obj`, a Warning or Normal one as the reasons table says.
+    pub async fn publish<K: Resource<DynamicType = ()>>(&self, obj: &K, reason: Reason, note: String) {
+        self.publish_on(&obj.object_ref(&()), reason, note).await
     }
 
     /// Publishes an Event on the object `reference` names. A failure is logged, never returned:
     /// an Event is worth less than the reconcile it reports on.
-    pub async fn publish_on(&self, reference: &ObjectReference, type_: EventType, reason: &str, note: String) {
+    pub async fn publish_on(&self, reference: &ObjectReference, reason: Reason, note: String) {
         self.api_writes.inc();
         let note: String = note.chars().take(NOTE_MAX_CHARS).collect();
-        if let Err(e) = self.events.publish(reference, type_, reason, "Reconcile", &note).await {
+        let type_ = match reason.severity() {
+            Severity::Warning => EventType::Warning,
+            Severity::Normal | Severity::Ready => EventType::Normal,
+        };
+        if let Err(e) = self.events.publish(reference, type_, reason.as_str(), "Reconcile", &note).await {
             warn!(error = %e, "could not publish event");
         }
     }
@@ -134,7 +139,7 @@ where
     if error.heals_slowly() {
         delay = ctx.backoff.slow(delay);
     }
-    warn!(kind = %K::kind(&()), namespace = %obj.namespace().unwrap_or_default(), name = %obj.name_any(), reason = error.reason(), error = %error, retry_in = ?delay, "reconcile failed");
+    warn!(kind = %K::kind(&()), namespace = %obj.namespace().unwrap_or_default(), name = %obj.name_any(), reason = %error.reason(), error = %error, retry_in = ?delay, "reconcile failed");
     ctx.backoff.hold(&object_key(&*obj), delay, owner_change(&*obj));
     Action::requeue(delay)
 }

@@ -91,7 +91,7 @@ pub async fn instrumented<K: Resource>(
     let span = tracing::info_span!("reconcile", kind, namespace = %obj.namespace().unwrap_or_default(), name = %obj.name_any());
     let started = std::time::Instant::now();
     let result = reconcile.instrument(span).await;
-    metrics.record(started.elapsed(), result.as_ref().err().map(crate::Error::reason));
+    metrics.record(started.elapsed(), result.as_ref().err().map(|e| e.reason().as_str()));
     result
 }
 

@@ -25,6 +25,8 @@ use providers::exit::userdata::Artifact;
 use sha2::{Digest, Sha256};
 use tracing::info;
 
+use crate::reasons::Reason;
+
 /// Largest file accepted: the shipped binary is about 23 MiB.
 pub const MAX_BYTES: u64 = 256 * 1024 * 1024;
 /// Longest time a failed check is believed.
@@ -46,10 +48,10 @@ pub enum ArtifactProblem {
 
 impl ArtifactProblem {
     /// The Tunnel's `Ready` reason.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> Reason {
         match self {
-            ArtifactProblem::Unavailable { .. } => "ArtifactUnavailable",
-            ArtifactProblem::DigestMismatch { .. } => "ArtifactDigestMismatch",
+            ArtifactProblem::Unavailable { .. } => Reason::ArtifactUnavailable,
+            ArtifactProblem::DigestMismatch { .. } => Reason::ArtifactDigestMismatch,
         }
     }
 }

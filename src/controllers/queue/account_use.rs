@@ -26,6 +26,7 @@ use crate::crd::account::{AwsAccount, session_name};
 use crate::crd::condition::{Condition, ConditionStatus};
 use crate::crd::queue::Queue;
 use crate::error::Result;
+use crate::reasons::Reason;
 
 /// Keeps an AwsAccount while Queues use it.
 pub const ACCOUNT_FINALIZER: &str = "awsaccounts.skyport.dev/in-use";
@@ -84,7 +85,7 @@ pub async fn unless_never_trusted<T>(queue: &Queue, owned: Result<Option<T>>, ct
     match owned {
         Err(crate::Error::Queue(providers::QueueError::AssumeRoleRefused { .. })) if !created => {
             let note = "STS refused the AwsAccount's role and this Queue never created an SQS queue with it: nothing to delete";
-            ctx.publish(queue, kube::runtime::events::EventType::Normal, "NothingCreated", note.into()).await;
+            ctx.publish(queue, Reason::NothingCreated, note.into()).await;
             Ok(None)
         }
         other => other,
@@ -149,15 +150,15 @@ async fn reconcile_inner(account: Arc<AwsAccount>, ctx: Arc<Context>) -> Result<
     }
     let namespace = account.namespace().unwrap_or_default();
     let (status, reason, message) = match unusable(&account, ctx.accounts.allow_http()) {
-        Some(("AccountDeleting", _)) => (
+        Some((Reason::AccountDeleting, _)) => (
             ConditionStatus::False,
-            "Deleting",
+            Reason::Deleting,
             format!("waiting for {} Queue(s) using this account to delete their SQS queues", users.len()),
         ),
         Some((reason, message)) => (ConditionStatus::False, reason, message),
         None => (
             ConditionStatus::True,
-            "Usable",
+            Reason::Usable,
             format!("Queues assume {} with the external id in status.externalId", account.spec.role_arn),
         ),
     };
@@ -165,7 +166,7 @@ async fn reconcile_inner(account: Arc<AwsAccount>, ctx: Arc<Context>) -> Result<
         .write(|s| {
             s.external_id = Some(ctx.accounts.external_id(&namespace));
             s.role_session_name = Some(session_name(&namespace));
-            s.conditions = vec![Condition::new("Ready", status, reason, message)];
+            s.conditions = vec![Condition::new("Ready", status, reason.as_str(), message)];
         })
         .await;
     match written {

@@ -22,6 +22,7 @@ use providers::{AssumeRole, Limiter, QueueBackend, SqsProvider, SqsSettings};
 use crate::controllers::hash_of;
 use crate::crd::account::{AccountRef, AwsAccount, AwsAccountSpec, account_id, external_id, session_name};
 use crate::crd::queue::Queue;
+use crate::reasons::Reason;
 
 /// `status.account` of a Queue using the operator's own identity.
 pub const DEFAULT_ACCOUNT: &str = "default";
@@ -42,7 +43,7 @@ pub struct Placement {
 }
 
 /// Why a Queue cannot use the account it names: (reason, message).
-pub type Refusal = (&'static str, String);
+pub type Refusal = (Reason, String);
 
 /// The per-account clients and budgets.
 pub struct Accounts {
@@ -69,7 +70,7 @@ pub fn check(queue_ns: &str, r: &AccountRef, account: Option<&AwsAccount>) -> Re
     let (ns, name) = target(queue_ns, r);
     if ns != queue_ns && !account.is_some_and(|a| a.spec.allowed_namespaces.iter().any(|n| n == queue_ns)) {
         return Err((
-            "AccountNotAllowed",
+            Reason::AccountNotAllowed,
             format!(
                 "AwsAccount {ns}/{name} does not exist or does not allow Queues of namespace {queue_ns}: its owners can add {queue_ns} to its spec.allowedNamespaces, or use an AwsAccount of this namespace (the Queue is looked at again when that AwsAccount changes)"
             ),
@@ -77,7 +78,7 @@ pub fn check(queue_ns: &str, r: &AccountRef, account: Option<&AwsAccount>) -> Re
     }
     if account.is_none() {
         return Err((
-            "AccountNotFound",
+            Reason::AccountNotFound,
             format!(
                 "AwsAccount {ns}/{name} does not exist; create it or fix spec.accountRef (the Queue is looked at again when it appears)"
             ),
@@ -92,7 +93,7 @@ pub fn unusable(account: &AwsAccount, allow_http: bool) -> Option<Refusal> {
     insecure(account, allow_http).or_else(|| {
         account.metadata.deletion_timestamp.is_some().then(|| {
             (
-                "AccountDeleting",
+                Reason::AccountDeleting,
                 format!(
                     "AwsAccount {name} is being deleted: it serves only the cleanup of the Queues that used it; use another AwsAccount"
                 ),
@@ -107,7 +108,7 @@ fn insecure(account: &AwsAccount, allow_http: bool) -> Option<Refusal> {
     let endpoint = account.spec.endpoint_url.as_deref()?;
     (!allow_http && !endpoint.starts_with("https://")).then(|| {
         (
-            "InsecureEndpoint",
+            Reason::InsecureEndpoint,
             format!(
                 "AwsAccount {name} names the SQS endpoint {endpoint}, which is not https://: requests signed with the role's session token would cross the network in clear; use an https:// endpoint (the operator allows http:// only with --allow-http-account-endpoints)"
             ),
@@ -124,7 +125,7 @@ pub fn moved(queue: &Queue, spec: &AwsAccountSpec) -> Option<Refusal> {
     let at = |e: Option<&str>| e.map(|e| format!(" at {e}")).unwrap_or_default();
     changed.then(|| {
         (
-            "AccountChanged",
+            Reason::AccountChanged,
             format!(
                 "the SQS queue lives in {region} as {role}{}, but the AwsAccount now says {} as {}{}; skyport does not move queues: restore the AwsAccount (deleting this Queue then deletes its queue), or delete this Queue and create a new one; skyport deletes only through what the AwsAccount names now, so a queue in a role or region it no longer names is left for you to delete",
                 at(endpoint),
@@ -397,9 +398,9 @@ mod tests {
         });
         assert_eq!(moved(&q, &spec), None);
         let elsewhere = AwsAccountSpec { region: "us-east-2".into(), ..spec.clone() };
-        assert_eq!(moved(&q, &elsewhere).map(|r| r.0), Some("AccountChanged"));
+        assert_eq!(moved(&q, &elsewhere).map(|r| r.0.as_str()), Some("AccountChanged"));
         let other_role = AwsAccountSpec { role_arn: "arn:aws:iam::000000000003:role/x".into(), ..spec.clone() };
-        assert_eq!(moved(&q, &other_role).map(|r| r.0), Some("AccountChanged"));
+        assert_eq!(moved(&q, &other_role).map(|r| r.0.as_str()), Some("AccountChanged"));
         let other_endpoint = AwsAccountSpec { endpoint_url: Some("https://sqs.example".into()), ..spec };
         let refused = moved(&q, &other_endpoint).expect("a new endpoint is a move");
         assert!(refused.1.contains("https://sqs.example"), "{}", refused.1);
@@ -416,6 +417,6 @@ mod tests {
         a.spec.endpoint_url = Some("https://sqs.vpce.example".into());
         assert_eq!(unusable(&a, false), None);
         a.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()));
-        assert_eq!(unusable(&a, false).map(|r| r.0), Some("AccountDeleting"));
+        assert_eq!(unusable(&a, false).map(|r| r.0.as_str()), Some("AccountDeleting"));
     }
 }

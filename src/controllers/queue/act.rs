@@ -15,6 +15,7 @@ use super::{Context, configmaps};
 use crate::controllers::{MANAGED_BY, owned};
 use crate::crd::queue::Queue;
 use crate::error::{Error, Result};
+use crate::reasons::Reason;
 
 /// How running a plan ended.
 #[derive(Debug)]
@@ -54,7 +55,7 @@ pub async fn apply(
     let mut adopted = adopted || adopting || marked;
     let mut events = Vec::new();
     if adopting {
-        events.push(("Adopted", format!("adopted existing SQS queue {url}")));
+        events.push((Reason::Adopted, format!("adopted existing SQS queue {url}")));
     }
     let mut changed = Vec::new();
     for step in steps {
@@ -66,7 +67,7 @@ pub async fn apply(
                     Err(QueueError::DeletedRecently(_)) => {
                         let retry = ctx.settings.recently_deleted_retry;
                         return Ok(Applied::Done(Outcome::Wait {
-                            reason: "RecentlyDeleted",
+                            reason: Reason::RecentlyDeleted,
                             message: format!(
                                 "SQS refuses to recreate {name:?} until 60 s after it was deleted; retrying every {}s",
                                 retry.as_secs()
@@ -93,11 +94,11 @@ pub async fn apply(
                 info!(url, recreated, "created SQS queue");
                 events.push(if recreated {
                     (
-                        "Recreated",
+                        Reason::Recreated,
                         format!("SQS queue {name} was missing (deleted outside skyport?) and was created again"),
                     )
                 } else {
-                    ("Created", format!("created SQS queue {name}"))
+                    (Reason::Created, format!("created SQS queue {name}"))
                 });
             }
             Step::SetAttributes(attributes) => {
@@ -116,7 +117,7 @@ pub async fn apply(
     }
     if !changed.is_empty() {
         info!(url, changed = ?changed, "updated SQS queue");
-        events.push(("Updated", format!("updated {}", changed.join("; "))));
+        events.push((Reason::Updated, format!("updated {}", changed.join("; "))));
     }
     if url.is_empty() || arn.is_empty() {
         return Err(Error::Queue(QueueError::Unavailable("SQS returned no queue URL or ARN".into())));

@@ -4,13 +4,13 @@
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
-use kube::runtime::events::EventType;
 use tracing::info;
 
 use super::{Context, FINALIZER, observe};
 use crate::controllers::{has_finalizer, object_key, remove_finalizer};
 use crate::crd::queue::{DeletionPolicy, ManagementPolicy, Queue};
 use crate::error::Result;
+use crate::reasons::Reason;
 
 /// What deleting this Queue does to its SQS queue: Observe never deletes; an explicit
 /// deletionPolicy wins; unset means Delete for a queue skyport created and Retain for an adopted
@@ -62,7 +62,7 @@ async fn delete(queue: &Queue, ctx: &Context, url: &str) -> Result<()> {
         Err(why) => {
             info!(why, "SQS queue not looked for: no AwsAccount this namespace may use");
             let note = format!("no SQS queue deleted: {why}; a queue created before, if any, is left where it is");
-            ctx.publish(queue, EventType::Warning, "NotDeleted", note).await;
+            ctx.publish(queue, Reason::NotDeleted, note).await;
             return Ok(());
         }
     };
@@ -74,12 +74,12 @@ async fn delete(queue: &Queue, ctx: &Context, url: &str) -> Result<()> {
         Some((url, _)) => {
             sqs.delete_queue(&url).await?;
             info!(url, "deleted SQS queue");
-            ctx.publish(queue, EventType::Normal, "Deleted", format!("deleted SQS queue {url}")).await;
+            ctx.publish(queue, Reason::Deleted, format!("deleted SQS queue {url}")).await;
         }
         None if !url.is_empty() => {
             info!(url, "SQS queue not deleted: it is gone or its owner tag names someone else");
             let note = format!("SQS queue {url} left alone: it no longer exists or belongs to someone else");
-            ctx.publish(queue, EventType::Normal, "NotOwned", note).await;
+            ctx.publish(queue, Reason::NotOwned, note).await;
         }
         None => {}
     }
@@ -89,7 +89,7 @@ async fn delete(queue: &Queue, ctx: &Context, url: &str) -> Result<()> {
 async fn retained(queue: &Queue, ctx: &Context, url: &str) {
     info!(url, "SQS queue kept");
     let note = format!("SQS queue {url} kept (deletionPolicy Retain, adopted or observe-only)");
-    ctx.publish(queue, EventType::Normal, "Retained", note).await;
+    ctx.publish(queue, Reason::Retained, note).await;
 }
 
 #[cfg(test)]

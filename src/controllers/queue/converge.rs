@@ -13,6 +13,7 @@ use crate::controllers::context::namespace_of;
 use crate::controllers::jittered;
 use crate::crd::queue::{ManagementPolicy, Queue, QueueStatus};
 use crate::error::{Error, Result};
+use crate::reasons::Reason;
 
 /// Observe, plan and act against SQS.
 pub async fn converge(queue: &Queue, ctx: &Context, sqs: &dyn QueueBackend) -> Result<Outcome> {
@@ -23,7 +24,7 @@ pub async fn converge(queue: &Queue, ctx: &Context, sqs: &dyn QueueBackend) -> R
     let cluster = ctx.settings.cluster_id.as_str();
     let owner = desired::Owner { namespace: &ns, name: &queue.name_any(), uid: &uid, cluster, recorded_name };
     if let Some(problem) = queue.spec.problem() {
-        return Ok(Outcome::Wait { reason: "InvalidSpec", message: problem, retry: None });
+        return Ok(Outcome::Wait { reason: Reason::InvalidSpec, message: problem, retry: None });
     }
     let grants = ctx.settings.name_grants.as_slice();
     if let Some(name) = &queue.spec.queue_name
@@ -62,9 +63,10 @@ pub async fn converge(queue: &Queue, ctx: &Context, sqs: &dyn QueueBackend) -> R
     // A Queue never seen in SQS creates first (CreateQueue with its owner tag, then one
     // ListQueueTags proves the queue is ours) instead of looking the name up first.
     let known_foreign = |s: &QueueStatus| {
-        s.conditions
-            .iter()
-            .any(|c| c.type_ == "Ready" && ["AlreadyExists", "OwnedByAnotherQueue"].contains(&c.reason.as_str()))
+        s.conditions.iter().any(|c| {
+            c.type_ == "Ready"
+                && [Reason::AlreadyExists, Reason::OwnedByAnotherQueue].iter().any(|r| c.reason == r.as_str())
+        })
     };
     let first_look = status.is_none_or(|s| s.queue_url.is_none() && !known_foreign(s)) && !queue.spec.adopt;
     let mut observed = if first_look {
@@ -132,7 +134,7 @@ async fn observe_only(
 ) -> Result<Outcome> {
     let Some((url, attributes)) = observe::observe_only(queue, desired, sqs).await? else {
         return Ok(Outcome::Wait {
-            reason: "NotFound",
+            reason: Reason::NotFound,
             message: format!(
                 "managementPolicy Observe: no SQS queue named {:?} exists; skyport does not create it (looking again every resync)",
                 desired.name
@@ -149,7 +151,7 @@ async fn observe_only(
             tenancy::Holder::Untagged | tenancy::Holder::SameNamespace { .. } => {}
             _ => {
                 return Ok(Outcome::Wait {
-                    reason: "OwnedByAnotherNamespace",
+                    reason: Reason::OwnedByAnotherNamespace,
                     message: format!(
                         "managementPolicy Observe: the SQS queue {:?} belongs to a Queue of another namespace or cluster; skyport publishes only queues of this namespace or made outside skyport",
                         desired.name

@@ -55,7 +55,7 @@ pub async fn guard(
         sqs.set_attributes(&existing.url, &[("RedrivePolicy".to_string(), String::new())].into()).await?;
         info!(
             url = existing.url,
-            reason, "took the redrive policy off the SQS queue: its target is not this namespace's"
+            %reason, "took the redrive policy off the SQS queue: its target is not this namespace's"
         );
         message = format!(
             "{message}. The redrive policy was taken off the SQS queue: failed messages stay in it until the dead-letter target is this namespace's again"

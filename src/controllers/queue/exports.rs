@@ -13,7 +13,6 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Preconditions};
-use kube::runtime::events::EventType;
 use tracing::info;
 
 use super::act::{controlled_by, ensure_configmap, ensure_owned_configmap};
@@ -25,6 +24,7 @@ use crate::controllers::owned;
 use crate::crd::export::{Export, ExportKind, ExportRef};
 use crate::crd::queue::Queue;
 use crate::error::{Error, Result};
+use crate::reasons::Reason;
 
 /// Key → value of one exported object.
 pub type Data = BTreeMap<String, String>;
@@ -35,7 +35,7 @@ pub struct Published {
     /// The exports this Queue owns and has written, for `status.exports`.
     pub owned: Vec<ExportRef>,
     /// Why the Queue is not Ready although the queue is: (reason, message).
-    pub conflict: Option<(&'static str, String)>,
+    pub conflict: Option<(Reason, String)>,
 }
 
 /// The values `export` publishes under its keys (pure).
@@ -81,7 +81,7 @@ const TAKEN: &str = "exists and was not made by this Queue";
 pub async fn publish(queue: &Queue, ready: &Ready, ctx: &Context) -> Result<Published> {
     let mut published = Published::default();
     if let Some(message) = ensure_configmap(queue, ready, ctx).await? {
-        published.conflict = Some(("ConfigMapConflict", message));
+        published.conflict = Some((Reason::ConfigMapConflict, message));
     }
     for target in dropped(&queue.spec.exports, recorded(queue, ctx)) {
         remove(queue, &target, ctx).await?;
@@ -111,7 +111,7 @@ pub async fn publish(queue: &Queue, ready: &Ready, ctx: &Context) -> Result<Publ
     }
     if !refused.is_empty() && published.conflict.is_none() {
         published.conflict = Some((
-            "ExportConflict",
+            Reason::ExportConflict,
             format!(
                 "{}; skyport leaves it alone: delete it or rename the export, then skyport writes it",
                 refused.join("; ")
@@ -156,7 +156,7 @@ async fn remove(queue: &Queue, target: &ExportRef, ctx: &Context) -> Result<()> 
     }
     info!(kind = %target.kind, export = target.name, "deleted export dropped from the spec");
     let note = format!("deleted {} {}: its entry was removed from spec.exports", target.kind, target.name);
-    ctx.publish(queue, EventType::Normal, "ExportDeleted", note).await;
+    ctx.publish(queue, Reason::ExportDeleted, note).await;
     Ok(())
 }
 

@@ -46,7 +46,6 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
-use kube::runtime::events::EventType;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use providers::{QueueBackend, SqsSettings};
@@ -60,6 +59,7 @@ use crate::controllers::{
 use crate::crd::account::AwsAccount;
 use crate::crd::queue::Queue;
 use crate::error::{Error, Result};
+use crate::reasons::Reason;
 
 use plan::{Outcome, Ready};
 
@@ -95,7 +95,7 @@ pub struct State {
     dependents: UnboundedSender<ObjectRef<Queue>>,
     /// The not-Ready reason last reported per Queue: the follow-up of a new Queue's finalizer
     /// write can start before the cache shows the status, and must not warn a second time.
-    pub reported: crate::controllers::memory::OwnWrites<&'static str>,
+    pub reported: crate::controllers::memory::OwnWrites<crate::reasons::Reason>,
 }
 
 impl State {
@@ -263,7 +263,7 @@ async fn apply(queue: Arc<Queue>, ctx: &Context, added_finalizer: bool) -> Resul
         // A follow-up of our own writes: SQS was just converged and the status written.
         let published = exports::publish(&queue, &ready, ctx).await?;
         if let Some((reason, conflict)) = &published.conflict {
-            status::report_conflict(&queue, &api, ctx, reason, conflict, &published.owned).await?;
+            status::report_conflict(&queue, &api, ctx, *reason, conflict, &published.owned).await?;
             ctx.written.forget(&key);
             return Ok(Action::requeue(jittered(ctx.resync())));
         }
@@ -275,13 +275,13 @@ async fn apply(queue: Arc<Queue>, ctx: &Context, added_finalizer: bool) -> Resul
             let published = exports::publish(&queue, &ready, ctx).await?;
             if let Some((reason, conflict)) = &published.conflict {
                 // The queue is fine, but apps would read someone else's object: not Ready.
-                status::report_conflict(&queue, &api, ctx, reason, conflict, &published.owned).await?;
+                status::report_conflict(&queue, &api, ctx, *reason, conflict, &published.owned).await?;
                 return Ok(Action::requeue(jittered(ctx.resync())));
             }
             // Events are not part of Ready: sent alongside the status write, not before it.
             let events = async {
                 for (reason, note) in &ready.events {
-                    ctx.publish(&*queue, EventType::Normal, reason, note.clone()).await;
+                    ctx.publish(&*queue, *reason, note.clone()).await;
                 }
             };
             let status = status::ready(&queue, &api, ctx, &ready, &published.owned, &placement);
@@ -289,7 +289,7 @@ async fn apply(queue: Arc<Queue>, ctx: &Context, added_finalizer: bool) -> Resul
             let became_ready = became_ready?;
             // A queue made again under its ARN is a dead-letter target again: the Queues whose
             // redrive waited for it to exist look now, not at their next resync.
-            let recreated = ready.events.iter().any(|(reason, _)| *reason == "Recreated");
+            let recreated = ready.events.iter().any(|(reason, _)| *reason == Reason::Recreated);
             if became_ready || recreated {
                 act::wake_dependents(&queue, ctx);
             }

@@ -19,6 +19,7 @@ use crate::controllers::status::ObjectStatus;
 use crate::crd::ConditionStatus;
 use crate::crd::queue::Queue;
 use crate::error::{Error, Result};
+use crate::reasons::Reason;
 
 /// Why the dead-letter target cannot be used yet.
 #[derive(Debug, PartialEq)]
@@ -34,14 +35,16 @@ impl DeadLetterWait {
         match self {
             // The referenced Queue wakes us when it becomes Ready; the retry is a safety net.
             DeadLetterWait::NotReady(message) => {
-                Outcome::Wait { reason: "DeadLetterQueueNotReady", message, retry: Some(resync) }
+                Outcome::Wait { reason: Reason::DeadLetterQueueNotReady, message, retry: Some(resync) }
             }
             DeadLetterWait::Mismatch(message) => {
-                Outcome::Wait { reason: "InvalidDeadLetterQueue", message, retry: Some(resync) }
+                Outcome::Wait { reason: Reason::InvalidDeadLetterQueue, message, retry: Some(resync) }
             }
-            DeadLetterWait::Invalid(message) => Outcome::Wait { reason: "InvalidSpec", message, retry: None },
+            DeadLetterWait::Invalid(message) => Outcome::Wait { reason: Reason::InvalidSpec, message, retry: None },
             // Edits to the other Queues of the cycle do not wake this one: look again each resync.
-            DeadLetterWait::Cycle(message) => Outcome::Wait { reason: "DeadLetterCycle", message, retry: Some(resync) },
+            DeadLetterWait::Cycle(message) => {
+                Outcome::Wait { reason: Reason::DeadLetterCycle, message, retry: Some(resync) }
+            }
         }
     }
 }
@@ -255,7 +258,7 @@ pub async fn dead_letter_holder(
     let Some(url) = sqs.queue_url(&name).await? else {
         let message =
             format!("the dead-letter target {name:?} does not exist in this Queue's account; create it first");
-        return Ok(Err(("DeadLetterQueueNotFound", message)));
+        return Ok(Err((Reason::DeadLetterQueueNotFound, message)));
     };
     // SQS moves dead letters only within one account and region: a queue of that name here is
     // the target only if its ARN is the one given.
@@ -264,14 +267,14 @@ pub async fn dead_letter_holder(
         let message = format!(
             "deadLetter.targetArn {arn:?} is not in this Queue's account and region; SQS requires the dead-letter queue beside the source queue"
         );
-        return Ok(Err(("DeadLetterNotAllowed", message)));
+        return Ok(Err((Reason::DeadLetterNotAllowed, message)));
     }
     let tags = match sqs.tags(&url).await {
         Ok(tags) => tags,
         Err(QueueError::NotFound) => {
             let message =
                 format!("the dead-letter target {name:?} does not exist in this Queue's account; create it first");
-            return Ok(Err(("DeadLetterQueueNotFound", message)));
+            return Ok(Err((Reason::DeadLetterQueueNotFound, message)));
         }
         Err(e) => return Err(e.into()),
     };

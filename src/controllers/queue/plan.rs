@@ -8,6 +8,7 @@ use serde_json::Value;
 use super::desired::{Desired, TAG_ADOPTED, TAG_OWNER_UID};
 use super::tenancy::{self, Holder};
 use crate::config::NameGrant;
+use crate::reasons::Reason;
 
 pub mod redrive;
 
@@ -61,14 +62,14 @@ pub struct Ready {
     /// Its `CreatedTimestamp` when read in this pass (to notice a recreated queue later).
     pub created: Option<String>,
     /// Normal Events to publish: (reason, note).
-    pub events: Vec<(&'static str, String)>,
+    pub events: Vec<(Reason, String)>,
 }
 
 /// Outcome of one converge pass, before status is written.
 #[derive(Debug)]
 pub enum Outcome {
     Ready(Ready),
-    Wait { reason: &'static str, message: String, retry: Option<Duration> },
+    Wait { reason: Reason, message: String, retry: Option<Duration> },
 }
 
 /// What the Queue asks besides the desired SQS state.
@@ -98,7 +99,7 @@ pub enum Plan {
     /// (ownership is checked against SQS before every write).
     NeedTags,
     /// Do nothing now; report `reason` and look again after `retry`.
-    Wait { reason: &'static str, message: String, retry: Option<Duration> },
+    Wait { reason: Reason, message: String, retry: Option<Duration> },
 }
 
 /// Decides the steps that make `observed` match `desired`.
@@ -197,7 +198,7 @@ fn refuse(desired: &Desired, intent: &Intent<'_>, existing: &Existing) -> Option
                 "an SQS queue named {name:?} already exists and belongs to another Queue; choose another spec.queueName"
             ),
         };
-        return Some(Plan::Wait { reason: "AlreadyExists", message, retry });
+        return Some(Plan::Wait { reason: Reason::AlreadyExists, message, retry });
     }
     tenancy::adoption_refusal(&holder, intent.namespace, name, intent.grants, existing.owner_live)
         .map(|(reason, message)| Plan::Wait { reason, message, retry })

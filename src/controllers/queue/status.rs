@@ -2,7 +2,6 @@
 //! adopted, and a Warning Event when a new problem appears.
 
 use kube::api::Api;
-use kube::runtime::events::EventType;
 use tracing::warn;
 
 use super::Context;
@@ -14,6 +13,7 @@ use crate::crd::condition::{Condition, ConditionStatus};
 use crate::crd::export::ExportRef;
 use crate::crd::queue::Queue;
 use crate::error::Result;
+use crate::reasons::Reason;
 
 /// Ready=True with the queue's coordinates. Returns whether the Queue just became Ready (or
 /// its ARN changed), which is when Queues using it as their dead-letter queue must look again.
@@ -33,10 +33,10 @@ pub async fn ready(
                 Condition::new(
                     "Ready",
                     ConditionStatus::True,
-                    "Available",
+                    Reason::Available.as_str(),
                     "the SQS queue exists and matches the spec",
                 ),
-                Condition::new("Synced", ConditionStatus::True, "ReconcileSuccess", ""),
+                Condition::new("Synced", ConditionStatus::True, Reason::ReconcileSuccess.as_str(), ""),
             ];
             s.queue_url = Some(ready.url.clone());
             s.queue_arn = Some(ready.arn.clone());
@@ -58,7 +58,7 @@ pub async fn report_problem(
     queue: &Queue,
     api: &Api<Queue>,
     ctx: &Context,
-    reason: &'static str,
+    reason: Reason,
     message: &str,
 ) -> Result<()> {
     problem(queue, api, ctx, reason, message, None).await
@@ -69,7 +69,7 @@ pub async fn report_conflict(
     queue: &Queue,
     api: &Api<Queue>,
     ctx: &Context,
-    reason: &'static str,
+    reason: Reason,
     message: &str,
     exports: &[ExportRef],
 ) -> Result<()> {
@@ -80,22 +80,22 @@ async fn problem(
     queue: &Queue,
     api: &Api<Queue>,
     ctx: &Context,
-    reason: &'static str,
+    reason: Reason,
     message: &str,
     exports: Option<&[ExportRef]>,
 ) -> Result<()> {
     let key = object_key(queue);
     let ours = ctx.reported.get(&key, |_, age| age < ctx.settings.resync).map(|(r, _)| r);
-    if queue.status().and_then(|s| s.not_ready_reason()) != Some(reason) && ours != Some(reason) {
-        warn!(reason, message, "queue not ready");
-        ctx.publish(queue, EventType::Warning, reason, message.to_string()).await;
+    if queue.status().and_then(|s| s.not_ready_reason()) != Some(reason.as_str()) && ours != Some(reason) {
+        warn!(%reason, message, "queue not ready");
+        ctx.publish(queue, reason, message.to_string()).await;
     }
     ctx.reported.record(key, reason);
     StatusWriter::new(queue, api, &ctx.api_writes, None)
         .write(|s| {
             s.conditions = vec![
-                Condition::new("Ready", ConditionStatus::False, reason, message),
-                Condition::new("Synced", ConditionStatus::False, reason, message),
+                Condition::new("Ready", ConditionStatus::False, reason.as_str(), message),
+                Condition::new("Synced", ConditionStatus::False, reason.as_str(), message),
             ];
             if let Some(exports) = exports {
                 s.exports = exports.to_vec();

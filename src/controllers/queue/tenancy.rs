@@ -6,9 +6,10 @@ use providers::sqs::Tags;
 
 use super::desired::{TAG_CLUSTER, TAG_OWNER_NAME, TAG_OWNER_NAMESPACE, TAG_OWNER_UID};
 use crate::config::NameGrant;
+use crate::reasons::Reason;
 
 /// Why a Queue may not use a name or a queue: (reason, message).
-pub type Refusal = (&'static str, String);
+pub type Refusal = (Reason, String);
 
 /// Who an existing queue belongs to, as far as its skyport tags say, seen from one namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,7 +57,7 @@ pub fn name_refusal(namespace: &str, name: &str, grants: &[NameGrant]) -> Option
         && prefix != namespace
     {
         return Some((
-            "QueueNameReserved",
+            Reason::QueueNameReserved,
             format!(
                 "spec.queueName {name:?} has the form <namespace>_<name> that skyport gives the Queues of namespace {prefix:?}; a Queue may use that form only for its own namespace: start the name with \"{namespace}_\" or leave '_' out of the part before it"
             ),
@@ -65,7 +66,7 @@ pub fn name_refusal(namespace: &str, name: &str, grants: &[NameGrant]) -> Option
     let elsewhere = grants.iter().any(|g| g.namespace != namespace && g.matches(name));
     (elsewhere && !granted(namespace, name, grants)).then(|| {
         (
-            "QueueNameReserved",
+            Reason::QueueNameReserved,
             format!(
                 "spec.queueName {name:?} is reserved by the platform team for another namespace (--queue-name-grant); choose another name"
             ),
@@ -85,14 +86,14 @@ pub fn adoption_refusal(
     match holder {
         Holder::Untagged if granted(namespace, name, grants) => None,
         Holder::Untagged => Some((
-            "AdoptionNotAllowed",
+            Reason::AdoptionNotAllowed,
             format!(
                 "the SQS queue {name:?} was not created by skyport, and the platform team has not granted namespace {namespace} queues of that name: adopting it needs --queue-name-grant {namespace}=<pattern> on the operator"
             ),
         )),
         Holder::SameNamespace { .. } if owner_live == Some(false) => None,
         Holder::SameNamespace { name: owner, .. } => Some((
-            "OwnedByAnotherQueue",
+            Reason::OwnedByAnotherQueue,
             match owner_live {
                 Some(_) => format!(
                     "the SQS queue {name:?} belongs to Queue {owner}, which still exists; adopt only takes queues no live Queue owns. Delete that Queue (with deletionPolicy Retain to keep the queue) or choose another spec.queueName"
@@ -103,19 +104,19 @@ pub fn adoption_refusal(
             },
         )),
         Holder::OtherNamespace => Some((
-            "OwnedByAnotherNamespace",
+            Reason::OwnedByAnotherNamespace,
             format!(
                 "the SQS queue {name:?} belongs to a Queue of another namespace; skyport never moves a queue between namespaces: choose another spec.queueName"
             ),
         )),
         Holder::OtherCluster => Some((
-            "OwnedByAnotherCluster",
+            Reason::OwnedByAnotherCluster,
             format!(
                 "the SQS queue {name:?} belongs to a Queue of another cluster sharing this AWS account; choose another spec.queueName"
             ),
         )),
         Holder::UnknownCluster => Some((
-            "OwnedByAnotherCluster",
+            Reason::OwnedByAnotherCluster,
             format!(
                 "the SQS queue {name:?} carries a skyport owner tag but no skyport.dev/cluster tag, so no cluster can prove it is its own; if it is this cluster's, tag it skyport.dev/cluster=<this cluster's id> in AWS, or choose another spec.queueName"
             ),
@@ -131,7 +132,7 @@ pub fn adoption_refusal(
 pub fn dead_letter_refusal(holder: &Holder, namespace: &str, name: &str, grants: &[NameGrant]) -> Option<Refusal> {
     let refusal = |why: &str| {
         Some((
-            "DeadLetterNotAllowed",
+            Reason::DeadLetterNotAllowed,
             format!(
                 "the dead-letter target (spec.deadLetter) is an SQS queue which {why}; point it at a Queue of this namespace (deadLetter.queueRef)"
             ),
@@ -198,7 +199,7 @@ mod tests {
             assert!(!message.contains("payments"), "names nothing of theirs: {message}");
         }
         let other_cluster = adoption_refusal(&Holder::OtherCluster, "a", "q", &[grant("a", "*")], Some(false));
-        assert_eq!(other_cluster.map(|r| r.0), Some("OwnedByAnotherCluster"));
+        assert_eq!(other_cluster.map(|r| r.0.as_str()), Some("OwnedByAnotherCluster"));
         assert!(adoption_refusal(&Holder::UnknownCluster, "a", "q", &[], Some(false)).is_some());
     }
 
@@ -209,7 +210,7 @@ mod tests {
         let live = adoption_refusal(&mine, "a", "q", &[], Some(true)).unwrap();
         assert_eq!(live.0, "OwnedByAnotherQueue");
         assert!(live.1.contains("payments"), "the same namespace may see its own names: {}", live.1);
-        assert_eq!(adoption_refusal(&mine, "a", "q", &[], None).map(|r| r.0), Some("OwnedByAnotherQueue"));
+        assert_eq!(adoption_refusal(&mine, "a", "q", &[], None).map(|r| r.0.as_str()), Some("OwnedByAnotherQueue"));
     }
 
     #[test]
@@ -224,11 +225,11 @@ mod tests {
 
     #[test]
     fn the_default_name_form_of_another_namespace_is_refused() {
-        assert_eq!(name_refusal("a", "b_payments", &[]).map(|r| r.0), Some("QueueNameReserved"));
+        assert_eq!(name_refusal("a", "b_payments", &[]).map(|r| r.0.as_str()), Some("QueueNameReserved"));
         assert_eq!(name_refusal("a", "a_payments", &[]), None);
         assert_eq!(name_refusal("a", "payments", &[]), None);
         assert_eq!(name_refusal("a", "Legacy_Orders", &[]), None, "not a namespace's form");
-        assert_eq!(name_refusal("team-a", "team-b_x.fifo", &[]).map(|r| r.0), Some("QueueNameReserved"));
+        assert_eq!(name_refusal("team-a", "team-b_x.fifo", &[]).map(|r| r.0.as_str()), Some("QueueNameReserved"));
     }
 
     #[test]
@@ -246,7 +247,7 @@ mod tests {
         let mine = Holder::SameNamespace { uid: "u".into(), name: "dlq".into() };
         assert_eq!(dead_letter_refusal(&mine, "a", "a_dlq", &[]), None);
         assert_eq!(
-            dead_letter_refusal(&Holder::OtherNamespace, "a", "b_dlq", &[]).map(|r| r.0),
+            dead_letter_refusal(&Holder::OtherNamespace, "a", "b_dlq", &[]).map(|r| r.0.as_str()),
             Some("DeadLetterNotAllowed")
         );
         assert!(dead_letter_refusal(&Holder::OtherCluster, "a", "x", &[]).is_some());

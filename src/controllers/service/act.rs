@@ -2,7 +2,6 @@
 
 use k8s_openapi::api::core::v1::Service;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use tracing::{info, warn};
 
@@ -11,6 +10,7 @@ use super::desired::tunnel_for;
 use crate::controllers::owned;
 use crate::crd::tunnel::Tunnel;
 use crate::error::{Error, Result};
+use crate::reasons::Reason;
 
 /// Creates the Tunnel for `service`. One created meanwhile (the cache lags our own writes) is fine.
 /// An annotation skyport cannot read is the Service owner's to fix: a Warning Event on the
@@ -21,7 +21,7 @@ pub async fn create(service: &Service, api: &Api<Tunnel>, ctx: &Context) -> Resu
         Err(Error::InvalidSpec(why)) => {
             warn!(why, "cannot make a Tunnel from the Service's annotations");
             let note = format!("{why}; no Tunnel is made until the annotation is fixed");
-            ctx.publish(service, EventType::Warning, "InvalidAnnotation", note).await;
+            ctx.publish(service, Reason::InvalidAnnotation, note).await;
             return Ok(());
         }
         Err(e) => return Err(e),
@@ -29,7 +29,7 @@ pub async fn create(service: &Service, api: &Api<Tunnel>, ctx: &Context) -> Resu
     let name = tunnel.name_any();
     if owned::create(api, &tunnel, &ctx.api_writes).await? {
         info!(tunnel = %name, "created Tunnel for LoadBalancer Service");
-        ctx.publish(service, EventType::Normal, "TunnelCreated", format!("created Tunnel {name}")).await;
+        ctx.publish(service, Reason::TunnelCreated, format!("created Tunnel {name}")).await;
     }
     Ok(())
 }
@@ -51,13 +51,13 @@ pub async fn set_source_ranges(
         Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
         Err(kube::Error::Api(e)) if e.code == 422 => {
             let note = format!("Tunnel {name} refused the source ranges {ranges:?}: {}", e.message);
-            ctx.publish(service, EventType::Warning, "InvalidSourceRanges", note).await;
+            ctx.publish(service, Reason::InvalidSourceRanges, note).await;
             return Ok(());
         }
         Err(e) => return Err(e.into()),
     }
     let note = format!("Tunnel {name} admits the Service's ports from {}", describe_ranges(ranges));
-    ctx.publish(service, EventType::Normal, "SourceRangesChanged", note).await;
+    ctx.publish(service, Reason::SourceRangesChanged, note).await;
     Ok(())
 }
 
@@ -78,7 +78,7 @@ pub async fn delete(service: &Service, name: &str, why: &str, api: &Api<Tunnel>,
     }
     if service.meta().deletion_timestamp.is_none() {
         let note = format!("deleted Tunnel {name}: {why}");
-        ctx.publish(service, EventType::Normal, "TunnelDeleted", note).await;
+        ctx.publish(service, Reason::TunnelDeleted, note).await;
     }
     Ok(())
 }

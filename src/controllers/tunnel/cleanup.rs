@@ -8,7 +8,6 @@ use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
-use kube::runtime::events::EventType;
 use tracing::info;
 
 use super::phases::Pass;
@@ -20,6 +19,7 @@ use super::{Context, FINALIZER, act, desired};
 use crate::controllers::{has_finalizer, object_key, remove_finalizer};
 use crate::crd::tunnel::{AddressDeletionPolicy, Tunnel, TunnelPhase, TunnelStatus};
 use crate::error::{Error, Result};
+use crate::reasons::Reason;
 
 /// Deletes the exit server (the recorded one and any other carrying the Tunnel's UID), clears the
 /// Service's ingress if this Tunnel set it, and releases the finalizer. A host already gone counts
@@ -50,7 +50,7 @@ pub async fn cleanup(tunnel: &Tunnel, api: &Api<Tunnel>, ctx: &Context) -> Resul
     };
     pass.record(|s| {
         s.phase = Some(TunnelPhase::Deleting);
-        s.conditions = not_ready("Deleting", "deleting the exit server");
+        s.conditions = not_ready(Reason::Deleting, "deleting the exit server");
     })
     .await?;
     // The address goes off the Service before the host goes: once released, the IP may be
@@ -89,7 +89,7 @@ pub async fn cleanup(tunnel: &Tunnel, api: &Api<Tunnel>, ctx: &Context) -> Resul
         }
         if !ids.is_empty() {
             let note = format!("deleted exit server {}", ids.join(", "));
-            ctx.publish(tunnel, EventType::Normal, "Deleted", note).await;
+            ctx.publish(tunnel, Reason::Deleted, note).await;
         }
     }
     // The client has nothing left to connect to; in the clients' namespace nothing else
@@ -147,7 +147,7 @@ async fn addresses(
             "kept reserved address {names} at {} (deletionPolicy Retain); release it there when no longer needed",
             provider.name()
         );
-        ctx.publish(tunnel, EventType::Normal, "AddressRetained", note).await;
+        ctx.publish(tunnel, Reason::AddressRetained, note).await;
         return Ok(());
     }
     if keep {
@@ -155,13 +155,13 @@ async fn addresses(
         let note = format!(
             "kept reserved address {names} for the Service's next Tunnel: the Service still asks for one (delete the Service, or change its type or class, to release it)"
         );
-        ctx.publish(tunnel, EventType::Normal, "AddressKept", note).await;
+        ctx.publish(tunnel, Reason::AddressKept, note).await;
         return Ok(());
     }
     for address in &all {
         provider.release_address(&address.id).await?;
         info!(address = %address.id, provider = provider.name(), "released the reserved address");
     }
-    ctx.publish(tunnel, EventType::Normal, "AddressReleased", format!("released reserved address {names}")).await;
+    ctx.publish(tunnel, Reason::AddressReleased, format!("released reserved address {names}")).await;
     Ok(())
 }

@@ -44,6 +44,7 @@ use crate::controllers::status::ObjectStatus;
 use crate::crd::condition::{Condition, ConditionStatus};
 use crate::crd::tunnel::{Tunnel, TunnelPhase, TunnelPort, TunnelStatus};
 use crate::error::{Error, Result};
+use crate::reasons::Reason;
 
 /// How often a booting exit server is looked at again.
 pub const BOOT_POLL: Duration = Duration::from_secs(3);
@@ -138,7 +139,7 @@ impl<'a> Pass<'a> {
 
     /// Ready=False with `reason` in `phase`, with Warning Events when the reason is new
     /// ([`status::warn_if_new`]).
-    pub async fn report(&mut self, phase: TunnelPhase, reason: &str, message: &str) -> Result<()> {
+    pub async fn report(&mut self, phase: TunnelPhase, reason: Reason, message: &str) -> Result<()> {
         let current = self.status().not_ready_reason().map(str::to_string);
         status::warn_if_new(self.tunnel, self.service.as_deref(), self.ctx, current.as_deref(), reason, message).await;
         self.record(|s| {
@@ -182,17 +183,17 @@ impl<'a> Pass<'a> {
         let blocked = |phase, reason, message| Failure::Blocked(Blocked(phase, reason, message));
         let Some(service) = self.service.clone() else {
             let message = format!("Service {ns}/{svc_name} does not exist; the Tunnel waits for it");
-            return Err(blocked(TunnelPhase::Pending, "ServiceNotFound", message));
+            return Err(blocked(TunnelPhase::Pending, Reason::ServiceNotFound, message));
         };
         // A hand-written Tunnel gets no more than a Service would: skyport publishes only the
         // Services it serves (a ClusterIP Service, or one that opted out, stays private).
         if let Err(why) = crate::controllers::service::desired::served(&service, &ctx.settings) {
             let message =
                 format!("Service {svc_name} is not one skyport serves ({why}); a Tunnel only publishes such Services");
-            return Err(blocked(TunnelPhase::Failed, "ServiceNotServed", message));
+            return Err(blocked(TunnelPhase::Failed, Reason::ServiceNotServed, message));
         }
         let ports = desired::service_ports(&service, ctx.settings.control_port, ctx.settings.health_port)
-            .map_err(|p| blocked(TunnelPhase::Failed, "InvalidService", format!("Service {svc_name}: {p}")))?;
+            .map_err(|p| blocked(TunnelPhase::Failed, Reason::InvalidService, format!("Service {svc_name}: {p}")))?;
         // Checked before any cloud call; an exit server made before the lists were narrowed keeps
         // serving (a policy change must not cut traffic), only new ones are held to them.
         if self.status().host_id.is_none() {
@@ -261,7 +262,7 @@ impl<'a> Pass<'a> {
             let svc_name = &self.tunnel.spec.service_ref.name;
             Failure::Blocked(Blocked(
                 TunnelPhase::Failed,
-                "InvalidService",
+                Reason::InvalidService,
                 format!("Service {svc_name} has no cluster IP (headless); the tunnel client forwards to it"),
             ))
         })
@@ -316,7 +317,7 @@ impl<'a> Pass<'a> {
                 self.record(|s| {
                     record(s);
                     s.phase = Some(TunnelPhase::Provisioning);
-                    s.conditions = status::not_ready("WaitingForTunnel", &message);
+                    s.conditions = status::not_ready(Reason::WaitingForTunnel, &message);
                 })
                 .await?;
                 return Ok(Action::requeue(jittered(plan::health_poll(failing_for, HEALTH_POLL))));
@@ -344,7 +345,7 @@ impl<'a> Pass<'a> {
                             s.host_ip = None;
                             s.replacements = Some(count);
                             s.next_replacement_after = Some(next_after.to_string());
-                            s.conditions = status::not_ready("Replacing", &message);
+                            s.conditions = status::not_ready(Reason::Replacing, &message);
                         })
                         .await?;
                         return Ok(Action::requeue(BOOT_POLL));
@@ -369,7 +370,7 @@ impl<'a> Pass<'a> {
             s.next_replacement_after = None;
             s.phase = Some(TunnelPhase::Active);
             s.observed_generation = generation;
-            s.conditions = vec![Condition::new("Ready", ConditionStatus::True, "Active", message)];
+            s.conditions = vec![Condition::new("Ready", ConditionStatus::True, Reason::Active.as_str(), message)];
         })
         .await?;
         Ok(Action::requeue(jittered(ctx.settings.resync)))

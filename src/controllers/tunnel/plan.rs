@@ -15,10 +15,11 @@ use super::desired::Credentials;
 
 use crate::clouds::Providers;
 use crate::crd::tunnel::{Tunnel, TunnelPhase, TunnelPort, TunnelStatus};
+use crate::reasons::Reason;
 
 /// Why a Tunnel cannot progress without something changing, as (phase, reason, message).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Blocked(pub TunnelPhase, pub &'static str, pub String);
+pub struct Blocked(pub TunnelPhase, pub Reason, pub String);
 
 /// The provider of the Tunnel's host: where it was created, else spec.provider, else the
 /// operator's default.
@@ -32,14 +33,14 @@ pub fn provider_for(
     let Some(name) = name else {
         return Err(Blocked(
             TunnelPhase::Failed,
-            "ProviderNotConfigured",
+            Reason::ProviderNotConfigured,
             "the Tunnel names no provider and skyport runs without --provider".into(),
         ));
     };
     providers.get(&name).ok_or_else(|| {
         Blocked(
             TunnelPhase::Failed,
-            "ProviderNotConfigured",
+            Reason::ProviderNotConfigured,
             format!(
                 "provider {name:?} is not configured in skyport (configured: {}); set its credentials or pick another",
                 providers.names().join(", ")
@@ -47,9 +48,6 @@ pub fn provider_for(
         )
     })
 }
-
-/// Reason of a Tunnel whose size or region the operator does not allow.
-pub const NOT_ALLOWED: &str = "NotAllowed";
 
 /// Whether the Tunnel's size and region are on the operator's allow-lists. An empty list allows
 /// only the provider's default (the field unset); `*` allows any value. Tenants who may create
@@ -80,7 +78,7 @@ pub fn allowed(tunnel: &Tunnel, sizes: &[String], regions: &[String]) -> Result<
     if refused.is_empty() {
         return Ok(());
     }
-    Err(Blocked(TunnelPhase::Failed, NOT_ALLOWED, format!("{}; no exit server was created", refused.join("; "))))
+    Err(Blocked(TunnelPhase::Failed, Reason::NotAllowed, format!("{}; no exit server was created", refused.join("; "))))
 }
 
 /// The next step for the exit server.
@@ -272,7 +270,7 @@ mod tests {
         let Err(Blocked(phase, reason, message)) = allowed(&tunnel(Some("c5.24xlarge"), None), &[], &[]) else {
             panic!("a size was allowed by an empty list")
         };
-        assert_eq!((phase, reason), (TunnelPhase::Failed, NOT_ALLOWED));
+        assert_eq!((phase, reason), (TunnelPhase::Failed, Reason::NotAllowed));
         assert!(message.contains("\"c5.24xlarge\"") && message.contains("--tunnel-allowed-sizes"), "{message}");
         assert!(message.contains("tunnel.allowedSizes") && message.contains("leave size unset"), "{message}");
         let Err(Blocked(_, _, message)) = allowed(&tunnel(None, Some("ap-south-1")), &[], &[]) else {

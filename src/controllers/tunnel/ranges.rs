@@ -10,24 +10,22 @@
 
 use std::sync::Arc;
 
-use kube::runtime::events::EventType;
 use providers::{ExitServer, HostProvider};
 
 use super::Context;
 use super::plan::Blocked;
 use crate::crd::tunnel::{Tunnel, TunnelPhase};
 use crate::error::Result;
-
-/// Reason of a Tunnel whose `spec.sourceRanges` are not CIDRs (admission normally refuses them).
-pub const INVALID: &str = "InvalidSourceRanges";
+use crate::reasons::Reason;
 
 /// `server` with `ranges` (canonical) on every Service port; the health port stays open to the
 /// operator. Also returns the canonical ranges.
 pub fn restrict(mut server: ExitServer, ranges: &[String]) -> Result<(ExitServer, Vec<String>), Blocked> {
     let mut canonical = Vec::new();
     for r in ranges {
-        let c = providers::cidr::canonical(r)
-            .map_err(|e| Blocked(TunnelPhase::Failed, INVALID, format!("spec.sourceRanges: {e}")))?;
+        let c = providers::cidr::canonical(r).map_err(|e| {
+            Blocked(TunnelPhase::Failed, Reason::InvalidSourceRanges, format!("spec.sourceRanges: {e}"))
+        })?;
         if !canonical.contains(&c) {
             canonical.push(c);
         }
@@ -83,7 +81,7 @@ pub async fn converge(
     if enforced && recorded.is_some() {
         let from = crate::controllers::service::act::describe_ranges(ranges);
         let note = format!("exit server {id} admits the Service's ports from {from}");
-        ctx.publish(tunnel, EventType::Normal, "SourceRangesChanged", note).await;
+        ctx.publish(tunnel, Reason::SourceRangesChanged, note).await;
     }
     Ok((enforced, Some(now)))
 }
@@ -121,7 +119,7 @@ mod tests {
         let Err(Blocked(phase, reason, message)) = restrict(server(), &["10.0.0.0/33".into()]) else {
             panic!("accepted a bad range")
         };
-        assert_eq!((phase, reason), (TunnelPhase::Failed, INVALID));
+        assert_eq!((phase, reason), (TunnelPhase::Failed, Reason::InvalidSourceRanges));
         assert!(message.contains("\"10.0.0.0/33\" is not a CIDR"), "{message}");
     }
 

@@ -5,13 +5,13 @@
 use k8s_openapi::api::core::v1::Service;
 use kube::Resource;
 use kube::api::Api;
-use kube::runtime::events::EventType;
 use tracing::warn;
 
 use super::Context;
 use crate::controllers::status::StatusWriter;
 use crate::crd::condition::{Condition, ConditionStatus};
 use crate::crd::tunnel::{Tunnel, TunnelPort};
+use crate::reasons::Reason;
 
 /// The Tunnel's status writer: starts from the status this controller last wrote, which the
 /// cache can lag (a reconcile woken by the client Deployment we just made must not see a
@@ -26,8 +26,8 @@ pub fn describe(ports: &[TunnelPort]) -> String {
     ports.iter().map(|p| format!("{}/{}", p.port, p.protocol)).collect::<Vec<_>>().join(", ")
 }
 
-pub fn not_ready(reason: &str, message: &str) -> Vec<Condition> {
-    vec![Condition::new("Ready", ConditionStatus::False, reason, message)]
+pub fn not_ready(reason: Reason, message: &str) -> Vec<Condition> {
+    vec![Condition::new("Ready", ConditionStatus::False, reason.as_str(), message)]
 }
 
 /// Warning Events for a Ready=False with `reason`, when it is new (`current` is the reason
@@ -38,28 +38,42 @@ pub async fn warn_if_new(
     service: Option<&Service>,
     ctx: &Context,
     current: Option<&str>,
-    reason: &str,
+    reason: Reason,
     message: &str,
 ) {
-    if current == Some(reason) {
+    if current == Some(reason.as_str()) {
         return;
     }
-    warn!(reason, message, "tunnel not ready");
-    ctx.publish(tunnel, EventType::Warning, reason, message.to_string()).await;
-    // The Service's owner, who may not see Tunnels, must learn why nothing happens.
-    let for_service = reason.starts_with("Provider")
-        || reason.starts_with("Artifact")
-        || [
-            super::plan::NOT_ALLOWED,
-            "TunnelNotEstablished",
-            "ExitServerUnreachable",
-            "ExitServerArtifactRefused",
-            "ExitServerNotStarted",
-            "ClientNotAvailable",
-            "InvalidService",
-        ]
-        .contains(&reason);
-    if let (Some(service), true) = (service, for_service) {
-        ctx.publish_on(&service.object_ref(&()), EventType::Warning, reason, message.to_string()).await;
+    warn!(%reason, message, "tunnel not ready");
+    ctx.publish(tunnel, reason, message.to_string()).await;
+    if let (Some(service), true) = (service, for_service(reason)) {
+        ctx.publish_on(&service.object_ref(&()), reason, message.to_string()).await;
     }
+}
+
+/// Whether the Service's owner, who may not see Tunnels, must learn of a Tunnel's `reason` on the
+/// Service too: why nothing happens.
+pub fn for_service(reason: Reason) -> bool {
+    use Reason::*;
+    matches!(
+        reason,
+        ProviderRateLimited
+            | ProviderUnauthorized
+            | ProviderRejected
+            | ProviderNotFound
+            | ProviderConflict
+            | ProviderQuotaExceeded
+            | ProviderUnavailable
+            | ProviderNoDefaultVpc
+            | ProviderNotConfigured
+            | ArtifactUnavailable
+            | ArtifactDigestMismatch
+            | NotAllowed
+            | TunnelNotEstablished
+            | ExitServerUnreachable
+            | ExitServerArtifactRefused
+            | ExitServerNotStarted
+            | ClientNotAvailable
+            | InvalidService
+    )
 }

@@ -111,7 +111,7 @@ mod tests {
         let observed = queue_with(Some(&doc(ARN)));
         let removal = Step::SetAttributes([("RedrivePolicy".to_string(), String::new())].into());
         assert_eq!(to_prove(&apply(vec![removal]), &observed, |_| true), None);
-        let wait = Plan::Wait { reason: "AlreadyExists", message: String::new(), retry: None };
+        let wait = Plan::Wait { reason: crate::reasons::Reason::AlreadyExists, message: String::new(), retry: None };
         assert_eq!(to_prove(&wait, &observed, |_| true), None, "not our queue: nothing of ours on it");
         assert_eq!(to_prove(&Plan::NeedTags, &observed, |_| true), None);
         let adopting = Plan::Apply { steps: Vec::new(), adopting: true };

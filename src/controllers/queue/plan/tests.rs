@@ -140,7 +140,7 @@ fn foreign_queue_is_left_alone_without_adopt() {
     let observed = existing(&[], Some(&[("owner", "someone-else")]), false);
     assert!(matches!(
         plan(&d, &intent(false, false), &observed),
-        Plan::Wait { reason: "AlreadyExists", retry: Some(RECHECK), .. }
+        Plan::Wait { reason: crate::reasons::Reason::AlreadyExists, retry: Some(RECHECK), .. }
     ));
 }
 
@@ -206,14 +206,17 @@ fn a_queue_another_live_queue_of_this_namespace_owns_is_never_adopted() {
         e.owner_live = live;
         let p = plan(&d, &intent(false, true), &Observed::Present(e.clone()));
         let Plan::Wait { reason, message, retry } = p else { panic!("{p:?}") };
-        assert_eq!((reason, retry), ("OwnedByAnotherQueue", Some(RECHECK)));
+        assert_eq!((reason.as_str(), retry), ("OwnedByAnotherQueue", Some(RECHECK)));
         assert!(message.contains("first"), "{message}");
     }
     e.owner_live = Some(false);
     let p = plan(&d, &intent(false, true), &Observed::Present(e.clone()));
     assert!(matches!(p, Plan::Apply { adopting: true, .. }), "its owner is gone: {p:?}");
     let p = plan(&d, &intent(false, false), &Observed::Present(e));
-    assert!(matches!(p, Plan::Wait { reason: "AlreadyExists", .. }), "never without adopt: {p:?}");
+    assert!(
+        matches!(p, Plan::Wait { reason: crate::reasons::Reason::AlreadyExists, .. }),
+        "never without adopt: {p:?}"
+    );
 }
 
 #[test]
@@ -248,7 +251,7 @@ fn a_queue_made_outside_skyport_is_adopted_only_where_the_platform_granted_it() 
     let observed = existing(&[], Some(&[("team", "legacy")]), false);
     let no_grant = Intent { grants: &[], ..intent(false, true) };
     let p = plan(&d, &no_grant, &observed);
-    assert!(matches!(p, Plan::Wait { reason: "AdoptionNotAllowed", .. }), "{p:?}");
+    assert!(matches!(p, Plan::Wait { reason: crate::reasons::Reason::AdoptionNotAllowed, .. }), "{p:?}");
     assert!(matches!(plan(&d, &intent(false, true), &observed), Plan::Apply { adopting: true, .. }));
 }
 

@@ -4,7 +4,6 @@
 
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
-use kube::runtime::events::EventType;
 use providers::{Address, AddressRequest, HostProvider};
 use tracing::{info, warn};
 
@@ -12,6 +11,7 @@ use super::super::{Context, desired};
 use super::{delete_unpublished, unpublish_before_delete};
 use crate::crd::tunnel::Tunnel;
 use crate::error::{Error, Result};
+use crate::reasons::Reason;
 
 /// Releases reserved addresses beyond the first carrying this Tunnel's UID.
 pub async fn release_extras(provider: &dyn HostProvider, extras: &[Address]) -> Result<()> {
@@ -29,7 +29,7 @@ pub async fn lost(tunnel: &Tunnel, ip: &str, publishes: Option<&Service>, ctx: &
         unpublish_before_delete(service, ctx).await?;
     }
     let note = format!("reserved address {ip} was released outside skyport; reserving another (a new address)");
-    ctx.publish(tunnel, EventType::Warning, "AddressLost", note).await;
+    ctx.publish(tunnel, Reason::AddressLost, note).await;
     Ok(())
 }
 
@@ -54,7 +54,7 @@ pub async fn reserve(
     let address = provider.reserve_address(&request).await?;
     info!(address = %address.id, ip = %address.ip, provider = provider.name(), "reserved an address");
     let note = format!("reserved address {} ({}) at {}", address.ip, address.id, provider.name());
-    ctx.publish(tunnel, EventType::Normal, "AddressReserved", note).await;
+    ctx.publish(tunnel, Reason::AddressReserved, note).await;
     Ok(address)
 }
 
@@ -69,7 +69,7 @@ pub async fn assign(
     provider.assign_address(&address.id, host_id).await?;
     info!(address = %address.id, host = %host_id, "assigned the reserved address");
     let note = format!("assigned reserved address {} to exit server {host_id}", address.ip);
-    ctx.publish(tunnel, EventType::Normal, "AddressAssigned", note).await;
+    ctx.publish(tunnel, Reason::AddressAssigned, note).await;
     Ok(())
 }
 
@@ -82,6 +82,6 @@ pub async fn replace_host(
     ctx: &Context,
 ) -> Result<()> {
     warn!(host = %id, why, "replacing the exit server to give it the reserved address");
-    ctx.publish(tunnel, EventType::Normal, "Replacing", format!("{why}; replacing it")).await;
+    ctx.publish(tunnel, Reason::Replacing, format!("{why}; replacing it")).await;
     delete_unpublished(provider, id, publishes, ctx).await
 }

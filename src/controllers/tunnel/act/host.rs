@@ -3,7 +3,6 @@
 
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
-use kube::runtime::events::EventType;
 use std::net::Ipv4Addr;
 
 use providers::exit::userdata::{ExitServer, InterfaceAddresses, render_cloud_config_on};
@@ -16,6 +15,7 @@ use super::super::{Context, desired};
 use super::delete_unpublished;
 use crate::crd::tunnel::{Tunnel, TunnelPort};
 use crate::error::{Error, Result};
+use crate::reasons::Reason;
 
 /// Deletes hosts beyond the first carrying this Tunnel's UID (see `observe::Found`). The Service
 /// may name one of them (it was the first before), so its address goes first; the kept host's is
@@ -43,7 +43,7 @@ pub async fn replace_lost(
     ctx: &Context,
 ) -> Result<()> {
     warn!(host = %id, why, "replacing exit server");
-    ctx.publish(tunnel, EventType::Warning, "ExitServerLost", format!("{why}; provisioning a new one")).await;
+    ctx.publish(tunnel, Reason::ExitServerLost, format!("{why}; provisioning a new one")).await;
     delete_unpublished(provider, id, publishes, ctx).await
 }
 
@@ -59,7 +59,7 @@ pub async fn reconfigure(
     if provider.reconfigure(id, server).await? {
         info!(host = %id, ?ports, "reconfigured exit server");
         let note = format!("exit server {id} now exposes {}", describe(ports));
-        ctx.publish(tunnel, EventType::Normal, "PortsChanged", note).await;
+        ctx.publish(tunnel, Reason::PortsChanged, note).await;
         return Ok(true);
     }
     let why = format!(
@@ -68,7 +68,7 @@ pub async fn reconfigure(
         describe(ports),
         provider.name()
     );
-    ctx.publish(tunnel, EventType::Normal, "Replacing", format!("{why}; replacing it")).await;
+    ctx.publish(tunnel, Reason::Replacing, format!("{why}; replacing it")).await;
     delete_unpublished(provider, id, publishes, ctx).await?;
     Ok(false)
 }
@@ -81,13 +81,13 @@ pub async fn replace_unhealthy(
     service: &Service,
     publishes: bool,
     provider: &dyn HostProvider,
-    (id, reason, why): (Option<&str>, &str, &str),
+    (id, reason, why): (Option<&str>, Reason, &str),
     ctx: &Context,
 ) -> Result<()> {
     let note = format!("{why}; replacing the exit server");
     warn!(host = ?id, why, "replacing an exit server whose tunnel is down");
-    ctx.publish(tunnel, EventType::Warning, reason, note.clone()).await;
-    ctx.publish_on(&kube::Resource::object_ref(service, &()), EventType::Warning, reason, note).await;
+    ctx.publish(tunnel, reason, note.clone()).await;
+    ctx.publish_on(&kube::Resource::object_ref(service, &()), reason, note).await;
     if let Some(id) = id {
         delete_unpublished(provider, id, publishes.then_some(service), ctx).await?;
     }

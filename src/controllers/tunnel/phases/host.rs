@@ -13,6 +13,7 @@ use super::super::{act, observe};
 use super::{Desired, Keys, Pass, Running};
 use crate::crd::tunnel::TunnelPhase;
 use crate::error::{Error, Result};
+use crate::reasons::Reason;
 
 /// Hosts a reconcile may step through before it gives up (a provider handing back hosts that
 /// are stopped at once must not make it spin).
@@ -42,7 +43,7 @@ impl Pass<'_> {
                         s.phase = Some(TunnelPhase::Provisioning);
                         s.provider = Some(provider_name);
                         s.host_id = id;
-                        s.conditions = not_ready("Provisioning", &why);
+                        s.conditions = not_ready(Reason::Provisioning, &why);
                     })
                     .await?;
                     return Ok(None);
@@ -53,7 +54,7 @@ impl Pass<'_> {
                         self.record(|s| {
                             s.phase = Some(TunnelPhase::Provisioning);
                             s.host_id = None;
-                            s.conditions = not_ready("Provisioning", &why);
+                            s.conditions = not_ready(Reason::Provisioning, &why);
                         })
                         .await?;
                         return Ok(None);
@@ -117,11 +118,11 @@ impl Pass<'_> {
             s.host_ip = created.public_ipv4.clone();
             s.ports = ports;
             s.credentials_digest = Some(digest);
-            s.conditions = not_ready("Provisioning", &format!("created exit server {}", created.id));
+            s.conditions = not_ready(Reason::Provisioning, &format!("created exit server {}", created.id));
         })
         .await?;
         let note = format!("created exit server {} at {provider}", created.id);
-        self.ctx.publish(self.tunnel, kube::runtime::events::EventType::Normal, "Provisioning", note).await;
+        self.ctx.publish(self.tunnel, Reason::Provisioning, note).await;
         Ok(())
     }
 
@@ -185,7 +186,7 @@ impl Pass<'_> {
             "took over reserved address {} ({}), kept by this Service's previous Tunnel",
             address.ip, address.id
         );
-        ctx.publish(tunnel, kube::runtime::events::EventType::Normal, "AddressTakenOver", note).await;
+        ctx.publish(tunnel, Reason::AddressTakenOver, note).await;
         Ok(Some(address))
     }
 
@@ -236,7 +237,7 @@ impl Pass<'_> {
                         s.phase = Some(TunnelPhase::Provisioning);
                         s.host_id = None;
                         s.host_ip = None;
-                        s.conditions = not_ready("Replacing", &why);
+                        s.conditions = not_ready(Reason::Replacing, &why);
                     })
                     .await?;
                     return Ok(None);

@@ -14,7 +14,6 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use kube::runtime::controller::Action;
-use kube::runtime::events::EventType;
 use providers::{Address, AddressBinding, Host, HostState};
 
 use super::super::placement::SLOTS;
@@ -27,6 +26,7 @@ use crate::controllers::jittered;
 use crate::crd::condition::{Condition, ConditionStatus};
 use crate::crd::tunnel::{Failover, HighAvailabilityStatus, ServerStatus, TunnelPhase};
 use crate::error::Result;
+use crate::reasons::Reason;
 
 mod both;
 mod clients;
@@ -60,7 +60,7 @@ impl Pass<'_> {
                 "{why}; highAvailability is not available at {}, so no exit server was created: create a Tunnel without it, at another provider, or with highAvailability.mode: BothAddresses (both servers' own addresses on the Service)",
                 provider.name()
             );
-            return Err(Failure::Blocked(Blocked(TunnelPhase::Failed, "HighAvailabilityUnavailable", message)));
+            return Err(Failure::Blocked(Blocked(TunnelPhase::Failed, Reason::HighAvailabilityUnavailable, message)));
         }
         // A quiet pair's last read stands until its resync ([`observe::PairViews`]): a server that
         // stops fails its check, and the pass after that reads the provider again.
@@ -149,9 +149,8 @@ impl Pass<'_> {
             FailoverStep::Move { from, to, reason } => {
                 address = Some(self.put_address(want, address, &to).await?);
                 let note = format!("moved the reserved address from exit server {from} to {to}: {reason}");
-                ctx.publish(tunnel, EventType::Warning, "Failover", note.clone()).await;
-                ctx.publish_on(&kube::Resource::object_ref(&*want.service, &()), EventType::Warning, "Failover", note)
-                    .await;
+                ctx.publish(tunnel, Reason::Failover, note.clone()).await;
+                ctx.publish_on(&kube::Resource::object_ref(&*want.service, &()), Reason::Failover, note).await;
                 ctx.failovers.fetch_add(1, Ordering::Relaxed);
                 failovers = Some(failovers.unwrap_or(0) + 1);
                 let time = k8s_openapi::jiff::Timestamp::now().to_string();
@@ -217,7 +216,7 @@ impl Pass<'_> {
             (Some(a), true) => Condition::new(
                 "Ready",
                 ConditionStatus::True,
-                "Active",
+                Reason::Active.as_str(),
                 format!(
                     "reserved address {} on exit server {} forwards {} to Service {}; its tunnel passed its health check at {}; standby: {}{}",
                     a.ip,
@@ -231,7 +230,7 @@ impl Pass<'_> {
             ),
             _ => {
                 let why = degraded.unwrap_or_else(|| "waiting for an exit server of the pair to carry traffic".into());
-                not_ready("WaitingForTunnel", &why).remove(0)
+                not_ready(Reason::WaitingForTunnel, &why).remove(0)
             }
         };
         let host_ip = address.as_ref().filter(|_| active.is_some()).map(|a| a.ip.clone());
@@ -287,7 +286,7 @@ impl Pass<'_> {
         })
         .await?;
         let note = format!("created exit server {} (slot {slot}) at {}", created.id, provider.name());
-        self.ctx.publish(self.tunnel, EventType::Normal, "Provisioning", note).await;
+        self.ctx.publish(self.tunnel, Reason::Provisioning, note).await;
         Ok(created)
     }
 

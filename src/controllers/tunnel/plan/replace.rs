@@ -11,6 +11,8 @@ use std::time::Duration;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use providers::exit::userdata::InstallReport;
 
+use crate::reasons::Reason;
+
 /// Which side a failed health check is blamed on, diagnosed before any replacement.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Cause {
@@ -54,13 +56,13 @@ impl Cause {
     }
 
     /// The condition reason and Event reason.
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> Reason {
         match self {
-            Cause::ClientNotAvailable => "ClientNotAvailable",
-            Cause::ExitServerUnreachable | Cause::StartedButUnreachable => "ExitServerUnreachable",
-            Cause::TunnelNotEstablished => "TunnelNotEstablished",
-            Cause::ArtifactRefused(_) => "ExitServerArtifactRefused",
-            Cause::NotStarted(_) => "ExitServerNotStarted",
+            Cause::ClientNotAvailable => Reason::ClientNotAvailable,
+            Cause::ExitServerUnreachable | Cause::StartedButUnreachable => Reason::ExitServerUnreachable,
+            Cause::TunnelNotEstablished => Reason::TunnelNotEstablished,
+            Cause::ArtifactRefused(_) => Reason::ExitServerArtifactRefused,
+            Cause::NotStarted(_) => Reason::ExitServerNotStarted,
         }
     }
 
@@ -103,7 +105,7 @@ impl Cause {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Unhealthy {
     /// Keep the host and report Ready=False with `reason`.
-    Report { reason: &'static str, message: String },
+    Report { reason: Reason, message: String },
     /// Replace the host: the `count`th replacement in a row; the next one comes no earlier than
     /// `next_after` (recorded for the user: the next host must fail twice as long).
     Replace { why: String, count: u32, next_after: Timestamp },
@@ -208,7 +210,7 @@ mod tests {
         // First: after replace_after; recorded with the next one's earliest time.
         assert!(matches!(
             decide(Cause::ExitServerUnreachable, MIN - Duration::from_secs(1), 0),
-            Unhealthy::Report { reason: "ExitServerUnreachable", .. }
+            Unhealthy::Report { reason: crate::reasons::Reason::ExitServerUnreachable, .. }
         ));
         let Unhealthy::Replace { count, next_after, why } = decide(Cause::TunnelNotEstablished, MIN, 0) else {
             panic!("not replaced after replace_after")
@@ -246,7 +248,7 @@ mod tests {
         let not_started = unreachable().with_report(Some(InstallReport::NotStarted("firewall".into())));
         assert_eq!(not_started.reason(), "ExitServerNotStarted");
         let started = unreachable().with_report(Some(InstallReport::Started));
-        assert_eq!((started.reason(), started), ("ExitServerUnreachable", Cause::StartedButUnreachable));
+        assert_eq!((started.reason().as_str(), started), ("ExitServerUnreachable", Cause::StartedButUnreachable));
         assert_eq!(unreachable().with_report(None), Cause::ExitServerUnreachable, "no console: the probe's cause");
         // A reachable server's cause is not the console's to change.
         let client = Cause::diagnose(true, false).with_report(Some(InstallReport::ArtifactRefused("x".into())));

@@ -6,7 +6,6 @@
 //! (if a new server can help: [`Pass::replace_failing`]).
 
 use kube::runtime::controller::Action;
-use kube::runtime::events::EventType;
 use providers::HostState;
 
 use super::super::super::placement::SLOTS;
@@ -16,6 +15,7 @@ use super::super::{Desired, Failure, Keys, Pass};
 use super::{PairRecord, Slot};
 use crate::crd::condition::{Condition, ConditionStatus};
 use crate::crd::tunnel::{HighAvailabilityStatus, ServerStatus};
+use crate::reasons::Reason;
 
 impl Pass<'_> {
     pub(super) async fn both(&mut self, want: &Desired, keys: &Keys) -> Result<Action, Failure> {
@@ -84,7 +84,7 @@ impl Pass<'_> {
                 was.host_id.as_deref().unwrap_or_default(),
                 was.host_ip.as_deref().unwrap_or_default(),
             );
-            ctx.publish(tunnel, EventType::Warning, "AddressWithdrawn", note).await;
+            ctx.publish(tunnel, Reason::AddressWithdrawn, note).await;
         }
         let ready = !published.is_empty();
         let was_active = self.status().observed_generation.is_some() || ready;
@@ -111,7 +111,7 @@ impl Pass<'_> {
             Condition::new(
                 "Ready",
                 ConditionStatus::True,
-                "Active",
+                Reason::Active.as_str(),
                 format!(
                     "{} forward {} to Service {}, each having passed its health check{}{}",
                     list.join(" and "),
@@ -124,7 +124,7 @@ impl Pass<'_> {
         } else {
             let why = slots.iter().filter_map(|s| s.check.as_ref().map(|(_, e)| e.clone())).find(|e| !e.is_empty());
             let why = why.unwrap_or_else(|| "waiting for an exit server of the pair to carry traffic".into());
-            not_ready("WaitingForTunnel", &why).remove(0)
+            not_ready(Reason::WaitingForTunnel, &why).remove(0)
         };
         let host = published.first().map(|s| (s.id().map(str::to_string), s.own_ip.clone())).unwrap_or_default();
         let ha = HighAvailabilityStatus { active: None, servers, limitation: None, ..recorded };

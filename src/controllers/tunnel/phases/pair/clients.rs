@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use kube::runtime::events::EventType;
 use providers::Address;
 use providers::exit::userdata::render_client_toml;
 
@@ -14,6 +13,7 @@ use super::super::super::{act, desired};
 use super::super::{Desired, Failure, Keys, Pass};
 use super::Slot;
 use crate::error::Error;
+use crate::reasons::Reason;
 
 /// How long the holder's stale client waits while the holder itself fails before it is rolled in
 /// place: a client Pod normally restarts within seconds, and a failing holder carries nothing a
@@ -87,7 +87,7 @@ impl Pass<'_> {
             let note = format!(
                 "moved the reserved address from exit server {from_id} to {to_id}, whose client is current, to roll the client of {from_id}"
             );
-            ctx.publish(tunnel, EventType::Normal, "Handover", note).await;
+            ctx.publish(tunnel, Reason::Handover, note).await;
         }
         for &i in &step.apply {
             if let Some((at, checksum)) = &wanted[i] {

@@ -4,8 +4,6 @@
 //! at most `--tunnel-max-replacements` in a row. A standby whose client Pod cannot start (an
 //! image that cannot be pulled) would otherwise buy a new VM every `--tunnel-replace-after`.
 
-use kube::runtime::events::EventType;
-
 use super::super::super::act;
 use super::super::super::plan::replace::Unhealthy;
 use super::super::console;
@@ -37,7 +35,7 @@ impl Pass<'_> {
         match console::judge(failing, available, &at, provider, ctx).await.1 {
             Unhealthy::Report { reason, message } => {
                 let note = format!("exit server {id} (slot {}) is kept: {message}", slot.slot);
-                ctx.publish(tunnel, EventType::Warning, reason, note).await;
+                ctx.publish(tunnel, reason, note).await;
                 ctx.streaks.keep(&id, message.clone());
                 slot.kept = Some(message);
                 Ok(false)

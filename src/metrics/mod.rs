@@ -16,11 +16,20 @@
 //! | `skyport_orphan_addresses_released_total` (while the Tunnel controllers run) | |
 //! | `skyport_tunnel_failovers_total` (while the Tunnel controllers run) | |
 //! | `skyport_tunnel_unserved_seconds_total` (while the Tunnel controllers run) | |
+//! | `skyport_exit_servers` (gauge, while the Tunnel controllers run) | `provider` |
+//! | `skyport_tunnel_status_failovers_total` (while the Tunnel controllers run) | `namespace`, `name` |
+//! | `skyport_sqs_account_calls_total` (while the Queue controller runs) | `aws_account`, `region`, `operation`, `outcome` |
+//! | `skyport_sqs_account_throttles_total` (while the Queue controller runs) | `aws_account`, `region` |
+//! | `skyport_sqs_account_rate_limiter_waits_total` (while the Queue controller runs) | `aws_account`, `region` |
 //! | `skyport_cloud_api_calls_total` | `provider`, `operation`, `outcome` (`success` or an error label) |
 //! | `skyport_rate_limiter_waits_total` | `provider` |
 //! | `skyport_rate_limiter_wait_seconds_total` | `provider` |
 //! | `skyport_leader` (gauge) | |
 //! | `skyport_build_info` | `version` |
+
+mod cached;
+
+pub use cached::{AccountSnapshot, TunnelSnapshot};
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -143,6 +152,8 @@ struct Sources {
     orphan_addresses: Option<CounterFn>,
     failovers: Option<CounterFn>,
     unserved: Option<Box<dyn Fn() -> f64 + Send + Sync>>,
+    tunnels: Option<Box<dyn Fn() -> TunnelSnapshot + Send + Sync>>,
+    sqs_accounts: Option<Box<dyn Fn() -> AccountSnapshot + Send + Sync>>,
 }
 
 /// Reads the registered controllers and providers on each scrape.
@@ -223,6 +234,12 @@ impl Collector for SourcesCollector {
             let help = "Seconds highly available Tunnels that were Active once spent with no exit server passing behind their address";
             let m = enc.encode_descriptor("tunnel_unserved_seconds", help, None, MetricType::Counter)?;
             ConstCounter::new(unserved()).encode(m)?;
+        }
+        if let Some(tunnels) = &sources.tunnels {
+            tunnels().encode(&mut enc)?;
+        }
+        if let Some(accounts) = &sources.sqs_accounts {
+            cached::encode_accounts(&accounts(), &mut enc)?;
         }
         let clouds: Vec<(&'static str, CloudSnapshot)> =
             sources.clouds.iter().map(|c| (c.provider, (c.snapshot)())).collect();
@@ -324,6 +341,16 @@ impl Metrics {
         self.sources.0.lock().unwrap_or_else(|p| p.into_inner()).unserved = Some(Box::new(seconds));
     }
 
+    /// Adds the Tunnel cache's exit servers and failovers, read at scrape time.
+    pub fn add_tunnels(&self, snapshot: impl Fn() -> TunnelSnapshot + Send + Sync + 'static) {
+        self.sources.0.lock().unwrap_or_else(|p| p.into_inner()).tunnels = Some(Box::new(snapshot));
+    }
+
+    /// Adds the SQS calls made through AwsAccounts, per AWS account and region.
+    pub fn add_sqs_accounts(&self, snapshot: impl Fn() -> AccountSnapshot + Send + Sync + 'static) {
+        self.sources.0.lock().unwrap_or_else(|p| p.into_inner()).sqs_accounts = Some(Box::new(snapshot));
+    }
+
     /// The current values as OpenMetrics text ([`CONTENT_TYPE`]).
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -334,60 +361,4 @@ impl Metrics {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn exposition_has_every_family_with_controller_and_provider_labels() {
-        let metrics = Metrics::default();
-        let queue = Arc::new(ReconcileMetrics::default());
-        queue.record(Duration::from_millis(30), None);
-        queue.record(Duration::from_millis(3), Some("SqsUnavailable"));
-        metrics.add_controller("queue", queue.clone(), || ReadyCounts { ready: 2, not_ready: 1, unknown: 0 }, || 7);
-        let counters = providers::CallCounters::default();
-        counters.record_outcome("CreateQueue", providers::limiter::SUCCESS);
-        counters.record_outcome("GetQueueAttributes", "unavailable");
-        let snap = CloudSnapshot::of(&counters);
-        metrics.add_cloud("sqs", move || snap.clone());
-        metrics.leader.set(1);
-        metrics.add_orphans(|| 3);
-        metrics.add_orphan_addresses(|| 2);
-        metrics.add_failovers(|| 4);
-        metrics.add_unserved(|| 1.5);
-
-        let text = metrics.encode();
-        for line in [
-            r#"skyport_reconciles_total{controller="queue"} 2"#,
-            r#"skyport_reconcile_errors_total{controller="queue",reason="SqsUnavailable"} 1"#,
-            r#"skyport_reconcile_duration_seconds_count{controller="queue"} 2"#,
-            r#"skyport_reconcile_duration_seconds_bucket{le="0.005",controller="queue"} 1"#,
-            r#"skyport_objects{controller="queue",ready="True"} 2"#,
-            r#"skyport_objects{controller="queue",ready="False"} 1"#,
-            r#"skyport_objects{controller="queue",ready="Unknown"} 0"#,
-            r#"skyport_kube_api_writes_total{controller="queue"} 7"#,
-            r#"skyport_cloud_api_calls_total{provider="sqs",operation="CreateQueue",outcome="success"} 1"#,
-            r#"skyport_cloud_api_calls_total{provider="sqs",operation="GetQueueAttributes",outcome="unavailable"} 1"#,
-            r#"skyport_rate_limiter_waits_total{provider="sqs"} 0"#,
-            r#"skyport_rate_limiter_wait_seconds_total{provider="sqs"} 0.0"#,
-            "skyport_leader 1",
-            "skyport_orphan_hosts_deleted_total 3",
-            "skyport_orphan_addresses_released_total 2",
-            "skyport_tunnel_failovers_total 4",
-            "skyport_tunnel_unserved_seconds_total 1.5",
-            r#"skyport_build_info{version="#,
-            "# TYPE skyport_reconcile_duration_seconds histogram",
-            "# EOF",
-        ] {
-            assert!(text.contains(line), "missing {line:?} in:\n{text}");
-        }
-        assert_eq!(queue.errors()["SqsUnavailable"], 1);
-    }
-
-    #[test]
-    fn a_standby_exposes_the_families_without_controller_series() {
-        let text = Metrics::default().encode();
-        assert!(text.contains("skyport_leader 0"), "{text}");
-        assert!(text.contains("# TYPE skyport_reconciles counter"), "{text}");
-        assert!(!text.contains("skyport_reconciles_total{"), "{text}");
-    }
-}
+mod tests;
