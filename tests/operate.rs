@@ -89,6 +89,18 @@ impl Skyport {
         self.logs.lock().unwrap().iter().any(|l| l["message"].as_str().is_some_and(|m| m.starts_with(message)))
     }
 
+    /// Whether the process logged `message` by the time its output is read to the end: the
+    /// reader task may still hold the last lines of a process that just exited.
+    async fn logged_at_exit(&self, message: &str) -> bool {
+        for _ in 0..50 {
+            if self.logged(message) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    }
+
     async fn get(&self, path: &str) -> (u16, String, String) {
         http_get(&self.address, path).await
     }
@@ -232,7 +244,7 @@ async fn two_processes_elect_one_leader_which_a_standby_replaces_after_kill_9() 
     new_leader.signal("-TERM").await;
     let status = tokio::time::timeout(Duration::from_secs(20), new_leader.child.wait()).await.expect("exit").unwrap();
     assert!(status.success(), "{status}");
-    assert!(new_leader.logged("released the leader lease"));
+    assert!(new_leader.logged_at_exit("released the leader lease").await);
     assert_eq!(holder(&leases).await, None, "the Lease was released");
     ns.cleanup().await;
 }
@@ -249,7 +261,7 @@ async fn sigterm_on_a_standby_exits_at_once_and_a_lone_process_is_leader() {
     b.signal("-TERM").await;
     let status = tokio::time::timeout(Duration::from_secs(10), b.child.wait()).await.expect("exit").unwrap();
     assert!(status.success(), "{status}");
-    assert!(b.logged("stopped before becoming leader"));
+    assert!(b.logged_at_exit("stopped before becoming leader").await);
     assert_eq!(holder(&leases).await.as_deref(), Some(a.identity.as_str()), "a standby never touches the holder");
     a.signal("-TERM").await;
     let status = tokio::time::timeout(Duration::from_secs(20), a.child.wait()).await.expect("exit").unwrap();
@@ -274,7 +286,7 @@ async fn a_leader_that_loses_its_lease_exits_at_once() {
         .unwrap();
     assert_eq!(status.code(), Some(1), "{status}");
     assert!(taken.elapsed() <= LEASE_DURATION, "noticed after {:?}", taken.elapsed());
-    assert!(a.logged("lost the leader lease"));
+    assert!(a.logged_at_exit("lost the leader lease").await);
     assert_eq!(holder(&leases).await.as_deref(), Some("intruder"), "the new holder keeps the Lease");
     ns.cleanup().await;
 }
