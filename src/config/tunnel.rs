@@ -95,10 +95,12 @@ pub struct TunnelArgs {
     #[arg(long = "tunnel-client-image", env = "SKYPORT_TUNNEL_CLIENT_IMAGE", default_value = OWN_IMAGE)]
     pub client_image: String,
 
-    /// Namespace of every Tunnel's client Deployment and credentials Secret: the operator's own
-    /// (the Helm chart and manifests pass it), so skyport writes no Deployment, and keeps no
-    /// Tunnel's keys, in any other namespace. Unset: beside each Tunnel, in its namespace.
-    #[arg(long = "tunnel-client-namespace", env = "SKYPORT_TUNNEL_CLIENT_NAMESPACE")]
+    /// Namespace of every Tunnel's client Deployment and credentials Secret, and nothing else
+    /// (the manifests pass `skyport-tunnels`), so skyport writes no Deployment, and keeps no
+    /// Tunnel's keys, in any other namespace. skyport may patch Secrets there, and a patch is a
+    /// read: the operator's own namespace (`POD_NAMESPACE`), `default` and `kube-*` are refused.
+    /// Unset: beside each Tunnel, in its namespace.
+    #[arg(long = "tunnel-client-namespace", env = "SKYPORT_TUNNEL_CLIENT_NAMESPACE", value_parser = client_namespace)]
     pub client_namespace: Option<String>,
 
     /// Where exit servers download the skyport binary they run (`skyport tunnel server`).
@@ -341,6 +343,26 @@ fn address_range(text: &str) -> Result<(std::net::Ipv4Addr, std::net::Ipv4Addr),
         return Err(format!("{first} comes after {last}"));
     }
     Ok((first, last))
+}
+
+/// `--tunnel-client-namespace`, checked against the Pod's own namespace.
+fn client_namespace(text: &str) -> Result<String, String> {
+    shared_client_namespace(text, std::env::var("POD_NAMESPACE").ok().as_deref())?;
+    Ok(text.to_string())
+}
+
+/// Why `namespace` cannot hold the tunnel clients when the operator runs in `own`: a namespace
+/// whose other Secrets a patch of skyport's would read (its own cloud credentials, the
+/// cluster's service-account tokens, whatever users keep in `default`).
+pub fn shared_client_namespace(namespace: &str, own: Option<&str>) -> Result<(), String> {
+    let system = ["default", "kube-system", "kube-public", "kube-node-lease"];
+    if own == Some(namespace) || system.contains(&namespace) {
+        return Err(format!(
+            "the tunnel clients cannot live in {namespace:?}: skyport may patch Secrets in their namespace, and a \
+             patch is a read of every Secret there; give them a namespace of their own (the manifests use skyport-tunnels)"
+        ));
+    }
+    Ok(())
 }
 
 /// `--cluster-id`: anything but empty or blank.

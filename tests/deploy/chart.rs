@@ -166,4 +166,8 @@ fn tunnel_clients_get_a_namespace_of_their_own_never_the_releases() {
 
     let error = template(&["--set", "tunnel.clientNamespace=skyport-system"]).expect_err("the release's namespace");
     assert!(error.contains("tunnel.clientNamespace must differ"), "{error}");
+    for shared in ["default", "kube-system"] {
+        let error = template(&["--set", &format!("tunnel.clientNamespace={shared}")]).expect_err(shared);
+        assert!(error.contains("a namespace of its own"), "{shared}: {error}");
+    }
 }

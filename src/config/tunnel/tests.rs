@@ -110,3 +110,17 @@ fn an_empty_cluster_id_is_refused_rather_than_turning_cluster_separation_off() {
     let Command::Run(run) = cli.command else { panic!("expected run") };
     assert_eq!(run.tunnel.cluster_id, None, "left out: the kube-system namespace's UID");
 }
+
+#[test]
+fn the_tunnel_clients_never_share_a_namespace_whose_secrets_a_patch_would_read() {
+    for shared in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+        let err = Cli::try_parse_from(["skyport", "run", "--tunnel-client-namespace", shared]).expect_err(shared);
+        assert!(err.to_string().contains("a patch is a read"), "{err}");
+    }
+    let own = super::shared_client_namespace("skyport-system", Some("skyport-system")).expect_err("its own");
+    assert!(own.contains("skyport-tunnels"), "{own}");
+    assert_eq!(super::shared_client_namespace("skyport-tunnels", Some("skyport-system")), Ok(()));
+    let cli = Cli::try_parse_from(["skyport", "run", "--tunnel-client-namespace", "skyport-tunnels"]).unwrap();
+    let Command::Run(run) = cli.command else { panic!("expected run") };
+    assert_eq!(run.tunnel.client_namespace.as_deref(), Some("skyport-tunnels"));
+}
