@@ -3,7 +3,6 @@
 //! deploy/admission.yaml) and once as a `skyport` ServiceAccount of another namespace with the
 //! same RBAC, as a kustomize overlay that moved the namespace but not the policies would run it.
 
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -12,9 +11,9 @@ use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::Client;
 use kube::api::PostParams;
 use serde_json::json;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
-use crate::common::process::{Lines, capture_into};
+use crate::common::process::{Lines, spawn_operator};
 use crate::common::{TestNs, service_account_token};
 
 /// A kubeconfig file like the test environment's, authenticating with `token`.
@@ -32,21 +31,16 @@ async fn operator_as(admin: &Client, (namespace, name): (&str, &str), watch: &st
     let path = std::env::temp_dir().join(format!("skyport-startup-{namespace}-{}.kubeconfig", rand::random::<u32>()));
     kubeconfig_with(&token, &path).await;
     let lines: Lines = Arc::new(Mutex::new(Vec::new()));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_skyport"))
-        .args(["run", "--leader-elect=false", "--listen-address", "127.0.0.1:0", "--namespace", watch])
-        .arg(format!("--tunnel-client-namespace={namespace}"))
-        // A RoleBinding of the ClusterRole does not reach kube-system's UID.
-        .arg("--cluster-id=startup-test")
-        .args(extra)
-        .env("KUBECONFIG", &path)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start target/debug/skyport");
-    capture_into(&mut child, &lines);
+    let clients = format!("--tunnel-client-namespace={namespace}");
+    // A RoleBinding of the ClusterRole does not reach kube-system's UID.
+    let mut args = vec!["--leader-elect=false", "--listen-address", "127.0.0.1:0", "--namespace", watch];
+    args.extend([clients.as_str(), "--cluster-id=startup-test"]);
+    args.extend(extra);
+    let kubeconfig = path.to_string_lossy();
+    // The probe itself is under test: the admin's opt-out of spawn_operator is switched off.
+    let env =
+        [("KUBECONFIG", &*kubeconfig), ("RUST_LOG", "info"), ("SKYPORT_ALLOW_WITHOUT_ADMISSION_POLICIES", "false")];
+    let child = spawn_operator(&args, &env, &lines);
     (child, lines)
 }
 
