@@ -26,6 +26,7 @@ pub mod firewall;
 pub mod forward;
 pub mod ports;
 pub mod push;
+pub mod reread;
 pub mod verify;
 
 pub use firewall::firewall;
@@ -83,18 +84,39 @@ pub async fn run(role: Role, config: PathBuf, push_port: u16, forward_file: Opti
     if let Some(file) = forward_file.filter(|_| role == Role::Server) {
         forward::spawn(file, config.clone());
     }
+    // A client ends when its file changes under it ([`reread`]); a server takes pushes instead.
+    let loaded = tokio::fs::read(&config).await.unwrap_or_default();
+    let watched = (role == Role::Client).then(|| config.clone());
+    let changed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (shutdown, shutdown_rx) = tokio::sync::broadcast::channel(1);
+    let flag = changed.clone();
     tokio::spawn(async move {
-        stop_requested().await;
+        let rewritten = async {
+            match watched {
+                Some(path) => reread::changed(path, loaded, reread::EVERY).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = stop_requested() => {}
+            _ = rewritten => flag.store(true, std::sync::atomic::Ordering::SeqCst),
+        }
         let _ = shutdown.send(true);
     });
     let cli = rathole::Cli {
-        config_path: Some(config),
+        config_path: Some(config.clone()),
         server: role == Role::Server,
         client: role == Role::Client,
         genkey: None,
     };
-    rathole::run(cli, shutdown_rx).await
+    rathole::run(cli, shutdown_rx).await?;
+    // Ending non-zero on a changed file: the kubelet starts the client again, with the new file.
+    anyhow::ensure!(
+        !changed.load(std::sync::atomic::Ordering::SeqCst),
+        "the tunnel configuration {} changed: ending, to start again with it",
+        config.display()
+    );
+    Ok(())
 }
 
 /// The exit server's side of the health check: [`HEALTH_SERVICE`] published on `port` (which

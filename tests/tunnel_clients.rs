@@ -84,3 +84,41 @@ async fn a_tenants_tunnel_client_and_keys_live_in_the_operators_namespace_and_go
     finish_tunnels(op, ns).await;
     operator.cleanup().await;
 }
+
+/// A client Pod can start with an older Secret than its template's checksum names (two writers
+/// racing), and the kubelet later rewrites the file through a symlink swap no file watcher sees:
+/// the client ends when its file's bytes change, so the kubelet starts it again with the new file.
+#[tokio::test]
+async fn a_client_whose_configuration_file_changes_ends_to_be_started_with_it() {
+    let dir = std::env::temp_dir().join(format!("skyport-client-reread-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("client.toml");
+    let config = |port: u16| {
+        format!(
+            "[client]\nremote_addr = \"127.0.0.1:{port}\"\n\n[client.services.web]\ntype = \"tcp\"\n\
+             token = \"t\"\nlocal_addr = \"127.0.0.1:9\"\n"
+        )
+    };
+    std::fs::write(&path, config(1)).unwrap();
+    let mut child = tokio::process::Command::new(common::kubelet::skyport_exe())
+        .args(["tunnel", "client", "--config"])
+        .arg(&path)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(child.try_wait().unwrap().is_none(), "the client runs while its file is unchanged");
+    std::fs::write(&path, config(2)).unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("a client whose configuration changed ends within a few seconds")
+        .unwrap();
+    let mut stderr = String::new();
+    tokio::io::AsyncReadExt::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).await.unwrap();
+    assert!(!status.success(), "ends non-zero, so the kubelet starts it again: {stderr}");
+    assert!(stderr.contains("changed"), "says why: {stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

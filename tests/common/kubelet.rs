@@ -33,6 +33,9 @@ pub fn skyport_exe() -> PathBuf {
 
 /// Where the operator image keeps its binary (the Dockerfile's `COPY ... /skyport`).
 const IMAGE_BINARY: &str = "/skyport";
+/// How often a running client's Secret files are brought up to date (the kubelet syncs about once a
+/// minute; shorter here, so a test waits seconds rather than a minute for the same behaviour).
+const VOLUME_SYNC: Duration = Duration::from_secs(3);
 
 /// Echo backends standing in for a Service's endpoints, one per (port, protocol), started on
 /// demand. Each answers with its own port first, so a test can tell which port it reached:
@@ -160,6 +163,7 @@ impl ClientRunner {
         let (counter, current) = (starts.clone(), pid.clone());
         let task = tokio::spawn(async move {
             let mut running: Option<(String, tokio::process::Child)> = None;
+            let mut synced = tokio::time::Instant::now();
             loop {
                 // An exited client is started again, as a kubelet does: the tunnel must come back
                 // on its own (and the health responder's port, picked just before the start, may
@@ -182,6 +186,10 @@ impl ClientRunner {
                         current.store(child.id().unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
                         running = Some((key, child));
                     }
+                } else if let Some(template) = template.filter(|_| synced.elapsed() > VOLUME_SYNC) {
+                    // The kubelet's periodic volume sync: a running Pod's Secret files follow the Secret.
+                    mount(&template, &secrets, &backends, &dir).await;
+                    synced = tokio::time::Instant::now();
                 }
                 tokio::time::sleep(Duration::from_millis(300)).await;
             }
@@ -198,6 +206,28 @@ async fn launch(
     backends: &Backends,
     dir: &std::path::Path,
 ) -> Option<tokio::process::Child> {
+    let args = mount(template, secrets, backends, dir).await?;
+    // Appended across restarts, so a client that exited keeps its last words.
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("client.log")).ok()?;
+    tokio::process::Command::new(skyport_exe())
+        .args(&args[1..])
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone().ok()?)
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .ok()
+}
+
+/// Writes the Secret volume's items as they are now under `dir` (a file whose bytes are unchanged
+/// is left alone, as the kubelet's volume sync leaves it) and returns the container's args, the
+/// mount paths replaced by the local files.
+async fn mount(
+    template: &k8s_openapi::api::core::v1::PodTemplateSpec,
+    secrets: &Api<Secret>,
+    backends: &Backends,
+    dir: &std::path::Path,
+) -> Option<Vec<String>> {
     let spec = template.spec.as_ref()?;
     let container = spec.containers.first()?;
     // The container runs its command (the image's entrypoint when unset) with its args.
@@ -215,7 +245,9 @@ async fn launch(
             let text = String::from_utf8(data.get(&item.key)?.0.clone()).ok()?;
             let text = route(&text, backends).await;
             let local = dir.join(&item.path);
-            std::fs::write(&local, text).ok()?;
+            if std::fs::read(&local).ok().as_deref() != Some(text.as_bytes()) {
+                std::fs::write(&local, text).ok()?;
+            }
             let in_pod = format!("{}/{}", mount.mount_path.trim_end_matches('/'), item.path);
             for a in &mut args {
                 if *a == in_pod {
@@ -224,16 +256,7 @@ async fn launch(
             }
         }
     }
-    // Appended across restarts, so a client that exited keeps its last words.
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("client.log")).ok()?;
-    tokio::process::Command::new(skyport_exe())
-        .args(&args[1..])
-        .stdin(std::process::Stdio::null())
-        .stdout(log.try_clone().ok()?)
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .ok()
+    Some(args)
 }
 
 /// Sends `payload` to `ip:port` over TCP and returns (the backend's port tag, the echo), or
