@@ -21,7 +21,9 @@ pub struct QueueArgs {
     #[arg(long = "queue-tag-resync", env = "SKYPORT_QUEUE_TAG_RESYNC", default_value = "10m", value_parser = humantime::parse_duration)]
     pub tag_resync: Duration,
 
-    /// Queues reconciled in parallel.
+    /// Queues reconciled in parallel. One AWS account and region holds at most all but one of
+    /// them, and its share while other accounts have work, so a throttled or slow account does
+    /// not stop the others.
     #[arg(long = "queue-concurrency", env = "SKYPORT_QUEUE_CONCURRENCY", default_value_t = 8)]
     pub concurrency: u16,
 

@@ -28,6 +28,7 @@ mod converge;
 pub mod dead_letter;
 pub mod desired;
 pub mod exports;
+pub mod fair;
 pub mod observe;
 pub mod pace;
 pub mod plan;
@@ -93,6 +94,8 @@ pub struct State {
     pub resyncs: Arc<Resyncs>,
     /// Queues per SQS budget, which pace each budget's checks ([`pace`]).
     pacing: pace::Tally,
+    /// Reconciles in flight per SQS budget: one account cannot hold every worker ([`fair`]).
+    pub gate: fair::Gate,
     /// Wakes Queues that use a queue as their dead-letter queue when it changes.
     dependents: UnboundedSender<ObjectRef<Queue>>,
     /// The not-Ready reason last reported per Queue: the follow-up of a new Queue's finalizer
@@ -164,6 +167,7 @@ pub fn controller(
         redrives: Default::default(),
         resyncs: resyncs.clone(),
         pacing: Default::default(),
+        gate: fair::Gate::new(concurrency, tx.clone()),
         reported: Default::default(),
         dependents: tx,
     };
@@ -244,6 +248,11 @@ async fn apply(queue: Arc<Queue>, ctx: &Context, added_finalizer: bool) -> Resul
             ctx.written.forget(&key);
             return Ok(Action::requeue(jittered(ctx.settings.resync)));
         }
+    };
+    // A slow or throttled account holds at most its share of the workers: refused, this Queue
+    // waits for a wake from the gate (the resync is a net), its worker free for other accounts.
+    let Some(_turn) = ctx.gate.enter(&placement.budget, ObjectRef::from_obj(&*queue)) else {
+        return Ok(ctx.resync_after(&key, jittered(ctx.resync(&queue))));
     };
     let fingerprint = observe::fingerprint(&queue, &ctx.queues, &placement);
     let window = follow_up_window(ctx.settings.resync);

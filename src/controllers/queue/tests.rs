@@ -53,6 +53,7 @@ fn harness_with(sqs: FakeSqs) -> Harness {
         redrives: Default::default(),
         resyncs: Default::default(),
         pacing: Default::default(),
+        gate: fair::Gate::new(QueueArgs::default().concurrency, tx.clone()),
         dependents: tx,
         reported: Default::default(),
     };
