@@ -71,9 +71,11 @@ pub struct Turn<'a> {
 }
 
 impl Gate {
-    /// A gate for `workers` reconcile workers, waking parked Queues through `wake`.
+    /// A gate for `workers` reconcile workers, waking parked Queues through `wake`. `0` is
+    /// kube-runtime's "no limit": no worker to share, every reconcile starts.
     pub fn new(workers: u16, wake: UnboundedSender<ObjectRef<Queue>>) -> Self {
-        Gate { workers: usize::from(workers.max(1)), lanes: Mutex::default(), wake }
+        let workers = if workers == 0 { usize::MAX } else { usize::from(workers) };
+        Gate { workers, lanes: Mutex::default(), wake }
     }
 
     /// A turn for `queue`, whose calls spend `budget`; `None`: parked until its account may start
@@ -144,6 +146,16 @@ mod tests {
         assert!(!admits(8, 1, 7, 7), "the last worker stays free");
         assert!(admits(1, 1, 0, 0), "one worker: whoever has none in flight");
         assert!(!admits(1, 1, 1, 1));
+    }
+
+    #[test]
+    fn without_a_worker_limit_every_reconcile_starts() {
+        let (tx, _rx) = unbounded();
+        let gate = Gate::new(0, tx);
+        let b = budget("000000000002");
+        let turns: Vec<_> =
+            (0..100).filter_map(|i| gate.enter(&b, ObjectRef::new(&format!("q{i}")).within("ns"))).collect();
+        assert_eq!(turns.len(), 100);
     }
 
     #[test]
