@@ -160,6 +160,19 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             .map(|(key, limiter)| (key, CloudSnapshot::of(&limiter.counters)))
             .collect()
     });
+    let paced = ctx.clone();
+    state.metrics.add_drift_paces(move || {
+        let paces = paced.paces().into_iter();
+        paces
+            .map(|((aws_account, region), pace)| skyport::metrics::DriftPace {
+                aws_account,
+                region,
+                queues: pace.queues as u64,
+                attributes: pace.resync,
+                tags: pace.tag_resync,
+            })
+            .collect()
+    });
     tokio::spawn({
         let (ctx, state) = (ctx.clone(), state.clone());
         async move {

@@ -91,6 +91,8 @@ async fn the_dashboard_and_alerts_query_only_metrics_the_operator_exports() {
     let missing: Vec<&String> = wanted.iter().filter(|n| !exported.contains(family(n))).collect();
     assert!(missing.is_empty(), "the dashboard or alerts read {missing:?}, which /metrics does not export:\n{body}");
     assert!(wanted.len() >= 10, "{wanted:?}");
+    let own = r#"skyport_queue_drift_period_seconds{aws_account="default",region="#;
+    assert!(body.contains(own), "the operator's own account's drift check period is exported:\n{body}");
     drop(child);
     ns.cleanup().await;
     let _ = std::fs::remove_dir_all(state);

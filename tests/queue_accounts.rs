@@ -10,6 +10,7 @@ use crate::common;
 // Records which SQS endpoint each call went through.
 use crate::common::sqs_faults;
 
+mod fairness;
 mod lifecycle;
 mod pinning;
 mod status;

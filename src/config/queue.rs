@@ -9,18 +9,21 @@ use clap::Args;
 pub struct QueueArgs {
     /// How often a Ready Queue is compared with SQS to catch changes made outside skyport
     /// (each period is shortened by up to 10% at random so reconciles do not bunch up). With
-    /// more Queues than half of --sqs-rate can check in this period, the period stretches to
-    /// Queues / (--sqs-rate / 2), so new and changed Queues keep the other half.
+    /// more Queues in one AWS account and region than half of --sqs-rate can check in this
+    /// period, their period stretches to Queues / (--sqs-rate / 2), so new and changed Queues
+    /// keep the other half; each account and region is paced by its own Queues.
     #[arg(long = "queue-resync", env = "SKYPORT_QUEUE_RESYNC", default_value = "60s", value_parser = humantime::parse_duration)]
     pub resync: Duration,
 
     /// How often, at most, a converged queue's tags are re-read (attributes are read every
     /// resync; tags also whenever the spec changes). Stretches like --queue-resync, against
-    /// half of --sqs-tag-rate.
+    /// half of each account and region's --sqs-tag-rate.
     #[arg(long = "queue-tag-resync", env = "SKYPORT_QUEUE_TAG_RESYNC", default_value = "10m", value_parser = humantime::parse_duration)]
     pub tag_resync: Duration,
 
-    /// Queues reconciled in parallel.
+    /// Queues reconciled in parallel. One AWS account and region holds at most all but one of
+    /// them, and its share while other accounts have work, so a throttled or slow account does
+    /// not stop the others.
     #[arg(long = "queue-concurrency", env = "SKYPORT_QUEUE_CONCURRENCY", default_value_t = 8)]
     pub concurrency: u16,
 

@@ -27,6 +27,9 @@ use super::Condition;
     printcolumn = r#"{"name":"Role","type":"string","jsonPath":".spec.roleArn"}"#,
     printcolumn = r#"{"name":"Region","type":"string","jsonPath":".spec.region"}"#,
     printcolumn = r#"{"name":"External ID","type":"string","jsonPath":".status.externalId"}"#,
+    printcolumn = r#"{"name":"Drift Check","type":"string","jsonPath":".status.driftCheckPeriod"}"#,
+    printcolumn = r#"{"name":"Tag Check","type":"string","jsonPath":".status.tagCheckPeriod","priority":1}"#,
+    printcolumn = r#"{"name":"Queues","type":"integer","jsonPath":".status.budgetQueues","priority":1}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
@@ -89,6 +92,20 @@ pub struct AwsAccountStatus {
     /// the role, and a trust policy may also require it (`sts:RoleSessionName`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub role_session_name: Option<String>,
+    /// Queues whose SQS calls spend this account and region's budget: those of every AwsAccount
+    /// naming a role of the same AWS account in the same region. They pace the drift checks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_queues: Option<u64>,
+    /// How often each of those Queues is compared with SQS (one GetQueueAttributes) to find
+    /// changes made outside skyport, e.g. `1m` or `6m 56s`: the operator's `--queue-resync`, or
+    /// longer when that many checks would take more than half of the budget (`--sqs-rate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drift_check_period: Option<String>,
+    /// How often, at most, each of those Queues re-reads its tags (who owns the queue): the
+    /// operator's `--queue-tag-resync`, or longer when that many reads would take more than half
+    /// of the tagging budget (`--sqs-tag-rate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag_check_period: Option<String>,
     /// `Ready`: Queues can use it (the endpoint is allowed, it is not being deleted; `Deleting`
     /// while the finalizer `awsaccounts.skyport.dev/in-use` waits for the Queues using it to
     /// delete their SQS queues). Whether the role trusts skyport shows on the Queues

@@ -1,6 +1,7 @@
 //! Families read at scrape time from what the controllers hold: exit servers by provider and
 //! each highly available Tunnel's failovers (from the Tunnel cache's status), and SQS calls per
-//! AWS account and region (from the budgets the AwsAccounts' clients share).
+//! AWS account and region (from the budgets the AwsAccounts' clients share), and the drift check
+//! periods each budget's Queues get.
 
 use std::collections::BTreeMap;
 
@@ -8,6 +9,7 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Unit;
 
 use super::CloudSnapshot;
 use crate::crd::tunnel::Tunnel;
@@ -99,6 +101,41 @@ pub(super) fn encode_accounts(accounts: &AccountSnapshot, enc: &mut DescriptorEn
     for ((account, region), snap) in accounts {
         ConstCounter::new(snap.waits.0)
             .encode(m.encode_family(&[("aws_account", account.as_str()), ("region", region)])?)?;
+    }
+    Ok(())
+}
+
+/// The drift checks of the Queues spending one SQS budget (AWS account and region; `default` for
+/// the operator's own identity).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DriftPace {
+    pub aws_account: String,
+    pub region: String,
+    /// Queues spending the budget.
+    pub queues: u64,
+    /// How often each reads its attributes.
+    pub attributes: std::time::Duration,
+    /// How often, at most, each reads its tags.
+    pub tags: std::time::Duration,
+}
+
+pub(super) fn encode_drift(paces: &[DriftPace], enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    {
+        let help = "How often each Queue spending an SQS budget is compared with SQS (check=attributes) and re-reads its tags (check=tags), by AWS account and region: the resync flags, stretched so the checks take at most half the budget";
+        let mut m = enc.encode_descriptor("queue_drift_period", help, Some(&Unit::Seconds), MetricType::Gauge)?;
+        for p in paces {
+            for (check, period) in [("attributes", p.attributes), ("tags", p.tags)] {
+                let labels = [("aws_account", p.aws_account.as_str()), ("region", &p.region), ("check", check)];
+                ConstGauge::new(period.as_secs_f64()).encode(m.encode_family(&labels)?)?;
+            }
+        }
+    }
+    let help = "Queues spending each SQS budget, by AWS account and region";
+    let mut m = enc.encode_descriptor("sqs_account_queues", help, None, MetricType::Gauge)?;
+    for p in paces {
+        let n = i64::try_from(p.queues).unwrap_or(i64::MAX);
+        ConstGauge::new(n)
+            .encode(m.encode_family(&[("aws_account", p.aws_account.as_str()), ("region", &p.region)])?)?;
     }
     Ok(())
 }

@@ -21,6 +21,8 @@
 //! | `skyport_sqs_account_calls_total` (while the Queue controller runs) | `aws_account`, `region`, `operation`, `outcome` |
 //! | `skyport_sqs_account_throttles_total` (while the Queue controller runs) | `aws_account`, `region` |
 //! | `skyport_sqs_account_rate_limiter_waits_total` (while the Queue controller runs) | `aws_account`, `region` |
+//! | `skyport_queue_drift_period_seconds` (gauge, while the Queue controller runs) | `aws_account`, `region`, `check` (`attributes`, `tags`) |
+//! | `skyport_sqs_account_queues` (gauge, while the Queue controller runs) | `aws_account`, `region` |
 //! | `skyport_cloud_api_calls_total` | `provider`, `operation`, `outcome` (`success` or an error label) |
 //! | `skyport_rate_limiter_waits_total` | `provider` |
 //! | `skyport_rate_limiter_wait_seconds_total` | `provider` |
@@ -29,7 +31,7 @@
 
 mod cached;
 
-pub use cached::{AccountSnapshot, TunnelSnapshot};
+pub use cached::{AccountSnapshot, DriftPace, TunnelSnapshot};
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -154,6 +156,7 @@ struct Sources {
     unserved: Option<Box<dyn Fn() -> f64 + Send + Sync>>,
     tunnels: Option<Box<dyn Fn() -> TunnelSnapshot + Send + Sync>>,
     sqs_accounts: Option<Box<dyn Fn() -> AccountSnapshot + Send + Sync>>,
+    drift: Option<Box<dyn Fn() -> Vec<DriftPace> + Send + Sync>>,
 }
 
 /// Reads the registered controllers and providers on each scrape.
@@ -240,6 +243,9 @@ impl Collector for SourcesCollector {
         }
         if let Some(accounts) = &sources.sqs_accounts {
             cached::encode_accounts(&accounts(), &mut enc)?;
+        }
+        if let Some(drift) = &sources.drift {
+            cached::encode_drift(&drift(), &mut enc)?;
         }
         let clouds: Vec<(&'static str, CloudSnapshot)> =
             sources.clouds.iter().map(|c| (c.provider, (c.snapshot)())).collect();
@@ -349,6 +355,11 @@ impl Metrics {
     /// Adds the SQS calls made through AwsAccounts, per AWS account and region.
     pub fn add_sqs_accounts(&self, snapshot: impl Fn() -> AccountSnapshot + Send + Sync + 'static) {
         self.sources.0.lock().unwrap_or_else(|p| p.into_inner()).sqs_accounts = Some(Box::new(snapshot));
+    }
+
+    /// Adds the drift check periods per SQS budget (AWS account and region).
+    pub fn add_drift_paces(&self, paces: impl Fn() -> Vec<DriftPace> + Send + Sync + 'static) {
+        self.sources.0.lock().unwrap_or_else(|p| p.into_inner()).drift = Some(Box::new(paces));
     }
 
     /// The current values as OpenMetrics text ([`CONTENT_TYPE`]).

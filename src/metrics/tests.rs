@@ -116,3 +116,26 @@ fn exit_servers_failovers_and_account_calls_are_exposed() {
         assert!(text.contains(line), "missing {line:?} in:\n{text}");
     }
 }
+
+#[test]
+fn drift_periods_are_exposed_per_account_and_region() {
+    let metrics = Metrics::default();
+    let pace = |account: &str, queues, attributes, tags| DriftPace {
+        aws_account: account.into(),
+        region: "eu-west-1".into(),
+        queues,
+        attributes: Duration::from_secs(attributes),
+        tags: Duration::from_secs(tags),
+    };
+    let paces = vec![pace("default", 10, 60, 600), pace("111122223333", 10_000, 416, 833)];
+    metrics.add_drift_paces(move || paces.clone());
+    let text = metrics.encode();
+    for line in [
+        "# TYPE skyport_queue_drift_period_seconds gauge",
+        r#"skyport_queue_drift_period_seconds{aws_account="default",region="eu-west-1",check="attributes"} 60.0"#,
+        r#"skyport_queue_drift_period_seconds{aws_account="111122223333",region="eu-west-1",check="tags"} 833.0"#,
+        r#"skyport_sqs_account_queues{aws_account="111122223333",region="eu-west-1"} 10000"#,
+    ] {
+        assert!(text.contains(line), "missing {line:?} in:\n{text}");
+    }
+}

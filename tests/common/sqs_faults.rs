@@ -4,7 +4,8 @@
 //! without an answer, or a 2 s delay before being forwarded. Every request is recorded with its
 //! time, operation and queue, so a test can check the call rate and per-queue retry spacing.
 //!
-//! It can also enforce SQS's published tagging quota as AWS does, which LocalStack does not:
+//! It can also stall every request (held, then forwarded), as an unreachable or overloaded
+//! endpoint would, and enforce SQS's published tagging quota as AWS does, which LocalStack does not:
 //! tagging actions over the rate are answered `RequestThrottled` (benches/ack.rs `--sqs-quota`).
 
 use std::net::SocketAddr;
@@ -50,6 +51,7 @@ pub struct FaultProxy {
     pub calls: Arc<Mutex<Vec<Call>>>,
     pub faulty: Arc<AtomicBool>,
     quota: Arc<Mutex<Option<Bucket>>>,
+    stall: Arc<Mutex<Option<Duration>>>,
 }
 
 #[derive(Clone)]
@@ -58,6 +60,7 @@ struct Shared {
     calls: Arc<Mutex<Vec<Call>>>,
     faulty: Arc<AtomicBool>,
     quota: Arc<Mutex<Option<Bucket>>>,
+    stall: Arc<Mutex<Option<Duration>>>,
 }
 
 /// The tagging quota: `governor`'s bucket of one second, checked without waiting (SQS refuses,
@@ -74,12 +77,14 @@ impl FaultProxy {
             calls: Arc::default(),
             faulty: Arc::default(),
             quota: Arc::default(),
+            stall: Arc::default(),
         };
         let proxy = FaultProxy {
             addr,
             calls: shared.calls.clone(),
             faulty: shared.faulty.clone(),
             quota: shared.quota.clone(),
+            stall: shared.stall.clone(),
         };
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
@@ -112,6 +117,11 @@ impl FaultProxy {
         *self.quota.lock().unwrap() = bucket;
     }
 
+    /// Every request is held for `hold` before it is forwarded; `None` forwards at once.
+    pub fn set_stall(&self, hold: Option<Duration>) {
+        *self.stall.lock().unwrap() = hold;
+    }
+
     pub fn calls(&self) -> Vec<Call> {
         self.calls.lock().unwrap().clone()
     }
@@ -139,6 +149,10 @@ async fn handle(req: Request<Incoming>, shared: Shared) -> Reply {
             .then(|| [Fault::Throttled, Fault::ServerError, Fault::Reset, Fault::Slow][rand::rng().random_range(0..4)])
     };
     shared.calls.lock().unwrap().push(Call { at: Instant::now(), operation, queue, fault });
+    let stall = *shared.stall.lock().unwrap();
+    if let Some(hold) = stall {
+        tokio::time::sleep(hold).await;
+    }
     match fault {
         Some(Fault::Throttled) => Ok(error(400, "RequestThrottled", "Sender", "Request is throttled.")),
         Some(Fault::ServerError) => Ok(error(500, "InternalError", "Receiver", "We encountered an internal error.")),

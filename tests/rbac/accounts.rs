@@ -49,6 +49,7 @@ async fn the_account_finalizer_of_a_stale_copy_lands_under_the_shipped_rbac() {
         role_arn: None,
         endpoint_url: None,
         holder: Some(Arc::new(stale)),
+        budget: Default::default(),
     };
     hold(&placement, &ctx).await.expect("the finalizer added after the conflict");
     let now = accounts.get("team").await.unwrap();

@@ -19,7 +19,8 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::Context;
-use super::accounts::{Placement, unusable};
+use super::accounts::{Placement, budget_key, unusable};
+use super::pace;
 use crate::controllers::status::StatusWriter;
 use crate::controllers::{error_policy, has_finalizer, jittered, reconcile_with, remove_finalizer};
 use crate::crd::account::{AwsAccount, session_name};
@@ -162,10 +163,14 @@ async fn reconcile_inner(account: Arc<AwsAccount>, ctx: Arc<Context>) -> Result<
             format!("Queues assume {} with the external id in status.externalId", account.spec.role_arn),
         ),
     };
+    let pace = ctx.pace_of(&budget_key(&account.spec));
     let written = StatusWriter::new(&*account, &api, &ctx.api_writes, None)
         .write(|s| {
             s.external_id = Some(ctx.accounts.external_id(&namespace));
             s.role_session_name = Some(session_name(&namespace));
+            s.budget_queues = Some(pace.queues as u64);
+            s.drift_check_period = Some(pace::shown(pace.resync));
+            s.tag_check_period = Some(pace::shown(pace.tag_resync));
             s.conditions = vec![Condition::new("Ready", status, reason.as_str(), message)];
         })
         .await;
@@ -174,8 +179,9 @@ async fn reconcile_inner(account: Arc<AwsAccount>, ctx: Arc<Context>) -> Result<
         other => other?,
     }
     ctx.backoff.reset(&crate::controllers::object_key(&*account));
-    // The wakes of cleanups are the trigger; this is the net under them.
-    Ok(if deleting { Action::requeue(jittered(ctx.settings.resync)) } else { Action::await_change() })
+    // While deleting, the wakes of cleanups are the trigger and this is the net under them;
+    // otherwise the drift check periods in status follow the Queues added and deleted.
+    Ok(Action::requeue(jittered(ctx.settings.resync)))
 }
 
 fn api(ctx: &Context, account: &AwsAccount) -> Api<AwsAccount> {

@@ -27,6 +27,20 @@ use crate::reasons::Reason;
 /// `status.account` of a Queue using the operator's own identity.
 pub const DEFAULT_ACCOUNT: &str = "default";
 
+/// One SQS budget: (AWS account id, region), or ([`DEFAULT_ACCOUNT`], its region) for the
+/// operator's own identity.
+pub type Budget = (String, String);
+
+/// The budget of the AWS account and region `spec` names.
+pub fn budget_key(spec: &AwsAccountSpec) -> Budget {
+    (account_id(&spec.role_arn).unwrap_or(&spec.role_arn).to_string(), spec.region.clone())
+}
+
+/// The budget of the operator's own identity, whose client is `default`.
+pub fn default_budget(default: &dyn QueueBackend) -> Budget {
+    (DEFAULT_ACCOUNT.into(), default.region().unwrap_or_default())
+}
+
 /// Where a Queue's calls go.
 #[derive(Clone)]
 pub struct Placement {
@@ -40,6 +54,8 @@ pub struct Placement {
     pub endpoint_url: Option<String>,
     /// The AwsAccount used, which must keep its finalizer while this Queue exists.
     pub holder: Option<Arc<AwsAccount>>,
+    /// The budget its calls spend.
+    pub budget: Budget,
 }
 
 /// Why a Queue cannot use the account it names: (reason, message).
@@ -174,6 +190,13 @@ impl Accounts {
         self.store.get(&ObjectRef::new(name).within(ns))
     }
 
+    /// The AwsAccount `queue` names and may use, from the cache.
+    pub fn account_of(&self, queue: &Queue) -> Option<Arc<AwsAccount>> {
+        let r = queue.spec.account_ref.as_ref()?;
+        let queue_ns = queue.metadata.namespace.as_deref().unwrap_or_default();
+        self.get(queue_ns, r).filter(|a| check(queue_ns, r, Some(a)).is_ok())
+    }
+
     /// Where `queue`'s calls go now, or why they cannot.
     pub async fn place(&self, queue: &Queue, default: &Arc<dyn QueueBackend>) -> Result<Placement, Refusal> {
         let Some(r) = &queue.spec.account_ref else { return Ok(own(default)) };
@@ -202,6 +225,7 @@ impl Accounts {
             region: Some(account.spec.region.clone()),
             role_arn: Some(account.spec.role_arn.clone()),
             endpoint_url: account.spec.endpoint_url.clone(),
+            budget: budget_key(&account.spec),
             holder: Some(account),
         })
     }
@@ -257,9 +281,15 @@ impl Accounts {
 
     /// The budget of the AWS account and region `spec` names, made like the default SQS budget.
     fn budget(&self, spec: &AwsAccountSpec) -> Arc<Limiter> {
-        let account = account_id(&spec.role_arn).unwrap_or(&spec.role_arn).to_string();
         let mut budgets = self.budgets.lock().unwrap_or_else(|p| p.into_inner());
-        budgets.entry((account, spec.region.clone())).or_insert_with(|| Arc::new(self.settings.limiter())).clone()
+        budgets.entry(budget_key(spec)).or_insert_with(|| Arc::new(self.settings.limiter())).clone()
+    }
+
+    /// The limiter of `budget`: the one its clients share, or one like it before any client
+    /// was built (only its rates are read then).
+    pub fn limiter_of(&self, budget: &Budget) -> Arc<Limiter> {
+        let budgets = self.budgets.lock().unwrap_or_else(|p| p.into_inner());
+        budgets.get(budget).cloned().unwrap_or_else(|| Arc::new(self.settings.limiter()))
     }
 
     /// The calls made per (account, region) budget, for tests and metrics.
@@ -277,6 +307,7 @@ fn own(default: &Arc<dyn QueueBackend>) -> Placement {
         role_arn: None,
         endpoint_url: None,
         holder: None,
+        budget: default_budget(&**default),
     }
 }
 

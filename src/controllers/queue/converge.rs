@@ -54,12 +54,12 @@ pub async fn converge(queue: &Queue, ctx: &Context, sqs: &dyn QueueBackend) -> R
         grants,
         adopt: queue.spec.adopt,
         adopted,
-        recheck: jittered(ctx.resync()),
+        recheck: jittered(ctx.resync(queue)),
     };
     let verified = ctx.verified.get(&uid);
     let tags_due = verified
         .as_ref()
-        .is_none_or(|v| v.generation != queue.metadata.generation || v.at.elapsed() >= ctx.tag_resync());
+        .is_none_or(|v| v.generation != queue.metadata.generation || v.at.elapsed() >= ctx.tag_resync(queue));
     // A Queue never seen in SQS creates first (CreateQueue with its owner tag, then one
     // ListQueueTags proves the queue is ours) instead of looking the name up first.
     let known_foreign = |s: &QueueStatus| {
@@ -139,7 +139,7 @@ async fn observe_only(
                 "managementPolicy Observe: no SQS queue named {:?} exists; skyport does not create it (looking again every resync)",
                 desired.name
             ),
-            retry: Some(jittered(ctx.resync())),
+            retry: Some(jittered(ctx.resync(queue))),
         });
     };
     let uid = queue.uid().ok_or(Error::MissingObjectKey("uid"))?;
@@ -156,7 +156,7 @@ async fn observe_only(
                         "managementPolicy Observe: the SQS queue {:?} belongs to a Queue of another namespace or cluster; skyport publishes only queues of this namespace or made outside skyport",
                         desired.name
                     ),
-                    retry: Some(jittered(ctx.resync())),
+                    retry: Some(jittered(ctx.resync(queue))),
                 });
             }
         }

@@ -27,9 +27,9 @@ fn proof_key(arn: &str, resolved: bool) -> u64 {
 
 /// Whether the redrive to `arn` must be proven again: no proof of it in this state (`resolved`:
 /// the spec's target resolves), or one older than the owner tags' re-read cadence.
-fn due(ctx: &Context, uid: &str, arn: &str, resolved: bool) -> bool {
+fn due(ctx: &Context, queue: &Queue, uid: &str, arn: &str, resolved: bool) -> bool {
     let key = proof_key(arn, resolved);
-    ctx.redrives.get(uid, |proven, age| *proven == key && age < ctx.tag_resync()).is_none()
+    ctx.redrives.get(uid, |proven, age| *proven == key && age < ctx.tag_resync(queue)).is_none()
 }
 
 /// Why this pass stops here, if the dead-letter target `plan` writes, or the one in place on the
@@ -44,7 +44,9 @@ pub async fn guard(
     sqs: &dyn QueueBackend,
 ) -> Result<Option<Outcome>> {
     let uid = queue.uid().unwrap_or_default();
-    let Some(proof) = redrive::to_prove(plan, observed, |arn| due(ctx, &uid, arn, resolved)) else { return Ok(None) };
+    let Some(proof) = redrive::to_prove(plan, observed, |arn| due(ctx, queue, &uid, arn, resolved)) else {
+        return Ok(None);
+    };
     let ns = queue.namespace().unwrap_or_default();
     let Some((reason, mut message)) = refusal(proof.arn(), &ns, ctx, sqs).await? else {
         ctx.redrives.record(&uid, proof_key(proof.arn(), resolved));
@@ -61,7 +63,7 @@ pub async fn guard(
             "{message}. The redrive policy was taken off the SQS queue: failed messages stay in it until the dead-letter target is this namespace's again"
         );
     }
-    Ok(Some(Outcome::Wait { reason, message, retry: Some(jittered(ctx.resync())) }))
+    Ok(Some(Outcome::Wait { reason, message, retry: Some(jittered(ctx.resync(queue))) }))
 }
 
 /// Why the queue `arn` may not receive this namespace's dead letters, from its owner tags.

@@ -28,6 +28,7 @@ mod converge;
 pub mod dead_letter;
 pub mod desired;
 pub mod exports;
+pub mod fair;
 pub mod observe;
 pub mod pace;
 pub mod plan;
@@ -91,6 +92,10 @@ pub struct State {
     redrives: dead_letter::Proven,
     /// When each converged Queue is checked again (its periodic resync).
     pub resyncs: Arc<Resyncs>,
+    /// Queues per SQS budget, which pace each budget's checks ([`pace`]).
+    pacing: pace::Tally,
+    /// Reconciles in flight per SQS budget: one account cannot hold every worker ([`fair`]).
+    pub gate: fair::Gate,
     /// Wakes Queues that use a queue as their dead-letter queue when it changes.
     dependents: UnboundedSender<ObjectRef<Queue>>,
     /// The not-Ready reason last reported per Queue: the follow-up of a new Queue's finalizer
@@ -106,26 +111,11 @@ impl State {
         has_synced(&self.queues) && has_synced(&self.configmaps) && self.accounts.synced()
     }
 
-    /// How often a converged Queue reads its attributes: `--queue-resync`, stretched so these
-    /// checks take at most half the SQS budget ([`pace`]). Counted over all Queues, as if they
-    /// shared one budget: Queues spread over several accounts are checked less often than they
-    /// could be, never more. The budget is the one the SQS client really has (its limiter), so
-    /// an operator embedded with other settings than its client's cannot pace by the wrong one.
-    pub fn resync(&self) -> Duration {
-        pace::period(self.settings.resync, self.queues.len(), self.sqs.limiter().rate_for("GetQueueAttributes"))
-    }
-
     /// A converged Queue's next check, after `delay`: kept in [`Resyncs`] (32 bytes) rather than
     /// in kube-runtime's scheduler (about 440), where every Ready Queue would wait for it.
     pub fn resync_after(&self, key: &str, delay: Duration) -> Action {
         self.resyncs.after(key, delay);
         Action::await_change()
-    }
-
-    /// How often, at most, a converged Queue reads its tags: `--queue-tag-resync`, stretched
-    /// against the tagging budget in the same way.
-    pub fn tag_resync(&self) -> Duration {
-        pace::period(self.settings.tag_resync, self.queues.len(), self.sqs.limiter().rate_for("ListQueueTags"))
     }
 }
 
@@ -176,6 +166,8 @@ pub fn controller(
         verified: Default::default(),
         redrives: Default::default(),
         resyncs: resyncs.clone(),
+        pacing: Default::default(),
+        gate: fair::Gate::new(concurrency, tx.clone()),
         reported: Default::default(),
         dependents: tx,
     };
@@ -257,6 +249,11 @@ async fn apply(queue: Arc<Queue>, ctx: &Context, added_finalizer: bool) -> Resul
             return Ok(Action::requeue(jittered(ctx.settings.resync)));
         }
     };
+    // A slow or throttled account holds at most its share of the workers: refused, this Queue
+    // waits for a wake from the gate (the resync is a net), its worker free for other accounts.
+    let Some(_turn) = ctx.gate.enter(&placement.budget, ObjectRef::from_obj(&*queue)) else {
+        return Ok(ctx.resync_after(&key, jittered(ctx.resync(&queue))));
+    };
     let fingerprint = observe::fingerprint(&queue, &ctx.queues, &placement);
     let window = follow_up_window(ctx.settings.resync);
     if let Some(((_, ready), age)) = ctx.written.get(&key, |(seen, _), age| *seen == fingerprint && age < window) {
@@ -265,9 +262,9 @@ async fn apply(queue: Arc<Queue>, ctx: &Context, added_finalizer: bool) -> Resul
         if let Some((reason, conflict)) = &published.conflict {
             status::report_conflict(&queue, &api, ctx, *reason, conflict, &published.owned).await?;
             ctx.written.forget(&key);
-            return Ok(Action::requeue(jittered(ctx.resync())));
+            return Ok(Action::requeue(jittered(ctx.resync(&queue))));
         }
-        return Ok(ctx.resync_after(&key, jittered(ctx.resync()).saturating_sub(age)));
+        return Ok(ctx.resync_after(&key, jittered(ctx.resync(&queue)).saturating_sub(age)));
     }
 
     match converge::converge(&queue, ctx, placement.sqs.as_ref()).await? {
@@ -276,7 +273,7 @@ async fn apply(queue: Arc<Queue>, ctx: &Context, added_finalizer: bool) -> Resul
             if let Some((reason, conflict)) = &published.conflict {
                 // The queue is fine, but apps would read someone else's object: not Ready.
                 status::report_conflict(&queue, &api, ctx, *reason, conflict, &published.owned).await?;
-                return Ok(Action::requeue(jittered(ctx.resync())));
+                return Ok(Action::requeue(jittered(ctx.resync(&queue))));
             }
             // Events are not part of Ready: sent alongside the status write, not before it.
             let events = async {
@@ -300,7 +297,7 @@ async fn apply(queue: Arc<Queue>, ctx: &Context, added_finalizer: bool) -> Resul
                 // 168, and during a storm of new Queues the table holds thousands of them.
                 ctx.written.record(&key, (fingerprint, Arc::new(Ready { events: Vec::new(), ..ready })));
             }
-            Ok(ctx.resync_after(&key, jittered(ctx.resync())))
+            Ok(ctx.resync_after(&key, jittered(ctx.resync(&queue))))
         }
         Outcome::Wait { reason, message, retry } => {
             status::report_problem(&queue, &api, ctx, reason, &message).await?;
