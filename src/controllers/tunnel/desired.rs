@@ -11,7 +11,7 @@ use providers::hosts::{TAG_CLUSTER, TAG_DELETION_POLICY, owner_tags};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use super::placement::Placement;
+use super::placement::{LABEL_TUNNEL_UID, Placement};
 use crate::controllers::MANAGED_BY;
 use crate::crd::tunnel::{Tunnel, TunnelPort};
 use crate::error::{Error, Result};
@@ -290,7 +290,7 @@ pub fn secret(tunnel: &Tunnel, at: &Placement, credentials: &Credentials) -> Res
 /// each other), `Recreate` for the same reason, restarted when the config checksum changes.
 pub fn deployment(tunnel: &Tunnel, at: &Placement, image: &str, checksum: &str) -> Result<Deployment> {
     let labels = client_labels(tunnel, at);
-    let value = json!({
+    let mut value = json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": at.meta(tunnel, &at.deployment)?,
@@ -339,7 +339,28 @@ pub fn deployment(tunnel: &Tunnel, at: &Placement, image: &str, checksum: &str) 
             },
         },
     });
+    if at.slot.is_some() {
+        apart(&mut value, &tunnel.uid().ok_or(Error::MissingObjectKey("uid"))?);
+    }
     serde_json::from_value(value).map_err(|e| Error::Internal(format!("client Deployment: {e}")))
+}
+
+/// The clients of a pair keep apart: each Pod carries its Tunnel's UID, and the scheduler prefers
+/// a node, then a zone, without the other, so losing one node leaves one client running. Preferred,
+/// not required: on a one-node cluster both still run (skyport reads no Nodes to know which).
+fn apart(deployment: &mut serde_json::Value, tunnel_uid: &str) {
+    let template = &mut deployment["spec"]["template"];
+    template["metadata"]["labels"][LABEL_TUNNEL_UID] = json!(tunnel_uid);
+    let term = |key: &str, weight: u32| {
+        json!({"weight": weight, "podAffinityTerm": {
+            "labelSelector": {"matchLabels": {LABEL_TUNNEL_UID: tunnel_uid}},
+            "topologyKey": key,
+        }})
+    };
+    template["spec"]["affinity"] = json!({"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        term("kubernetes.io/hostname", 100),
+        term("topology.kubernetes.io/zone", 50),
+    ]}});
 }
 
 #[cfg(test)]

@@ -123,3 +123,37 @@ fn ingress_without_ip_mode_from_a_server_without_the_gate_needs_no_write() {
     svc.status = Some(serde_json::from_value(serde_json::json!({"loadBalancer": {"ingress": vip}})).unwrap());
     assert!(!ingress_matches(&svc, &want));
 }
+
+#[test]
+fn the_clients_of_a_pair_prefer_other_nodes_and_zones_and_a_single_client_has_no_affinity() {
+    let tunnel: Tunnel = serde_json::from_value(serde_json::json!({
+        "apiVersion": "skyport.dev/v1alpha1", "kind": "Tunnel",
+        "metadata": {"name": "web-tunnel", "namespace": "team-a", "uid": "t-uid"},
+        "spec": {"serviceRef": {"name": "web"}},
+    }))
+    .unwrap();
+    let at = Placement::of(&tunnel, Some("skyport-tunnels")).unwrap();
+    let single = deployment(&tunnel, &at, "img", "c").unwrap();
+    assert!(single.spec.unwrap().template.spec.unwrap().affinity.is_none());
+    let pods: Vec<_> = ["a", "b"]
+        .into_iter()
+        .map(|slot| deployment(&tunnel, &at.for_slot(slot), "img", "c").unwrap().spec.unwrap())
+        .collect();
+    for spec in &pods {
+        let labels = spec.template.metadata.as_ref().unwrap().labels.clone().unwrap();
+        assert_eq!(labels.get(LABEL_TUNNEL_UID).map(String::as_str), Some("t-uid"), "both Pods carry the Tunnel");
+        assert!(
+            !spec.selector.match_labels.as_ref().unwrap().contains_key(LABEL_TUNNEL_UID),
+            "the selector, which cannot change, is left as it was"
+        );
+        let anti = spec.template.spec.as_ref().unwrap().affinity.clone().unwrap().pod_anti_affinity.unwrap();
+        assert!(anti.required_during_scheduling_ignored_during_execution.is_none(), "one node still runs both");
+        let terms = anti.preferred_during_scheduling_ignored_during_execution.unwrap();
+        let keys: Vec<_> = terms.iter().map(|t| t.pod_affinity_term.topology_key.as_str()).collect();
+        assert_eq!(keys, ["kubernetes.io/hostname", "topology.kubernetes.io/zone"]);
+        for t in &terms {
+            let selector = t.pod_affinity_term.label_selector.clone().unwrap().match_labels.unwrap();
+            assert_eq!(selector.get(LABEL_TUNNEL_UID).map(String::as_str), Some("t-uid"), "the other slot's Pod");
+        }
+    }
+}
