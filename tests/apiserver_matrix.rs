@@ -266,3 +266,12 @@ fn explained(c: &Cluster) {
         assert!(out.contains(&words(d)), "kubectl explain queue.spec lacks {d:?}:\n{out}");
     }
 }
+
+#[test]
+fn missing_names_what_the_server_dropped_or_changed_but_not_what_it_added() {
+    let written = json!({"a": {"b": 1, "c": [{"d": "x"}], "e": true}});
+    let stored = json!({"a": {"b": 1, "c": [{"d": "y", "added": 1}], "defaulted": 2}});
+    let mut lost = vec![];
+    missing(&written, &stored, "spec", &mut lost);
+    assert_eq!(lost, ["spec.a.c[0].d", "spec.a.e"]);
+}
