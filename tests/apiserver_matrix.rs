@@ -15,8 +15,6 @@
 
 mod cluster;
 
-use std::time::{Duration, Instant};
-
 use cluster::Cluster;
 use serde_json::{Value, json};
 
