@@ -2,7 +2,7 @@
 //! the environment builds (recipes tests/env/kube-oldest and tests/env/kube-newest; the other
 //! tests run on tests/env/kube's). Each version gets a control plane of its own
 //! (apiserver_matrix/cluster.rs), then: every CRD in crds/ is accepted, Established and stored
-//! with every field as written (a field the version does not know would be dropped); the
+//! with every field as written (a CEL function or a field the version lacks fails the test); the
 //! ValidatingAdmissionPolicies of deploy/ are accepted and refuse what they are for; every admission
 //! refusal of the bad input suite (tests/bad_input/refused.rs) is refused with its message; valid
 //! Queues and Tunnels, edits included, are accepted by server-side apply; `kubectl explain` shows
@@ -10,7 +10,7 @@
 //!
 //! tests/run.sh builds both apiservers (tests/env/build-apiserver.sh) and passes them as
 //! SKYPORT_APISERVER_OLDEST and SKYPORT_APISERVER_NEWEST; without them the test builds them
-//! itself (once, about 20 min each on 2 busy cores). Run: `eval "$(tests/env.sh up)" && cargo test
+//! itself (once, 20-30 min each on 2 busy cores). Run: `eval "$(tests/env.sh up)" && cargo test
 //! --test integration apiserver_matrix:: -- --include-ignored`.
 
 mod cluster;

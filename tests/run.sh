@@ -26,7 +26,7 @@ SKYPORT_HELM="$(tests/env/build-helm.sh)"
 export SKYPORT_HELM
 # The oldest and the newest kube-apiserver the CRDs, their CEL rules and the admission policies
 # are proven on (tests/apiserver_matrix.rs; recipes tests/env/kube-oldest and kube-newest), built
-# the same way, once each (about 20 min each cold on 2 busy cores).
+# the same way, once each (20-30 min each cold on 2 busy cores).
 SKYPORT_APISERVER_OLDEST="$(tests/env/build-apiserver.sh tests/env/kube-oldest)"
 SKYPORT_APISERVER_NEWEST="$(tests/env/build-apiserver.sh tests/env/kube-newest)"
 export SKYPORT_APISERVER_OLDEST SKYPORT_APISERVER_NEWEST
