@@ -10,9 +10,9 @@
 use crate::common;
 use crate::common::tunnels;
 
-mod cases;
+pub mod cases;
 mod harness;
-mod refused;
+pub mod refused;
 mod reported;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

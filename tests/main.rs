@@ -8,6 +8,7 @@
 mod common;
 
 mod apiserver_away;
+mod apiserver_matrix;
 mod attacks;
 mod bad_input;
 mod cloud_faults;

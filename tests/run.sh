@@ -24,6 +24,12 @@ trap cleanup EXIT
 # does not compete with them for the CPU).
 SKYPORT_HELM="$(tests/env/build-helm.sh)"
 export SKYPORT_HELM
+# The oldest and the newest kube-apiserver the CRDs, their CEL rules and the admission policies
+# are proven on (tests/apiserver_matrix.rs; recipes tests/env/kube-oldest and kube-newest), built
+# the same way, once each (20-30 min each cold on 2 busy cores).
+SKYPORT_APISERVER_OLDEST="$(tests/env/build-apiserver.sh tests/env/kube-oldest)"
+SKYPORT_APISERVER_NEWEST="$(tests/env/build-apiserver.sh tests/env/kube-newest)"
+export SKYPORT_APISERVER_OLDEST SKYPORT_APISERVER_NEWEST
 # The skyport binary is also the tunnel server and client (`skyport tunnel server|client`); the
 # providers crate's tests run it as a process, and Cargo hands other packages' tests no path.
 tests/env/cargo-progress.sh skyport --bin skyport
