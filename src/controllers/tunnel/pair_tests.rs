@@ -337,3 +337,24 @@ async fn where_the_address_moves_onto_secondary_addresses_each_server_keeps_its_
     assert!(secret["stringData"]["client-a.toml"].as_str().unwrap().contains("203.0.113.1:2333"));
     assert!(secret["stringData"]["client-b.toml"].as_str().unwrap().contains("203.0.113.2:2333"));
 }
+
+#[tokio::test]
+async fn deleting_a_pair_deletes_a_standby_made_but_never_recorded() {
+    let (h, t) = pair();
+    h.reconcile(t).await.unwrap();
+    let hosts = h.provider.hosts();
+    assert_eq!(hosts.len(), 2, "{hosts:?}");
+    // The operator stopped between creating slot b's server and recording it: status names a only.
+    let mut t = h.current();
+    let status = t.status.as_mut().unwrap();
+    let ha = status.high_availability.as_mut().unwrap();
+    ha.servers.retain(|s| s.slot == "a");
+    let recorded = ha.servers[0].host_id.clone();
+    status.host_id = recorded.clone();
+    ha.active = recorded;
+    t.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
+    let t = h.put_tunnel(&t);
+    h.reconcile(t).await.unwrap();
+    assert!(h.provider.hosts().is_empty(), "left: {:?}", h.provider.hosts());
+}
