@@ -358,3 +358,25 @@ async fn deleting_a_pair_deletes_a_standby_made_but_never_recorded() {
     h.reconcile(t).await.unwrap();
     assert!(h.provider.hosts().is_empty(), "left: {:?}", h.provider.hosts());
 }
+
+#[tokio::test]
+async fn when_both_servers_fail_the_one_without_the_address_is_replaced() {
+    let (h, t) = pair();
+    h.reconcile(t).await.unwrap();
+    roll_out(&h, "a");
+    roll_out(&h, "b");
+    h.probe.answer(false);
+    for _ in 0..3 {
+        pass(&h).await;
+    }
+    assert_eq!(ha(&h).active.as_deref(), Some("h-1"), "never moved onto a failing server");
+    for host in ["h-1", "h-2"] {
+        h.ctx.streaks.backdate(host, h.ctx.settings.replace_after);
+    }
+    pass(&h).await;
+    pass(&h).await;
+    let ids: Vec<_> = h.provider.hosts().into_iter().map(|host| host.id).collect();
+    assert!(ids.contains(&"h-1".to_string()) && !ids.contains(&"h-2".to_string()), "{ids:?}");
+    assert_eq!(ids.len(), 2, "slot b filled again: {ids:?}");
+    assert_eq!(h.current().status.unwrap().hosts_created.len(), 3, "the new server is counted");
+}
