@@ -103,3 +103,30 @@ async fn a_failure_after_the_tunnel_was_active_once_draws_from_the_budget() {
     assert_eq!(h.provider.count("create"), PER_DAY as usize, "{:?}", h.provider.calls());
     assert_eq!(ready(&h.current()), (ConditionStatus::False, "HostBudgetSpent".into()));
 }
+
+/// An EC2 pair server: RunInstances succeeds, AssignPrivateIpAddresses fails with a retryable
+/// code, so the adapter terminates the instance and the create fails as retryable: every try
+/// bought a VM, and every try draws from the slot's budget.
+#[tokio::test]
+async fn a_pair_server_whose_secondary_address_fails_retryably_draws_from_the_budget() {
+    use providers::HostError;
+    let mut h = harness_settings(settings());
+    h.provider.move_to_secondary_addresses();
+    h.add_service();
+    let mut t = (*h.new_tunnel()).clone();
+    t.spec.address = Some(TunnelAddress { mode: AddressMode::Reserved, ..Default::default() });
+    t.spec.high_availability = Some(HighAvailability::default());
+    h.put_tunnel(&t);
+    let mut spent = false;
+    for _ in 0..12 {
+        let message = "AssignPrivateIpAddresses: RequestLimitExceeded; the instance was terminated".into();
+        h.provider.fail_next("create", HostError::Unavailable { provider: "fake", message });
+        if let Err(e) = h.reconcile(Arc::new(h.current())).await {
+            spent |= e.reason() == "HostBudgetSpent";
+        }
+    }
+    assert!(spent, "{:?}", h.provider.calls());
+    assert_eq!(h.provider.count("create"), PER_DAY as usize, "slot a's budget: {:?}", h.provider.calls());
+    let created = h.current().status.unwrap().hosts_created;
+    assert!(created.iter().all(|c| c.slot.as_deref() == Some("a")), "{created:?}");
+}
