@@ -311,6 +311,13 @@ pub trait HostProvider: Send + Sync {
     async fn list_addresses_by_tag(&self, key: &str, value: &str) -> Result<Vec<Address>, HostError> {
         self.booked().ok_or_else(|| no_addresses(self.name()))?.addresses_by_tag(key, value).await
     }
+    /// Where reserved addresses carry no tags of their own (DigitalOcean), every reserved
+    /// address of the account, whoever made it, so one made by a reservation whose answer was
+    /// lost can be told apart from those there before. `None` (the default) where an address is
+    /// tagged as it is made, and found by its tags.
+    async fn list_untagged_addresses(&self) -> Result<Option<Vec<Address>>, HostError> {
+        Ok(None)
+    }
     /// Short provider name for messages, metrics and config (`digitalocean`, `hetzner`).
     fn name(&self) -> &'static str;
     /// The limiter every call of this provider goes through.

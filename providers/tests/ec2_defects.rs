@@ -71,6 +71,8 @@ async fn group_exists(client: &Client, group_id: &str) -> bool {
 /// Relays requests to LocalStack; DeleteSecurityGroup of a held group fails as on AWS.
 struct Relay {
     held: Mutex<HashSet<String>>,
+    /// RunInstances never answers: the operator dies while it waits.
+    stall_launches: std::sync::atomic::AtomicBool,
     url: String,
 }
 
@@ -78,8 +80,11 @@ impl Relay {
     async fn start() -> Arc<Relay> {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let relay =
-            Arc::new(Relay { held: Mutex::default(), url: format!("http://{}", listener.local_addr().unwrap()) });
+        let relay = Arc::new(Relay {
+            held: Mutex::default(),
+            stall_launches: Default::default(),
+            url: format!("http://{}", listener.local_addr().unwrap()),
+        });
         let upstream = endpoint();
         let http = reqwest::Client::new();
         let server = relay.clone();
@@ -111,6 +116,11 @@ impl Relay {
         let body = body.collect().await.unwrap().to_bytes();
         let form: Vec<(String, String)> = url_pairs(&body);
         let field = |k: &str| form.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone());
+        if field("Action").as_deref() == Some("RunInstances")
+            && self.stall_launches.load(std::sync::atomic::Ordering::SeqCst)
+        {
+            std::future::pending::<()>().await;
+        }
         if field("Action").as_deref() == Some("DeleteSecurityGroup")
             && let Some(group) = field("GroupId")
             && self.held.lock().unwrap().contains(&group)
@@ -207,6 +217,45 @@ async fn after_a_restart_the_sweep_finds_a_left_over_group_by_tag_and_deletes_it
     let fresh = provider().await;
     assert!(fresh.list_by_tag(TAG_CLUSTER, &format!("cluster-{uid}")).await.unwrap().is_empty());
     assert!(!group_exists(&client, &group).await, "the swept host's group {group} leaked");
+}
+
+/// Groups tagged with `uid` (whoever made them).
+async fn groups_tagged(client: &Client, uid: &str) -> Vec<String> {
+    let filter = Filter::builder().name(format!("tag:{TAG_TUNNEL_UID}")).values(uid).build();
+    let out = client.describe_security_groups().filters(filter).send().await.unwrap();
+    out.security_groups().iter().filter_map(|g| g.group_id().map(str::to_string)).collect()
+}
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn a_group_made_just_before_the_operator_died_is_deleted_once_its_launch_is_overdue() {
+    let relay = Relay::start().await;
+    let p = relayed(&relay).await;
+    let client = client_in("us-east-1").await;
+    let uid = contract::fresh_uid();
+    relay.stall_launches.store(true, std::sync::atomic::Ordering::SeqCst);
+    let launch = tokio::time::timeout(std::time::Duration::from_secs(5), p.create(&request("died", &uid))).await;
+    assert!(launch.is_err(), "RunInstances answered: {launch:?}");
+    drop(p);
+    let left = groups_tagged(&client, &uid).await;
+    assert_eq!(left.len(), 1, "the group made before the launch: {left:?}");
+    let cluster = format!("cluster-{uid}");
+    // A new operator process: a group this young may belong to a launch under way.
+    provider().await.list_by_tag(TAG_CLUSTER, &cluster).await.unwrap();
+    assert!(group_exists(&client, &left[0]).await, "a group whose launch may be under way was deleted");
+    let mut overdue = settings();
+    overdue.launch_grace = std::time::Duration::ZERO;
+    let later = Ec2Provider::from_env(overdue).await.unwrap();
+    assert!(later.list_by_tag(TAG_CLUSTER, &cluster).await.unwrap().is_empty());
+    assert!(!group_exists(&client, &left[0]).await, "the group {} of a launch that never happened leaked", left[0]);
+    // A launch that happened, whose group lost the instance tag (CreateTags failed): kept.
+    let host = later.create(&request("launched", &uid)).await.unwrap();
+    let group = group_of(&client, &host.id).await;
+    let untag = aws_sdk_ec2::types::Tag::builder().key(providers::ec2::TAG_INSTANCE_ID).build();
+    client.delete_tags().resources(&group).tags(untag).send().await.unwrap();
+    assert_eq!(later.list_by_tag(TAG_CLUSTER, &cluster).await.unwrap().len(), 1);
+    assert!(group_exists(&client, &group).await, "the group {group} of a running instance was deleted");
+    later.delete(&host.id).await.unwrap();
 }
 
 #[tokio::test]

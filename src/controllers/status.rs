@@ -86,6 +86,7 @@ impl ObjectStatus for TunnelStatus {
         "observedGeneration",
         "replacements",
         "nextReplacementAfter",
+        "addressReservation",
     ];
     fn conditions(&self) -> &[Condition] {
         &self.conditions

@@ -255,6 +255,11 @@ pub struct TunnelStatus {
     /// a running exit server whose tunnel passed the health check.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address_ip: Option<String>,
+    /// A reservation under way where reserved addresses carry no tags (DigitalOcean): recorded
+    /// before the call and cleared once the address is recorded, so an address made by a call
+    /// whose answer was lost (the operator stopped) is found again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address_reservation: Option<AddressReservation>,
     /// The ports the exit server currently exposes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<TunnelPort>,
@@ -290,6 +295,18 @@ pub struct TunnelStatus {
     /// `Ready`: the exit server runs, the client is deployed and the Service's ports are exposed.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+}
+
+/// A reservation of an untagged address under way ([`TunnelStatus::address_reservation`]).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AddressReservation {
+    /// When the reservation was started (RFC 3339).
+    pub since: String,
+    /// The reserved addresses (their ids) the account had just before: one that appears
+    /// unassigned after, and that no other Tunnel records, was made by this reservation.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub before: Vec<String>,
 }
 
 /// One exit server creation a Tunnel made (or was about to make), for its daily budget.

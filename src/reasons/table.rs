@@ -148,6 +148,12 @@ super::reasons! {
     AddressAssigned: [Tunnel] Normal,
         "the reserved address was put on the exit server",
         "nothing";
+    AddressAdopted: [Tunnel] Normal,
+        "a reserved address made by a reservation whose answer was lost (the operator stopped) was found and recorded",
+        "nothing";
+    AddressUnproven: [Tunnel] Warning,
+        "a reservation's answer was lost and the reserved addresses that appeared since cannot be proven skyport's",
+        "check the addresses the message names at the provider and release those that are not yours; skyport leaves them alone";
     AddressTakenOver: [Tunnel] Normal,
         "a reserved address kept by the Service's previous Tunnel became this Tunnel's",
         "nothing";

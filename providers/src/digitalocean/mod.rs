@@ -293,6 +293,10 @@ impl HostProvider for DigitalOceanProvider {
         self.reserved_ips_by_tag(key, value).await
     }
 
+    async fn list_untagged_addresses(&self) -> Result<Option<Vec<Address>>, HostError> {
+        self.all_reserved_ips().await.map(Some)
+    }
+
     fn name(&self) -> &'static str {
         PROVIDER
     }
@@ -304,3 +308,21 @@ impl HostProvider for DigitalOceanProvider {
 
 /// A runaway `next` link must not loop forever (200 per page × 500 pages = 100,000 droplets).
 const MAX_PAGES: u32 = 500;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A powered-off droplet (an account policy, an image that shuts down) reads as stopped: the
+    /// controller replaces it, and each replacement draws from the Tunnel's daily budget.
+    #[test]
+    fn a_droplet_that_is_off_reads_as_stopped() {
+        for (status, state) in
+            [("off", HostState::Stopped), ("archive", HostState::Stopped), ("active", HostState::Running)]
+        {
+            let droplet: Droplet =
+                serde_json::from_value(serde_json::json!({"id": 42, "name": "d", "status": status})).unwrap();
+            assert_eq!(Host::from(droplet).state, state, "{status}");
+        }
+    }
+}

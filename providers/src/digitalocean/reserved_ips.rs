@@ -12,8 +12,11 @@
 //! droplet ([`AddressBinding::WithHost`]): its tags are those of the droplet it points at, which
 //! is how a restarted operator finds it by the owner's UID. The Tunnel's status records it before
 //! a replacement droplet is made, so an address between two droplets is never lost track of
-//! while its Tunnel exists; one that is unassigned and no longer recorded anywhere cannot be
-//! proven skyport's and is left alone.
+//! while its Tunnel exists. Before the reservation the Tunnel's status records the intent, with
+//! the reserved IPs the account had ([`HostProvider::list_untagged_addresses`]): one made by a
+//! reservation the operator did not see answered is then the new unassigned one (see the
+//! controller's `plan::address::reserved_meanwhile`). One that is unassigned and recorded
+//! nowhere cannot be proven skyport's and is left alone.
 
 use std::net::Ipv4Addr;
 
@@ -23,6 +26,8 @@ use serde_json::json;
 
 use super::{Droplet, MAX_PAGE_SIZE, MAX_PAGES, PROVIDER, droplet_id};
 use crate::error::HostError;
+#[cfg(doc)]
+use crate::hosts::HostProvider;
 use crate::hosts::{Address, AddressRequest, TagSyntax};
 
 #[derive(Debug, Deserialize)]
@@ -149,6 +154,18 @@ impl super::DigitalOceanProvider {
     /// Every reserved IP assigned to a droplet tagged `key=value` (the only ones provably ours).
     pub(super) async fn reserved_ips_by_tag(&self, key: &str, value: &str) -> Result<Vec<Address>, HostError> {
         let (tag, _) = TagSyntax::DigitalOcean.encode(key, value);
+        let all = self.reserved_ips().await?;
+        let ours = all.into_iter().filter(|r| r.droplet.as_ref().is_some_and(|d| d.tags.contains(&tag)));
+        Ok(ours.map(Address::from).collect())
+    }
+
+    /// Every reserved IP of the account, whoever made it (those assigned carry their droplet's
+    /// tags): what a Tunnel that was reserving one when the operator stopped looks through.
+    pub(super) async fn all_reserved_ips(&self) -> Result<Vec<Address>, HostError> {
+        Ok(self.reserved_ips().await?.into_iter().map(Address::from).collect())
+    }
+
+    async fn reserved_ips(&self) -> Result<Vec<ReservedIp>, HostError> {
         let per_page = self.settings.page_size.clamp(1, MAX_PAGE_SIZE).to_string();
         let mut found = Vec::new();
         for page in 1..=MAX_PAGES {
@@ -158,9 +175,7 @@ impl super::DigitalOceanProvider {
             let body: ReservedIpPage = self.rest.decode("ListReservedIps", &response)?;
             let last = body.reserved_ips.is_empty()
                 || body.links.and_then(|l| l.pages).and_then(|p| p.next).is_none_or(|n| n.is_empty());
-            let ours =
-                body.reserved_ips.into_iter().filter(|r| r.droplet.as_ref().is_some_and(|d| d.tags.contains(&tag)));
-            found.extend(ours.map(Address::from));
+            found.extend(body.reserved_ips);
             if last {
                 return Ok(found);
             }

@@ -6,8 +6,11 @@
 //! later call of this provider, whatever that call is for. After a restart, when memory is gone,
 //! `list_by_tag` finds such groups by the same tags as the hosts it lists: a group carrying
 //! skyport's tags whose instance ([`TAG_INSTANCE_ID`]) no longer runs, or that carries
-//! [`TAG_DELETE_PENDING`], is deleted. So every group skyport makes is eventually deleted, by
-//! the finalizer, the next reconcile, or the orphan sweep.
+//! [`TAG_DELETE_PENDING`], is deleted. A group made by a launch that never happened (the
+//! operator died between CreateSecurityGroup and RunInstances) has neither tag: it carries its
+//! creation time ([`TAG_CREATED_AT`]), and once older than `launch_grace` with no instance using
+//! it, it is deleted too. So every group skyport makes is eventually deleted, by the finalizer,
+//! the next reconcile, or the orphan sweep.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
@@ -26,6 +29,9 @@ use crate::hosts::{HostRequest, TAG_MANAGED_BY};
 
 /// Marks a group whose deletion failed, so a restarted operator still deletes it.
 pub const TAG_DELETE_PENDING: &str = "skyport.dev/delete-pending";
+/// When the group was made (Unix seconds): EC2 records no creation time for a group, and one
+/// whose launch never happened is told from one whose launch is under way only by its age.
+pub const TAG_CREATED_AT: &str = "skyport.dev/created-at";
 /// EC2 security group names are at most 255 characters.
 pub(super) const MAX_GROUP_NAME: usize = 255;
 
@@ -56,10 +62,9 @@ impl Ec2Provider {
     pub(super) async fn create_group(&self, r: &Regional, request: &HostRequest) -> Result<String, HostError> {
         let vpc = self.network(r).await?.vpc;
         let name = group_name(&request.name);
-        let spec = TagSpecification::builder()
-            .resource_type(ResourceType::SecurityGroup)
-            .set_tags(Some(tags(request)))
-            .build();
+        let mut tags = tags(request);
+        tags.push(Tag::builder().key(TAG_CREATED_AT).value(unix_now().to_string()).build());
+        let spec = TagSpecification::builder().resource_type(ResourceType::SecurityGroup).set_tags(Some(tags)).build();
         let group_id = self
             .call(r, "CreateSecurityGroup", async {
                 let mut create = r
@@ -167,8 +172,10 @@ impl Ec2Provider {
     }
 
     /// Deletes skyport's groups tagged `key=value` that no running instance needs any more:
-    /// those marked [`TAG_DELETE_PENDING`] and those whose [`TAG_INSTANCE_ID`] is terminated or
-    /// unknown. Groups without either tag may belong to a launch in progress and are left alone.
+    /// those marked [`TAG_DELETE_PENDING`], those whose [`TAG_INSTANCE_ID`] is terminated or
+    /// unknown, and those without either made more than `launch_grace` ago ([`TAG_CREATED_AT`])
+    /// that no instance uses (their launch never happened). A younger one may belong to a launch
+    /// under way and is left alone, and so is one without a creation time.
     pub(super) async fn reap_groups(&self, r: &Regional, key: &str, value: &str) -> Result<usize, HostError> {
         let out = self
             .call(r, "DescribeSecurityGroups", async {
@@ -183,6 +190,8 @@ impl Ec2Provider {
             .await?;
         let mut marked = Vec::new();
         let mut by_instance: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut unlaunched = Vec::new();
+        let made_before = unix_now().saturating_sub(self.settings.launch_grace.as_secs());
         for group in out.security_groups() {
             let Some(id) = group.group_id() else { continue };
             let tag = |k: &str| group.tags().iter().find(|t| t.key() == Some(k)).and_then(|t| t.value());
@@ -190,11 +199,19 @@ impl Ec2Provider {
                 marked.push(id.to_string());
             } else if let Some(instance) = tag(TAG_INSTANCE_ID) {
                 by_instance.entry(instance.to_string()).or_default().push(id.to_string());
+            } else if tag(TAG_CREATED_AT).and_then(|t| t.parse::<u64>().ok()).is_some_and(|at| at <= made_before) {
+                unlaunched.push(id.to_string());
             }
         }
         if !by_instance.is_empty() {
             let live = self.live_instances(r, by_instance.keys().cloned().collect()).await?;
             marked.extend(by_instance.into_iter().filter(|(i, _)| !live.contains(i)).flat_map(|(_, g)| g));
+        }
+        if !unlaunched.is_empty() {
+            // The launch happened after all when an instance uses the group (tagging the group
+            // with it failed): that group goes with its instance.
+            let used = self.groups_in_use(r, &unlaunched).await?;
+            marked.extend(unlaunched.into_iter().filter(|g| !used.contains(g)));
         }
         let mut deleted = 0;
         for group in marked {
@@ -204,6 +221,27 @@ impl Ec2Provider {
             }
         }
         Ok(deleted)
+    }
+
+    /// Which of `groups` an instance that is not terminated uses.
+    async fn groups_in_use(&self, r: &Regional, groups: &[String]) -> Result<BTreeSet<String>, HostError> {
+        let mut used = BTreeSet::new();
+        for chunk in groups.chunks(150) {
+            let out = self
+                .call(r, "DescribeInstances", async {
+                    r.client
+                        .describe_instances()
+                        .filters(Filter::builder().name("instance.group-id").set_values(Some(chunk.to_vec())).build())
+                        .send()
+                        .await
+                        .map_err(map_err)
+                })
+                .await?;
+            let instances = out.reservations().iter().flat_map(|res| res.instances());
+            let alive = instances.filter(|i| i.state().and_then(|s| s.name()) != Some(&InstanceStateName::Terminated));
+            used.extend(alive.flat_map(|i| i.security_groups()).filter_map(|g| g.group_id().map(str::to_string)));
+        }
+        Ok(used)
     }
 
     /// Which of `ids` exist and are not terminated (a filter, so unknown ids are no error).
@@ -227,6 +265,10 @@ impl Ec2Provider {
         }
         Ok(live)
     }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// `skyport-<host name>` plus a random suffix. The suffix matters when a host is replaced (its

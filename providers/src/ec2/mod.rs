@@ -1,7 +1,8 @@
 //! The EC2 exit-server adapter: one instance per host, with its own security group that opens
 //! only the tunnel's control port and the Service's ports.
 //!
-//! - create: CreateSecurityGroup (tagged like the instance) + AuthorizeSecurityGroupIngress, then
+//! - create: CreateSecurityGroup (tagged like the instance, and with its creation time) +
+//!   AuthorizeSecurityGroupIngress, then
 //!   RunInstances with the user data and the owner tags on the instance and its volume, then the
 //!   instance id as a tag on the group. Instances require IMDSv2 with a hop limit of 1
 //!   ([`metadata_options`]). A highly available Tunnel's instance that takes the moved address (tagged so) then
@@ -57,7 +58,7 @@ use aws_sdk_ec2::types::{
 pub use self::convert::error_from_code;
 use self::convert::map_err;
 use self::groups::Pending;
-pub use self::groups::TAG_DELETE_PENDING;
+pub use self::groups::{TAG_CREATED_AT, TAG_DELETE_PENDING};
 use crate::error::HostError;
 use crate::hosts::TAG_MANAGED_BY;
 use crate::limiter::{Limiter, SUCCESS};
@@ -113,6 +114,10 @@ pub struct Ec2Settings {
     /// How long a security group that could not be deleted waits before a later call tries
     /// again (each try is one DeleteSecurityGroup).
     pub retry_groups_every: Duration,
+    /// How long after its creation a security group may go without an instance before it
+    /// counts as left by a launch that never happened (the operator died between
+    /// CreateSecurityGroup and RunInstances) and is deleted. A launch takes seconds.
+    pub launch_grace: Duration,
 }
 
 impl Ec2Settings {
@@ -128,6 +133,7 @@ impl Ec2Settings {
             budget: default_budget(),
             operation_timeout: Duration::from_secs(30),
             retry_groups_every: Duration::from_secs(15),
+            launch_grace: Duration::from_secs(600),
         }
     }
 }

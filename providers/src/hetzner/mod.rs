@@ -373,4 +373,17 @@ mod tests {
         let long = unique_name(&format!("skyport-{}-x", "n".repeat(60)), Some(uid));
         assert!(long.len() <= 63 && !long.contains("--"), "{long}");
     }
+
+    /// A powered-off server (an account policy, an image that shuts down) reads as stopped: the
+    /// controller replaces it, and each replacement draws from the Tunnel's daily budget.
+    #[test]
+    fn a_server_that_is_off_or_stopping_reads_as_stopped() {
+        for (status, state) in
+            [("off", HostState::Stopped), ("stopping", HostState::Stopped), ("running", HostState::Running)]
+        {
+            let server: Server =
+                serde_json::from_value(serde_json::json!({"id": 42, "name": "s", "status": status})).unwrap();
+            assert_eq!(Host::from(server).state, state, "{status}");
+        }
+    }
 }

@@ -260,3 +260,29 @@ async fn digitalocean_moves_a_reserved_ip_between_running_droplets_each_keeping_
         assert_ne!(now.public_ipv4.as_deref(), Some(address.ip.as_str()));
     }
 }
+
+#[tokio::test]
+async fn digitalocean_lists_every_reserved_ip_for_a_reservation_whose_answer_was_lost() {
+    let (_fake, base) = Fake::start(Kind::DigitalOcean).await;
+    let provider = do_provider(&base, TOKEN, 1);
+    let expect = contract::Expect::booting_cloud(POLLS_UNTIL_RUNNING + 2);
+    let droplet = contract::running(&provider, &request("skyport-lost", UID), &expect).await;
+    let before = provider.list_untagged_addresses().await.unwrap().expect("reserved IPs carry no tags here");
+    let request = providers::AddressRequest {
+        name: "skyport-lost".into(),
+        region: None,
+        tags: request("x", UID).tags,
+        host_id: Some(droplet.id.clone()),
+        movable: false,
+    };
+    let made = provider.reserve_address(&request).await.unwrap();
+    // Its droplet goes before the operator heard back: the reserved IP is unassigned and has no
+    // tags left to be found by.
+    provider.delete(&droplet.id).await.unwrap();
+    assert!(provider.list_addresses_by_tag(TAG_TUNNEL_UID, UID).await.unwrap().is_empty());
+    let after = provider.list_untagged_addresses().await.unwrap().unwrap();
+    let new: Vec<_> = after.iter().filter(|a| !before.iter().any(|b| b.id == a.id)).collect();
+    assert_eq!(new.len(), 1, "{after:?}");
+    assert_eq!((new[0].id.as_str(), new[0].host_id.as_deref()), (made.id.as_str(), None));
+    provider.release_address(&made.id).await.unwrap();
+}

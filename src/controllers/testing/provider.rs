@@ -40,6 +40,8 @@ struct Hosts {
     movable: Vec<String>,
     /// The user data each host was created with.
     user_data: BTreeMap<String, String>,
+    /// Whether the next `reserve_address` makes the address but its answer is lost.
+    lose_reserve_answer: bool,
     /// Whether reads count against a budget, as at a cloud ([`FakeProvider::charge_reads`]).
     charged_reads: bool,
 }
@@ -117,6 +119,11 @@ impl FakeProvider {
     /// The next call of `op` (`"create"`, `"delete"`, `"list_by_tag"`, …) fails with `error`.
     pub fn fail_next(&self, op: &'static str, error: HostError) {
         self.hosts.lock().unwrap().failures.insert(op, error);
+    }
+
+    /// The next `reserve_address` makes the address, then fails as a dropped connection does.
+    pub fn lose_next_reserve_answer(&self) {
+        self.hosts.lock().unwrap().lose_reserve_answer = true;
     }
 
     /// Created hosts report `state` (Running with an address by default).
@@ -314,6 +321,9 @@ impl HostProvider for FakeProvider {
         if let Some(host) = &request.host_id {
             h.attach(&address.id, host);
         }
+        if std::mem::take(&mut h.lose_reserve_answer) {
+            return Err(HostError::Unavailable { provider: NAME, message: "connection reset".into() });
+        }
         let stored = h.addresses[&address.id].clone();
         Ok(h.report(&stored))
     }
@@ -340,6 +350,12 @@ impl HostProvider for FakeProvider {
         let h = self.call("list_addresses_by_tag")?;
         let reported = h.addresses.values().map(|a| h.report(a));
         Ok(reported.filter(|a| a.tags.get(key).map(String::as_str) == Some(value)).collect())
+    }
+    /// As DigitalOcean, whose reserved IPs carry no tags: every one, whoever made it.
+    async fn list_untagged_addresses(&self) -> Result<Option<Vec<Address>>, HostError> {
+        let h = self.call("list_untagged_addresses")?;
+        let all = h.addresses.values().map(|a| h.report(a)).collect();
+        Ok((h.binding() == AddressBinding::WithHost).then_some(all))
     }
     async fn sync_source_ranges(&self, id: &str, server: &ExitServer) -> Result<bool, HostError> {
         let mut h = self.call("sync_source_ranges")?;

@@ -68,3 +68,65 @@ async fn each_server_of_a_pair_has_a_budget_of_its_own() {
     let slots: Vec<String> = h.provider.hosts().iter().filter_map(|h| h.tags.get(TAG_TUNNEL_SLOT).cloned()).collect();
     assert!(slots.len() <= 2, "never more than one server per slot at a time: {slots:?}");
 }
+
+/// Active, then failing for `--tunnel-replace-after`, again and again (a leak under load, egress
+/// closed later): each Active clears the replacements in a row, not the day's budget.
+#[tokio::test]
+async fn a_failure_after_the_tunnel_was_active_once_draws_from_the_budget() {
+    let mut h = harness_settings(settings());
+    h.add_service();
+    h.new_tunnel();
+    let client = "/apis/apps/v1/namespaces/ns/deployments/web-tunnel-client";
+    let mut active = 0;
+    for _ in 0..8 {
+        h.probe.answer(true);
+        for _ in 0..2 {
+            let _ = h.reconcile(Arc::new(h.current())).await;
+        }
+        if ready(&h.current()).1 == "Active" {
+            active += 1;
+        }
+        if let Some(mut deployment) = h.api.get(client) {
+            deployment["status"] = serde_json::json!({"replicas": 1, "availableReplicas": 1});
+            h.api.put(client, deployment);
+        }
+        h.probe.answer(false);
+        let _ = h.reconcile(Arc::new(h.current())).await;
+        for host in h.provider.hosts() {
+            h.ctx.failing.backdate(&host.id, 100 * h.ctx.settings.replace_after);
+        }
+        for _ in 0..2 {
+            let _ = h.reconcile(Arc::new(h.current())).await;
+        }
+    }
+    assert!(active >= PER_DAY, "each server was Active before it failed: {active}");
+    assert_eq!(h.provider.count("create"), PER_DAY as usize, "{:?}", h.provider.calls());
+    assert_eq!(ready(&h.current()), (ConditionStatus::False, "HostBudgetSpent".into()));
+}
+
+/// An EC2 pair server: RunInstances succeeds, AssignPrivateIpAddresses fails with a retryable
+/// code, so the adapter terminates the instance and the create fails as retryable: every try
+/// bought a VM, and every try draws from the slot's budget.
+#[tokio::test]
+async fn a_pair_server_whose_secondary_address_fails_retryably_draws_from_the_budget() {
+    use providers::HostError;
+    let mut h = harness_settings(settings());
+    h.provider.move_to_secondary_addresses();
+    h.add_service();
+    let mut t = (*h.new_tunnel()).clone();
+    t.spec.address = Some(TunnelAddress { mode: AddressMode::Reserved, ..Default::default() });
+    t.spec.high_availability = Some(HighAvailability::default());
+    h.put_tunnel(&t);
+    let mut spent = false;
+    for _ in 0..12 {
+        let message = "AssignPrivateIpAddresses: RequestLimitExceeded; the instance was terminated".into();
+        h.provider.fail_next("create", HostError::Unavailable { provider: "fake", message });
+        if let Err(e) = h.reconcile(Arc::new(h.current())).await {
+            spent |= e.reason() == "HostBudgetSpent";
+        }
+    }
+    assert!(spent, "{:?}", h.provider.calls());
+    assert_eq!(h.provider.count("create"), PER_DAY as usize, "slot a's budget: {:?}", h.provider.calls());
+    let created = h.current().status.unwrap().hosts_created;
+    assert!(created.iter().all(|c| c.slot.as_deref() == Some("a")), "{created:?}");
+}

@@ -34,10 +34,11 @@ pub async fn cleanup(tunnel: &Tunnel, api: &Api<Tunnel>, ctx: &Context) -> Resul
     ctx.unserved.forget(&uid);
     ctx.pair_views.forget(&uid);
     let recorded_host = pass.status().host_id.clone();
+    let reserving = pass.status().address_reservation.is_some();
     let provider = match provider_for(tunnel, pass.status(), &ctx.providers) {
         Ok(p) => Some(p),
         // Never created a host: nothing to delete.
-        Err(_) if recorded_host.is_none() && pass.status().address_id.is_none() => None,
+        Err(_) if recorded_host.is_none() && pass.status().address_id.is_none() && !reserving => None,
         Err(Blocked(_, reason, message)) => {
             let message = format!("{message}; the exit server cannot be deleted, so the Tunnel is kept");
             pass.record(|s| {
@@ -59,6 +60,12 @@ pub async fn cleanup(tunnel: &Tunnel, api: &Api<Tunnel>, ctx: &Context) -> Resul
         && desired::controls_service_status(tunnel, service)
     {
         act::unpublish_before_delete(service, ctx).await?;
+    }
+    // An address made by a reservation whose answer was lost is found before it is released.
+    if let Some(provider) = &provider
+        && reserving
+    {
+        pass.settle_reservation(provider.as_ref()).await?;
     }
     if let Some(provider) = &provider
         && (tunnel.spec.reserves_address() || pass.status().address_id.is_some())

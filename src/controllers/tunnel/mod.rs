@@ -35,6 +35,8 @@ mod placement_tests;
 pub mod plan;
 pub mod ranges;
 #[cfg(test)]
+mod reservation_tests;
+#[cfg(test)]
 mod roll_tests;
 pub mod status;
 #[cfg(test)]

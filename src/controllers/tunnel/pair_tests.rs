@@ -337,3 +337,46 @@ async fn where_the_address_moves_onto_secondary_addresses_each_server_keeps_its_
     assert!(secret["stringData"]["client-a.toml"].as_str().unwrap().contains("203.0.113.1:2333"));
     assert!(secret["stringData"]["client-b.toml"].as_str().unwrap().contains("203.0.113.2:2333"));
 }
+
+#[tokio::test]
+async fn deleting_a_pair_deletes_a_standby_made_but_never_recorded() {
+    let (h, t) = pair();
+    h.reconcile(t).await.unwrap();
+    let hosts = h.provider.hosts();
+    assert_eq!(hosts.len(), 2, "{hosts:?}");
+    // The operator stopped between creating slot b's server and recording it: status names a only.
+    let mut t = h.current();
+    let status = t.status.as_mut().unwrap();
+    let ha = status.high_availability.as_mut().unwrap();
+    ha.servers.retain(|s| s.slot == "a");
+    let recorded = ha.servers[0].host_id.clone();
+    status.host_id = recorded.clone();
+    ha.active = recorded;
+    t.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
+    let t = h.put_tunnel(&t);
+    h.reconcile(t).await.unwrap();
+    assert!(h.provider.hosts().is_empty(), "left: {:?}", h.provider.hosts());
+}
+
+#[tokio::test]
+async fn when_both_servers_fail_the_one_without_the_address_is_replaced() {
+    let (h, t) = pair();
+    h.reconcile(t).await.unwrap();
+    roll_out(&h, "a");
+    roll_out(&h, "b");
+    h.probe.answer(false);
+    for _ in 0..3 {
+        pass(&h).await;
+    }
+    assert_eq!(ha(&h).active.as_deref(), Some("h-1"), "never moved onto a failing server");
+    for host in ["h-1", "h-2"] {
+        h.ctx.streaks.backdate(host, h.ctx.settings.replace_after);
+    }
+    pass(&h).await;
+    pass(&h).await;
+    let ids: Vec<_> = h.provider.hosts().into_iter().map(|host| host.id).collect();
+    assert!(ids.contains(&"h-1".to_string()) && !ids.contains(&"h-2".to_string()), "{ids:?}");
+    assert_eq!(ids.len(), 2, "slot b filled again: {ids:?}");
+    assert_eq!(h.current().status.unwrap().hosts_created.len(), 3, "the new server is counted");
+}

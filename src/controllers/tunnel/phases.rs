@@ -21,6 +21,7 @@
 mod console;
 mod host;
 mod pair;
+mod reservation;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -159,6 +159,11 @@ impl Pass<'_> {
             found_address = self.take_over_kept(want).await?;
         }
         match found_address {
+            // Found by its host's tags: a reservation whose answer was lost made it.
+            Some(address) if self.status().address_reservation.is_some() => {
+                self.record_address(provider.name(), &address).await?;
+                Ok(Some(address))
+            }
             Some(address) => Ok(Some(address)),
             None if address_plan::reserve_first(provider.address_binding(), None) => {
                 self.reserve(want, None).await.map(Some)
@@ -181,7 +186,7 @@ impl Pass<'_> {
         else {
             return Ok(None);
         };
-        self.record_address(want, &address).await?;
+        self.record_address(want.provider.name(), &address).await?;
         let note = format!(
             "took over reserved address {} ({}), kept by this Service's previous Tunnel",
             address.ip, address.id
@@ -190,22 +195,17 @@ impl Pass<'_> {
         Ok(Some(address))
     }
 
-    /// Records `address` as the Tunnel's reserved address, with its provider.
-    async fn record_address(&mut self, want: &Desired, address: &Address) -> Result<()> {
-        let provider = want.provider.name().to_string();
+    /// Records `address` as the Tunnel's reserved address, with its provider; a reservation
+    /// under way is over.
+    pub(super) async fn record_address(&mut self, provider: &str, address: &Address) -> Result<()> {
+        let provider = provider.to_string();
         self.record(|s| {
             s.provider = Some(provider);
             s.address_id = Some(address.id.clone());
             s.address_ip = Some(address.ip.clone());
+            s.address_reservation = None;
         })
         .await
-    }
-
-    /// Reserves the Tunnel's address (onto host `onto` if set) and records it at once.
-    pub(super) async fn reserve(&mut self, want: &Desired, onto: Option<String>) -> Result<Address> {
-        let address = act::address::reserve(self.tunnel, want.provider.as_ref(), onto, self.ctx).await?;
-        self.record_address(want, &address).await?;
-        Ok(address)
     }
 
     /// Steps the reserved address onto the running exit server; without one the Tunnel's address

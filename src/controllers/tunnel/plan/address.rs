@@ -105,9 +105,76 @@ pub fn taken_over(address: &Address, recorded: &HashSet<String>, awaiting: &Hash
     recorded.contains(&address.id) || awaiting.contains(&(tag(TAG_TUNNEL_NAMESPACE), tag(TAG_TUNNEL_NAME)))
 }
 
+/// How long after a reservation was started an address it made is still adopted: the longer
+/// the operator was away, the likelier someone else made an unassigned address meanwhile.
+pub const ADOPT_WITHIN: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+
+/// What a reservation of an untagged address whose answer was lost left behind.
+#[derive(Debug, PartialEq)]
+pub enum Meanwhile {
+    /// No address appeared: nothing was made (or it is on the Tunnel's host, found by its tags).
+    Nothing,
+    /// Exactly one, provably this reservation's: it is the Tunnel's.
+    Adopt(Address),
+    /// Addresses appeared that cannot be told apart from someone else's: named, never touched.
+    Unproven(Vec<Address>),
+}
+
+/// The address a reservation started `elapsed` ago made, given the addresses the account had
+/// before it (`before`) and has now (`listed`): new, unassigned (one on a host of this Tunnel
+/// is found by its host's tags; one on any other host is not this reservation's), and
+/// recorded by no other Tunnel (`others`). It is adopted only when it is the only one, no
+/// other Tunnel was reserving too (`others_reserving`), and within [`ADOPT_WITHIN`].
+pub fn reserved_meanwhile(
+    before: &[String],
+    listed: Vec<Address>,
+    others: &HashSet<String>,
+    others_reserving: bool,
+    elapsed: std::time::Duration,
+) -> Meanwhile {
+    let mut new: Vec<Address> = listed
+        .into_iter()
+        .filter(|a| a.host_id.is_none() && !before.contains(&a.id) && !others.contains(&a.id))
+        .collect();
+    match new.len() {
+        0 => Meanwhile::Nothing,
+        1 if !others_reserving && elapsed <= ADOPT_WITHIN => Meanwhile::Adopt(new.remove(0)),
+        _ => Meanwhile::Unproven(new),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_one_new_unassigned_unrecorded_address_is_adopted() {
+        use std::time::Duration;
+        let address = |id: &str, host: Option<&str>| Address {
+            id: id.into(),
+            ip: format!("192.0.2.{}", id.len()),
+            host_id: host.map(str::to_string),
+            tags: Default::default(),
+        };
+        let before = vec!["old".to_string()];
+        let none = HashSet::new();
+        let soon = Duration::from_secs(30);
+        let listed = vec![address("old", None), address("used", Some("h-9")), address("new", None)];
+        let adopted = reserved_meanwhile(&before, listed.clone(), &none, false, soon);
+        assert_eq!(adopted, Meanwhile::Adopt(address("new", None)));
+        let recorded = HashSet::from(["new".to_string()]);
+        assert_eq!(reserved_meanwhile(&before, listed.clone(), &recorded, false, soon), Meanwhile::Nothing);
+        let two = [listed.clone(), vec![address("other", None)]].concat();
+        let Meanwhile::Unproven(named) = reserved_meanwhile(&before, two, &none, false, soon) else {
+            panic!("two new addresses: neither is provably this reservation's")
+        };
+        assert_eq!(named.len(), 2);
+        assert!(matches!(reserved_meanwhile(&before, listed.clone(), &none, true, soon), Meanwhile::Unproven(_)));
+        let late = ADOPT_WITHIN + Duration::from_secs(1);
+        assert!(matches!(reserved_meanwhile(&before, listed, &none, false, late), Meanwhile::Unproven(_)));
+        let only_old = vec![address("old", None)];
+        assert_eq!(reserved_meanwhile(&before, only_old, &none, false, soon), Meanwhile::Nothing);
+    }
 
     const BINDINGS: [AddressBinding; 3] = [AddressBinding::Assign, AddressBinding::AtCreate, AddressBinding::WithHost];
 

@@ -75,24 +75,14 @@ pub fn failover_step(servers: &[Server], holder: Option<&str>, h: &Hysteresis) -
                 to: to.id.to_string(),
                 reason: format!("exit server {from} is not running"),
             },
-            (None, _) => FailoverStep::Keep { degraded: Some(no_healthy(servers)) },
+            // Nothing serves: a new server in the failing one's slot may.
+            (None, _) => {
+                replace_due(others(), "").unwrap_or(FailoverStep::Keep { degraded: Some(no_healthy(servers)) })
+            }
         };
     };
     if !failed(&active.health, h) {
-        let due = |s: &Server| s.replace_after.is_some_and(|after| s.health.failing_for >= after);
-        let failing_standby = others().find(|s| due(s) && !s.health.passing());
-        return match failing_standby {
-            Some(s) => FailoverStep::ReplaceStandby {
-                id: s.id.to_string(),
-                reason: format!(
-                    "standby exit server {} has failed its health check for {}: {}",
-                    s.id,
-                    whole_seconds(s.health.failing_for),
-                    s.error
-                ),
-            },
-            None => FailoverStep::Keep { degraded: None },
-        };
+        return replace_due(others(), "").unwrap_or(FailoverStep::Keep { degraded: None });
     }
     let reason = format!(
         "exit server {} failed {} health checks in a row over {}: {}",
@@ -103,8 +93,27 @@ pub fn failover_step(servers: &[Server], holder: Option<&str>, h: &Hysteresis) -
     );
     match healthy_other {
         Some(to) => FailoverStep::Move { from: active.id.to_string(), to: to.id.to_string(), reason },
-        None => FailoverStep::Keep { degraded: Some(format!("{reason}; {}", no_healthy(servers))) },
+        // Both fail: the address stays, and the other server is replaced when due (within its
+        // slot's budget), so the pair can serve again.
+        None => replace_due(others(), &format!("; {reason}"))
+            .unwrap_or_else(|| FailoverStep::Keep { degraded: Some(format!("{reason}; {}", no_healthy(servers))) }),
     }
+}
+
+/// Replaces the first of `others` (the servers without the address) that fails and has failed
+/// long enough ([`Server::replace_after`]); `also` is appended to the reason.
+fn replace_due<'a>(mut others: impl Iterator<Item = &'a Server<'a>>, also: &str) -> Option<FailoverStep> {
+    let due = |s: &Server| s.replace_after.is_some_and(|after| s.health.failing_for >= after);
+    let s = others.find(|s| due(s) && !s.health.passing())?;
+    Some(FailoverStep::ReplaceStandby {
+        id: s.id.to_string(),
+        reason: format!(
+            "standby exit server {} has failed its health check for {}: {}{also}",
+            s.id,
+            whole_seconds(s.health.failing_for),
+            s.error
+        ),
+    })
 }
 
 /// A client Deployment of the pair against what it should be.
@@ -283,6 +292,23 @@ mod tests {
         // After a move b holds it; a passes again: nothing moves while b passes or blips.
         assert_eq!(failover_step(&[ok("a"), ok("b")], Some("b"), &H), FailoverStep::Keep { degraded: None });
         assert_eq!(failover_step(&[ok("a"), failing("b", 2, 1)], Some("b"), &H), FailoverStep::Keep { degraded: None });
+    }
+
+    #[test]
+    fn when_both_fail_the_server_without_the_address_is_replaced_once_due() {
+        let step = failover_step(&[failing("a", 900, 900), failing("b", 900, 900)], Some("a"), &H);
+        let FailoverStep::ReplaceStandby { id, reason } = step else { panic!("{step:?}") };
+        assert_eq!(id, "b");
+        assert!(reason.contains("standby exit server b") && reason.contains("exit server a failed 900"), "{reason}");
+        // The holder is gone and the other fails: it is replaced too.
+        let gone = failover_step(&[failing("b", 900, 900)], Some("a"), &H);
+        assert!(matches!(gone, FailoverStep::ReplaceStandby { ref id, .. } if id == "b"), "{gone:?}");
+        // Not yet due, or its slot's replacements spent: the address stays, degraded.
+        let young = failover_step(&[failing("a", 900, 900), failing("b", 30, 60)], Some("a"), &H);
+        assert!(matches!(young, FailoverStep::Keep { degraded: Some(_) }), "{young:?}");
+        let spent = Server { replace_after: None, ..failing("b", 9000, 9000) };
+        let step = failover_step(&[failing("a", 900, 900), spent], Some("a"), &H);
+        assert!(matches!(step, FailoverStep::Keep { degraded: Some(_) }), "{step:?}");
     }
 
     #[test]
