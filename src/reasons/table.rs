@@ -153,7 +153,7 @@ super::reasons! {
         "nothing";
     AddressUnproven: [Tunnel] Warning,
         "a reservation's answer was lost and the reserved addresses that appeared since cannot be proven skyport's",
-        "check the addresses the message names at the provider and release those that are not yours; skyport leaves them alone";
+        "the operator's log names the addresses (not the Event: they may be another tenant's); release at the provider those that are nobody's; skyport leaves them alone";
     AddressTakenOver: [Tunnel] Normal,
         "a reserved address kept by the Service's previous Tunnel became this Tunnel's",
         "nothing";

@@ -97,13 +97,15 @@ impl Pass<'_> {
             }
             Meanwhile::Unproven(addresses) => {
                 self.record(|s| s.address_reservation = None).await?;
+                // The addresses go to the operator's log only: they may be another tenant's, and
+                // the Event is read in this Tunnel's namespace.
                 let names = addresses.iter().map(|a| format!("{} ({})", a.ip, a.id)).collect::<Vec<_>>().join(", ");
                 warn!(addresses = %names, "a reservation's answer was lost; its address cannot be proven");
                 let note = format!(
-                    "a reservation of an address at {} started at {} got no answer; these unassigned reserved addresses appeared since and none can be proven skyport's: {names}. Release at {} those that are not yours; skyport leaves them alone",
+                    "a reservation of an address at {} started at {} got no answer; {} unassigned reserved addresses appeared since and none can be proven skyport's. The operator's log names them (\"its address cannot be proven\"); skyport leaves them alone",
                     provider.name(),
                     reservation.since,
-                    provider.name()
+                    addresses.len()
                 );
                 ctx.publish(tunnel, Reason::AddressUnproven, note).await;
                 Ok(None)
