@@ -185,10 +185,29 @@ async fn two_processes_elect_one_leader_which_a_standby_replaces_after_kill_9() 
     assert!(m[r#"skyport_reconcile_duration_seconds_count{controller="queue"}"#] >= 1.0, "{m:?}");
     assert_eq!(m[r#"skyport_cloud_api_calls_total{provider="sqs",operation="CreateQueue",outcome="success"}"#], 1.0);
     assert!(m.contains_key(r#"skyport_rate_limiter_waits_total{provider="sqs"}"#), "{m:?}");
-    let s = standby.metrics().await;
+    // The standby is warm: its caches listed and hold Queue one (not Ready to it: it read the
+    // Queue before the leader's status write, or after; either way it is counted), and it made no
+    // write and no SQS call.
+    let s = eventually("the standby's caches synced and hold Queue one", TIMEOUT, || async {
+        let s = standby.metrics().await;
+        let cached: f64 =
+            s.iter().filter(|(k, _)| k.starts_with(r#"skyport_objects{controller="queue""#)).map(|(_, v)| v).sum();
+        (s.get("skyport_caches_synced") == Some(&1.0) && cached == 1.0).then_some(s)
+    })
+    .await;
     assert_eq!(s["skyport_leader"], 0.0);
-    assert!(!s.keys().any(|k| k.starts_with("skyport_reconciles_total")), "the standby reconciled: {s:?}");
-    assert!(!standby.logged("starting skyport"), "the standby started its controllers");
+    assert_eq!(s[r#"skyport_reconciles_total{controller="queue"}"#], 0.0, "the standby reconciled: {s:?}");
+    assert_eq!(s[r#"skyport_kube_api_writes_total{controller="queue"}"#], 0.0, "the standby wrote: {s:?}");
+    let sqs_calls: f64 = s
+        .iter()
+        .filter(|(k, _)| {
+            k.starts_with("skyport_cloud_api_calls_total") || k.starts_with("skyport_sqs_account_calls_total")
+        })
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(sqs_calls, 0.0, "the standby called SQS: {s:?}");
+    assert!(standby.logged("caches synced; standing by"), "the standby's caches synced before it led");
+    assert_eq!(standby.get("/readyz").await.2.trim(), "standby");
 
     // JSON log lines written during a reconcile name the object.
     let line = leader.log_line("created SQS queue").expect("the leader logged the creation");
@@ -196,9 +215,11 @@ async fn two_processes_elect_one_leader_which_a_standby_replaces_after_kill_9() 
     assert_eq!(line["namespace"].as_str(), Some(ns.name.as_str()), "{line}");
 
     // kill -9 the leader: the standby takes over within the lease duration (plus its retry).
+    // Queue two is made at once: the standby acts on it as soon as it holds the Lease.
     leader.child.start_kill().unwrap();
     let _ = leader.child.wait().await;
     let killed = Instant::now();
+    queues.create(&PostParams::default(), &queue("two", json!({}))).await.unwrap();
     eventually("the standby holds the Lease", TIMEOUT, || async {
         (holder(&leases).await.as_deref() == Some(standby.identity.as_str())).then_some(())
     })
@@ -213,8 +234,9 @@ async fn two_processes_elect_one_leader_which_a_standby_replaces_after_kill_9() 
     .await;
 
     // The new leader reconciles; the first queue was not created twice.
-    queues.create(&PostParams::default(), &queue("two", json!({}))).await.unwrap();
     wait_ready(&queues, "two", ConditionStatus::True, "Available", TIMEOUT).await;
+    eprintln!("kill -9 of the leader to a Queue made after it Ready: {:?}", killed.elapsed());
+    assert!(standby.logged("caches synced before the Lease was acquired"), "the takeover started warm");
     // The count is taken after the status write that made "two" Ready: wait for it.
     let reconciles = r#"skyport_reconciles_total{controller="queue"}"#;
     let m = eventually("the new leader's reconciles counted", TIMEOUT, || async {

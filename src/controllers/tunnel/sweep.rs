@@ -23,7 +23,7 @@ use crate::controllers::MANAGED_BY;
 use crate::controllers::owned::{self, Guarded};
 
 /// Runs a sweep every `--orphan-sweep-interval` (the first one after one interval, when the
-/// Tunnel cache is complete) until `shutdown`. An interval of 0 disables it.
+/// Tunnel cache is complete and this replica acts) until `shutdown`. An interval of 0 disables it.
 pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = ()>) {
     let interval = ctx.settings.orphan_sweep_interval;
     if interval.is_zero() {
@@ -34,6 +34,10 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         loop {
             tokio::time::sleep(crate::controllers::jittered(interval)).await;
             if !crate::controllers::store_synced(&ctx.tunnels).await {
+                return;
+            }
+            // A standby sweeps nothing: it waits for the Lease, then sweeps what the cache holds.
+            if !ctx.acting.until_permits_all().await {
                 return;
             }
             sweep_once(&ctx).instrument(info_span!("orphan_sweep")).await;
