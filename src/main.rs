@@ -329,8 +329,11 @@ async fn start_tunnels(
     state.metrics.add_failovers(move || moved.failovers.load(std::sync::atomic::Ordering::Relaxed));
     let unserved = ctx.clone();
     state.metrics.add_unserved(move || unserved.unserved.seconds());
-    let cached = ctx.tunnels.clone();
-    state.metrics.add_tunnels(move || TunnelSnapshot::of(cached.state().iter().map(|t| &**t)));
+    let (cached, leading) = (ctx.tunnels.clone(), state.metrics.leader.clone());
+    state.metrics.add_tunnels(move || match leading.get() {
+        1 => TunnelSnapshot::of(cached.state().iter().map(|t| &**t)),
+        _ => TunnelSnapshot::default(),
+    });
     let synced = {
         let (tunnels, services) = (ctx.tunnels.clone(), svc_ctx.services.clone());
         async move { controllers::store_synced(&tunnels).await && controllers::store_synced(&services).await }.boxed()
@@ -342,7 +345,7 @@ async fn start_tunnels(
 }
 
 /// Registers a controller's reconcile metrics, its write counter and, for controllers with a
-/// status, the Ready counts of the objects in its cache.
+/// status, the Ready counts of the objects in its cache while this replica acts.
 fn add_controller<K, S, M>(
     state: &http::State,
     name: &'static str,
@@ -353,12 +356,14 @@ fn add_controller<K, S, M>(
     S: Send + Sync + 'static,
     M: Send + Sync + 'static,
 {
-    let writes = ctx.clone();
+    let (writes, leading) = (ctx.clone(), state.metrics.leader.clone());
+    // Counted by the replica that acts only: a standby's warm cache holds the same objects, and
+    // dashboards sum over replicas.
     let count = move || match &objects {
-        Some(store) => ReadyCounts::count(
+        Some(store) if leading.get() == 1 => ReadyCounts::count(
             store.state().iter().map(|o| controllers::status::ready_condition(&**o).map(|c| c.status)),
         ),
-        None => ReadyCounts::default(),
+        _ => ReadyCounts::default(),
     };
     state.metrics.add_controller(name, ctx.metrics.clone(), count, move || writes.api_writes.get());
 }
