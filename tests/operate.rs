@@ -275,15 +275,22 @@ async fn two_processes_elect_one_leader_which_a_standby_replaces_after_kill_9() 
 async fn sigterm_on_a_standby_exits_at_once_and_a_lone_process_is_leader() {
     let ns = TestNs::new("standby").await;
     let leases: Api<Lease> = ns.api();
+    let queues: Api<Queue> = ns.api();
     let mut a = Skyport::start(&ns.name).await;
     eventually("a holds the Lease", TIMEOUT, || async { (holder(&leases).await? == a.identity).then_some(()) }).await;
+    queues.create(&PostParams::default(), &queue("held", json!({}))).await.unwrap();
+    wait_ready(&queues, "held", ConditionStatus::True, "Available", TIMEOUT).await;
+    // b's reconcile of Queue "held" waits at its gate: SIGTERM ends it without acting.
     let mut b = Skyport::start(&ns.name).await;
     assert_eq!(b.get("/readyz").await.2.trim(), "standby");
+    b.wait_log("caches synced; standing by", "message").await;
     b.signal("-TERM").await;
     let status = tokio::time::timeout(Duration::from_secs(10), b.child.wait()).await.expect("exit").unwrap();
     assert!(status.success(), "{status}");
     assert!(b.logged_at_exit("stopped before becoming leader").await);
     assert_eq!(holder(&leases).await.as_deref(), Some(a.identity.as_str()), "a standby never touches the holder");
+    queues.delete("held", &DeleteParams::default()).await.unwrap();
+    wait_gone(&queues, "held", TIMEOUT).await;
     a.signal("-TERM").await;
     let status = tokio::time::timeout(Duration::from_secs(20), a.child.wait()).await.expect("exit").unwrap();
     assert!(status.success(), "{status}");
