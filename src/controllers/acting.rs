@@ -155,5 +155,7 @@ mod tests {
         gate.stop();
         assert!(acting.permits(&object()));
         assert!(Acting::always().permits(&object()));
+        // Its Gate is gone, but it opened first: a sweep goes on.
+        assert!(Acting::always().until_permits_all().await);
     }
 }
