@@ -6,8 +6,9 @@
 //! | `/readyz` | `200` when running with synced caches, or waiting as a leader-election standby; `503` while starting, syncing or shutting down (readiness) |
 //! | `/metrics` | OpenMetrics text, see [`crate::metrics`] |
 //!
-//! A standby counts as ready: otherwise a rolling update of a Deployment with several replicas
-//! could never finish, as the new Pods wait for the old leader's Lease.
+//! A standby counts as ready (whether its warm caches synced or not: `skyport_caches_synced` says
+//! that): otherwise a rolling update of a Deployment with several replicas could never finish, as
+//! the new Pods wait for the old leader's Lease.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -29,7 +30,7 @@ use crate::metrics::{self, Metrics};
 #[repr(u8)]
 pub enum Phase {
     Starting = 0,
-    /// Waiting for the leader Lease.
+    /// Waiting for the leader Lease, its caches filling or kept (a warm standby).
     Standby = 1,
     /// Leader (or no election); the controllers' caches are filling.
     Syncing = 2,

@@ -1,6 +1,7 @@
 //! Leader election through a `coordination.k8s.io/v1` Lease (kube-lease-manager).
 //!
-//! With several replicas, only the Lease holder runs the controllers. The holder renews the
+//! With several replicas, only the Lease holder acts; the others run their controllers' watches
+//! with the gate of [`crate::controllers::acting`] shut (warm standbys). The holder renews the
 //! Lease half its duration before it expires; a standby takes it over once it has expired,
 //! so a dead leader is replaced within one lease duration. A leader that can no longer renew
 //! gives up while the Lease is still valid (the process then exits and is restarted), so two

@@ -1,6 +1,7 @@
 //! The skyport binary: flags in, controllers running.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context as _;
 use clap::Parser;
@@ -88,44 +89,17 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     });
 
-    let lease = if args.leader.enabled {
-        let namespace = args
-            .leader
-            .lease_namespace
-            .clone()
-            .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|s| !s.is_empty()))
-            .unwrap_or_else(|| client.default_namespace().to_string());
-        // A renewal that hangs must fail while there is time to retry it.
-        let mut lease_config = config.clone();
-        let timeout = leader::request_timeout(args.leader.lease_duration);
-        lease_config.connect_timeout = Some(timeout);
-        lease_config.read_timeout = Some(timeout);
-        lease_config.write_timeout = Some(timeout);
-        let lease_client = kube::Client::try_from(lease_config).context("building the Lease client")?;
-        let lease = Lease::new(
-            lease_client,
-            &namespace,
-            &args.leader.lease_name,
-            args.leader.lease_duration,
-            leader::identity(),
-        )
-        .await
-        .with_context(|| format!("preparing the leader Lease {namespace}/{}", args.leader.lease_name))?;
-        state.set_phase(Phase::Standby);
-        tokio::select! {
-            _ = lease.acquire() => {}
-            _ = shutdown.clone() => {
-                lease.release().await;
-                info!("stopped before becoming leader");
-                return Ok(());
-            }
-        }
-        Some(lease)
-    } else {
-        None
+    let lease = match args.leader.enabled {
+        true => Some(prepare_lease(&args, &client, &config).await?),
+        false => None,
     };
-    state.metrics.leader.set(1);
-    state.set_phase(Phase::Syncing);
+    // A standby builds every controller now, so its watches list and keep their caches while it
+    // waits; the gate holds every reconcile and sweep until it holds the Lease.
+    let (gate, acting) = controllers::Gate::shut();
+    match lease {
+        Some(_) => state.set_phase(Phase::Standby),
+        None => state.set_phase(Phase::Syncing),
+    }
 
     let sqs = Arc::new(providers::SqsProvider::from_env(&args.aws.sqs_settings()).await);
     info!(
@@ -143,13 +117,113 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         args.aws.sqs_settings(),
         queue_settings,
         args.namespace.clone(),
+        acting.clone(),
         shutdown.clone(),
     );
     let queues = run_until_stopped("queue", queues, shutdown.clone(), {
         let ctx = ctx.clone();
         move || ctx.caches_synced()
     });
-    add_controller(&state, "queue", &ctx, Some(ctx.queues.clone()));
+    add_queue_metrics(&state, &ctx, sqs);
+    let (tunnels, tunnels_synced) =
+        start_tunnels(&args, client_for_tunnels, cluster_id, &state, acting, shutdown.clone()).await?;
+    let synced = Arc::new(AtomicBool::new(false));
+    tokio::spawn({
+        let (ctx, state, flag) = (ctx.clone(), state.clone(), synced.clone());
+        async move {
+            let synced = controllers::store_synced(&ctx.queues).await
+                && controllers::store_synced(&ctx.configmaps).await
+                && tunnels_synced.await;
+            if synced {
+                state.metrics.caches_synced.set(1);
+                flag.store(true, Ordering::SeqCst);
+                match state.phase() {
+                    Phase::Syncing => {
+                        state.set_phase(Phase::Running);
+                        info!("caches synced; ready");
+                    }
+                    Phase::Standby => info!("caches synced; standing by for the leader lease"),
+                    _ => {}
+                }
+            }
+        }
+    });
+    let controllers = tokio::spawn(async move {
+        tokio::join!(queues, tunnels);
+    });
+    let Some(lease) = lease else {
+        act(&gate, &state, &synced);
+        let _ = controllers.await;
+        state.metrics.leader.set(0);
+        info!("stopped");
+        return Ok(());
+    };
+    tokio::select! {
+        _ = lease.acquire() => {}
+        _ = shutdown.clone() => {
+            // Parked reconciles end without acting; the watches end with the shutdown.
+            gate.stop();
+            lease.release().await;
+            let _ = controllers.await;
+            info!("stopped before becoming leader");
+            return Ok(());
+        }
+    }
+    act(&gate, &state, &synced);
+    tokio::select! {
+        _ = controllers => {}
+        reason = lease.hold() => {
+            // Exit at once: a replacement leader may already be reconciling.
+            error!(%reason, "lost the leader lease; exiting");
+            std::process::exit(1);
+        }
+    }
+    lease.release().await;
+    state.metrics.leader.set(0);
+    info!("stopped");
+    Ok(())
+}
+
+/// This replica may act: the gate opens, and it is Running at once if its caches synced while
+/// it waited (else Syncing until they have).
+fn act(gate: &controllers::Gate, state: &http::State, synced: &AtomicBool) {
+    state.metrics.leader.set(1);
+    gate.open();
+    if state.phase() == Phase::ShuttingDown {
+        return;
+    }
+    state.set_phase(Phase::Syncing);
+    // Read after Syncing is set: the task that sees the caches sync reads the phase after setting
+    // the flag, so one of the two moves to Running.
+    if synced.load(Ordering::SeqCst) {
+        state.set_phase(Phase::Running);
+        info!("caches synced before the Lease was acquired; ready");
+    }
+}
+
+/// The leader Lease (made if missing), renewed through a client whose requests time out in time
+/// to retry a renewal before the Lease may expire.
+async fn prepare_lease(args: &RunArgs, client: &kube::Client, config: &kube::Config) -> anyhow::Result<Lease> {
+    let namespace = args
+        .leader
+        .lease_namespace
+        .clone()
+        .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|s| !s.is_empty()))
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    let mut lease_config = config.clone();
+    let timeout = leader::request_timeout(args.leader.lease_duration);
+    lease_config.connect_timeout = Some(timeout);
+    lease_config.read_timeout = Some(timeout);
+    lease_config.write_timeout = Some(timeout);
+    let lease_client = kube::Client::try_from(lease_config).context("building the Lease client")?;
+    Lease::new(lease_client, &namespace, &args.leader.lease_name, args.leader.lease_duration, leader::identity())
+        .await
+        .with_context(|| format!("preparing the leader Lease {namespace}/{}", args.leader.lease_name))
+}
+
+/// The Queue controller's series: SQS calls (own identity and per AwsAccount), drift pacing.
+fn add_queue_metrics(state: &http::State, ctx: &Arc<controllers::queue::Context>, sqs: Arc<providers::SqsProvider>) {
+    add_controller(state, "queue", ctx, Some(ctx.queues.clone()));
     state.metrics.add_cloud("sqs", move || CloudSnapshot::of(&providers::QueueBackend::limiter(&*sqs).counters));
     let accounts = ctx.clone();
     state.metrics.add_sqs_accounts(move || {
@@ -173,54 +247,22 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             })
             .collect()
     });
-    tokio::spawn({
-        let (ctx, state) = (ctx.clone(), state.clone());
-        async move {
-            let synced =
-                controllers::store_synced(&ctx.queues).await && controllers::store_synced(&ctx.configmaps).await;
-            if synced && state.phase() == Phase::Syncing {
-                state.set_phase(Phase::Running);
-                info!("caches synced; ready");
-            }
-        }
-    });
-
-    let tunnels = start_tunnels(&args, client_for_tunnels, cluster_id, &state, shutdown.clone()).await?;
-    let controllers = async move {
-        tokio::join!(queues, tunnels);
-    };
-    match &lease {
-        None => controllers.await,
-        Some(lease) => {
-            tokio::select! {
-                _ = controllers => {}
-                reason = lease.hold() => {
-                    // Exit at once: a replacement leader may already be reconciling.
-                    error!(%reason, "lost the leader lease; exiting");
-                    std::process::exit(1);
-                }
-            }
-            lease.release().await;
-        }
-    }
-    state.metrics.leader.set(0);
-    info!("stopped");
-    Ok(())
 }
 
 /// Starts the Tunnel and Service controllers when a provider is configured; otherwise a future
-/// that does nothing.
+/// that does nothing. Also returns a future saying whether their caches synced.
 async fn start_tunnels(
     args: &RunArgs,
     client: kube::Client,
     cluster_id: String,
     state: &http::State,
+    acting: controllers::Acting,
     shutdown: futures::future::Shared<futures::future::BoxFuture<'static, ()>>,
-) -> anyhow::Result<futures::future::BoxFuture<'static, ()>> {
+) -> anyhow::Result<(futures::future::BoxFuture<'static, ()>, futures::future::BoxFuture<'static, bool>)> {
     let registry = skyport::clouds::configure(&args.tunnel, args.aws.region.as_deref()).await?;
     if registry.names().is_empty() {
         info!("no exit-server provider configured (--provider); Tunnel controllers not started");
-        return Ok(futures::future::ready(()).boxed());
+        return Ok((futures::future::ready(()).boxed(), futures::future::ready(true).boxed()));
     }
     let t = &args.tunnel;
     controllers::tunnel::plan::check_health_settings(t.control_port, t.health_port, t.boot_timeout, t.replace_after)
@@ -254,6 +296,7 @@ async fn start_tunnels(
         backoff,
         args.namespace.clone(),
         cluster_id,
+        acting.clone(),
         shutdown.clone(),
     );
     let (svc_ctx, services) = controllers::service::controller(
@@ -261,6 +304,7 @@ async fn start_tunnels(
         args.tunnel.clone(),
         ctx.tunnels.clone(),
         args.namespace.clone(),
+        acting,
         shutdown.clone(),
     );
     let tunnels = run_until_stopped("tunnel", tunnels, shutdown.clone(), {
@@ -285,16 +329,23 @@ async fn start_tunnels(
     state.metrics.add_failovers(move || moved.failovers.load(std::sync::atomic::Ordering::Relaxed));
     let unserved = ctx.clone();
     state.metrics.add_unserved(move || unserved.unserved.seconds());
-    let cached = ctx.tunnels.clone();
-    state.metrics.add_tunnels(move || TunnelSnapshot::of(cached.state().iter().map(|t| &**t)));
-    Ok(async move {
+    let (cached, leading) = (ctx.tunnels.clone(), state.metrics.leader.clone());
+    state.metrics.add_tunnels(move || match leading.get() {
+        1 => TunnelSnapshot::of(cached.state().iter().map(|t| &**t)),
+        _ => TunnelSnapshot::default(),
+    });
+    let synced = {
+        let (tunnels, services) = (ctx.tunnels.clone(), svc_ctx.services.clone());
+        async move { controllers::store_synced(&tunnels).await && controllers::store_synced(&services).await }.boxed()
+    };
+    let run = async move {
         tokio::join!(tunnels, services);
-    }
-    .boxed())
+    };
+    Ok((run.boxed(), synced))
 }
 
 /// Registers a controller's reconcile metrics, its write counter and, for controllers with a
-/// status, the Ready counts of the objects in its cache.
+/// status, the Ready counts of the objects in its cache while this replica acts.
 fn add_controller<K, S, M>(
     state: &http::State,
     name: &'static str,
@@ -305,12 +356,14 @@ fn add_controller<K, S, M>(
     S: Send + Sync + 'static,
     M: Send + Sync + 'static,
 {
-    let writes = ctx.clone();
+    let (writes, leading) = (ctx.clone(), state.metrics.leader.clone());
+    // Counted by the replica that acts only: a standby's warm cache holds the same objects, and
+    // dashboards sum over replicas.
     let count = move || match &objects {
-        Some(store) => ReadyCounts::count(
+        Some(store) if leading.get() == 1 => ReadyCounts::count(
             store.state().iter().map(|o| controllers::status::ready_condition(&**o).map(|c| c.status)),
         ),
-        None => ReadyCounts::default(),
+        _ => ReadyCounts::default(),
     };
     state.metrics.add_controller(name, ctx.metrics.clone(), count, move || writes.api_writes.get());
 }

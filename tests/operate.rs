@@ -185,10 +185,28 @@ async fn two_processes_elect_one_leader_which_a_standby_replaces_after_kill_9() 
     assert!(m[r#"skyport_reconcile_duration_seconds_count{controller="queue"}"#] >= 1.0, "{m:?}");
     assert_eq!(m[r#"skyport_cloud_api_calls_total{provider="sqs",operation="CreateQueue",outcome="success"}"#], 1.0);
     assert!(m.contains_key(r#"skyport_rate_limiter_waits_total{provider="sqs"}"#), "{m:?}");
-    let s = standby.metrics().await;
+    // The standby is warm: its caches listed; it made no write and no SQS call, and leaves the
+    // count of cached objects to the leader (dashboards sum over replicas).
+    let s = eventually("the standby's caches synced", TIMEOUT, || async {
+        let s = standby.metrics().await;
+        (s.get("skyport_caches_synced") == Some(&1.0)).then_some(s)
+    })
+    .await;
+    let cached: f64 = s.iter().filter(|(k, _)| k.starts_with("skyport_objects{")).map(|(_, v)| v).sum();
+    assert_eq!(cached, 0.0, "the standby counts objects the leader counts: {s:?}");
     assert_eq!(s["skyport_leader"], 0.0);
-    assert!(!s.keys().any(|k| k.starts_with("skyport_reconciles_total")), "the standby reconciled: {s:?}");
-    assert!(!standby.logged("starting skyport"), "the standby started its controllers");
+    assert_eq!(s[r#"skyport_reconciles_total{controller="queue"}"#], 0.0, "the standby reconciled: {s:?}");
+    assert_eq!(s[r#"skyport_kube_api_writes_total{controller="queue"}"#], 0.0, "the standby wrote: {s:?}");
+    let sqs_calls: f64 = s
+        .iter()
+        .filter(|(k, _)| {
+            k.starts_with("skyport_cloud_api_calls_total") || k.starts_with("skyport_sqs_account_calls_total")
+        })
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(sqs_calls, 0.0, "the standby called SQS: {s:?}");
+    assert!(standby.logged("caches synced; standing by"), "the standby's caches synced before it led");
+    assert_eq!(standby.get("/readyz").await.2.trim(), "standby");
 
     // JSON log lines written during a reconcile name the object.
     let line = leader.log_line("created SQS queue").expect("the leader logged the creation");
@@ -196,9 +214,11 @@ async fn two_processes_elect_one_leader_which_a_standby_replaces_after_kill_9() 
     assert_eq!(line["namespace"].as_str(), Some(ns.name.as_str()), "{line}");
 
     // kill -9 the leader: the standby takes over within the lease duration (plus its retry).
+    // Queue two is made at once: the standby acts on it as soon as it holds the Lease.
     leader.child.start_kill().unwrap();
     let _ = leader.child.wait().await;
     let killed = Instant::now();
+    queues.create(&PostParams::default(), &queue("two", json!({}))).await.unwrap();
     eventually("the standby holds the Lease", TIMEOUT, || async {
         (holder(&leases).await.as_deref() == Some(standby.identity.as_str())).then_some(())
     })
@@ -213,8 +233,9 @@ async fn two_processes_elect_one_leader_which_a_standby_replaces_after_kill_9() 
     .await;
 
     // The new leader reconciles; the first queue was not created twice.
-    queues.create(&PostParams::default(), &queue("two", json!({}))).await.unwrap();
     wait_ready(&queues, "two", ConditionStatus::True, "Available", TIMEOUT).await;
+    eprintln!("kill -9 of the leader to a Queue made after it Ready: {:?}", killed.elapsed());
+    assert!(standby.logged("caches synced before the Lease was acquired"), "the takeover started warm");
     // The count is taken after the status write that made "two" Ready: wait for it.
     let reconciles = r#"skyport_reconciles_total{controller="queue"}"#;
     let m = eventually("the new leader's reconciles counted", TIMEOUT, || async {
@@ -254,15 +275,22 @@ async fn two_processes_elect_one_leader_which_a_standby_replaces_after_kill_9() 
 async fn sigterm_on_a_standby_exits_at_once_and_a_lone_process_is_leader() {
     let ns = TestNs::new("standby").await;
     let leases: Api<Lease> = ns.api();
+    let queues: Api<Queue> = ns.api();
     let mut a = Skyport::start(&ns.name).await;
     eventually("a holds the Lease", TIMEOUT, || async { (holder(&leases).await? == a.identity).then_some(()) }).await;
+    queues.create(&PostParams::default(), &queue("held", json!({}))).await.unwrap();
+    wait_ready(&queues, "held", ConditionStatus::True, "Available", TIMEOUT).await;
+    // b's reconcile of Queue "held" waits at its gate: SIGTERM ends it without acting.
     let mut b = Skyport::start(&ns.name).await;
     assert_eq!(b.get("/readyz").await.2.trim(), "standby");
+    b.wait_log("caches synced; standing by", "message").await;
     b.signal("-TERM").await;
     let status = tokio::time::timeout(Duration::from_secs(10), b.child.wait()).await.expect("exit").unwrap();
     assert!(status.success(), "{status}");
     assert!(b.logged_at_exit("stopped before becoming leader").await);
     assert_eq!(holder(&leases).await.as_deref(), Some(a.identity.as_str()), "a standby never touches the holder");
+    queues.delete("held", &DeleteParams::default()).await.unwrap();
+    wait_gone(&queues, "held", TIMEOUT).await;
     a.signal("-TERM").await;
     let status = tokio::time::timeout(Duration::from_secs(20), a.child.wait()).await.expect("exit").unwrap();
     assert!(status.success(), "{status}");

@@ -430,6 +430,7 @@ async fn queue_controller_as(
         aws,
         fast_settings(),
         Some(ns.name.clone()),
+        skyport::controllers::Acting::always(),
         async {
             let _ = stopped.await;
         },

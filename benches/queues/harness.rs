@@ -83,9 +83,17 @@ impl Operator {
         ns: &str,
     ) -> Self {
         let (stop, rx) = oneshot::channel::<()>();
-        let (ctx, run) = controller(client, sqs, aws, settings, Some(ns.to_string()), async {
-            let _ = rx.await;
-        });
+        let (ctx, run) = controller(
+            client,
+            sqs,
+            aws,
+            settings,
+            Some(ns.to_string()),
+            skyport::controllers::Acting::always(),
+            async {
+                let _ = rx.await;
+            },
+        );
         let task = tokio::spawn(run);
         // Not Store::wait_until_ready: it wakes only one of several waiters (see store_synced).
         skyport::controllers::store_synced(&ctx.queues).await;

@@ -11,6 +11,7 @@ use kube::runtime::events::EventType;
 use kube::{Client, Resource, ResourceExt};
 use tracing::{debug, warn};
 
+use super::acting::{Acting, Gate};
 use super::backoff::Backoff;
 use super::events::Events;
 use super::memory::OwnWrites;
@@ -35,6 +36,8 @@ pub struct Context<S, M = ()> {
     pub metrics: Arc<ReconcileMetrics>,
     /// What this controller last wrote per object ([`OwnWrites`]).
     pub written: OwnWrites<M>,
+    /// Whether this replica may act ([`Acting`]): shut while a standby waits for the Lease.
+    pub acting: Acting,
     state: S,
 }
 
@@ -54,8 +57,15 @@ impl<S, M> Context<S, M> {
             api_writes: ApiWrites::default(),
             metrics: Arc::default(),
             written: OwnWrites::default(),
+            acting: Acting::always(),
             state,
         }
+    }
+
+    /// The context acting only when `acting` permits (a standby's controllers).
+    pub fn with_acting(mut self, acting: Acting) -> Self {
+        self.acting = acting;
+        self
     }
 
     /// Publishes an Event on `obj`, a Warning or Normal one as the reasons table says.
@@ -105,14 +115,23 @@ where
 
 /// The entry point every controller hands to kube-runtime: `inner` for `obj`, inside a span
 /// naming the object (kind, namespace, name), its duration and failure reason recorded.
+/// Nothing happens until this replica may act on `obj` ([`Acting`]); a reconcile that had to
+/// wait returns at once, requeued, so that it acts on the object as the cache holds it then.
 pub async fn reconcile_with<K, S, M, F, Fut>(obj: Arc<K>, ctx: Arc<Context<S, M>>, inner: F) -> crate::Result<Action>
 where
     K: Resource<DynamicType = ()>,
     F: FnOnce(Arc<K>, Arc<Context<S, M>>) -> Fut,
     Fut: std::future::Future<Output = crate::Result<Action>>,
 {
-    let metrics = ctx.metrics.clone();
     let kind = K::kind(&());
+    if !ctx.acting.permits(&*obj) {
+        debug!(kind = %kind, namespace = %obj.namespace().unwrap_or_default(), name = %obj.name_any(), "standby: waiting for the Lease");
+        return Ok(match ctx.acting.until_permits(&*obj).await {
+            true => Gate::parked(),
+            false => Action::await_change(),
+        });
+    }
+    let metrics = ctx.metrics.clone();
     if let Some(left) = ctx.backoff.held(&object_key(&*obj), owner_change(&*obj)) {
         debug!(kind = %kind, namespace = %obj.namespace().unwrap_or_default(), name = %obj.name_any(), retry_in = ?left, "still backing off");
         return Ok(Action::requeue(left));

@@ -8,8 +8,10 @@
 //! their own writes), [`reconciler`] (the finalizer, deletion and failure policy around a
 //! controller's [`Reconciler`]), [`status::StatusWriter`], [`owned`] (objects a controller owns),
 //! and [`caches`]: what the watches keep of each object, which events wake a reconcile
-//! ([`hash_of`]), and whether a cache has synced.
+//! ([`hash_of`]), and whether a cache has synced. [`acting`] holds every reconcile and sweep of a
+//! warm standby until it holds the Lease.
 
+pub mod acting;
 pub mod backoff;
 pub mod caches;
 pub mod changes;
@@ -34,6 +36,7 @@ use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
+pub use acting::{Acting, Gate};
 pub use backoff::{Backoff, jittered};
 pub use caches::{has_synced, hash_of, primary_stream, slim, spec_trigger, store_synced};
 pub use context::{Context, api_beside, error_policy, reconcile_with, scoped_api};

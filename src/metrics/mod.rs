@@ -27,6 +27,7 @@
 //! | `skyport_rate_limiter_waits_total` | `provider` |
 //! | `skyport_rate_limiter_wait_seconds_total` | `provider` |
 //! | `skyport_leader` (gauge) | |
+//! | `skyport_caches_synced` (gauge) | |
 //! | `skyport_build_info` | `version` |
 
 mod cached;
@@ -278,12 +279,14 @@ impl Collector for SourcesCollector {
 }
 
 /// The operator's metrics registry. Controllers and providers are added when they start (a
-/// standby replica has none until it becomes leader).
+/// standby replica starts them too, and keeps their caches, but acts only once it is leader).
 pub struct Metrics {
     registry: Registry,
     sources: SourcesCollector,
     /// 1 while this replica runs the controllers (holds the Lease, or runs without election).
     pub leader: Gauge,
+    /// 1 once the controllers' caches have listed everything, a standby's included.
+    pub caches_synced: Gauge,
 }
 
 impl Default for Metrics {
@@ -297,12 +300,18 @@ impl Default for Metrics {
             "1 while this replica runs the controllers (holds the leader Lease or runs without leader election)",
             leader.clone(),
         );
+        let caches_synced = Gauge::default();
+        registry.register(
+            "caches_synced",
+            "1 once the controllers' caches have listed everything (a standby keeps them too, so it acts at once when it becomes leader)",
+            caches_synced.clone(),
+        );
         registry.register(
             "build",
             "Version of the running binary",
             Info::new(vec![("version".to_string(), env!("CARGO_PKG_VERSION").to_string())]),
         );
-        Metrics { registry, sources, leader }
+        Metrics { registry, sources, leader, caches_synced }
     }
 }
 

@@ -49,9 +49,10 @@ fn exposition_has_every_family_with_controller_and_provider_labels() {
 }
 
 #[test]
-fn a_standby_exposes_the_families_without_controller_series() {
+fn before_any_controller_is_added_the_families_have_no_controller_series() {
     let text = Metrics::default().encode();
     assert!(text.contains("skyport_leader 0"), "{text}");
+    assert!(text.contains("skyport_caches_synced 0"), "{text}");
     assert!(text.contains("# TYPE skyport_reconciles counter"), "{text}");
     assert!(!text.contains("skyport_reconciles_total{"), "{text}");
 }

@@ -198,9 +198,17 @@ impl Operator {
         };
         let sqs = providers::SqsProvider::from_env(&aws).await;
         let (tx, rx) = oneshot::channel::<()>();
-        let (ctx, run) = controller(client, Arc::new(sqs), aws, settings, namespace, async {
-            let _ = rx.await;
-        });
+        let (ctx, run) = controller(
+            client,
+            Arc::new(sqs),
+            aws,
+            settings,
+            namespace,
+            skyport::controllers::Acting::always(),
+            async {
+                let _ = rx.await;
+            },
+        );
         let task = tokio::spawn(run);
         Operator { ctx, stop: Some(tx), task }
     }

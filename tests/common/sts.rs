@@ -143,6 +143,7 @@ impl Operator {
             aws,
             settings,
             Some(ns.name.clone()),
+            skyport::controllers::Acting::always(),
             async {
                 let _ = rx.await;
             },

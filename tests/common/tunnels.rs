@@ -158,6 +158,7 @@ impl TunnelOperator {
             backoff,
             Some(ns.name.clone()),
             cluster_id,
+            skyport::controllers::Acting::always(),
             shutdown.clone(),
         );
         let (services, svc_run) = skyport::controllers::service::controller(
@@ -165,6 +166,7 @@ impl TunnelOperator {
             settings,
             ctx.tunnels.clone(),
             Some(ns.name.clone()),
+            skyport::controllers::Acting::always(),
             shutdown,
         );
         let task = tokio::spawn(async move {

@@ -40,6 +40,7 @@ async fn the_account_finalizer_of_a_stale_copy_lands_under_the_shipped_rbac() {
         aws,
         fast_settings(),
         Some(ns.name.clone()),
+        skyport::controllers::Acting::always(),
         std::future::pending::<()>(),
     );
     let placement = Placement {

@@ -119,14 +119,16 @@ impl State {
     }
 }
 
-/// Builds the controller. Returns its context (counters, stores) and the future that runs it
-/// until `shutdown` resolves, finishing the reconciles in flight.
+/// Builds the controller, acting only when `acting` permits. Returns its context (counters,
+/// stores) and the future that runs it until `shutdown` resolves, finishing the reconciles in
+/// flight.
 pub fn controller(
     client: Client,
     sqs: Arc<dyn QueueBackend>,
     aws: SqsSettings,
     settings: QueueArgs,
     namespace: Option<String>,
+    acting: crate::controllers::Acting,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) -> (Arc<Context>, impl std::future::Future<Output = ()> + Send) {
     let (queue_reader, queue_writer) = reflector::store();
@@ -171,7 +173,7 @@ pub fn controller(
         reported: Default::default(),
         dependents: tx,
     };
-    let mut ctx = Context::new(client, backoff, state);
+    let mut ctx = Context::new(client, backoff, state).with_acting(acting);
     ctx.written = written;
     let ctx = Arc::new(ctx);
     let shutdown = shutdown.shared();

@@ -67,12 +67,14 @@ impl State {
     }
 }
 
-/// Builds the controller; it shares the Tunnel controller's Tunnel cache.
+/// Builds the controller, acting only when `acting` permits; it shares the Tunnel controller's
+/// Tunnel cache.
 pub fn controller(
     client: Client,
     settings: TunnelArgs,
     tunnels: Store<Tunnel>,
     namespace: Option<String>,
+    acting: crate::controllers::Acting,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) -> (Arc<Context>, impl std::future::Future<Output = ()> + Send) {
     let services = scoped_api::<Service>(&client, namespace.as_deref());
@@ -80,7 +82,8 @@ pub fn controller(
     let backoff = Backoff::new(settings.service_backoff_min, settings.service_backoff_max);
     let concurrency = settings.service_concurrency;
     let controller = Controller::new(services, watcher::Config::default());
-    let ctx = Arc::new(Context::new(client, backoff, State { settings, tunnels, services: controller.store() }));
+    let state = State { settings, tunnels, services: controller.store() };
+    let ctx = Arc::new(Context::new(client, backoff, state).with_acting(acting));
     let run = controller
         .owns(tunnel_api, watcher::Config::default())
         .with_config(ControllerConfig::default().concurrency(concurrency))

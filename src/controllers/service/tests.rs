@@ -154,3 +154,25 @@ async fn changed_source_ranges_are_patched_onto_the_tunnel_once() {
     reconcile(Arc::new(svc), h.ctx.clone()).await.unwrap();
     assert_eq!(h.api.writes().len(), writes);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_standby_acts_on_nothing_until_it_holds_the_lease_then_not_on_what_it_parked_with() {
+    let (client, api) = FakeApi::start();
+    let settings = TunnelArgs { default_load_balancer: true, ..Default::default() };
+    let backoff = Backoff::new(settings.service_backoff_min, settings.service_backoff_max);
+    let state = State { settings, tunnels: ready_store().0, services: ready_store().0 };
+    let (gate, acting) = crate::controllers::Gate::shut();
+    let ctx = Arc::new(Context::new(client, backoff, state).with_acting(acting));
+    let parked = tokio::spawn(reconcile(service("LoadBalancer"), ctx.clone()));
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(!parked.is_finished(), "a standby's reconcile went past the gate");
+    assert!(api.calls().is_empty(), "a standby called the API: {:?}", api.calls());
+    gate.open();
+    // The snapshot it parked with may be stale: it is run again from the cache, not acted on.
+    assert_eq!(parked.await.unwrap().unwrap(), crate::controllers::Gate::parked());
+    assert!(api.calls().is_empty(), "acted on the parked snapshot: {:?}", api.calls());
+    assert_eq!((ctx.api_writes.get(), ctx.metrics.reconciles()), (0, 0));
+    // Run again, now holding the Lease: it acts.
+    assert_eq!(reconcile(service("LoadBalancer"), ctx.clone()).await.unwrap(), Action::await_change());
+    assert!(api.get(TUNNEL).is_some(), "the leader made the Tunnel");
+}

@@ -117,7 +117,8 @@ impl State {
 
 /// Builds the controller and its orphan sweep, checking tunnels with `probe`
 /// ([`observe::NetworkProbe`]; a stand-in where no exit server can run, as on LocalStack's
-/// instances). Returns the context and the future running both until `shutdown` resolves.
+/// instances), acting only when `acting` permits. Returns the context and the future running
+/// both until `shutdown` resolves.
 #[allow(clippy::too_many_arguments)]
 pub fn controller(
     client: Client,
@@ -127,6 +128,7 @@ pub fn controller(
     backoff: Backoff,
     namespace: Option<String>,
     cluster_id: String,
+    acting: crate::controllers::Acting,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
 ) -> (Arc<Context>, impl std::future::Future<Output = ()> + Send) {
     let scope = namespace.as_deref();
@@ -168,7 +170,7 @@ pub fn controller(
         pair_views: Default::default(),
         probe,
     };
-    let ctx = Arc::new(Context::new(client, backoff, state));
+    let ctx = Arc::new(Context::new(client, backoff, state).with_acting(acting));
     let (by_service, by_client) = (tunnel_reader.clone(), tunnel_reader.clone());
     let run = Controller::for_stream(tunnel_stream, tunnel_reader)
         .watches_stream(deployment_stream, move |d: Deployment| client_of(&d, &by_client))

@@ -23,7 +23,7 @@ use crate::controllers::MANAGED_BY;
 use crate::controllers::owned::{self, Guarded};
 
 /// Runs a sweep every `--orphan-sweep-interval` (the first one after one interval, when the
-/// Tunnel cache is complete) until `shutdown`. An interval of 0 disables it.
+/// Tunnel cache is complete and this replica acts) until `shutdown`. An interval of 0 disables it.
 pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = ()>) {
     let interval = ctx.settings.orphan_sweep_interval;
     if interval.is_zero() {
@@ -34,6 +34,10 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
         loop {
             tokio::time::sleep(crate::controllers::jittered(interval)).await;
             if !crate::controllers::store_synced(&ctx.tunnels).await {
+                return;
+            }
+            // A standby sweeps nothing: it waits for the Lease, then sweeps what the cache holds.
+            if !ctx.acting.until_permits_all().await {
                 return;
             }
             sweep_once(&ctx).instrument(info_span!("orphan_sweep")).await;
@@ -218,6 +222,8 @@ async fn delete(provider: &dyn HostProvider, host: &Host, ctx: &Context) -> usiz
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use providers::HostState;
     use providers::hosts::owner_tags;
 
@@ -229,6 +235,25 @@ mod tests {
             tags.insert(TAG_CLUSTER.into(), c.into());
         }
         Host { id: "h".into(), name: "n".into(), public_ipv4: None, state: HostState::Running, tags }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_standby_sweeps_nothing_until_it_holds_the_lease() {
+        let settings =
+            crate::config::TunnelArgs { orphan_sweep_interval: Duration::from_secs(10), ..Default::default() };
+        let h = super::super::tests::harness_settings(settings);
+        h.provider.insert(host("gone-uid", "ns", Some("cluster-1")));
+        let (gate, acting) = crate::controllers::Gate::shut();
+        let ctx = Arc::new(Arc::into_inner(h.ctx).expect("one owner").with_acting(acting));
+        let sweeps = tokio::spawn(run(ctx.clone(), std::future::pending()));
+        tokio::time::sleep(Duration::from_secs(120)).await;
+        assert_eq!(ctx.sweeps.load(Ordering::Relaxed), 0, "a standby swept");
+        assert_eq!(h.provider.hosts().len(), 1, "a standby deleted an orphan");
+        gate.open();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(ctx.sweeps.load(Ordering::Relaxed) >= 1, "the leader did not sweep");
+        assert!(h.provider.hosts().is_empty(), "the leader left the orphan");
+        sweeps.abort();
     }
 
     #[tokio::test]
