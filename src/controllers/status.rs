@@ -164,6 +164,8 @@ impl<'a, K: WithStatus> StatusWriter<'a, K> {
             return Ok(());
         }
         let mut body = serde_json::to_value(&new).map_err(|e| Error::Internal(format!("status: {e}")))?;
+        let before = serde_json::to_value(&self.last).map_err(|e| Error::Internal(format!("status: {e}")))?;
+        null_dropped(&before, &mut body);
         if let Some(map) = body.as_object_mut() {
             for field in K::Status::CLEARABLE {
                 map.entry(*field).or_insert(serde_json::Value::Null);
@@ -180,5 +182,63 @@ impl<'a, K: WithStatus> StatusWriter<'a, K> {
         }
         self.last = new;
         Ok(())
+    }
+}
+
+/// Sends null for every field `before` had and `after` leaves out, at any depth: a merge patch
+/// keeps absent fields, so a cleared `Option` would otherwise never reach the API server (whether
+/// or not its field is listed in [`ObjectStatus::CLEARABLE`], which covers fields this writer has
+/// not seen).
+fn null_dropped(before: &serde_json::Value, after: &mut serde_json::Value) {
+    let (Some(before), Some(after)) = (before.as_object(), after.as_object_mut()) else { return };
+    for (key, old) in before {
+        match after.get_mut(key) {
+            Some(now) => null_dropped(old, now),
+            None => {
+                after.insert(key.clone(), serde_json::Value::Null);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controllers::testing::FakeApi;
+    use serde_json::Value;
+
+    #[tokio::test]
+    async fn a_cleared_field_is_cleared_on_the_server_whether_or_not_it_is_listed() {
+        let (client, fake) = FakeApi::start();
+        let path = "/apis/skyport.dev/v1alpha1/namespaces/team-a/tunnels/web";
+        let stored = fake.put(
+            path,
+            json!({"apiVersion": "skyport.dev/v1alpha1", "kind": "Tunnel",
+                   "metadata": {"name": "web", "namespace": "team-a", "uid": "u"},
+                   "spec": {"serviceRef": {"name": "web"}},
+                   "status": {"addressId": "a-1", "addressIp": "192.0.2.1", "hostId": "h-1"}}),
+        );
+        let tunnel: Tunnel = serde_json::from_value(stored).unwrap();
+        let api: Api<Tunnel> = Api::namespaced(client, "team-a");
+        let writes = crate::controllers::ApiWrites::default();
+        let mut writer = StatusWriter::new(&tunnel, &api, &writes, None);
+        writer
+            .write(|s| {
+                s.address_id = None;
+                s.address_ip = None;
+            })
+            .await
+            .unwrap();
+        let status = &fake.get(path).unwrap()["status"];
+        assert_eq!((&status["addressId"], &status["addressIp"]), (&Value::Null, &Value::Null), "{status}");
+        assert_eq!(status["hostId"], "h-1", "what was not cleared stays");
+    }
+
+    #[test]
+    fn fields_dropped_at_any_depth_are_sent_as_null() {
+        let before = json!({"a": 1, "b": {"c": 2, "d": 3}, "e": [1]});
+        let mut after = json!({"b": {"c": 2}, "e": []});
+        null_dropped(&before, &mut after);
+        assert_eq!(after, json!({"a": null, "b": {"c": 2, "d": null}, "e": []}));
     }
 }
