@@ -22,7 +22,7 @@ use std::time::Duration;
 use aws_sdk_ec2::types::{Filter, SecurityGroup};
 use base64::Engine as _;
 use ec2_support::provider;
-use providers::ec2::{Ec2Provider, Ec2Settings, TAG_INSTANCE_ID};
+use providers::ec2::{Ec2Provider, Ec2Settings, TAG_CREATED_AT, TAG_INSTANCE_ID};
 use providers::exit::userdata::{Protocol, TunnelService};
 use providers::hosts::{HostProvider, HostRequest, HostState, MANAGED_BY_VALUE, TAG_MANAGED_BY, TAG_TUNNEL_UID};
 use providers::{ErrorClass, HostError, owner_tags};
@@ -125,7 +125,13 @@ async fn the_security_group_opens_exactly_the_tunnel_ports_and_goes_with_the_hos
     expected_tags.insert("Name".into(), request.name.clone());
     let mut group_tags = expected_tags.clone();
     group_tags.insert(TAG_INSTANCE_ID.into(), created.id.clone());
-    assert_eq!(tag_map(group.tags()), group_tags, "owner tags, Name, and the instance it was made for");
+    // When it was made (EC2 records no time for a group): a group whose launch never came is
+    // reaped once overdue.
+    let mut found = tag_map(group.tags());
+    let made = found.remove(TAG_CREATED_AT).expect("the group's creation time");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    assert!(made.parse::<u64>().is_ok_and(|t| t <= now && now - t < 600), "created-at {made}, now {now}");
+    assert_eq!(found, group_tags, "owner tags, Name, and the instance it was made for");
 
     // The root volume carries the same tags, so a cost report finds it under its Tunnel.
     let volumes = p

@@ -162,33 +162,37 @@ impl ClientRunner {
         let pid = Arc::new(std::sync::atomic::AtomicU32::new(0));
         let (counter, current) = (starts.clone(), pid.clone());
         let task = tokio::spawn(async move {
-            let mut running: Option<(String, tokio::process::Child)> = None;
+            let mut running: Option<(String, tokio::process::Child, String)> = None;
             let mut synced = tokio::time::Instant::now();
             loop {
                 // An exited client is started again, as a kubelet does: the tunnel must come back
                 // on its own (and the health responder's port, picked just before the start, may
                 // have been taken meanwhile by another process's connection).
-                if running.as_mut().is_some_and(|(_, child)| child.try_wait().ok().flatten().is_some()) {
+                if running.as_mut().is_some_and(|(_, child, _)| child.try_wait().ok().flatten().is_some()) {
                     running = None;
                     current.store(0, std::sync::atomic::Ordering::Relaxed);
                 }
                 let template = deployments.get_opt(&name).await.ok().flatten().and_then(|d| d.spec).map(|s| s.template);
                 let want = template.as_ref().map(|t| serde_json::to_string(t).unwrap());
-                if running.as_ref().map(|(k, _)| Some(k)) != Some(want.as_ref()) {
-                    if let Some((_, mut child)) = running.take() {
+                if running.as_ref().map(|(k, _, _)| Some(k)) != Some(want.as_ref()) {
+                    if let Some((_, mut child, _)) = running.take() {
                         let _ = child.kill().await;
                         current.store(0, std::sync::atomic::Ordering::Relaxed);
                     }
                     if let (Some(key), Some(template)) = (want, template)
-                        && let Some(child) = launch(&template, &secrets, &backends, &dir).await
+                        && let Some((child, mounted)) = launch(&template, &secrets, &backends, &dir).await
                     {
                         counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         current.store(child.id().unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
-                        running = Some((key, child));
+                        running = Some((key, child, mounted));
                     }
-                } else if let Some(template) = template.filter(|_| synced.elapsed() > VOLUME_SYNC) {
+                } else if let (Some(template), Some((_, _, mounted))) = (template, running.as_mut())
+                    && synced.elapsed() > VOLUME_SYNC
+                {
                     // The kubelet's periodic volume sync: a running Pod's Secret files follow the Secret.
-                    mount(&template, &secrets, &backends, &dir).await;
+                    if let Some((_, now)) = mount(&template, &secrets, &backends, &dir, Some(mounted)).await {
+                        *mounted = now;
+                    }
                     synced = tokio::time::Instant::now();
                 }
                 tokio::time::sleep(Duration::from_millis(300)).await;
@@ -205,8 +209,8 @@ async fn launch(
     secrets: &Api<Secret>,
     backends: &Backends,
     dir: &std::path::Path,
-) -> Option<tokio::process::Child> {
-    let args = mount(template, secrets, backends, dir).await?;
+) -> Option<(tokio::process::Child, String)> {
+    let (args, mounted) = mount(template, secrets, backends, dir, None).await?;
     // Appended across restarts, so a client that exited keeps its last words.
     let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("client.log")).ok()?;
     tokio::process::Command::new(skyport_exe())
@@ -217,17 +221,20 @@ async fn launch(
         .kill_on_drop(true)
         .spawn()
         .ok()
+        .map(|child| (child, mounted))
 }
 
-/// Writes the Secret volume's items as they are now under `dir` (a file whose bytes are unchanged
-/// is left alone, as the kubelet's volume sync leaves it) and returns the container's args, the
-/// mount paths replaced by the local files.
+/// Writes the Secret volume's items as they are now under `dir`, unless they are what `mounted`
+/// says was written last (the files are routed to this test's backends, so the Secret's own text
+/// is what tells a change, as it does for the kubelet's volume sync), and returns the container's
+/// args, the mount paths replaced by the local files, with the Secret's text as written.
 async fn mount(
     template: &k8s_openapi::api::core::v1::PodTemplateSpec,
     secrets: &Api<Secret>,
     backends: &Backends,
     dir: &std::path::Path,
-) -> Option<Vec<String>> {
+    mounted: Option<&str>,
+) -> Option<(Vec<String>, String)> {
     let spec = template.spec.as_ref()?;
     let container = spec.containers.first()?;
     // The container runs its command (the image's entrypoint when unset) with its args.
@@ -236,6 +243,7 @@ async fn mount(
     if args.first().map(String::as_str) != Some(IMAGE_BINARY) {
         return None;
     }
+    let mut files = Vec::new();
     for mount in container.volume_mounts.iter().flatten() {
         let volume = spec.volumes.iter().flatten().find(|v| v.name == mount.name)?;
         let source = volume.secret.as_ref()?;
@@ -243,11 +251,8 @@ async fn mount(
         let data = secret.data.unwrap_or_default();
         for item in source.items.iter().flatten() {
             let text = String::from_utf8(data.get(&item.key)?.0.clone()).ok()?;
-            let text = route(&text, backends).await;
+            files.push((dir.join(&item.path), text));
             let local = dir.join(&item.path);
-            if std::fs::read(&local).ok().as_deref() != Some(text.as_bytes()) {
-                std::fs::write(&local, text).ok()?;
-            }
             let in_pod = format!("{}/{}", mount.mount_path.trim_end_matches('/'), item.path);
             for a in &mut args {
                 if *a == in_pod {
@@ -256,7 +261,13 @@ async fn mount(
             }
         }
     }
-    Some(args)
+    let texts: String = files.iter().map(|(_, text)| text.as_str()).collect::<Vec<_>>().join("\n\0");
+    if mounted != Some(texts.as_str()) {
+        for (local, text) in &files {
+            std::fs::write(local, route(text, backends).await).ok()?;
+        }
+    }
+    Some((args, texts))
 }
 
 /// Sends `payload` to `ip:port` over TCP and returns (the backend's port tag, the echo), or
