@@ -159,6 +159,48 @@ async fn exports_get_the_chosen_keys_follow_edits_and_go_when_dropped() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the test environment: tests/env.sh up"]
+async fn a_queue_that_skips_its_configmap_has_none_and_gets_it_back_on_write() {
+    let ns = TestNs::new("exp-skip").await;
+    let op = Operator::start(&ns, fast_settings()).await;
+    let queues: Api<Queue> = ns.api();
+    let cms: Api<ConfigMap> = ns.api();
+    let absent = |name: &'static str| {
+        let cms = cms.clone();
+        async move { matches!(cms.get(name).await, Err(kube::Error::Api(e)) if e.code == 404).then_some(()) }
+    };
+    queues.create(&PostParams::default(), &queue("quiet", json!({"configMap": "Skip"}))).await.unwrap();
+    let q = wait_ready(&queues, "quiet", ConditionStatus::True, "Available", TIMEOUT).await;
+    assert!(q.status.as_ref().and_then(|s| s.queue_url.as_ref()).is_some(), "status carries the URL");
+    assert!(absent("quiet-sqs").await.is_some(), "no ConfigMap written for a Queue that skips it");
+
+    // Write: the ConfigMap appears; Skip again: this Queue's ConfigMap is deleted, with an Event.
+    let set = |policy: &'static str| json!({"spec": {"configMap": policy}});
+    queues.patch("quiet", &PatchParams::default(), &Patch::Merge(&set("Write"))).await.unwrap();
+    eventually("the ConfigMap written", TIMEOUT, || async { cms.get("quiet-sqs").await.ok() }).await;
+    queues.patch("quiet", &PatchParams::default(), &Patch::Merge(&set("Skip"))).await.unwrap();
+    eventually("the ConfigMap deleted", TIMEOUT, || absent("quiet-sqs")).await;
+    let events: Api<Event> = ns.api();
+    let listed = events.list(&ListParams::default()).await.unwrap().items;
+    assert!(listed.iter().any(|e| e.reason.as_deref() == Some("ConfigMapDeleted")), "a ConfigMapDeleted Event");
+
+    // A ConfigMap of that name someone else made is never deleted by a Queue that skips.
+    let theirs = ConfigMap {
+        metadata: kube::api::ObjectMeta { name: Some("quiet-sqs".into()), ..Default::default() },
+        ..Default::default()
+    };
+    cms.create(&PostParams::default(), &theirs).await.unwrap();
+    queues
+        .patch("quiet", &PatchParams::default(), &Patch::Merge(&json!({"spec": {"tags": {"touch": "1"}}})))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(cms.get("quiet-sqs").await.is_ok(), "someone else's ConfigMap is left alone");
+    assert!(op.ctx.metrics.errors().is_empty(), "reconciles failed: {:?}", op.ctx.metrics.errors());
+    finish(op, ns).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the test environment: tests/env.sh up"]
 async fn objects_someone_else_made_are_never_taken_over() {
     capture_logs();
     let ns = TestNs::new("exp-foreign").await;

@@ -29,7 +29,7 @@ pub(crate) const CREATE_CONCURRENCY: usize = 32;
 /// Parallel requests of the clean-up (not measured).
 const CLEANUP_CONCURRENCY: usize = 32;
 /// The spec of every benchmark Queue: a few managed attributes and a user tag.
-fn spec() -> serde_json::Value {
+pub(crate) fn spec() -> serde_json::Value {
     json!({"visibilityTimeoutSeconds": 45, "messageRetentionSeconds": 3600, "tags": {"bench": "queues"}})
 }
 pub(crate) const SPEC_VISIBILITY: &str = "45";
@@ -132,11 +132,22 @@ impl Bench {
         range: std::ops::Range<usize>,
         created: Option<mpsc::UnboundedSender<Queue>>,
     ) -> anyhow::Result<()> {
+        self.create_queues_with(ns, range, created, spec()).await
+    }
+
+    /// [`Self::create_queues`] with `spec` for every Queue.
+    pub(crate) async fn create_queues_with(
+        &self,
+        ns: &str,
+        range: std::ops::Range<usize>,
+        created: Option<mpsc::UnboundedSender<Queue>>,
+        spec: serde_json::Value,
+    ) -> anyhow::Result<()> {
         let api: Api<Queue> = Api::namespaced(self.driver.clone(), ns);
         futures::stream::iter(queue_names(range))
             .map(|name| {
-                let api = api.clone();
-                async move { api.create(&PostParams::default(), &common::queue(&name, spec())).await }
+                let (api, spec) = (api.clone(), spec.clone());
+                async move { api.create(&PostParams::default(), &common::queue(&name, spec)).await }
             })
             .buffer_unordered(CREATE_CONCURRENCY)
             .map_err(anyhow::Error::from)

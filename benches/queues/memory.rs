@@ -77,8 +77,8 @@ impl Bench {
     pub(crate) async fn memory(&self, o: &Opts) -> anyhow::Result<()> {
         println!("\n== 4. memory of the operator process: {}", entry::skyport_build());
         println!(
-            "   skyport run --namespace <ns> --sqs-rate {0} --sqs-burst {0} --sqs-tag-rate {0} (resync and everything else default)",
-            o.memory_rate
+            "   skyport run --namespace <ns> --sqs-rate {0} --sqs-burst {0} --sqs-tag-rate {0} (resync and everything else default); Queues with spec.configMap {1}",
+            o.memory_rate, o.memory_configmap
         );
         let ns = self.namespace("memory").await?;
         let dir = std::env::temp_dir();
@@ -94,7 +94,9 @@ impl Bench {
         let result: anyhow::Result<()> = async {
             for &n in &o.memory_n {
                 let t0 = Instant::now();
-                self.create_queues(&ns, have..n.max(have), None).await?;
+                let mut spec = crate::harness::spec();
+                spec["configMap"] = o.memory_configmap.clone().into();
+                self.create_queues_with(&ns, have..n.max(have), None, spec).await?;
                 have = have.max(n);
                 watch.all_ready(n, ready_timeout(n, o.memory_rate)).await?;
                 let grow = Instant::now() - t0;

@@ -50,6 +50,8 @@ pub(crate) struct Opts {
     pub(crate) budget_window: Duration,
     pub(crate) memory_n: Vec<usize>,
     pub(crate) memory_rate: u32,
+    /// `spec.configMap` of the memory scenario's Queues.
+    pub(crate) memory_configmap: String,
     pub(crate) profile: bool,
 }
 
@@ -70,6 +72,7 @@ usage: cargo bench --bench queues -- [--quick] [options]
   --budget-window DUR   observation window of the restart under the default governor (default 60s)
   --memory-n LIST       Queue counts for the memory scenario (default 1000,10000)
   --memory-rate N       --sqs-rate (and burst) of the measured operator process (default 500)
+  --memory-configmap P  spec.configMap of the memory scenario's Queues: Write or Skip (default Write)
   --profile             print a latency profile (per API call kind) of both time-to-Ready arms";
 
 fn parse_list<T: std::str::FromStr>(s: &str) -> anyhow::Result<Vec<T>> {
@@ -92,6 +95,7 @@ pub(crate) fn parse_args(args: &[String]) -> anyhow::Result<Opts> {
         budget_window: Duration::from_secs(if quick { 5 } else { 60 }),
         memory_n: if quick { vec![10, 20] } else { vec![1000, 10000] },
         memory_rate: 500,
+        memory_configmap: "Write".into(),
         profile: false,
     };
     let mut it = args.iter();
@@ -124,6 +128,12 @@ pub(crate) fn parse_args(args: &[String]) -> anyhow::Result<Opts> {
             "--budget-window" => o.budget_window = humantime::parse_duration(&value()?)?,
             "--memory-n" => o.memory_n = parse_list(&value()?)?,
             "--memory-rate" => o.memory_rate = value()?.parse()?,
+            "--memory-configmap" => {
+                o.memory_configmap = value()?;
+                if !["Write", "Skip"].contains(&o.memory_configmap.as_str()) {
+                    bail!("--memory-configmap takes Write or Skip, not {:?}", o.memory_configmap);
+                }
+            }
             "--profile" => o.profile = true,
             other => bail!("unknown argument {other:?}\n{USAGE}"),
         }

@@ -183,6 +183,13 @@ pub struct QueueSpec {
     #[x_kube(validation = Rule::new(super::export::UNIQUE_RULE).message("each exports entry needs its own kind and name"))]
     pub exports: Vec<Export>,
 
+    /// `Write` (default): skyport writes the ConfigMap `<name>-sqs` with the queue's `url`, `arn`
+    /// and `name`, for apps that load it with `envFrom`. `Skip`: no such ConfigMap (one this
+    /// Queue wrote is deleted); apps read `status` or `spec.exports`. Skipping saves the
+    /// operator about 1 KiB of memory per Queue (deploy/README.md, *Sizing*).
+    #[serde(default)]
+    pub config_map: ConfigMapPolicy,
+
     /// The AwsAccount (an IAM role to assume, and a region) the SQS queue lives in. Unset: the
     /// operator's own identity and region. An AwsAccount of another namespace (`namespace`
     /// set) must list this namespace in its `allowedNamespaces`. Immutable: a queue is never
@@ -199,6 +206,16 @@ pub enum ManagementPolicy {
     Manage,
     /// Read only: publish an existing queue's URL and ARN, never write to or delete it.
     Observe,
+}
+
+/// Whether skyport writes the Queue's own ConfigMap `<name>-sqs`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ConfigMapPolicy {
+    /// Write `<name>-sqs` with the queue's `url`, `arn` and `name`.
+    #[default]
+    Write,
+    /// Write no `<name>-sqs`, and delete the one this Queue wrote.
+    Skip,
 }
 
 /// Rules on the whole object (they need `metadata.name`), as (CEL rule, message); added to the

@@ -242,6 +242,9 @@ super::reasons! {
     ExportDeleted: [Queue] Normal,
         "an export removed from the spec was deleted",
         "nothing";
+    ConfigMapDeleted: [Queue] Normal,
+        "the ConfigMap `<name>-sqs` was deleted because `spec.configMap` is `Skip`",
+        "nothing; set `spec.configMap: Write` to have it again";
     NothingCreated: [Queue] Normal,
         "a deleted Queue whose role STS refused never created a queue: nothing to delete",
         "nothing";

@@ -22,7 +22,7 @@ use super::secret_exports::{self, Outcome};
 use super::{Context, configmaps};
 use crate::controllers::owned;
 use crate::crd::export::{Export, ExportKind, ExportRef};
-use crate::crd::queue::Queue;
+use crate::crd::queue::{ConfigMapPolicy, Queue};
 use crate::error::{Error, Result};
 use crate::reasons::Reason;
 
@@ -80,8 +80,13 @@ const TAKEN: &str = "exists and was not made by this Queue";
 /// Writes the default ConfigMap and every export, and deletes the exports dropped from the spec.
 pub async fn publish(queue: &Queue, ready: &Ready, ctx: &Context) -> Result<Published> {
     let mut published = Published::default();
-    if let Some(message) = ensure_configmap(queue, ready, ctx).await? {
-        published.conflict = Some((Reason::ConfigMapConflict, message));
+    match queue.spec.config_map {
+        ConfigMapPolicy::Write => {
+            if let Some(message) = ensure_configmap(queue, ready, ctx).await? {
+                published.conflict = Some((Reason::ConfigMapConflict, message));
+            }
+        }
+        ConfigMapPolicy::Skip => drop_default(queue, ctx).await?,
     }
     for target in dropped(&queue.spec.exports, recorded(queue, ctx)) {
         remove(queue, &target, ctx).await?;
@@ -119,6 +124,21 @@ pub async fn publish(queue: &Queue, ready: &Ready, ctx: &Context) -> Result<Publ
         ));
     }
     Ok(published)
+}
+
+/// With `spec.configMap: Skip`, deletes the `<name>-sqs` this Queue wrote. Only the cache is
+/// asked: a Queue that skips from its creation costs no read per reconcile.
+async fn drop_default(queue: &Queue, ctx: &Context) -> Result<()> {
+    let ns = queue.namespace().ok_or(Error::MissingObjectKey("namespace"))?;
+    let name = configmap_name(queue);
+    crate::controllers::store_synced(&ctx.configmaps).await;
+    let ours = ctx.configmaps.get(&configmaps::key(&name, &ns)).is_some_and(|cached| cached.controlled_by(queue));
+    if ours && remove_configmap(queue, &ns, &name, ctx).await? {
+        info!(configmap = name, "deleted the Queue's ConfigMap: spec.configMap is Skip");
+        let note = format!("deleted ConfigMap {name}: spec.configMap is Skip");
+        ctx.publish(queue, Reason::ConfigMapDeleted, note).await;
+    }
+    Ok(())
 }
 
 /// The UID `status.exports` records for the Secret export `name`.
