@@ -110,7 +110,17 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     );
     let client_for_tunnels = client.clone();
     let cluster_id = skyport::clouds::cluster_id(&client, &args.tunnel).await?;
-    let queue_settings = skyport::config::QueueArgs { cluster_id: cluster_id.clone(), ..args.queue.clone() };
+    let ownership_key = match &args.queue.ownership_key_file {
+        Some(path) => skyport::config::OwnershipKey::load(path)?,
+        None => None,
+    };
+    if ownership_key.is_none() {
+        info!(
+            "no ownership key: Queue ownership proofs are kept in memory only, so a restart reads every queue's tags"
+        );
+    }
+    let queue_settings =
+        skyport::config::QueueArgs { cluster_id: cluster_id.clone(), ownership_key, ..args.queue.clone() };
     let (ctx, queues) = controllers::queue::controller(
         client,
         sqs.clone(),

@@ -182,7 +182,7 @@ pub fn health_mac(token: &str, nonce: &[u8]) -> [u8; 32] {
 }
 
 /// HMAC (RFC 2104) over SHA-256.
-fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
+pub fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
     let mut block = [0u8; 64];
     if key.len() > 64 {
         block[..32].copy_from_slice(&Sha256::digest(key));

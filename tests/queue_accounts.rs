@@ -94,7 +94,7 @@ async fn two_namespaces_use_their_own_accounts_and_regions_at_once() {
     assert!(sp.queue_arn.as_deref().unwrap().contains(":000000000000:"), "default identity: {sp:?}");
     assert_eq!((sa.account.as_deref(), sa.region.as_deref()), (Some("team"), Some("eu-west-1")));
     assert_eq!((sb.account.as_deref(), sb.region.as_deref()), (Some("team"), Some("us-west-2")));
-    assert_eq!(sa.role_arn.as_deref(), Some(ROLE_B));
+    assert_eq!(sa.role_arn.as_deref().map(String::as_str), Some(ROLE_B));
     assert_eq!(sp.account.as_deref(), Some("default"));
     assert_eq!(sp.role_arn, None);
 

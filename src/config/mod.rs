@@ -16,7 +16,7 @@ mod tunnel;
 
 pub use aws::AwsArgs;
 pub use leader::LeaderArgs;
-pub use queue::{NameGrant, QueueArgs};
+pub use queue::{NameGrant, OwnershipKey, QueueArgs};
 pub use tunnel::{DEFAULT_EXIT_SERVER_URL, OWN_IMAGE, TunnelArgs};
 
 /// skyport: provisions cloud resources declared as Kubernetes objects.

@@ -1,6 +1,9 @@
 //! Queue controller flags; the Tunnel controller falls back to their error backoff.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use anyhow::Context as _;
 
 use clap::Args;
 
@@ -48,10 +51,63 @@ pub struct QueueArgs {
     #[arg(long = "queue-name-grant", env = "SKYPORT_QUEUE_NAME_GRANTS", value_delimiter = ',', value_parser = name_grant, value_name = "NAMESPACE=PATTERN")]
     pub name_grants: Vec<NameGrant>,
 
+    /// A file holding the key that seals each Queue's ownership proof in its status, so that a
+    /// restarted operator or a new leader does not read every queue's tags again (at least 32
+    /// bytes; the chart mounts it from a Secret the operator's ServiceAccount cannot read).
+    /// Unset, or no such file: proofs live in memory only.
+    #[arg(long = "ownership-key-file", env = "SKYPORT_OWNERSHIP_KEY_FILE", value_name = "PATH")]
+    pub ownership_key_file: Option<PathBuf>,
+
+    /// The key read from --ownership-key-file at start.
+    #[arg(skip)]
+    pub ownership_key: Option<OwnershipKey>,
+
     /// This cluster's identity (`--cluster-id`, else the kube-system namespace's UID), tagged on
     /// every queue so that clusters sharing an AWS account never take each other's queues.
     #[arg(skip)]
     pub cluster_id: String,
+}
+
+/// Shortest ownership key taken: HMAC-SHA256's full strength.
+pub const MIN_KEY_BYTES: usize = 32;
+
+/// The ownership key (see `--ownership-key-file`). Never printed.
+#[derive(Clone)]
+pub struct OwnershipKey(Vec<u8>);
+
+impl std::fmt::Debug for OwnershipKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OwnershipKey(redacted)")
+    }
+}
+
+impl OwnershipKey {
+    /// The key in `path`, surrounding whitespace dropped. `Ok(None)` when the file does not
+    /// exist: the Secret behind it is optional.
+    pub fn load(path: &Path) -> anyhow::Result<Option<OwnershipKey>> {
+        let bytes = match std::fs::read(path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e).with_context(|| format!("reading the ownership key {}", path.display())),
+        };
+        let key = bytes.trim_ascii().to_vec();
+        anyhow::ensure!(
+            key.len() >= MIN_KEY_BYTES,
+            "the ownership key {} has {} bytes; it needs at least {MIN_KEY_BYTES} (e.g. `openssl rand -hex 32`)",
+            path.display(),
+            key.len()
+        );
+        Ok(Some(OwnershipKey(key)))
+    }
+
+    /// A key of these bytes (tests).
+    pub fn from_bytes(key: &[u8]) -> OwnershipKey {
+        OwnershipKey(key.to_vec())
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.0
+    }
 }
 
 /// SQS queue names granted to one namespace (see `--queue-name-grant`).
@@ -114,6 +170,8 @@ impl Default for QueueArgs {
             backoff_max: Duration::from_secs(300),
             recently_deleted_retry: Duration::from_secs(15),
             name_grants: Vec::new(),
+            ownership_key_file: None,
+            ownership_key: None,
             cluster_id: String::new(),
         }
     }
@@ -146,5 +204,21 @@ mod tests {
         let ends = NameGrant { namespace: "a".into(), pattern: "a*a".into() };
         assert!(!ends.matches("a"), "the two ends cannot share a character");
         assert!(ends.matches("aa"));
+    }
+
+    #[test]
+    fn a_short_key_is_refused_and_a_missing_file_means_no_key() {
+        let dir = std::env::temp_dir().join(format!("skyport-sealed-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let short = dir.join("short");
+        std::fs::write(&short, "abc\n").unwrap();
+        let message = OwnershipKey::load(&short).unwrap_err().to_string();
+        assert!(message.contains("at least 32") && !message.contains("abc"), "{message}");
+        assert!(OwnershipKey::load(&dir.join("absent")).unwrap().is_none());
+        let good = dir.join("good");
+        std::fs::write(&good, format!("{}\n", "k".repeat(64))).unwrap();
+        let key = OwnershipKey::load(&good).unwrap().unwrap();
+        assert_eq!(format!("{key:?}"), "OwnershipKey(redacted)");
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -130,7 +130,8 @@ pub struct QueueSpec {
     /// KMS key (ID, alias such as `alias/aws/sqs`, or ARN) for SSE-KMS.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 2048))]
-    pub kms_key_id: Option<Box<str>>,
+    // A thin pointer: most Queues leave it unset, and the cache keeps every Queue.
+    pub kms_key_id: Option<Box<CompactString>>,
 
     /// Seconds SQS may reuse a KMS data key (60-86400). Only with kmsKeyId.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -367,7 +368,7 @@ pub struct QueueStatus {
     /// The IAM role the queue was created and is managed as (unset for the operator's own
     /// identity). Shown, never trusted: deletion assumes only the role the AwsAccount names now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub role_arn: Option<Box<str>>,
+    pub role_arn: Option<Box<String>>,
     /// The AwsAccount's own SQS endpoint the queue was created at, if it named one. Shown, never
     /// trusted: deletion goes only through the endpoint the AwsAccount names now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -378,9 +379,33 @@ pub struct QueueStatus {
     /// The `metadata.generation` of the spec last applied to SQS.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// The last proof, by the queue's owner tag, that the SQS queue is this Queue's, sealed with
+    /// the operator's ownership key so that a restarted operator need not read the tags again
+    /// before their next check. Written only when the operator has an ownership key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ownership_proof: Option<Box<OwnershipProof>>,
     /// `Ready`: the queue exists and matches the spec. `Synced`: the last reconcile succeeded.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+}
+
+/// When and for which queue the owner tag was last read and named this Queue, sealed with a key
+/// only the operator's Pod holds (HMAC-SHA256 over this Queue's UID, `queueUrl` and the fields
+/// here). A record whose seal does not verify is ignored: the tags are read again.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OwnershipProof {
+    /// The queue's `CreatedTimestamp` (seconds since 1970), when it was read: a queue deleted
+    /// and made again under the same URL is another queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created: Option<Box<str>>,
+    /// When the owner tag was read, in seconds since 1970.
+    pub proven_at: i64,
+    /// The Queue's `metadata.generation` then: a changed spec reads the tags again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+    /// The seal: hex of the first 16 bytes of the HMAC-SHA256.
+    pub seal: Box<str>,
 }
 
 #[cfg(test)]
@@ -403,8 +428,8 @@ mod tests {
     /// Every Queue lives in the controller's cache as an `Arc<Queue>`: 16 bytes of counts plus
     /// the struct, in jemalloc's 768-byte size class. One more inline field would move all of
     /// them to the 896-byte class (1.25 MB more at 10,000 Queues): box fields most Queues leave
-    /// unset, as `deadLetter`, `policy` and `accountRef` are (`status.endpointUrl` behind a thin
-    /// pointer).
+    /// unset, as `deadLetter`, `policy` and `accountRef` are (`spec.kmsKeyId`, `status.roleArn`,
+    /// `status.endpointUrl` and `status.ownershipProof` behind thin pointers).
     #[test]
     fn a_cached_queue_fits_the_768_byte_class() {
         let arc = 16 + std::mem::size_of::<Queue>();

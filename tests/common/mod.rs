@@ -153,6 +153,8 @@ pub fn fast_settings() -> QueueArgs {
         backoff_max: Duration::from_secs(2),
         recently_deleted_retry: Duration::from_secs(5),
         name_grants: Vec::new(),
+        ownership_key_file: None,
+        ownership_key: None,
         cluster_id: TEST_CLUSTER.into(),
     }
 }

@@ -135,7 +135,7 @@ fn insecure(account: &AwsAccount, allow_http: bool) -> Option<Refusal> {
 /// A Queue created under one role, region or endpoint whose AwsAccount now says another (pure).
 pub fn moved(queue: &Queue, spec: &AwsAccountSpec) -> Option<Refusal> {
     let status = queue.status.as_ref()?;
-    let (role, region) = (status.role_arn.as_deref()?, status.region.as_deref()?);
+    let (role, region) = (status.role_arn.as_deref().map(String::as_str)?, status.region.as_deref()?);
     let endpoint = status.endpoint_url.as_deref().map(String::as_str);
     let changed = role != spec.role_arn || region != spec.region || endpoint != spec.endpoint_url.as_deref();
     let at = |e: Option<&str>| e.map(|e| format!(" at {e}")).unwrap_or_default();
@@ -423,7 +423,7 @@ mod tests {
         let spec = account("a", &[]).spec;
         assert_eq!(moved(&q, &spec), None, "nothing recorded yet");
         q.status = Some(QueueStatus {
-            role_arn: Some(spec.role_arn.as_str().into()),
+            role_arn: Some(Box::new(spec.role_arn.clone())),
             region: Some("eu-west-1".into()),
             ..Default::default()
         });

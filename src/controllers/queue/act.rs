@@ -122,7 +122,15 @@ pub async fn apply(
     if url.is_empty() || arn.is_empty() {
         return Err(Error::Queue(QueueError::Unavailable("SQS returned no queue URL or ARN".into())));
     }
-    Ok(Applied::Done(Outcome::Ready(Ready { url, arn, name: desired.name.clone(), adopted, created, events })))
+    Ok(Applied::Done(Outcome::Ready(Ready {
+        url,
+        arn,
+        name: desired.name.clone(),
+        adopted,
+        created,
+        events,
+        proof: None,
+    })))
 }
 
 /// Whether `obj` is controlled by `queue` (its controller owner reference has the Queue's UID).

@@ -8,10 +8,10 @@ use providers::QueueBackend;
 use tracing::debug;
 
 use super::plan::{Observed, Outcome, Plan, Ready, Step};
-use super::{Context, act, dead_letter, desired, observe, plan, tenancy};
+use super::{Context, act, dead_letter, desired, observe, plan, sealed, tenancy};
 use crate::controllers::context::namespace_of;
 use crate::controllers::jittered;
-use crate::crd::queue::{ManagementPolicy, Queue, QueueStatus};
+use crate::crd::queue::{ManagementPolicy, OwnershipProof, Queue, QueueStatus};
 use crate::error::{Error, Result};
 use crate::reasons::Reason;
 
@@ -56,7 +56,7 @@ pub async fn converge(queue: &Queue, ctx: &Context, sqs: &dyn QueueBackend) -> R
         adopted,
         recheck: jittered(ctx.resync(queue)),
     };
-    let verified = ctx.verified.get(&uid);
+    let verified = proof(ctx, queue, &uid);
     let tags_due = verified
         .as_ref()
         .is_none_or(|v| v.generation != queue.metadata.generation || v.at.elapsed() >= ctx.tag_resync(queue));
@@ -87,9 +87,10 @@ pub async fn converge(queue: &Queue, ctx: &Context, sqs: &dyn QueueBackend) -> R
             return Ok(refusal);
         }
         match act::apply(queue, &desired, &observed, plan.clone(), adopted, ctx, sqs).await? {
-            act::Applied::Done(outcome) => {
-                if let Outcome::Ready(ready) = &outcome {
-                    remember(ctx, &uid, queue.metadata.generation, ready, tags_read || plan_created(&plan), verified);
+            act::Applied::Done(mut outcome) => {
+                if let Outcome::Ready(ready) = &mut outcome {
+                    let proven = tags_read || plan_created(&plan);
+                    ready.proof = remember(ctx, &uid, queue.metadata.generation, ready, proven, verified);
                 }
                 return Ok(outcome);
             }
@@ -107,7 +108,15 @@ fn plan_created(plan: &Plan) -> bool {
     matches!(plan, Plan::Apply { steps, .. } if steps.iter().any(|s| matches!(s, Step::Create { .. })))
 }
 
-/// Records that `ready` is ours: proven now when `proven`, else as proven before.
+/// The proof this process made for the Queue, else the one its status carries sealed
+/// ([`sealed`]).
+pub(super) fn proof(ctx: &Context, queue: &Queue, uid: &str) -> Option<observe::Verified> {
+    let key = ctx.settings.ownership_key.as_ref();
+    ctx.verified.get(uid).or_else(|| key.and_then(|key| sealed::restore(key, queue)))
+}
+
+/// Records that `ready` is ours: proven now when `proven`, else as proven before. Returns the
+/// sealed record for status when the operator has an ownership key.
 fn remember(
     ctx: &Context,
     uid: &str,
@@ -115,13 +124,15 @@ fn remember(
     ready: &Ready,
     proven: bool,
     before: Option<observe::Verified>,
-) {
+) -> Option<Box<OwnershipProof>> {
     let at = match before {
         Some(v) if !proven => v.at,
         _ => Instant::now(),
     };
     let entry = observe::Verified::new(&ready.url, ready.created.as_deref(), at, generation);
     ctx.verified.remember(uid, entry);
+    let key = ctx.settings.ownership_key.as_ref()?;
+    Some(Box::new(sealed::seal(key, uid, &ready.url, ready.created.as_deref(), at, generation)))
 }
 
 /// managementPolicy Observe: publish an existing queue, never write to SQS. A queue another
@@ -145,7 +156,7 @@ async fn observe_only(
     let uid = queue.uid().ok_or(Error::MissingObjectKey("uid"))?;
     let created = attributes.get("CreatedTimestamp").cloned();
     // Whose queue it is was read once for this very queue (same URL and creation time).
-    if !ctx.verified.get(&uid).is_some_and(|v| v.covers(&url, &attributes)) {
+    if !proof(ctx, queue, &uid).is_some_and(|v| v.covers(&url, &attributes)) {
         let ns = namespace_of(queue)?;
         match tenancy::holder(&sqs.tags(&url).await?, &ns, &ctx.settings.cluster_id) {
             tenancy::Holder::Untagged | tenancy::Holder::SameNamespace { .. } => {}
@@ -163,5 +174,13 @@ async fn observe_only(
         ctx.verified.remember(&uid, observe::Verified::new(&url, created.as_deref(), Instant::now(), None));
     }
     let arn = attributes.get("QueueArn").cloned().unwrap_or_default();
-    Ok(Outcome::Ready(Ready { url, arn, name: desired.name.clone(), adopted: false, created, events: Vec::new() }))
+    Ok(Outcome::Ready(Ready {
+        url,
+        arn,
+        name: desired.name.clone(),
+        adopted: false,
+        created,
+        events: Vec::new(),
+        proof: None,
+    }))
 }

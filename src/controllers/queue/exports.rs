@@ -216,6 +216,7 @@ mod tests {
             adopted: false,
             created: None,
             events: Vec::new(),
+            proof: None,
         }
     }
 

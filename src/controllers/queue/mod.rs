@@ -32,6 +32,7 @@ pub mod fair;
 pub mod observe;
 pub mod pace;
 pub mod plan;
+pub mod sealed;
 pub mod secret_exports;
 pub mod status;
 pub mod tenancy;

@@ -8,6 +8,7 @@ use serde_json::Value;
 use super::desired::{Desired, TAG_ADOPTED, TAG_OWNER_UID};
 use super::tenancy::{self, Holder};
 use crate::config::NameGrant;
+use crate::crd::queue::OwnershipProof;
 use crate::reasons::Reason;
 
 pub mod redrive;
@@ -63,6 +64,8 @@ pub struct Ready {
     pub created: Option<String>,
     /// Normal Events to publish: (reason, note).
     pub events: Vec<(Reason, String)>,
+    /// The sealed ownership proof for status (only with an ownership key).
+    pub proof: Option<Box<OwnershipProof>>,
 }
 
 /// Outcome of one converge pass, before status is written.

@@ -45,9 +45,10 @@ pub async fn ready(
             s.exports = exports.to_vec();
             s.account = Some(placement.account.as_str().into());
             s.region = placement.region.as_deref().map(Into::into);
-            s.role_arn = placement.role_arn.as_deref().map(Into::into);
+            s.role_arn = placement.role_arn.clone().map(Box::new);
             s.endpoint_url = placement.endpoint_url.clone().map(Box::new);
             s.observed_generation = generation;
+            s.ownership_proof = ready.proof.clone();
         })
         .await?;
     Ok(was != Some((ConditionStatus::True, Some(ready.arn.clone()))))
