@@ -312,6 +312,26 @@ async fn unrelated_writes_are_refused(admin: &Client, sa: &Client, ns: &str) {
     );
     let kept = Api::<Secret>::namespaced(admin.clone(), ns).get("unrelated").await.unwrap();
     assert_eq!(kept.data.unwrap()["k"].0, b"v", "the unrelated Secret is untouched");
+    planted_in_the_operators_namespace_is_refused(admin, sa).await;
+}
+
+/// The operator's own namespace holds what configures it (the ownership key that seals Queue
+/// status): even an object that looks like a Queue export (skyport's label, a Queue of that
+/// namespace as its controller) is refused there, so a stolen token cannot plant the key.
+async fn planted_in_the_operators_namespace_is_refused(admin: &Client, sa: &Client) {
+    let queues: Api<Queue> = Api::namespaced(admin.clone(), "skyport-system");
+    let decoy = queues.create(&PostParams::default(), &queue("rbac-decoy", json!({}))).await.unwrap();
+    let owner = json!([{"apiVersion": "skyport.dev/v1alpha1", "kind": "Queue", "name": "rbac-decoy",
+                        "uid": decoy.metadata.uid, "controller": true}]);
+    let key: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "skyport-ownership-key", "labels": {"app.kubernetes.io/managed-by": "skyport"},
+                     "ownerReferences": owner},
+        "stringData": {"key": "k".repeat(64)},
+    }))
+    .unwrap();
+    let planted = Api::<Secret>::namespaced(sa.clone(), "skyport-system").create(&PostParams::default(), &key).await;
+    let _ = queues.delete("rbac-decoy", &DeleteParams::default()).await;
+    forbidden(planted, "plant the ownership key in the operator's namespace");
 }
 
 /// With `watchNamespace`, the chart grants only a Role in that namespace: both controllers work
