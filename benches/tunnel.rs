@@ -368,6 +368,7 @@ fn tunnels_request() -> providers::HostRequest {
                 port: 9000,
                 token: "bench".into(),
                 source_ranges: Vec::new(),
+                proxy_protocol: None,
             }],
         },
         tags: providers::owner_tags("00000000-0000-0000-0000-000000000000", "bench", "direct"),

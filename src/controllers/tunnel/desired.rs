@@ -107,6 +107,7 @@ pub fn exit_server(ports: &[TunnelPort], credentials: &Credentials, control_port
             port: u16::try_from(p.port).unwrap_or_default(),
             token: credentials.token.clone(),
             source_ranges: Vec::new(),
+            proxy_protocol: None,
         })
         .collect();
     services.push(crate::tunnel::health_server_service(health_port, &credentials.token));
