@@ -51,10 +51,8 @@ pub struct Relay {
 /// listener is published on that listener's port.
 pub fn relays(ip: Option<Ipv4Addr>, layout: &Layout) -> BTreeSet<Relay> {
     let Some(ip) = ip else { return BTreeSet::new() };
-    let parsed = layout
-        .services
-        .iter()
-        .filter_map(|(kind, address)| Some((kind == "udp", address.parse::<SocketAddr>().ok()?)));
+    let parsed =
+        layout.services.iter().filter_map(|(kind, address)| Some((kind == "udp", address.parse::<SocketAddr>().ok()?)));
     parsed
         .map(|(udp, mut target)| {
             if target.ip().is_unspecified() {

@@ -6,7 +6,14 @@ use super::*;
 const KEY: &str = "wCR3TomqL60P4MLphr9nSLR+tS5cgq7pccADVo2zaaQ=";
 
 fn service(name: &str, protocol: Protocol, port: u16, proxy: Option<ProxyProtocol>) -> TunnelService {
-    TunnelService { name: name.into(), protocol, port, token: "t".into(), source_ranges: Vec::new(), proxy_protocol: proxy }
+    TunnelService {
+        name: name.into(),
+        protocol,
+        port,
+        token: "t".into(),
+        source_ranges: Vec::new(),
+        proxy_protocol: proxy,
+    }
 }
 
 /// `tcp-80` with a v2 header, `tcp-443` and `udp-53` without.
@@ -85,8 +92,11 @@ async fn load_has_rathole_check_its_part_of_a_document_rathole_alone_refuses() {
     assert_eq!(parsed.server.unwrap().services.len(), 3);
     assert_eq!(document.proxied.len(), 1);
     // rathole's own checks still run: a service without a token is refused.
-    std::fs::write(&path, "[server]\nbind_addr = \"127.0.0.1:2333\"\n[server.services.a]\nbind_addr = \"127.0.0.1:80\"\n")
-        .unwrap();
+    std::fs::write(
+        &path,
+        "[server]\nbind_addr = \"127.0.0.1:2333\"\n[server.services.a]\nbind_addr = \"127.0.0.1:80\"\n",
+    )
+    .unwrap();
     assert!(load(&path).await.is_err());
     let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(left, ["server.toml"], "no check file is left behind");

@@ -183,7 +183,9 @@ async fn a_push_with_a_proxy_protocol_service_is_applied_whole_and_a_udp_one_is_
     assert_eq!(receiver.apply(&frame).await, Answer::Applied);
     assert_eq!(std::fs::read_to_string(dir.join("server.toml")).unwrap(), text, "one document, table included");
 
-    let udp = format!("{text}\n[server.services.\"udp-53\"]\ntype = \"udp\"\ntoken = \"t\"\nbind_addr = \"127.0.0.1:5300\"\n\n[skyport.services.\"udp-53\"]\nproxy_protocol = \"v2\"\n");
+    let udp = format!(
+        "{text}\n[server.services.\"udp-53\"]\ntype = \"udp\"\ntoken = \"t\"\nbind_addr = \"127.0.0.1:5300\"\n\n[skyport.services.\"udp-53\"]\nproxy_protocol = \"v2\"\n"
+    );
     let frame = Frame::seal(&key(KEY), receiver.generation().unwrap() + 1, udp.as_bytes()).unwrap();
     assert_eq!(receiver.apply(&frame).await, Answer::Refused);
     assert_eq!(std::fs::read_to_string(dir.join("server.toml")).unwrap(), text);

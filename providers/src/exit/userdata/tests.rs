@@ -8,7 +8,14 @@ use serde_json::Value;
 const KEY: &str = "cGhhbnRvbS1rZXktZm9yLXRlc3RzLW9ubHktMzJieXRlcw==";
 
 fn service(name: &str, protocol: Protocol, port: u16, token: &str) -> TunnelService {
-    TunnelService { name: name.into(), protocol, port, token: token.into(), source_ranges: Vec::new(), proxy_protocol: None }
+    TunnelService {
+        name: name.into(),
+        protocol,
+        port,
+        token: token.into(),
+        source_ranges: Vec::new(),
+        proxy_protocol: None,
+    }
 }
 
 fn sample() -> ExitServer {
