@@ -42,7 +42,8 @@ async fn proxy_sink() -> anyhow::Result<std::net::SocketAddr> {
                 }
                 let rest = usize::from(u16::from_be_bytes([header[14], header[15]]));
                 header.resize(16 + rest, 0);
-                if conn.read_exact(&mut header[16..]).await.is_err() || ppp::v2::Header::try_from(&header[..]).is_err() {
+                if conn.read_exact(&mut header[16..]).await.is_err() || ppp::v2::Header::try_from(&header[..]).is_err()
+                {
                     return;
                 }
                 let mut buf = vec![0u8; 1 << 16];
@@ -82,7 +83,12 @@ pub async fn run(runs: usize, megabytes: usize) -> anyhow::Result<()> {
     let mut runners = Vec::new();
     let mut targets = Vec::new();
     for (name, port, proxy) in [("plain", PLAIN, None), ("proxied", PROXIED, Some("v2"))] {
-        runners.push(ClientRunner::start(ns.client.clone(), &ns.name, &format!("{name}-tunnel-client"), backends.clone()));
+        runners.push(ClientRunner::start(
+            ns.client.clone(),
+            &ns.name,
+            &format!("{name}-tunnel-client"),
+            backends.clone(),
+        ));
         services.create(&PostParams::default(), &service(name, port, proxy)).await?;
         targets.push(format!("{}:{port}", ingress(&services, name).await?));
     }
