@@ -20,8 +20,10 @@ const PLAIN: u16 = 9000;
 const PROXIED: u16 = 9010;
 
 fn service(name: &str, port: u16, proxy: Option<&str>) -> Service {
+    let annotations: serde_json::Map<_, _> =
+        proxy.map(|v| ("skyport.dev/proxy-protocol".to_string(), v.into())).into_iter().collect();
     serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name, "annotations": {"skyport.dev/proxy-protocol": proxy}},
+        "metadata": {"name": name, "annotations": annotations},
         "spec": {"type": "LoadBalancer", "loadBalancerClass": "skyport.dev/tunnel",
                  "ports": [{"name": "data", "port": port, "protocol": "TCP"}]},
     }))
