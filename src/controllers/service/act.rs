@@ -86,6 +86,14 @@ pub async fn set_proxy_protocol(
     Ok(())
 }
 
+/// Says on the Service that an annotation of a Service with a Tunnel cannot be read; the Tunnel
+/// keeps its spec.
+pub async fn invalid_annotation(service: &Service, name: &str, why: &str, ctx: &Context) {
+    warn!(tunnel = %name, why, "cannot read the Service's annotations");
+    let note = format!("{why}; the Tunnel {name} keeps its spec until the annotation is fixed");
+    ctx.publish(service, Reason::InvalidAnnotation, note).await;
+}
+
 /// `anywhere` for no ranges, else the list.
 pub fn describe_ranges(ranges: &[String]) -> String {
     if ranges.is_empty() { "anywhere".into() } else { ranges.join(", ") }

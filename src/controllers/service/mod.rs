@@ -117,8 +117,7 @@ async fn reconcile_inner(service: Arc<Service>, ctx: Arc<Context>) -> Result<Act
             Action::await_change()
         }
         plan::Step::InvalidAnnotation(why) => {
-            let note = format!("{why}; the Tunnel {name} keeps its spec until the annotation is fixed");
-            ctx.publish(&*service, crate::reasons::Reason::InvalidAnnotation, note).await;
+            act::invalid_annotation(&service, &name, &why, &ctx).await;
             Action::await_change()
         }
         plan::Step::Delete { why } => {
