@@ -92,11 +92,14 @@ impl Document {
 
     /// The file rathole runs and the listeners skyport holds in front of it. `internal` keeps
     /// each proxied service's loopback address across calls (rathole keeps serving a service
-    /// whose section did not change); a new one gets a port the kernel has free now.
+    /// whose section did not change); a new one gets a loopback port the kernel has free now,
+    /// which rathole binds once a client connects.
     pub fn derive(&self, internal: &mut BTreeMap<String, SocketAddr>) -> anyhow::Result<(String, Vec<Front>)> {
         internal.retain(|name, _| self.proxied.contains_key(name));
         let mut rathole = self.rathole.clone();
         let mut fronts = Vec::new();
+        // Each new port stays held until all are chosen, so two services never get the same one.
+        let mut held = Vec::new();
         for (name, &proxy) in &self.proxied {
             let section = rathole
                 .get_mut("server")
@@ -109,20 +112,22 @@ impl Document {
                 public.parse().with_context(|| format!("service {name:?}: bind_addr {public:?} is not ip:port"))?;
             let at = match internal.get(name) {
                 Some(at) => *at,
-                None => free_loopback_port().with_context(|| format!("service {name:?}: no free loopback port"))?,
+                None => {
+                    let probe = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+                        .and_then(|l| l.local_addr().map(|at| (l, at)))
+                        .with_context(|| format!("service {name:?}: no free loopback port"))?;
+                    held.push(probe.0);
+                    probe.1
+                }
             };
             internal.insert(name.clone(), at);
             section.insert("bind_addr".into(), Value::String(at.to_string()));
             fronts.push(Front { public, internal: at, proxy });
         }
+        drop(held);
         let text = toml::to_string(&rathole).context("writing the derived tunnel configuration")?;
         Ok((text, fronts))
     }
-}
-
-/// A loopback address whose port nothing holds now. rathole binds it once a client connects.
-fn free_loopback_port() -> std::io::Result<SocketAddr> {
-    std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()
 }
 
 /// Reads and splits `path`, and has rathole check its part (through a private sibling file,

@@ -102,3 +102,16 @@ async fn load_has_rathole_check_its_part_of_a_document_rathole_alone_refuses() {
     assert_eq!(left, ["server.toml"], "no check file is left behind");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn two_proxied_services_never_share_a_loopback_port() {
+    let text = render_server_toml(&ExitServer {
+        control_port: 2333,
+        noise_private_key: KEY.into(),
+        services: (1..=8).map(|i| service(&format!("tcp-{i}"), Protocol::Tcp, i, Some(ProxyProtocol::V1))).collect(),
+    })
+    .unwrap();
+    let (_, fronts) = split(&text).unwrap().derive(&mut BTreeMap::new()).unwrap();
+    let ports: std::collections::BTreeSet<u16> = fronts.iter().map(|f| f.internal.port()).collect();
+    assert_eq!(ports.len(), 8, "{fronts:?}");
+}
