@@ -39,6 +39,10 @@
 //!    powers off: when the address moved, the longest gap between answered requests (one every
 //!    100 ms), the requests failed (`tunnel/guest_failover.rs`). 3 runs, 1 with `--quick`.
 //!
+//! 7. **`--proxy`**: the bulk transfer through a Service with the PROXY protocol header (v2) and
+//!    through one without, two exit servers in the same run, alternating (`tunnel/proxy.rs`). 7
+//!    runs of 256 MiB, 2 of 16 MiB with `--quick`; it replaces 1-3.
+//!
 //! The tunnel runs the skyport binary of the profile the benchmark is built with (the exit server
 //! and the client alike), so `cargo bench` (release) measures a release tunnel; with
 //! `SKYPORT_BENCH_EXE=$(tests/env/build-musl.sh)` it runs the static musl binary exit servers
@@ -56,6 +60,7 @@
 //! cargo bench --bench tunnel -- --failover  # with the node, SKYPORT_IMAGE and SKYPORT_ECHO_IMAGE as tests/run.sh sets them
 //! cargo bench --bench tunnel -- --failover --ec2  # the EC2 arm alone (LocalStack, no node)
 //! cargo bench --bench tunnel -- --guest --failover  # as root, as --guest
+//! cargo bench --bench tunnel -- --proxy     # with and without the PROXY protocol header
 //! ```
 //!
 //! Run without `--bench` (as `cargo test --all-targets` does) it only says how to run it.
@@ -90,6 +95,8 @@ mod node;
 mod on_guests;
 #[path = "tunnel/peers.rs"]
 mod peers;
+#[path = "tunnel/proxy.rs"]
+mod proxy;
 use common::tunnels;
 
 use std::time::{Duration, Instant};
@@ -368,6 +375,7 @@ fn tunnels_request() -> providers::HostRequest {
                 port: 9000,
                 token: "bench".into(),
                 source_ranges: Vec::new(),
+                proxy_protocol: None,
             }],
         },
         tags: providers::owner_tags("00000000-0000-0000-0000-000000000000", "bench", "direct"),
@@ -379,7 +387,7 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if !args.iter().any(|a| a == "--bench") {
         println!(
-            "benches/tunnel.rs is a benchmark against the test environment: cargo bench --bench tunnel [-- --quick] [--guest] [--failover [--ec2]]"
+            "benches/tunnel.rs is a benchmark against the test environment: cargo bench --bench tunnel [-- --quick] [--guest] [--failover [--ec2]] [--proxy]"
         );
         return Ok(());
     }
@@ -397,6 +405,10 @@ fn main() -> anyhow::Result<()> {
             }
             failover_ec2::run(runs).await
         });
+    }
+    if args.iter().any(|a| a == "--proxy") {
+        let (runs, megabytes) = if quick { (2, 16) } else { (7, 256) };
+        return tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(proxy::run(runs, megabytes));
     }
     if args.iter().any(|a| a == "--guest") {
         let runs = if quick { 1 } else { 3 };

@@ -24,7 +24,10 @@ use tracing::info;
 
 pub mod firewall;
 pub mod forward;
+pub mod front;
+pub mod options;
 pub mod ports;
+pub mod proxy;
 pub mod push;
 pub mod reread;
 pub mod verify;
@@ -57,10 +60,13 @@ pub async fn run(role: Role, config: PathBuf, push_port: u16, forward_file: Opti
         default_hook(info);
         std::process::exit(101);
     }));
-    // rathole's own error for a bad file is vague; check it here to name the file.
-    let parsed = rathole::Config::from_file(&config)
-        .await
-        .with_context(|| format!("reading the tunnel configuration {}", config.display()))?;
+    // rathole's own error for a bad file is vague; check it here to name the file. A server's
+    // file carries skyport's table too ([`options`]).
+    let parsed = match role {
+        Role::Server => options::load(&config).await.map(|(parsed, _)| parsed),
+        Role::Client => rathole::Config::from_file(&config).await,
+    }
+    .with_context(|| format!("reading the tunnel configuration {}", config.display()))?;
     if role == Role::Client
         && let Some(service) = parsed.client.as_ref().and_then(|c| c.services.get(HEALTH_SERVICE))
     {
@@ -81,8 +87,14 @@ pub async fn run(role: Role, config: PathBuf, push_port: u16, forward_file: Opti
     if role == Role::Server && push_port != 0 {
         push::listen(&config, &parsed, push_port).await?;
     }
-    if let Some(file) = forward_file.filter(|_| role == Role::Server) {
-        forward::spawn(file, config.clone());
+    // rathole runs the server's file as [`front`] derives it, behind skyport's PROXY listeners.
+    let mut rathole_config = config.clone();
+    if role == Role::Server {
+        let (derived, layout) = front::start(&config).await?;
+        rathole_config = derived;
+        if let Some(file) = forward_file {
+            forward::spawn(file, layout);
+        }
     }
     // A client ends when its file changes under it ([`reread`]); a server takes pushes instead.
     let loaded = tokio::fs::read(&config).await.unwrap_or_default();
@@ -104,7 +116,7 @@ pub async fn run(role: Role, config: PathBuf, push_port: u16, forward_file: Opti
         let _ = shutdown.send(true);
     });
     let cli = rathole::Cli {
-        config_path: Some(config.clone()),
+        config_path: Some(rathole_config),
         server: role == Role::Server,
         client: role == Role::Client,
         genkey: None,
@@ -128,6 +140,7 @@ pub fn health_server_service(port: u16, token: &str) -> providers::TunnelService
         port,
         token: token.into(),
         source_ranges: Vec::new(),
+        proxy_protocol: None,
     }
 }
 

@@ -33,7 +33,10 @@ const CONTROL_PORT: u16 = 2333;
 const HEALTH_PORT: u16 = 2334;
 
 fn ports() -> Vec<TunnelPort> {
-    vec![TunnelPort { port: 8080, protocol: "TCP".into() }, TunnelPort { port: 5353, protocol: "UDP".into() }]
+    vec![
+        TunnelPort { port: 8080, protocol: "TCP".into(), proxy_protocol: None },
+        TunnelPort { port: 5353, protocol: "UDP".into(), proxy_protocol: None },
+    ]
 }
 
 /// The user data exactly as the controller renders it for a host of `credentials`.
@@ -186,8 +189,10 @@ async fn a_guest_booted_with_the_user_data_carries_tcp_and_udp_to_the_cluster() 
     // the client is restarted with its new config, as its Deployment would roll. Same guest,
     // same address; the new port carries bytes, and the firewall followed: the removed port is
     // dropped, not merely refused.
-    let changed =
-        vec![TunnelPort { port: 9090, protocol: "TCP".into() }, TunnelPort { port: 5353, protocol: "UDP".into() }];
+    let changed = vec![
+        TunnelPort { port: 9090, protocol: "TCP".into(), proxy_protocol: None },
+        TunnelPort { port: 5353, protocol: "UDP".into(), proxy_protocol: None },
+    ];
     let server = desired::exit_server(&changed, &credentials, CONTROL_PORT, HEALTH_PORT);
     let started = std::time::Instant::now();
     let pushed_at = providers::exit::push::now_generation();

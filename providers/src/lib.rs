@@ -24,8 +24,8 @@ pub use digitalocean::{DigitalOceanProvider, DigitalOceanSettings};
 pub use ec2::{Ec2Provider, Ec2Settings};
 pub use error::{ErrorClass, HostError, QueueError};
 pub use exit::userdata::{
-    Artifact, ClientService, ExitServer, NoiseKeypair, Protocol, TunnelClient, TunnelService, render_client_toml,
-    render_cloud_config,
+    Artifact, ClientService, ExitServer, NoiseKeypair, Protocol, ProxyProtocol, TunnelClient, TunnelService,
+    render_client_toml, render_cloud_config,
 };
 pub use hetzner::{HetznerProvider, HetznerSettings};
 pub use hosts::{

@@ -36,6 +36,7 @@ fn request(test: &str, uid: &str) -> HostRequest {
         port: 53,
         token: "tok2".into(),
         source_ranges: Vec::new(),
+        proxy_protocol: None,
     });
     request
 }
@@ -182,6 +183,7 @@ async fn a_port_change_makes_the_group_open_exactly_the_new_ports_before_the_pus
         port: 8443,
         token: "tok3".into(),
         source_ranges: Vec::new(),
+        proxy_protocol: None,
     });
     // LocalStack's instance runs no exit server at its address: whatever the network does with
     // the connection (refused, silent, accepted without a greeting), the push fails in a way a

@@ -151,6 +151,7 @@ async fn the_security_group_admits_service_ports_only_from_their_source_ranges_a
         port: 2334,
         token: "tok".into(),
         source_ranges: Vec::new(),
+        proxy_protocol: None,
     });
     let host = p.create(&request).await.unwrap();
     let (_, _, group) = placement(p.client(), &host.id).await;

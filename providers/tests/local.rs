@@ -41,6 +41,7 @@ async fn real_bytes_flow_through_a_local_exit_server_and_ports_change_in_place()
         port,
         token: "tok".into(),
         source_ranges: Vec::new(),
+        proxy_protocol: None,
     };
     let mut server = ExitServer {
         control_port: 2333,
@@ -129,6 +130,7 @@ async fn two_hosts_created_at_once_get_distinct_addresses_and_carry_the_same_por
         port,
         token: "tok".into(),
         source_ranges: Vec::new(),
+        proxy_protocol: None,
     };
     let mut request = contract::request("skyport-two", &contract::fresh_uid());
     request.server = server(vec![tcp(18081)]);

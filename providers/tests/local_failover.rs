@@ -25,6 +25,7 @@ async fn the_reserved_address_moves_between_running_servers_and_off_a_dead_one()
             port,
             token: "tok".into(),
             source_ranges: Vec::new(),
+            proxy_protocol: None,
         }],
     };
     let uid = contract::fresh_uid();

@@ -18,7 +18,14 @@ const TCP: u16 = 18095;
 const UDP: u16 = 18096;
 
 fn service(protocol: Protocol, port: u16) -> TunnelService {
-    TunnelService { name: format!("svc-{port}"), protocol, port, token: "tok".into(), source_ranges: Vec::new() }
+    TunnelService {
+        name: format!("svc-{port}"),
+        protocol,
+        port,
+        token: "tok".into(),
+        source_ranges: Vec::new(),
+        proxy_protocol: None,
+    }
 }
 
 /// Connects to `addr` and reads the backend's tag line.

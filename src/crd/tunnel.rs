@@ -82,6 +82,17 @@ pub struct TunnelSpec {
     #[schemars(length(max = 64), inner(length(min = 1, max = 64)))]
     pub source_ranges: Vec<String>,
 
+    /// The PROXY protocol header (HAProxy's specification) the exit server writes ahead of each
+    /// TCP connection's bytes, so the backend learns the visitor's address instead of the tunnel
+    /// client's: `v1` (a text line) or `v2` (binary). The backend must expect it (nginx
+    /// `proxy_protocol`, HAProxy `accept-proxy`, Envoy's proxy_protocol listener filter, most
+    /// ingress controllers' `use-proxy-protocol`); unset: the bytes as they come. TCP only: a
+    /// Tunnel asking for it whose Service has a UDP port is Failed with reason `InvalidService`.
+    /// skyport copies the Service's `skyport.dev/proxy-protocol` annotation here. Mutable: a change
+    /// reaches the running exit server as a configuration push.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_protocol: Option<ProxyProtocol>,
+
     /// Two exit servers instead of one, each with its own tunnel client Pod. In mode
     /// `ActiveStandby` the Service's address is the Tunnel's reserved address (so
     /// `address.mode: Reserved` is required), held by the active server and moved to the standby
@@ -223,11 +234,43 @@ pub enum TunnelPhase {
 
 /// One port the exit server exposes.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, JsonSchema)]
+#[serde(rename_all = "camelCase")]
 pub struct TunnelPort {
     /// Public port number on the exit server (the Service's `port`).
     pub port: i32,
     /// `TCP` or `UDP`.
     pub protocol: String,
+    /// The PROXY protocol header the exit server writes ahead of this port's connections
+    /// (`spec.proxyProtocol`); unset: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_protocol: Option<ProxyProtocol>,
+}
+
+/// The PROXY protocol header (HAProxy's specification) the exit server writes ahead of each TCP
+/// connection's bytes, so the backend learns the visitor's address instead of the tunnel
+/// client's: `v1` (a text line) or `v2` (binary); unset: none, the bytes as they come. The
+/// backend must expect it (nginx `proxy_protocol`, HAProxy `accept-proxy`, Envoy's
+/// proxy_protocol listener filter, ingress-nginx `use-proxy-protocol`). TCP only: a Tunnel asking
+/// for it whose Service has a UDP port is Failed with reason `InvalidService`. skyport copies the
+/// Service's `skyport.dev/proxy-protocol` annotation to `spec.proxyProtocol`; a change reaches the
+/// running exit server as a configuration push.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema)]
+pub enum ProxyProtocol {
+    /// Version 1: a text line, `PROXY TCP4 <visitor> <exit server> <ports>`.
+    #[serde(rename = "v1")]
+    V1,
+    /// Version 2: binary.
+    #[serde(rename = "v2")]
+    V2,
+}
+
+impl From<ProxyProtocol> for providers::ProxyProtocol {
+    fn from(version: ProxyProtocol) -> Self {
+        match version {
+            ProxyProtocol::V1 => providers::ProxyProtocol::V1,
+            ProxyProtocol::V2 => providers::ProxyProtocol::V2,
+        }
+    }
 }
 
 /// Observed state of a tunnel.

@@ -92,8 +92,8 @@ super::reasons! {
         "the Service is not one skyport serves (not a LoadBalancer, another class, not annotated under --annotated-only)",
         "make the Service one skyport serves, or delete the Tunnel";
     InvalidService: [Tunnel, Service] Warning,
-        "the Service's ports cannot be tunnelled (SCTP, none, the tunnel's control or health port)",
-        "change the Service's ports";
+        "the Service's ports cannot be tunnelled (SCTP, none, the tunnel's control or health port, a UDP port with the PROXY protocol)",
+        "change the Service's ports, or remove the skyport.dev/proxy-protocol annotation the message names";
     InvalidSourceRanges: [Tunnel, Service] Warning,
         "the source ranges (spec.sourceRanges, the Service's loadBalancerSourceRanges) are not CIDRs",
         "fix the ranges; nothing is retried until they change";
@@ -275,8 +275,11 @@ super::reasons! {
         "nothing";
     // The Service controller.
     InvalidAnnotation: [Service] Warning,
-        "a skyport.dev annotation on the Service cannot be read; no Tunnel is made",
+        "a skyport.dev annotation on the Service cannot be read; no Tunnel is made, or the existing one keeps its spec",
         "fix the annotation the message names";
+    ProxyProtocolChanged: [Service] Normal,
+        "the Service's skyport.dev/proxy-protocol annotation reached its Tunnel, which pushes it to the exit server",
+        "nothing";
     TunnelCreated: [Service] Normal,
         "the Service's Tunnel was created",
         "nothing";

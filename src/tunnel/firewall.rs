@@ -13,8 +13,10 @@ use tracing::info;
 /// through a rename. Runs as root on the VM after each push; only port numbers are taken from
 /// the file, so whatever the unprivileged server wrote can only open ports.
 pub async fn firewall(config: &Path, output: &Path, push_port: u16) -> anyhow::Result<()> {
-    let parsed = rathole::Config::from_file(config)
-        .await
+    // Ports only: rathole's part of the document, read without writing anything beside it.
+    let text = tokio::fs::read_to_string(config).await.with_context(|| format!("reading {}", config.display()))?;
+    let parsed = super::options::split(&text)
+        .and_then(|document| document.parsed())
         .with_context(|| format!("reading the tunnel configuration {}", config.display()))?;
     let server = parsed.server.as_ref().context("not a tunnel server configuration")?;
     let port = |addr: &str| -> anyhow::Result<u16> {
@@ -60,6 +62,7 @@ mod tests {
             port,
             token: "t".into(),
             source_ranges: Vec::new(),
+            proxy_protocol: None,
         };
         let server = ExitServer {
             control_port: 2333,

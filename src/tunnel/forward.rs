@@ -18,15 +18,17 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use providers::ProxyProtocol;
+use tokio::net::{TcpListener, UdpSocket};
+use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::{info, warn};
 
 pub use providers::local::forward_file::{Forward, bound_file};
 
-use super::ports;
+use super::front::Layout;
 
 /// How often the forward file and the configuration are looked at.
 const POLL: Duration = Duration::from_millis(50);
@@ -39,39 +41,42 @@ pub struct Relay {
     pub udp: bool,
     pub listen: SocketAddr,
     pub target: SocketAddr,
+    /// The header this relay writes first: a PROXY protocol service's relay goes straight to
+    /// rathole's loopback listener, since only the relay knows the visitor ([`super::proxy`]).
+    pub proxy: Option<ProxyProtocol>,
 }
 
-/// The relays for reserved address `ip` (none without one) in front of `services`, each a
-/// service's (type, bind address) as [`ports::bound`] lists them. A service bound to every
-/// address is reached on loopback.
-pub fn relays(ip: Option<Ipv4Addr>, services: &ports::Ports) -> BTreeSet<Relay> {
+/// The relays for reserved address `ip` (none without one) in front of rathole's services in
+/// `layout`. A service bound to every address is reached on loopback; one behind a PROXY
+/// listener is published on that listener's port.
+pub fn relays(ip: Option<Ipv4Addr>, layout: &Layout) -> BTreeSet<Relay> {
     let Some(ip) = ip else { return BTreeSet::new() };
     let parsed =
-        services.iter().filter_map(|(kind, address)| Some((kind == "udp", address.parse::<SocketAddr>().ok()?)));
+        layout.services.iter().filter_map(|(kind, address)| Some((kind == "udp", address.parse::<SocketAddr>().ok()?)));
     parsed
         .map(|(udp, mut target)| {
             if target.ip().is_unspecified() {
                 target.set_ip(Ipv4Addr::LOCALHOST.into());
             }
-            Relay { udp, listen: SocketAddr::new(ip.into(), target.port()), target }
+            let front = layout.fronts.get(&target).filter(|_| !udp);
+            let port = front.map_or(target.port(), |(public, _)| *public);
+            Relay { udp, listen: SocketAddr::new(ip.into(), port), target, proxy: front.map(|(_, v)| *v) }
         })
         .collect()
 }
 
-/// Keeps the relays of `forward_file`'s address in front of `config`'s services, for as long as
-/// the server runs.
-pub fn spawn(forward_file: PathBuf, config: PathBuf) {
+/// Keeps the relays of `forward_file`'s address in front of the server's services (`layout`), for
+/// as long as the server runs.
+pub fn spawn(forward_file: PathBuf, layout: watch::Receiver<Layout>) {
     tokio::spawn(async move {
         let mut running: BTreeMap<Relay, JoinHandle<()>> = BTreeMap::new();
-        let mut services = (None, ports::Ports::new());
         let mut acked: Option<Forward> = None;
         let mut failing = BTreeSet::new();
         let mut malformed = None;
         loop {
             let request = wanted(&forward_file, &mut malformed);
             let ip = request.address;
-            refresh(&config, &mut services).await;
-            let want = relays(ip, &services.1);
+            let want = relays(ip, &layout.borrow());
             running.retain(|relay, task| {
                 let keep = want.contains(relay) && !task.is_finished();
                 if !keep {
@@ -138,18 +143,6 @@ fn wanted(forward_file: &Path, malformed: &mut Option<String>) -> Forward {
     }
 }
 
-/// Re-reads the services of `config` when the file changed since `cached` was read.
-async fn refresh(config: &Path, cached: &mut (Option<SystemTime>, ports::Ports)) {
-    let modified = std::fs::metadata(config).and_then(|m| m.modified()).ok();
-    if modified.is_none() || modified == cached.0 {
-        return;
-    }
-    match rathole::Config::from_file(config).await {
-        Ok(parsed) => *cached = (modified, ports::bound(&parsed)),
-        Err(e) => warn!(file = %config.display(), "cannot read the services to forward: {e:#}"),
-    }
-}
-
 /// Writes `request` as the acknowledgement through a rename, or, without an address, removes it.
 fn acknowledge(forward_file: &Path, request: Forward) -> std::io::Result<()> {
     let bound = bound_file(forward_file);
@@ -178,24 +171,7 @@ fn start(relay: Relay) -> std::io::Result<JoinHandle<()>> {
     }
     socket.listen(1024)?;
     let listener = TcpListener::from_std(socket.into())?;
-    Ok(tokio::spawn(tcp(listener, relay.target)))
-}
-
-/// Each accepted connection is copied to and from `target` in a task of its own, which outlives
-/// the listener: a connection made before a move is finished where it began.
-async fn tcp(listener: TcpListener, target: SocketAddr) {
-    loop {
-        let Ok((mut inbound, _)) = listener.accept().await else {
-            // Out of file descriptors, most likely: wait instead of spinning.
-            tokio::time::sleep(POLL).await;
-            continue;
-        };
-        tokio::spawn(async move {
-            if let Ok(mut outbound) = TcpStream::connect(target).await {
-                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-            }
-        });
-    }
+    Ok(tokio::spawn(super::proxy::serve(listener, relay.target, relay.proxy)))
 }
 
 /// One relay socket per peer, connected to `target`; its replies go back from the reserved
@@ -247,8 +223,8 @@ async fn open_relay(
 mod tests {
     use super::*;
 
-    fn services(list: &[(&str, &str)]) -> ports::Ports {
-        list.iter().map(|(k, a)| (k.to_string(), a.to_string())).collect()
+    fn services(list: &[(&str, &str)]) -> Layout {
+        Layout { services: list.iter().map(|(k, a)| (k.to_string(), a.to_string())).collect(), ..Layout::default() }
     }
 
     #[test]
@@ -259,6 +235,7 @@ mod tests {
             udp,
             listen: SocketAddr::new(Ipv4Addr::new(10, 204, 0, 3).into(), port),
             target: target.parse().unwrap(),
+            proxy: None,
         };
         assert_eq!(
             got,
@@ -269,6 +246,26 @@ mod tests {
             ]
         );
         assert!(relays(None, &own).is_empty(), "no address, nothing forwarded");
+    }
+
+    #[test]
+    fn a_proxy_protocol_service_is_relayed_on_its_public_port_straight_to_rathole_with_the_header() {
+        let mut layout = services(&[("tcp", "127.0.0.1:41000"), ("tcp", "10.204.0.5:8080")]);
+        layout.fronts.insert("127.0.0.1:41000".parse().unwrap(), (443, ProxyProtocol::V2));
+        let got: Vec<Relay> = relays(Some(Ipv4Addr::new(10, 204, 0, 3)), &layout).into_iter().collect();
+        let listen = |port| SocketAddr::new(Ipv4Addr::new(10, 204, 0, 3).into(), port);
+        assert_eq!(
+            got,
+            [
+                Relay {
+                    udp: false,
+                    listen: listen(443),
+                    target: "127.0.0.1:41000".parse().unwrap(),
+                    proxy: Some(ProxyProtocol::V2)
+                },
+                Relay { udp: false, listen: listen(8080), target: "10.204.0.5:8080".parse().unwrap(), proxy: None },
+            ]
+        );
     }
 
     #[test]

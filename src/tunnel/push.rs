@@ -162,7 +162,8 @@ impl Receiver {
     /// Whether the staged file is a server config rathole accepts that keeps this server's
     /// control address and Noise key.
     async fn check(&self, staged: &Path) -> Answer {
-        let Ok(parsed) = rathole::Config::from_file(staged).await else { return Answer::Refused };
+        // The whole document: rathole's part and skyport's table ([`super::options`]).
+        let Ok((parsed, _)) = super::options::load(staged).await else { return Answer::Refused };
         let Some(server) = parsed.server.as_ref().filter(|_| parsed.client.is_none()) else {
             return Answer::Refused;
         };
@@ -172,8 +173,8 @@ impl Receiver {
         }
         // New ports must be free here, or the push would promise a service nobody can reach
         // ([`super::ports`]); the ones the running config has are held by this server already.
-        let running = match rathole::Config::from_file(&self.config).await {
-            Ok(current) => super::ports::bound(&current),
+        let running = match super::options::load(&self.config).await {
+            Ok((current, _)) => super::ports::bound(&current),
             Err(_) => return Answer::Failed,
         };
         let problems = super::ports::unbindable(&parsed, &running);
@@ -193,7 +194,7 @@ fn suffixed(path: &Path, suffix: &str) -> PathBuf {
 }
 
 /// Writes a file only its owner can read, flushed to disk.
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub(super) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
     let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;

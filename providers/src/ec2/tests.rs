@@ -33,6 +33,7 @@ fn request() -> HostRequest {
         port,
         token: "t".into(),
         source_ranges: Vec::new(),
+        proxy_protocol: None,
     };
     HostRequest {
         name: "skyport-team-a-web".into(),

@@ -41,6 +41,7 @@ pub fn exit_server() -> ExitServer {
             port: 80,
             token: "tok".into(),
             source_ranges: Vec::new(),
+            proxy_protocol: None,
         }],
     }
 }

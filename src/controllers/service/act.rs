@@ -8,7 +8,7 @@ use tracing::{info, warn};
 use super::Context;
 use super::desired::tunnel_for;
 use crate::controllers::owned;
-use crate::crd::tunnel::Tunnel;
+use crate::crd::tunnel::{ProxyProtocol, Tunnel};
 use crate::error::{Error, Result};
 use crate::reasons::Reason;
 
@@ -59,6 +59,39 @@ pub async fn set_source_ranges(
     let note = format!("Tunnel {name} admits the Service's ports from {}", describe_ranges(ranges));
     ctx.publish(service, Reason::SourceRangesChanged, note).await;
     Ok(())
+}
+
+/// Sets the Tunnel's `spec.proxyProtocol` to the annotation's (a merge patch of that field only;
+/// `null` removes it).
+pub async fn set_proxy_protocol(
+    service: &Service,
+    name: &str,
+    version: Option<ProxyProtocol>,
+    api: &Api<Tunnel>,
+    ctx: &Context,
+) -> Result<()> {
+    info!(tunnel = %name, ?version, "the Service's PROXY protocol annotation changed");
+    let patch = serde_json::json!({"spec": {"proxyProtocol": version}});
+    ctx.api_writes.inc();
+    match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Ok(_) => {}
+        // Gone meanwhile: it is made again, with this value.
+        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
+    let now = version.map_or("no PROXY protocol header".to_string(), |v| {
+        format!("PROXY protocol {}", providers::ProxyProtocol::from(v).as_str())
+    });
+    ctx.publish(service, Reason::ProxyProtocolChanged, format!("Tunnel {name} now asks for {now}")).await;
+    Ok(())
+}
+
+/// Says on the Service that an annotation of a Service with a Tunnel cannot be read; the Tunnel
+/// keeps its spec.
+pub async fn invalid_annotation(service: &Service, name: &str, why: &str, ctx: &Context) {
+    warn!(tunnel = %name, why, "cannot read the Service's annotations");
+    let note = format!("{why}; the Tunnel {name} keeps its spec until the annotation is fixed");
+    ctx.publish(service, Reason::InvalidAnnotation, note).await;
 }
 
 /// `anywhere` for no ranges, else the list.

@@ -6,7 +6,7 @@ use serde_json::json;
 
 use crate::config::TunnelArgs;
 use crate::controllers::owned;
-use crate::crd::tunnel::Tunnel;
+use crate::crd::tunnel::{ProxyProtocol, Tunnel};
 use crate::error::{Error, Result};
 
 /// The loadBalancerClass skyport implements.
@@ -23,6 +23,8 @@ pub const ANNOTATION_ADDRESS_DELETION: &str = "skyport.dev/address-deletion-poli
 
 /// `true` or `false`: the Tunnel's `spec.highAvailability` (needs `skyport.dev/address: reserved`).
 pub const ANNOTATION_HIGH_AVAILABILITY: &str = "skyport.dev/high-availability";
+/// The PROXY protocol header (`v1`, `v2`) the exit server writes ahead of each connection.
+pub const ANNOTATION_PROXY_PROTOCOL: &str = "skyport.dev/proxy-protocol";
 
 /// Whether skyport serves `service`, with the reason when it does not (for logs).
 pub fn served(service: &Service, settings: &TunnelArgs) -> Result<(), &'static str> {
@@ -71,7 +73,21 @@ pub fn tunnel_for(service: &Service) -> Result<Tunnel> {
     tunnel.spec.region = tunnel.spec.region.filter(|s| !s.is_empty());
     tunnel.spec.size = tunnel.spec.size.filter(|s| !s.is_empty());
     tunnel.spec.source_ranges = source_ranges(service);
+    tunnel.spec.proxy_protocol = proxy_protocol(service)?;
     Ok(tunnel)
+}
+
+/// `spec.proxyProtocol` from its annotation (`v1` or `v2`, case-insensitive); anything else is
+/// refused with the annotation's name rather than silently sending no header.
+pub fn proxy_protocol(service: &Service) -> Result<Option<ProxyProtocol>> {
+    let Some(value) = service.annotations().get(ANNOTATION_PROXY_PROTOCOL) else { return Ok(None) };
+    match value.trim().to_ascii_lowercase().as_str() {
+        "v1" => Ok(Some(ProxyProtocol::V1)),
+        "v2" => Ok(Some(ProxyProtocol::V2)),
+        other => {
+            Err(Error::InvalidSpec(format!("annotation {ANNOTATION_PROXY_PROTOCOL}: {other:?} is not one of v1, v2")))
+        }
+    }
 }
 
 /// The annotation older clients set instead of `spec.loadBalancerSourceRanges` (comma separated).
@@ -249,5 +265,20 @@ mod tests {
         assert_eq!(tunnel_for(&svc).unwrap().spec.source_ranges, ["198.51.100.0/24", "203.0.113.7/32"]);
         svc.spec.as_mut().unwrap().load_balancer_source_ranges = Some(vec!["10.0.0.0/8".into()]);
         assert_eq!(source_ranges(&svc), ["10.0.0.0/8"], "the field wins over the annotation");
+    }
+
+    #[test]
+    fn the_proxy_protocol_annotation_is_v1_or_v2_and_anything_else_is_refused_by_name() {
+        let annotated = |value: &str| {
+            let mut svc = service("LoadBalancer", Some(LOAD_BALANCER_CLASS), None);
+            svc.metadata.annotations.get_or_insert_default().insert(ANNOTATION_PROXY_PROTOCOL.into(), value.into());
+            tunnel_for(&svc)
+        };
+        assert_eq!(annotated("v1").unwrap().spec.proxy_protocol, Some(ProxyProtocol::V1));
+        assert_eq!(annotated(" V2 ").unwrap().spec.proxy_protocol, Some(ProxyProtocol::V2));
+        let plain = service("LoadBalancer", Some(LOAD_BALANCER_CLASS), None);
+        assert_eq!(tunnel_for(&plain).unwrap().spec.proxy_protocol, None, "no annotation, no header");
+        let refused = annotated("true").unwrap_err().to_string();
+        assert!(refused.contains("skyport.dev/proxy-protocol") && refused.contains("\"true\""), "{refused}");
     }
 }

@@ -13,7 +13,8 @@
 //! Annotations `skyport.dev/provider`, `skyport.dev/region`, `skyport.dev/size`,
 //! `skyport.dev/address`, `skyport.dev/address-deletion-policy` and
 //! `skyport.dev/high-availability` on the Service fill the Tunnel's spec when it is created; its `loadBalancerSourceRanges` become the Tunnel's
-//! `spec.sourceRanges` and follow every change.
+//! `spec.sourceRanges` and its `skyport.dev/proxy-protocol` annotation the Tunnel's
+//! `spec.proxyProtocol`, both following every change.
 //!
 //! Stages: [`desired`] (which Services, which Tunnel), [`plan`] (the step), [`act`] (the
 //! write); it observes only the Tunnel cache it shares with the Tunnel controller, has no status
@@ -109,6 +110,14 @@ async fn reconcile_inner(service: Arc<Service>, ctx: Arc<Context>) -> Result<Act
         }
         plan::Step::SetSourceRanges(ranges) => {
             act::set_source_ranges(&service, &name, &ranges, &api, &ctx).await?;
+            Action::await_change()
+        }
+        plan::Step::SetProxyProtocol(version) => {
+            act::set_proxy_protocol(&service, &name, version, &api, &ctx).await?;
+            Action::await_change()
+        }
+        plan::Step::InvalidAnnotation(why) => {
+            act::invalid_annotation(&service, &name, &why, &ctx).await;
             Action::await_change()
         }
         plan::Step::Delete { why } => {

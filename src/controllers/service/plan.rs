@@ -5,9 +5,9 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Service;
 use kube::{Resource, ResourceExt};
 
-use super::desired::{owned_by, served, source_ranges};
+use super::desired::{owned_by, proxy_protocol, served, source_ranges};
 use crate::config::TunnelArgs;
-use crate::crd::tunnel::Tunnel;
+use crate::crd::tunnel::{ProxyProtocol, Tunnel};
 
 /// The one step for this reconcile.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,6 +16,10 @@ pub enum Step {
     Create,
     /// Served, and its Tunnel's `spec.sourceRanges` differ from the Service's: set them.
     SetSourceRanges(Vec<String>),
+    /// Served, and its Tunnel's `spec.proxyProtocol` differs from the annotation's: set it.
+    SetProxyProtocol(Option<ProxyProtocol>),
+    /// Served, with a Tunnel, and an annotation that cannot be read: say so, change nothing.
+    InvalidAnnotation(String),
     /// No longer served (or being deleted) and it owns its Tunnel: delete it, saying `why`.
     Delete { why: &'static str },
     /// Look again after this long: a same-named Tunnel of another Service may be going away.
@@ -27,6 +31,7 @@ pub enum Step {
 /// Decides the step for `service`, given the Tunnel of its Tunnel's name, if any.
 pub fn step(service: &Service, existing: Option<&Tunnel>, settings: &TunnelArgs) -> Step {
     let serve = service.meta().deletion_timestamp.is_none() && served(service, settings).is_ok();
+    let proxy = proxy_protocol(service).map_err(|e| e.to_string());
     match (serve, existing) {
         (true, None) => Step::Create,
         (true, Some(tunnel)) if !owned_by(tunnel, service) => {
@@ -46,6 +51,10 @@ pub fn step(service: &Service, existing: Option<&Tunnel>, settings: &TunnelArgs)
         (true, Some(tunnel)) if tunnel.meta().deletion_timestamp.is_some() => Step::Retry(Duration::from_secs(1)),
         (true, Some(tunnel)) if tunnel.spec.source_ranges != source_ranges(service) => {
             Step::SetSourceRanges(source_ranges(service))
+        }
+        (true, Some(_)) if let Err(why) = proxy => Step::InvalidAnnotation(why),
+        (true, Some(tunnel)) if proxy.as_ref().is_ok_and(|p| *p != tunnel.spec.proxy_protocol) => {
+            Step::SetProxyProtocol(proxy.unwrap_or_default())
         }
         (true, Some(_)) => Step::Leave { why: "Tunnel exists" },
         (false, Some(tunnel)) if owned_by(tunnel, service) && tunnel.meta().deletion_timestamp.is_none() => {

@@ -155,6 +155,36 @@ async fn changed_source_ranges_are_patched_onto_the_tunnel_once() {
     assert_eq!(h.api.writes().len(), writes);
 }
 
+#[tokio::test]
+async fn the_proxy_protocol_annotation_follows_onto_the_tunnel_and_a_bad_value_changes_nothing() {
+    let mut h = harness();
+    owned_tunnel(&mut h);
+    let annotated = |value: &str| {
+        let mut svc = (*service("LoadBalancer")).clone();
+        svc.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(desired::ANNOTATION_PROXY_PROTOCOL.into(), value.into());
+        Arc::new(svc)
+    };
+    assert_eq!(reconcile(annotated("v2"), h.ctx.clone()).await.unwrap(), Action::await_change());
+    let tunnel = h.api.get(TUNNEL).unwrap();
+    assert_eq!(tunnel["spec"]["proxyProtocol"], json!("v2"));
+    assert_eq!(tunnel["spec"]["region"], json!("fra1"), "only the field is patched");
+    assert_eq!(h.api.event_reasons(), ["ProxyProtocolChanged"]);
+    h.tunnels.apply_watcher_event(&watcher::Event::Apply(serde_json::from_value(tunnel).unwrap()));
+    let writes = h.api.writes().len();
+    reconcile(annotated("v2"), h.ctx.clone()).await.unwrap();
+    assert_eq!(h.api.writes().len(), writes, "once the cache shows it, nothing more is written");
+    // An unknown value is said on the Service; the Tunnel keeps the header it has.
+    reconcile(annotated("v3"), h.ctx.clone()).await.unwrap();
+    assert_eq!(h.api.get(TUNNEL).unwrap()["spec"]["proxyProtocol"], json!("v2"));
+    assert_eq!(h.api.event_reasons(), ["ProxyProtocolChanged", "InvalidAnnotation"]);
+    // The annotation removed: the field is removed.
+    reconcile(service("LoadBalancer"), h.ctx.clone()).await.unwrap();
+    assert_eq!(h.api.get(TUNNEL).unwrap()["spec"].get("proxyProtocol"), None);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_standby_acts_on_nothing_until_it_holds_the_lease_then_not_on_what_it_parked_with() {
     let (client, api) = FakeApi::start();

@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 
 use super::placement::{LABEL_TUNNEL_UID, Placement};
 use crate::controllers::MANAGED_BY;
-use crate::crd::tunnel::{Tunnel, TunnelPort};
+use crate::crd::tunnel::{ProxyProtocol, Tunnel, TunnelPort};
 use crate::error::{Error, Result};
 
 /// Why a Service's ports cannot be exposed.
@@ -33,6 +33,10 @@ pub enum PortProblem {
     HealthReserved(i32),
     #[error("port {0}/TCP is where the exit server takes configuration pushes from skyport; use another port")]
     PushReserved(i32),
+    #[error(
+        "port {0}/UDP cannot carry the PROXY protocol header (spec.proxyProtocol, from the annotation skyport.dev/proxy-protocol): it is written ahead of TCP connections only; remove the annotation or put the UDP ports in a Service of their own"
+    )]
+    ProxyOverUdp(i32),
 }
 
 /// The ports the exit server must expose for `service`, sorted and without duplicates.
@@ -52,13 +56,22 @@ pub fn service_ports(service: &Service, control_port: u16, health_port: u16) -> 
         if protocol == "TCP" && p.port == i32::from(providers::exit::push::PUSH_PORT) {
             return Err(PortProblem::PushReserved(p.port));
         }
-        ports.push(TunnelPort { port: p.port, protocol });
+        ports.push(TunnelPort { port: p.port, protocol, proxy_protocol: None });
     }
     ports.sort();
     ports.dedup();
     if ports.is_empty() {
         return Err(PortProblem::NoPorts);
     }
+    Ok(ports)
+}
+
+/// `ports` with the Tunnel's `spec.proxyProtocol`, refused when one of them is UDP.
+pub fn proxied(mut ports: Vec<TunnelPort>, proxy: Option<ProxyProtocol>) -> Result<Vec<TunnelPort>, PortProblem> {
+    if let (Some(_), Some(udp)) = (proxy, ports.iter().find(|p| p.protocol == "UDP")) {
+        return Err(PortProblem::ProxyOverUdp(udp.port));
+    }
+    ports.iter_mut().for_each(|p| p.proxy_protocol = proxy);
     Ok(ports)
 }
 
@@ -107,6 +120,7 @@ pub fn exit_server(ports: &[TunnelPort], credentials: &Credentials, control_port
             port: u16::try_from(p.port).unwrap_or_default(),
             token: credentials.token.clone(),
             source_ranges: Vec::new(),
+            proxy_protocol: p.proxy_protocol.map(Into::into),
         })
         .collect();
     services.push(crate::tunnel::health_server_service(health_port, &credentials.token));

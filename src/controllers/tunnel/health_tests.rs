@@ -292,3 +292,25 @@ async fn an_unreachable_exit_server_is_replaced_with_backoff_and_at_most_the_max
     assert_eq!((status.replacements, status.next_replacement_after), (None, None));
     assert_eq!(ready(&h.current()), (ConditionStatus::True, "Active".into()));
 }
+
+#[tokio::test]
+async fn a_proxy_protocol_tunnel_for_a_service_with_a_udp_port_fails_with_the_reason_and_buys_nothing() {
+    let mut h = harness();
+    let mut svc = h.add_service();
+    let udp = serde_json::from_value(json!({"port": 53, "protocol": "UDP"})).unwrap();
+    svc.spec.as_mut().unwrap().ports.as_mut().unwrap().push(udp);
+    let svc: Service = serde_json::from_value(h.api.put(SERVICE, serde_json::to_value(svc).unwrap())).unwrap();
+    h.services.apply_watcher_event(&watcher::Event::Apply(svc));
+    let mut tunnel = (*h.new_tunnel()).clone();
+    tunnel.spec.proxy_protocol = Some(crate::crd::tunnel::ProxyProtocol::V2);
+    let tunnel = h.put_tunnel(&tunnel);
+    assert_eq!(h.reconcile(tunnel).await.unwrap(), Action::await_change());
+    let t = h.current();
+    assert_eq!(ready(&t), (ConditionStatus::False, "InvalidService".into()));
+    assert_eq!(t.status.as_ref().unwrap().phase, Some(TunnelPhase::Failed));
+    let message = crate::controllers::status::ready_condition(&t).unwrap().message.clone();
+    assert!(message.contains("53/UDP cannot carry the PROXY protocol header"), "{message}");
+    let expected = [("Tunnel".to_string(), "InvalidService".to_string()), ("Service".into(), "InvalidService".into())];
+    assert_eq!(h.warnings(), expected);
+    assert!(h.provider.calls().is_empty(), "no cloud call for a Tunnel that cannot be served");
+}

@@ -194,6 +194,7 @@ impl<'a> Pass<'a> {
             return Err(blocked(TunnelPhase::Failed, Reason::ServiceNotServed, message));
         }
         let ports = desired::service_ports(&service, ctx.settings.control_port, ctx.settings.health_port)
+            .and_then(|ports| desired::proxied(ports, tunnel.spec.proxy_protocol))
             .map_err(|p| blocked(TunnelPhase::Failed, Reason::InvalidService, format!("Service {svc_name}: {p}")))?;
         // Checked before any cloud call; an exit server made before the lists were narrowed keeps
         // serving (a policy change must not cut traffic), only new ones are held to them.

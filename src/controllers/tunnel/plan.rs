@@ -246,7 +246,7 @@ mod tests {
     }
 
     fn tcp(port: i32) -> TunnelPort {
-        TunnelPort { port, protocol: "TCP".into() }
+        TunnelPort { port, protocol: "TCP".into(), proxy_protocol: None }
     }
 
     fn tunnel(size: Option<&str>, region: Option<&str>) -> Tunnel {

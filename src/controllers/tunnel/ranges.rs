@@ -99,6 +99,7 @@ mod tests {
             port,
             token: "t".into(),
             source_ranges: Vec::new(),
+            proxy_protocol: None,
         };
         ExitServer {
             control_port: 2333,

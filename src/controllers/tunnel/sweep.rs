@@ -277,6 +277,7 @@ mod tests {
                 port: 18090,
                 token: "t".into(),
                 source_ranges: Vec::new(),
+                proxy_protocol: None,
             }],
         };
         let request = HostRequest {

@@ -19,6 +19,7 @@ fn server(control_port: u16, key: &str, ports: &[u16]) -> ExitServer {
                 port: *p,
                 token: "t0k".into(),
                 source_ranges: Vec::new(),
+                proxy_protocol: None,
             })
             .collect(),
     }
@@ -168,5 +169,25 @@ async fn a_client_that_stalls_or_sends_garbage_gets_no_config_in() {
     let mut answer = [0u8; push::ANSWER_LEN];
     tokio::io::AsyncReadExt::read_exact(&mut conn, &mut answer).await.unwrap();
     assert_eq!(Answer::from_byte(answer[0]), Some(Answer::Malformed));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_push_with_a_proxy_protocol_service_is_applied_whole_and_a_udp_one_is_refused() {
+    let (dir, receiver) = setup("proxy").await;
+    let mut wanted = server(2333, KEY, &[8080, 9091]);
+    wanted.services[1].proxy_protocol = Some(providers::ProxyProtocol::V1);
+    let text = toml(&wanted);
+    assert!(text.contains("[skyport.services.\"tcp-9091\"]"), "{text}");
+    let frame = Frame::seal(&key(KEY), receiver.generation().unwrap() + 1, text.as_bytes()).unwrap();
+    assert_eq!(receiver.apply(&frame).await, Answer::Applied);
+    assert_eq!(std::fs::read_to_string(dir.join("server.toml")).unwrap(), text, "one document, table included");
+
+    let udp = format!(
+        "{text}\n[server.services.\"udp-53\"]\ntype = \"udp\"\ntoken = \"t\"\nbind_addr = \"127.0.0.1:5300\"\n\n[skyport.services.\"udp-53\"]\nproxy_protocol = \"v2\"\n"
+    );
+    let frame = Frame::seal(&key(KEY), receiver.generation().unwrap() + 1, udp.as_bytes()).unwrap();
+    assert_eq!(receiver.apply(&frame).await, Answer::Refused);
+    assert_eq!(std::fs::read_to_string(dir.join("server.toml")).unwrap(), text);
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -158,6 +158,7 @@ mod tests {
             port: 80,
             token: "tok".into(),
             source_ranges: vec![],
+            proxy_protocol: None,
         };
         ExitServer { control_port: 2333, noise_private_key: "a2V5".into(), services: vec![web] }
     }

@@ -43,8 +43,8 @@ pub use addresses::{
 pub use install::{INSTALL_REPORT, InstallReport, render_install};
 
 pub use rathole::{
-    ClientService, NOISE_PATTERN, NoiseKeypair, TunnelClient, render_client_toml, render_server_toml,
-    render_server_toml_on, render_server_toml_split,
+    ClientService, NOISE_PATTERN, NoiseKeypair, ProxyProtocol, SKYPORT_TABLE, TunnelClient, render_client_toml,
+    render_server_toml, render_server_toml_on, render_server_toml_split,
 };
 pub use units::{render_firewall_path, render_firewall_unit, render_unit};
 
@@ -117,6 +117,9 @@ pub struct TunnelService {
     /// Enforced by the cloud firewall where the provider has one per host (EC2 security groups);
     /// the host's own nftables ruleset opens the port to anywhere.
     pub source_ranges: Vec<String>,
+    /// The PROXY protocol header the exit server writes ahead of each connection's bytes, so the
+    /// backend learns the visitor's address; `None`: the bytes as they come. TCP services only.
+    pub proxy_protocol: Option<ProxyProtocol>,
 }
 
 impl std::fmt::Debug for TunnelService {
@@ -127,6 +130,7 @@ impl std::fmt::Debug for TunnelService {
             .field("port", &self.port)
             .field("token", &"<redacted>")
             .field("source_ranges", &self.source_ranges)
+            .field("proxy_protocol", &self.proxy_protocol)
             .finish()
     }
 }
@@ -171,6 +175,8 @@ pub enum UserDataError {
     NoArtifact,
     #[error("exit-server artifact for {0:?}: the architecture, URL or SHA-256 is malformed")]
     InvalidArtifact(String),
+    #[error("service {0:?} is UDP: the PROXY protocol header is written ahead of a TCP connection's bytes only")]
+    ProxyOverUdp(String),
 }
 
 impl ExitServer {
@@ -214,6 +220,9 @@ impl ExitServer {
             }
             if s.token.is_empty() {
                 return Err(UserDataError::EmptyToken(s.name.clone()));
+            }
+            if s.proxy_protocol.is_some() && s.protocol == Protocol::Udp {
+                return Err(UserDataError::ProxyOverUdp(s.name.clone()));
             }
         }
         let mut sorted: Vec<&TunnelService> = self.services.iter().collect();

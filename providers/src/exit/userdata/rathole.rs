@@ -32,6 +32,34 @@ pub(super) fn toml_string(s: &str) -> String {
 /// A CPU without them still works, through ring's constant-time fallback, only slower.
 pub const NOISE_PATTERN: &str = "Noise_NK_25519_AESGCM_BLAKE2s";
 
+/// The PROXY protocol version a service's backend speaks (HAProxy's specification): `v1` is a
+/// text line, `v2` binary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ProxyProtocol {
+    V1,
+    V2,
+}
+
+impl ProxyProtocol {
+    /// As written in the annotation, the Tunnel and the server file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProxyProtocol::V1 => "v1",
+            ProxyProtocol::V2 => "v2",
+        }
+    }
+
+    /// `v1` or `v2`; `None` for anything else.
+    pub fn parse(value: &str) -> Option<Self> {
+        [ProxyProtocol::V1, ProxyProtocol::V2].into_iter().find(|v| v.as_str() == value)
+    }
+}
+
+/// The table of `server.toml` that carries what skyport's exit server does beyond rathole (per
+/// service: `[skyport.services."tcp-80"] proxy_protocol = "v2"`). rathole refuses unknown keys,
+/// so the server strips this table and runs rathole on the rest (src/tunnel/options.rs).
+pub const SKYPORT_TABLE: &str = "skyport";
+
 /// rathole's `server.toml`: the control port, the Noise key and one section per service, every
 /// port bound on all addresses (a VM).
 pub fn render_server_toml(server: &ExitServer) -> Result<String, UserDataError> {
@@ -59,11 +87,16 @@ pub fn render_server_toml_split(server: &ExitServer, bind_ip: &str, service_ip: 
     out.push_str("[server.transport.noise]\n");
     out.push_str(&format!("pattern = {}\n", toml_string(NOISE_PATTERN)));
     out.push_str(&format!("local_private_key = {}\n", toml_string(&server.noise_private_key)));
-    for s in services {
+    for s in &services {
         out.push_str(&format!("\n[server.services.{}]\n", toml_string(&s.name)));
         out.push_str(&format!("type = \"{}\"\n", s.protocol.as_str()));
         out.push_str(&format!("token = {}\n", toml_string(&s.token)));
         out.push_str(&format!("bind_addr = \"{service_ip}:{}\"\n", s.port));
+    }
+    for s in services.iter().filter(|s| s.proxy_protocol.is_some()) {
+        out.push_str(&format!("\n[{SKYPORT_TABLE}.services.{}]\n", toml_string(&s.name)));
+        let version = s.proxy_protocol.map(ProxyProtocol::as_str).unwrap_or_default();
+        out.push_str(&format!("proxy_protocol = \"{version}\"\n"));
     }
     Ok(out)
 }

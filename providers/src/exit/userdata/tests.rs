@@ -8,7 +8,14 @@ use serde_json::Value;
 const KEY: &str = "cGhhbnRvbS1rZXktZm9yLXRlc3RzLW9ubHktMzJieXRlcw==";
 
 fn service(name: &str, protocol: Protocol, port: u16, token: &str) -> TunnelService {
-    TunnelService { name: name.into(), protocol, port, token: token.into(), source_ranges: Vec::new() }
+    TunnelService {
+        name: name.into(),
+        protocol,
+        port,
+        token: token.into(),
+        source_ranges: Vec::new(),
+        proxy_protocol: None,
+    }
 }
 
 fn sample() -> ExitServer {
@@ -259,6 +266,7 @@ fn the_local_server_config_binds_one_address() {
             port: 80,
             token: "t".into(),
             source_ranges: Vec::new(),
+            proxy_protocol: None,
         }],
     };
     let toml = render_server_toml_on(&server, "127.77.0.3").unwrap();
@@ -392,4 +400,27 @@ fn the_install_script_reports_why_it_stopped() {
     assert_eq!(run(&[("nft", "exit 1")]), Some(InstallReport::NotStarted("firewall".into())));
     assert_eq!(run(&[("uname", "echo riscv64")]), Some(InstallReport::ArtifactRefused("architecture riscv64".into())));
     assert_eq!(run(&[]), Some(InstallReport::ArtifactRefused("download-failed".into())));
+}
+
+#[test]
+fn a_proxy_protocol_service_is_named_in_the_skyport_table_and_a_plain_one_is_not() {
+    let mut proxied = service("tcp-80", Protocol::Tcp, 80, "t");
+    proxied.proxy_protocol = Some(ProxyProtocol::V2);
+    let server = ExitServer {
+        control_port: 2333,
+        noise_private_key: GENKEY_PRIVATE.into(),
+        services: vec![service("tcp-443", Protocol::Tcp, 443, "t"), proxied],
+    };
+    let toml = render_server_toml(&server).unwrap();
+    assert!(toml.ends_with("\n[skyport.services.\"tcp-80\"]\nproxy_protocol = \"v2\"\n"), "{toml}");
+    assert_eq!(toml.matches("[skyport.").count(), 1, "only the service that asked: {toml}");
+    assert_eq!(ProxyProtocol::parse("v1"), Some(ProxyProtocol::V1));
+    assert_eq!(ProxyProtocol::parse("v3"), None);
+
+    // No PROXY header on UDP: refused with the service's name, never rendered.
+    let mut udp = service("udp-53", Protocol::Udp, 53, "t");
+    udp.proxy_protocol = Some(ProxyProtocol::V1);
+    let refused = ExitServer { services: vec![udp], ..server };
+    let err = render_server_toml(&refused).unwrap_err().to_string();
+    assert!(err.contains("\"udp-53\" is UDP"), "{err}");
 }

@@ -45,9 +45,33 @@ fn sctp_the_control_port_and_no_ports_are_explained() {
 }
 
 #[test]
+fn the_proxy_protocol_reaches_each_tcp_service_of_the_exit_server_and_never_the_health_check() {
+    let creds = Credentials::generate();
+    let tcp = service(serde_json::json!([{"port": 80}, {"port": 443}]));
+    let ports = proxied(service_ports(&tcp, 2333, 2334).unwrap(), Some(ProxyProtocol::V2)).unwrap();
+    assert!(ports.iter().all(|p| p.proxy_protocol == Some(ProxyProtocol::V2)));
+    let server = exit_server(&ports, &creds, 2333, 2334);
+    for s in &server.services {
+        let want = (s.name != crate::tunnel::HEALTH_SERVICE).then_some(providers::ProxyProtocol::V2);
+        assert_eq!(s.proxy_protocol, want, "{}", s.name);
+    }
+    let plain = proxied(service_ports(&tcp, 2333, 2334).unwrap(), None).unwrap();
+    assert!(exit_server(&plain, &creds, 2333, 2334).services.iter().all(|s| s.proxy_protocol.is_none()));
+
+    // A UDP port cannot carry it: refused with the port and what to change.
+    let mixed = service(serde_json::json!([{"port": 80}, {"port": 53, "protocol": "UDP"}]));
+    let refused = proxied(service_ports(&mixed, 2333, 2334).unwrap(), Some(ProxyProtocol::V1)).unwrap_err();
+    assert_eq!(refused, PortProblem::ProxyOverUdp(53));
+    assert!(refused.to_string().contains("skyport.dev/proxy-protocol"), "{refused}");
+}
+
+#[test]
 fn server_and_client_agree_on_names_tokens_and_keys() {
     let creds = Credentials::generate();
-    let ports = vec![TunnelPort { port: 80, protocol: "TCP".into() }, TunnelPort { port: 53, protocol: "UDP".into() }];
+    let ports = vec![
+        TunnelPort { port: 80, protocol: "TCP".into(), proxy_protocol: None },
+        TunnelPort { port: 53, protocol: "UDP".into(), proxy_protocol: None },
+    ];
     let server = exit_server(&ports, &creds, 2333, 2334);
     let client = client(&ports, &creds, "203.0.113.9", (2333, 2334), "10.0.0.7");
     assert_eq!(client.remote_addr, "203.0.113.9:2333");
@@ -97,7 +121,7 @@ fn only_the_controlling_tunnel_writes_the_service_status() {
 
 #[test]
 fn ingress_is_compared_as_the_api_returns_it() {
-    let ports = vec![TunnelPort { port: 80, protocol: "TCP".into() }];
+    let ports = vec![TunnelPort { port: 80, protocol: "TCP".into(), proxy_protocol: None }];
     let want = ingress("203.0.113.9", &ports);
     let mut svc = service(serde_json::json!([{"port": 80}]));
     assert!(!ingress_matches(&svc, &want));
@@ -108,7 +132,7 @@ fn ingress_is_compared_as_the_api_returns_it() {
 
 #[test]
 fn ingress_without_ip_mode_from_a_server_without_the_gate_needs_no_write() {
-    let ports = [TunnelPort { port: 80, protocol: "TCP".into() }];
+    let ports = [TunnelPort { port: 80, protocol: "TCP".into(), proxy_protocol: None }];
     let want = ingress("203.0.113.9", &ports);
     // What a server without LoadBalancerIPMode stores and returns for `want`.
     let mut stored = want.clone();
