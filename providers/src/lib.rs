@@ -29,7 +29,8 @@ pub use exit::userdata::{
 };
 pub use hetzner::{HetznerProvider, HetznerSettings};
 pub use hosts::{
-    Address, AddressBinding, AddressRequest, Host, HostProvider, HostRequest, HostState, TagSyntax, owner_tags,
+    Address, AddressBinding, AddressRequest, Capabilities, Host, HostProvider, HostRequest, HostState, MovedAddress,
+    TagSyntax, owner_tags,
 };
 pub use limiter::{CallCounters, Limiter};
 pub use rest::{ApiToken, Budget, RestSettings};

@@ -70,7 +70,10 @@ pub async fn cleanup(tunnel: &Tunnel, api: &Api<Tunnel>, ctx: &Context) -> Resul
     if let Some(provider) = &provider
         && (tunnel.spec.reserves_address() || pass.status().address_id.is_some())
     {
-        let keep = keep_for_successor(service_asks(tunnel, pass.service.as_deref(), ctx), provider.address_binding());
+        let keep = keep_for_successor(
+            service_asks(tunnel, pass.service.as_deref(), ctx),
+            provider.capabilities().address_binding,
+        );
         addresses(tunnel, provider.as_ref(), (&uid, keep), ctx, pass.status()).await?;
     }
     if let Some(provider) = provider {

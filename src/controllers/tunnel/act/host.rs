@@ -112,13 +112,13 @@ pub async fn create(
     let artifacts = ctx.settings.exit_server_artifacts().map_err(|e| Error::Internal(e.to_string()))?;
     crate::tunnel::verify::before_create(provider, &artifacts, &ctx.settings).await?;
     let moved: Vec<Ipv4Addr> = match (slot, address) {
-        (Some(_), Some(a)) if provider.binds_moved_address() => {
+        (Some(_), Some(a)) if provider.capabilities().binds_moved_address() => {
             vec![a.ip.parse().map_err(|_| Error::Internal(format!("reserved address {:?} is not IPv4", a.ip)))?]
         }
         _ => Vec::new(),
     };
     // Only a pair that moves its reserved address (not one publishing both servers' own).
-    let secondary = slot.is_some() && address.is_some() && provider.moves_to_secondary_ip();
+    let secondary = slot.is_some() && address.is_some() && provider.capabilities().moves_to_secondary_ip();
     let on_interface =
         if secondary { InterfaceAddresses::Ec2Secondary } else { InterfaceAddresses::Fixed(moved.clone()) };
     let user_data = render_cloud_config_on(server, &artifacts, &on_interface)
@@ -154,5 +154,7 @@ pub async fn create(
 /// host's interface ([`create`] put it there and tagged the host with it). Elsewhere every host
 /// can.
 pub fn carries(provider: &dyn HostProvider, host: &Host, ip: Option<&str>) -> bool {
-    !provider.binds_moved_address() || ip.is_none() || host.tags.get(TAG_BOUND_ADDRESS).map(String::as_str) == ip
+    !provider.capabilities().binds_moved_address()
+        || ip.is_none()
+        || host.tags.get(TAG_BOUND_ADDRESS).map(String::as_str) == ip
 }
