@@ -4,6 +4,7 @@
 //! exercised against any backend that keeps the same contract, and every adapter shares one way
 //! of rate limiting and of classifying errors.
 
+pub mod addresses;
 pub mod aws;
 pub mod cidr;
 pub mod digitalocean;

@@ -12,8 +12,8 @@ use providers::hosts::{TAG_TUNNEL_SLOT, TAG_TUNNEL_UID};
 use providers::{Address, Host, HostProvider};
 use tracing::info;
 
-use super::desired::{Credentials, KEY_CLIENT, KEY_PRIVATE, KEY_TOKEN};
-use super::placement::{Placement, SLOTS};
+use super::desired::{Credentials, KEY_PRIVATE, KEY_TOKEN};
+use super::placement::{KEY_CLIENT, Placement, SLOTS};
 use super::plan::failover::Health;
 use crate::controllers::MANAGED_BY;
 use crate::controllers::owned::{self, Guarded};
