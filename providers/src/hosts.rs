@@ -26,7 +26,7 @@ use crate::exit::userdata::{ExitServer, render_server_toml};
 use crate::limiter::Limiter;
 
 pub use crate::addresses::{Address, AddressBinding, AddressRequest};
-pub use capabilities::{Capabilities, MovedAddress};
+pub use capabilities::{Capabilities, MovedAddress, MovedSetup};
 pub(crate) use tags::fnv1a32;
 pub use tags::{DO_TAG_MAX, HETZNER_VALUE_MAX, TagSyntax, fit_value};
 
