@@ -93,8 +93,7 @@ pub async fn cleanup(tunnel: &Tunnel, api: &Api<Tunnel>, ctx: &Context) -> Resul
         }
         for id in &ids {
             provider.delete(id).await?;
-            ctx.failing.forget(id);
-            ctx.streaks.forget(id);
+            ctx.health.forget(id);
             info!(host = %id, provider = provider.name(), "deleted exit server");
         }
         if !ids.is_empty() {

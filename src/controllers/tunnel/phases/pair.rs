@@ -106,7 +106,7 @@ impl Pass<'_> {
                         reserved_ip.as_deref().unwrap_or_default()
                     );
                     act::host::replace_lost(tunnel, provider.as_ref(), (&host.id, &why), None, ctx).await?;
-                    ctx.streaks.forget(&host.id);
+                    ctx.health.forget(&host.id);
                     self.create_slot(want, keys, (slot, address.as_ref())).await?
                 }
                 Some(host) => host,
@@ -179,7 +179,7 @@ impl Pass<'_> {
             let id = slot.id().unwrap_or_default().to_string();
             let why = format!("exit server {id} (slot {}) is no longer running", slot.slot);
             act::host::replace_lost(tunnel, provider.as_ref(), (&id, &why), None, ctx).await?;
-            ctx.streaks.forget(&id);
+            ctx.health.forget(&id);
             slot.host = None;
         }
         for slot in slots.iter_mut().filter(|s| deferred.contains(&s.slot)) {
@@ -317,7 +317,7 @@ impl Pass<'_> {
                 (Some(ip), Some(id)) => {
                     let result = ctx.probe.check(ip, ctx.settings.health_port, token).await;
                     let error = result.as_ref().err().cloned().unwrap_or_default();
-                    Some((ctx.streaks.record(id, result.is_ok()), error))
+                    Some((ctx.health.record(id, result.is_ok()), error))
                 }
                 _ => None,
             }
