@@ -278,7 +278,7 @@ async fn start_tunnels(
     controllers::tunnel::plan::check_health_settings(t.control_port, t.health_port, t.boot_timeout, t.replace_after)
         .map_err(anyhow::Error::msg)?;
     // Fail at start, not at the first Tunnel, when exit servers could not be checked.
-    if registry.all().any(|p| p.fetches_artifact()) {
+    if registry.all().any(|p| p.capabilities().fetches_artifact) {
         let artifacts = args.tunnel.exit_server_artifacts().context("exit-server binary (--exit-server-url)")?;
         for a in &artifacts {
             info!(arch = %a.arch, url = %a.url, sha256 = %a.sha256, "exit servers download and check this binary");

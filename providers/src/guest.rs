@@ -42,7 +42,9 @@ pub use machine::{HOST_ALIAS, Machine};
 
 use crate::error::HostError;
 use crate::host_files::HostFiles;
-use crate::hosts::{AddressBinding, Host, HostProvider, HostRequest, HostState, TAG_TUNNEL_SLOT};
+use crate::hosts::{
+    AddressBinding, Capabilities, Host, HostProvider, HostRequest, HostState, MovedAddress, TAG_TUNNEL_SLOT,
+};
 use crate::limiter::Limiter;
 use crate::reservations::Booked;
 
@@ -289,25 +291,19 @@ impl HostProvider for GuestProvider {
         result
     }
 
-    /// Files, processes and routes on this machine.
-    fn reads_are_free(&self) -> bool {
-        true
-    }
-
-    fn address_binding(&self) -> AddressBinding {
-        AddressBinding::AtCreate
-    }
-
-    /// A highly available pair's address is of a range of its own, routed to the guest holding
-    /// it ([`addresses`]), while each guest keeps its link address for its own client.
-    fn moves_addresses(&self) -> Result<(), String> {
-        Ok(())
-    }
-
-    /// A guest answers on a moved address only once its OS has it on its interface, as a
-    /// server with a Hetzner floating IP does.
-    fn binds_moved_address(&self) -> bool {
-        true
+    /// Reads are of files, processes and routes on this machine. A single guest gets its address
+    /// at creation; a highly available pair's address is of a range of its own, routed to the
+    /// guest holding it ([`addresses`]), while each guest keeps its link address for its own
+    /// client, and a guest answers on it only once its OS has it on its interface, as a server
+    /// with a Hetzner floating IP does.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            reads_are_free: true,
+            address_binding: AddressBinding::AtCreate,
+            moves_addresses: true,
+            moved_address: MovedAddress::OnInterface,
+            ..Capabilities::default()
+        }
     }
 
     async fn assign_address(&self, id: &str, host_id: &str) -> Result<(), HostError> {

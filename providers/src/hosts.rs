@@ -13,6 +13,7 @@
 //! The UID is a 36-character UUID and always survives unchanged; namespace and name are for
 //! people reading the cloud console. Controllers match hosts by UID.
 
+mod capabilities;
 mod tags;
 
 use std::collections::BTreeMap;
@@ -24,6 +25,8 @@ use crate::exit::push::reconfigure_host;
 use crate::exit::userdata::{ExitServer, render_server_toml};
 use crate::limiter::Limiter;
 
+pub use crate::addresses::{Address, AddressBinding, AddressRequest};
+pub use capabilities::{Capabilities, MovedAddress, MovedSetup};
 pub(crate) use tags::fnv1a32;
 pub use tags::{DO_TAG_MAX, HETZNER_VALUE_MAX, TagSyntax, fit_value};
 
@@ -53,13 +56,13 @@ pub const TAG_CLUSTER: &str = "skyport.dev/cluster";
 pub const TAG_DELETION_POLICY: &str = "skyport.dev/deletion-policy";
 
 /// On an exit server of a highly available Tunnel whose provider needs the moved address on the
-/// host's interface ([`HostProvider::binds_moved_address`]): the reserved address its user data
+/// host's interface ([`MovedAddress::OnInterface`]): the reserved address its user data
 /// configured there. A host carrying another (the address was released outside skyport and
 /// reserved anew) cannot answer on the new one and is replaced.
 pub const TAG_BOUND_ADDRESS: &str = "skyport.dev/bound-address";
 
 /// On a highly available Tunnel's exit server that takes the moved address on a secondary private
-/// IPv4 ([`HostProvider::moves_to_secondary_ip`]), which the adapter gives it at creation.
+/// IPv4 ([`MovedAddress::SecondaryIp`]), which the adapter gives it at creation.
 pub const TAG_MOVED_ADDRESS: &str = "skyport.dev/moved-address";
 /// The value of [`TAG_MOVED_ADDRESS`].
 pub const MOVED_ADDRESS_SECONDARY: &str = "secondary-private-ipv4";
@@ -139,55 +142,6 @@ pub struct Host {
     pub tags: BTreeMap<String, String>,
 }
 
-/// A reserved public IPv4 address: a Tunnel keeps it across host replacements, so the Service's
-/// address survives a lost VM or a port change.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Address {
-    /// The provider's id: the EC2 allocation id (region-qualified like host ids), the address
-    /// itself on DigitalOcean and local, the primary IP's number on Hetzner.
-    pub id: String,
-    /// The IPv4 address.
-    pub ip: String,
-    /// The host it is assigned to, if any (a host id as [`HostProvider::get`] takes it).
-    pub host_id: Option<String>,
-    /// Canonical tags, as on hosts: the owner's UID, namespace, name, and the cluster.
-    pub tags: BTreeMap<String, String>,
-}
-
-/// What to reserve.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AddressRequest {
-    /// A name for people reading the cloud console (where the cloud has names).
-    pub name: String,
-    /// Region / location; `None` uses the adapter's default.
-    pub region: Option<String>,
-    /// Canonical tags, normally [`owner_tags`] plus the cluster tag.
-    pub tags: BTreeMap<String, String>,
-    /// A running host to assign the address to right away (required for
-    /// [`AddressBinding::WithHost`], optional otherwise).
-    pub host_id: Option<String>,
-    /// The address will be moved between running hosts (a highly available Tunnel's). A provider
-    /// whose usual reserved address cannot be (Hetzner primary IPs go only onto powered-off
-    /// servers) reserves one that can (a Hetzner floating IP); elsewhere the one kind serves both.
-    pub movable: bool,
-}
-
-/// How a provider's reserved address gets onto a host, which decides when the controller
-/// reserves it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AddressBinding {
-    /// Reserved before the host, assigned to each running host (EC2 Elastic IPs, local).
-    Assign,
-    /// Reserved before the host; `create` gives a new host the Tunnel's unassigned address,
-    /// found by the owner's UID tag. A running host without it is replaced (Hetzner: a primary
-    /// IP can only be assigned to a powered-off server).
-    AtCreate,
-    /// Reserved together with the first running host ([`AddressRequest::host_id`]), assigned to
-    /// later ones (DigitalOcean: a reserved IP carries no tags, so one is only ever made already
-    /// assigned to a tagged droplet, through which it is found again).
-    WithHost,
-}
-
 /// Exit-server VMs. Implementations are idempotent where it matters for reconciling:
 /// deleting a host that is already gone is success, `get` of a missing host is `Ok(None)`.
 #[async_trait]
@@ -220,18 +174,6 @@ pub trait HostProvider: Send + Sync {
     async fn sync_source_ranges(&self, _id: &str, _server: &ExitServer) -> Result<bool, HostError> {
         Ok(false)
     }
-    /// Whether reading hosts and addresses costs nothing against a cloud API's budget (hosts on
-    /// this machine), so a highly available Tunnel re-reads them at every check pass instead of
-    /// only after a change, a failed check or its resync.
-    fn reads_are_free(&self) -> bool {
-        false
-    }
-    /// Whether this provider's hosts download the exit-server binary from the artifact URL, so
-    /// the operator checks that URL before buying one (the local provider runs the operator's
-    /// own executable).
-    fn fetches_artifact(&self) -> bool {
-        true
-    }
     /// What the host's console printed, as far as the provider keeps it (EC2's
     /// GetConsoleOutput, a guest's console): the exit server's install script reports its
     /// outcome there ([`crate::exit::userdata::InstallReport`]), so the operator can tell a VM
@@ -240,10 +182,6 @@ pub trait HostProvider: Send + Sync {
     /// the report from it, never pass it on.
     async fn console_output(&self, _id: &str) -> Result<Option<String>, HostError> {
         Ok(None)
-    }
-    /// How reserved addresses get onto hosts here.
-    fn address_binding(&self) -> AddressBinding {
-        AddressBinding::Assign
     }
     /// Where this provider keeps its reserved addresses as files beside its hosts (`local`,
     /// `guest`), which makes the address methods below theirs; `None` (the default) for the
@@ -259,39 +197,6 @@ pub trait HostProvider: Send + Sync {
     /// The address with this id, or `None` when it was released.
     async fn get_address(&self, id: &str) -> Result<Option<Address>, HostError> {
         self.booked().ok_or_else(|| no_addresses(self.name()))?.find_address(id).await
-    }
-    /// Whether [`HostProvider::assign_address`] moves a reserved address between two running
-    /// hosts within seconds while each keeps the address its client dials, which a highly
-    /// available Tunnel's failover needs; `Err` says why not. Only adapters whose move is
-    /// proven by tests say yes.
-    fn moves_addresses(&self) -> Result<(), String> {
-        Err(match self.address_binding() {
-            AddressBinding::AtCreate => format!(
-                "{} gives a reserved address to a host only when the host is created, so moving it to a standby means replacing that standby",
-                self.name()
-            ),
-            AddressBinding::Assign | AddressBinding::WithHost => {
-                format!("skyport does not move reserved addresses between running exit servers at {} yet", self.name())
-            }
-        })
-    }
-    /// Whether a host's OS must carry a movable reserved address ([`AddressRequest::movable`]) on
-    /// its network interface to answer the traffic sent to it, so a highly available Tunnel's
-    /// hosts are created with it configured ([`crate::exit::userdata::render_cloud_config_with`]).
-    /// `false` (the default) where the cloud translates the address to one the host has on the
-    /// way in (DigitalOcean reserved IPs; EC2 Elastic IPs, see
-    /// [`HostProvider::moves_to_secondary_ip`]) or the adapter binds it itself (local).
-    fn binds_moved_address(&self) -> bool {
-        false
-    }
-    /// Whether a highly available Tunnel's exit servers take the moved address on a secondary
-    /// private IPv4 each, which the adapter gives a host requested with [`TAG_MOVED_ADDRESS`] and
-    /// its OS reads from the instance metadata at boot ([`crate::exit::userdata::InterfaceAddresses`]).
-    /// EC2: an Elastic IP on the primary one replaces the public IPv4 the server's client dials.
-    /// Each server keeps that own address beside the moved one, so the controller checks it there,
-    /// not where the API reports its public IPv4 (an emulator may report the moved address).
-    fn moves_to_secondary_ip(&self) -> bool {
-        false
     }
     /// Points the address at host `host_id` (moving it from any earlier host); already there is
     /// success.
@@ -317,6 +222,10 @@ pub trait HostProvider: Send + Sync {
     /// tagged as it is made, and found by its tags.
     async fn list_untagged_addresses(&self) -> Result<Option<Vec<Address>>, HostError> {
         Ok(None)
+    }
+    /// What this provider can do: the controller branches on this value, not on the provider.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
     }
     /// Short provider name for messages, metrics and config (`digitalocean`, `hetzner`).
     fn name(&self) -> &'static str;

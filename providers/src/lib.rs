@@ -4,6 +4,7 @@
 //! exercised against any backend that keeps the same contract, and every adapter shares one way
 //! of rate limiting and of classifying errors.
 
+pub mod addresses;
 pub mod aws;
 pub mod cidr;
 pub mod digitalocean;
@@ -29,7 +30,8 @@ pub use exit::userdata::{
 };
 pub use hetzner::{HetznerProvider, HetznerSettings};
 pub use hosts::{
-    Address, AddressBinding, AddressRequest, Host, HostProvider, HostRequest, HostState, TagSyntax, owner_tags,
+    Address, AddressBinding, AddressRequest, Capabilities, Host, HostProvider, HostRequest, HostState, MovedAddress,
+    TagSyntax, owner_tags,
 };
 pub use limiter::{CallCounters, Limiter};
 pub use rest::{ApiToken, Budget, RestSettings};

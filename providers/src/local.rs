@@ -42,7 +42,9 @@ use process::{render, signal_group};
 use crate::error::HostError;
 use crate::exit::userdata::ExitServer;
 use crate::host_files::HostFiles;
-use crate::hosts::{AddressBinding, Host, HostProvider, HostRequest, HostState, TAG_TUNNEL_SLOT, fnv1a32};
+use crate::hosts::{
+    AddressBinding, Capabilities, Host, HostProvider, HostRequest, HostState, MovedAddress, TAG_TUNNEL_SLOT, fnv1a32,
+};
 use crate::limiter::Limiter;
 use crate::reservations::Booked;
 
@@ -336,10 +338,6 @@ impl HostProvider for LocalProvider {
         result
     }
 
-    fn address_binding(&self) -> AddressBinding {
-        AddressBinding::AtCreate
-    }
-
     fn booked(&self) -> Option<&dyn Booked> {
         Some(self)
     }
@@ -352,20 +350,18 @@ impl HostProvider for LocalProvider {
         result
     }
 
-    /// A running server forwards the reserved address, which the machine routes locally, to its
-    /// own service ports: the local analogue of a cloud re-pointing an address at another VM.
-    fn moves_addresses(&self) -> Result<(), String> {
-        Ok(())
-    }
-
-    /// Files and processes on this machine.
-    fn reads_are_free(&self) -> bool {
-        true
-    }
-
-    /// Local exit servers run the operator's own executable; nothing is downloaded.
-    fn fetches_artifact(&self) -> bool {
-        false
+    /// Reads are of files and processes on this machine; exit servers run the operator's own
+    /// executable (nothing is downloaded); addresses go onto a host at creation, except a pair's:
+    /// a running server forwards the reserved address, which the machine routes locally, to its
+    /// own service ports, the local analogue of a cloud re-pointing an address at another VM.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            reads_are_free: true,
+            fetches_artifact: false,
+            address_binding: AddressBinding::AtCreate,
+            moves_addresses: true,
+            moved_address: MovedAddress::Translated,
+        }
     }
 
     fn name(&self) -> &'static str {

@@ -3,7 +3,7 @@
 //! cloud's reserved IP would. One file per address, `address-<ip>.json` in the provider's state
 //! directory (`{ip, tags}`); the host using it is the one created with that address. Like
 //! Hetzner's primary IPs, it goes onto a host at creation
-//! ([`AddressBinding::AtCreate`](crate::hosts::AddressBinding::AtCreate)). A highly available
+//! ([`AddressBinding::AtCreate`](crate::addresses::AddressBinding::AtCreate)). A highly available
 //! pair's address is moved between running hosts instead, and each provider says which host holds
 //! it ([`Booked::hosts`]: the local server forwarding it, the guest it is routed to).
 
@@ -14,12 +14,12 @@ use std::path::PathBuf;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use crate::addresses::{Address, AddressRequest};
 use crate::error::HostError;
-use crate::hosts::{Address, AddressRequest};
 use crate::limiter::Limiter;
 
 /// A provider whose reserved addresses are files of an [`AddressBook`] beside its hosts
-/// (`local`, `guest`): the address operations of [`crate::hosts::HostProvider`] are these, the
+/// (`local`, `guest`): the address operations of their `HostProvider` are these, the
 /// same for both, each through the provider's limiter and counted by outcome. The provider
 /// says where its book is, which hosts it has, and how it records a free address.
 #[async_trait]

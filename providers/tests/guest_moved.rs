@@ -76,8 +76,8 @@ fn routes(ip: &str) -> String {
 #[ignore = "boots Debian guests: root and tests/env/build-guest.sh (tests/run.sh)"]
 async fn a_pairs_address_moves_between_booted_guests_and_reaches_whichever_holds_it() {
     let Some((p, state)) = provider("moved-pair") else { return };
-    assert_eq!(p.moves_addresses(), Ok(()));
-    assert!(p.binds_moved_address(), "a pair's guests carry the address on their interfaces");
+    assert_eq!(p.capabilities().may_move_addresses(p.name()), Ok(()));
+    assert!(p.capabilities().binds_moved_address(), "a pair's guests carry the address on their interfaces");
     let uid = contract::fresh_uid();
     let base = contract::request("skyport-pair", &uid);
     let request = AddressRequest {

@@ -13,7 +13,7 @@ use providers::hosts::{AddressRequest, HostProvider, HostState, TAG_TUNNEL_SLOT}
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn the_reserved_address_moves_between_running_servers_and_off_a_dead_one() {
     let (p, _dir) = provider("failover");
-    assert_eq!(p.moves_addresses(), Ok(()));
+    assert_eq!(p.capabilities().may_move_addresses(p.name()), Ok(()));
     let keys = NoiseKeypair::generate();
     let port = 18091;
     let server = ExitServer {

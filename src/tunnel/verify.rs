@@ -131,7 +131,7 @@ pub async fn before_create(
     artifacts: &[Artifact],
     settings: &crate::config::TunnelArgs,
 ) -> Result<(), ArtifactProblem> {
-    if settings.skip_exit_server_check || !provider.fetches_artifact() {
+    if settings.skip_exit_server_check || !provider.capabilities().fetches_artifact {
         return Ok(());
     }
     check(artifacts, settings).await

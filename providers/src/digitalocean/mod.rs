@@ -32,7 +32,9 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::error::HostError;
-use crate::hosts::{Address, AddressBinding, AddressRequest, Host, HostProvider, HostRequest, HostState, TagSyntax};
+use crate::hosts::{
+    Address, AddressBinding, AddressRequest, Capabilities, Host, HostProvider, HostRequest, HostState, TagSyntax,
+};
 use crate::limiter::Limiter;
 use crate::rest::{ApiToken, Budget, RefillModel, RestClient, RestSettings};
 
@@ -259,8 +261,11 @@ impl HostProvider for DigitalOceanProvider {
         Err(HostError::Unavailable { provider: PROVIDER, message: format!("more than {MAX_PAGES} pages of droplets") })
     }
 
-    fn address_binding(&self) -> AddressBinding {
-        AddressBinding::WithHost
+    /// A reserved IP is made assigned to its first droplet (it carries no tags of its own); an
+    /// assign action re-points it at another running droplet in its region, and each droplet
+    /// keeps its own public address, which its tunnel client dials.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { address_binding: AddressBinding::WithHost, moves_addresses: true, ..Capabilities::default() }
     }
 
     async fn reserve_address(&self, request: &AddressRequest) -> Result<Address, HostError> {
@@ -273,12 +278,6 @@ impl HostProvider for DigitalOceanProvider {
 
     async fn assign_address(&self, id: &str, host_id: &str) -> Result<(), HostError> {
         self.assign(id, host_id).await
-    }
-
-    /// An assign action re-points a reserved IP at another running droplet in its region; each
-    /// droplet keeps its own public address, which its tunnel client dials.
-    fn moves_addresses(&self) -> Result<(), String> {
-        Ok(())
     }
 
     async fn release_address(&self, id: &str) -> Result<(), HostError> {

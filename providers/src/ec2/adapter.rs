@@ -11,7 +11,9 @@ use super::secondary::primary_interface;
 use super::{Ec2Provider, MAX_USER_DATA, PROVIDER, TAG_INSTANCE_ID, invalid, metadata_options, unavailable};
 use crate::error::HostError;
 use crate::exit::userdata::{ExitServer, render_server_toml};
-use crate::hosts::{Address, AddressRequest, Host, HostProvider, HostRequest, TAG_MOVED_ADDRESS};
+use crate::hosts::{
+    Address, AddressRequest, Capabilities, Host, HostProvider, HostRequest, MovedAddress, TAG_MOVED_ADDRESS,
+};
 use crate::limiter::Limiter;
 
 impl Ec2Provider {
@@ -282,12 +284,8 @@ impl HostProvider for Ec2Provider {
     /// AssociateAddress re-points an Elastic IP at another running instance; a pair's servers
     /// take it on a secondary private IPv4, so each keeps the public IPv4 its client dials (see
     /// `secondary`).
-    fn moves_addresses(&self) -> Result<(), String> {
-        Ok(())
-    }
-
-    fn moves_to_secondary_ip(&self) -> bool {
-        true
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { moves_addresses: true, moved_address: MovedAddress::SecondaryIp, ..Capabilities::default() }
     }
 
     fn name(&self) -> &'static str {

@@ -6,7 +6,7 @@
 //!   never a link's, moved between running guests the way a Hetzner floating IP moves between
 //!   servers. Each server of the pair puts it on its interface at every boot (its user data's
 //!   `skyport-addresses.service`, since the provider
-//!   [`binds_moved_address`](crate::HostProvider::binds_moved_address)), and this machine routes
+//!   [`MovedAddress::OnInterface`](crate::MovedAddress::OnInterface)), and this machine routes
 //!   it to one of them: `ip route replace <ip>/32 via <guest ip> dev <guest>h`, a host route
 //!   through that guest's link. The route is the record of who holds the address: it is read
 //!   back from the routing table, so it cannot drift from where packets go, and it goes with the

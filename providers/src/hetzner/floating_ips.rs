@@ -19,7 +19,7 @@
 //! for its action before it returns: the next move, a moment later, must not find it locked.
 //!
 //! "For Floating IPs to work with your Server, you must configure them inside your operation
-//! system": [`super::HetznerProvider`] says so ([`crate::HostProvider::binds_moved_address`]), and
+//! system": [`super::HetznerProvider`] says so ([`crate::MovedAddress::OnInterface`] in its [`crate::Capabilities`]), and
 //! a pair's exit servers are created with it on their interface.
 //!
 //! Their ids are `floating-<number>`: floating and primary IPs are numbered separately, and

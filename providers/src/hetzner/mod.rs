@@ -37,8 +37,8 @@ use serde_json::json;
 
 use crate::error::HostError;
 use crate::hosts::{
-    Address, AddressBinding, AddressRequest, Host, HostProvider, HostRequest, HostState, TAG_TUNNEL_SLOT,
-    TAG_TUNNEL_UID, TagSyntax, fnv1a32,
+    Address, AddressBinding, AddressRequest, Capabilities, Host, HostProvider, HostRequest, HostState, MovedAddress,
+    TAG_TUNNEL_SLOT, TAG_TUNNEL_UID, TagSyntax, fnv1a32,
 };
 use crate::limiter::Limiter;
 use crate::rest::{ApiToken, Budget, RefillModel, RestClient, RestSettings};
@@ -297,20 +297,17 @@ impl HostProvider for HetznerProvider {
         Ok(servers.into_iter().map(Host::from).collect())
     }
 
-    fn address_binding(&self) -> AddressBinding {
-        AddressBinding::AtCreate
-    }
-
-    /// A highly available Tunnel reserves a movable address ([`AddressRequest::movable`]): a
-    /// floating IP, which an assign action moves onto a running server while each server keeps
-    /// its primary IP for its own client. (A primary IP goes only onto a powered-off server.)
-    fn moves_addresses(&self) -> Result<(), String> {
-        Ok(())
-    }
-
-    /// Floating IPs reach a server only once its OS has them on an interface.
-    fn binds_moved_address(&self) -> bool {
-        true
+    /// A primary IP goes only onto a powered-off server, so at creation. A highly available
+    /// Tunnel reserves a movable address ([`AddressRequest::movable`]) instead: a floating IP,
+    /// which an assign action moves onto a running server while each server keeps its primary IP
+    /// for its own client, and which reaches a server only once its OS has it on an interface.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            address_binding: AddressBinding::AtCreate,
+            moves_addresses: true,
+            moved_address: MovedAddress::OnInterface,
+            ..Capabilities::default()
+        }
     }
 
     async fn reserve_address(&self, request: &AddressRequest) -> Result<Address, HostError> {

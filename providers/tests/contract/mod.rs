@@ -143,7 +143,7 @@ pub async fn run_addresses(provider: &dyn HostProvider, base: &HostRequest, regi
         host_id,
         movable: false,
     };
-    let binding = provider.address_binding();
+    let binding = provider.capabilities().address_binding;
 
     // Reserve it the provider's way and get it onto a first host.
     let (first, address) = match binding {

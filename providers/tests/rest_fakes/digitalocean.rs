@@ -228,7 +228,11 @@ async fn digitalocean_the_droplet_limit_is_a_quota_not_a_permanent_error() {
 async fn digitalocean_moves_a_reserved_ip_between_running_droplets_each_keeping_its_own_address() {
     let (_fake, base) = Fake::start(Kind::DigitalOcean).await;
     let provider = do_provider(&base, TOKEN, 200);
-    assert_eq!(provider.moves_addresses(), Ok(()), "a highly available Tunnel may run here");
+    assert_eq!(
+        provider.capabilities().may_move_addresses(provider.name()),
+        Ok(()),
+        "a highly available Tunnel may run here"
+    );
     let expect = contract::Expect::booting_cloud(POLLS_UNTIL_RUNNING + 2);
     let first = contract::running(&provider, &request("skyport-pair-a", UID), &expect).await;
     let address = provider

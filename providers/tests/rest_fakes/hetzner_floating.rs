@@ -34,8 +34,12 @@ fn posts(fake: &Fake, path: &str) -> usize {
 async fn hetzner_moves_a_floating_ip_between_running_servers_each_keeping_its_own_address() {
     let (fake, base) = Fake::start(Kind::Hetzner).await;
     let provider = hz_provider(&base, TOKEN, 50);
-    assert_eq!(provider.moves_addresses(), Ok(()), "a highly available Tunnel may run here");
-    assert!(provider.binds_moved_address(), "and its servers must carry the address themselves");
+    assert_eq!(
+        provider.capabilities().may_move_addresses(provider.name()),
+        Ok(()),
+        "a highly available Tunnel may run here"
+    );
+    assert!(provider.capabilities().binds_moved_address(), "and its servers must carry the address themselves");
 
     let address = provider.reserve_address(&movable()).await.unwrap();
     assert!(address.id.starts_with("floating-"), "{address:?}");

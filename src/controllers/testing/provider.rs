@@ -7,7 +7,8 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 use providers::hosts::TAG_MOVED_ADDRESS;
 use providers::{
-    Address, AddressBinding, AddressRequest, ExitServer, Host, HostError, HostProvider, HostRequest, HostState, Limiter,
+    Address, AddressBinding, AddressRequest, Capabilities, ExitServer, Host, HostError, HostProvider, HostRequest,
+    HostState, Limiter, MovedAddress,
 };
 
 #[derive(Default)]
@@ -275,27 +276,22 @@ impl HostProvider for FakeProvider {
         h.keys.insert(id.to_string(), server.noise_private_key.clone());
         Ok(true)
     }
-    fn address_binding(&self) -> AddressBinding {
-        self.hosts.lock().unwrap().binding()
-    }
-    /// As a cloud whose addresses are assigned to running hosts would.
-    fn moves_addresses(&self) -> Result<(), String> {
-        if self.hosts.lock().unwrap().floating {
-            return Ok(());
+    /// Addresses move as a cloud's assigned to running hosts do (or Hetzner's floating IPs);
+    /// its hosts download nothing: no artifact check (tests/tunnel/artifact.rs has one).
+    fn capabilities(&self) -> Capabilities {
+        let h = self.hosts.lock().unwrap();
+        let moved_address = match (h.floating, h.secondary) {
+            (true, _) => MovedAddress::OnInterface,
+            (false, true) => MovedAddress::SecondaryIp,
+            (false, false) => MovedAddress::Translated,
+        };
+        Capabilities {
+            reads_are_free: !h.charged_reads,
+            fetches_artifact: false,
+            address_binding: h.binding(),
+            moves_addresses: h.floating || h.binding() != AddressBinding::AtCreate,
+            moved_address,
         }
-        match self.address_binding() {
-            AddressBinding::AtCreate => Err("the fake gives addresses only when the host is created".into()),
-            AddressBinding::Assign | AddressBinding::WithHost => Ok(()),
-        }
-    }
-    fn binds_moved_address(&self) -> bool {
-        self.hosts.lock().unwrap().floating
-    }
-    fn reads_are_free(&self) -> bool {
-        !self.hosts.lock().unwrap().charged_reads
-    }
-    fn moves_to_secondary_ip(&self) -> bool {
-        self.hosts.lock().unwrap().secondary
     }
     async fn reserve_address(&self, request: &AddressRequest) -> Result<Address, HostError> {
         let mut h = self.call("reserve_address")?;
@@ -365,10 +361,6 @@ impl HostProvider for FakeProvider {
         let ranges = server.services.first().map(|s| s.source_ranges.clone()).unwrap_or_default();
         h.ranges.insert(id.to_string(), ranges);
         Ok(true)
-    }
-    /// Its hosts download nothing: no artifact check (tests/tunnel/artifact.rs has one).
-    fn fetches_artifact(&self) -> bool {
-        false
     }
     fn name(&self) -> &'static str {
         NAME

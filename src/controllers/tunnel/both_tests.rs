@@ -97,7 +97,7 @@ async fn a_failing_server_whose_client_cannot_run_is_kept_and_replaced_servers_w
     // server cannot help, so none is bought however long it fails.
     h.probe.refuse("203.0.113.1", true);
     pass(&h).await;
-    h.ctx.streaks.backdate("h-1", 100 * REPLACE_AFTER);
+    h.ctx.health.backdate("h-1", 100 * REPLACE_AFTER);
     pass(&h).await;
     pass(&h).await;
     assert_eq!(h.provider.hosts().len(), 2, "nothing bought");
@@ -110,9 +110,9 @@ async fn a_failing_server_whose_client_cannot_run_is_kept_and_replaced_servers_w
 
     // Its client runs now: replaced, and the next server of the slot must fail twice as long.
     roll_out(&h, "a");
-    h.ctx.streaks.forget("h-1");
+    h.ctx.health.forget("h-1");
     pass(&h).await;
-    h.ctx.streaks.backdate("h-1", REPLACE_AFTER);
+    h.ctx.health.backdate("h-1", REPLACE_AFTER);
     pass(&h).await;
     assert_eq!(h.provider.hosts().iter().filter(|host| host.id == "h-1").count(), 0, "replaced");
     // Its successor fails from the start (one that passes starts the count over).
@@ -120,10 +120,10 @@ async fn a_failing_server_whose_client_cannot_run_is_kept_and_replaced_servers_w
     pass(&h).await;
     roll_out(&h, "a");
     pass(&h).await;
-    h.ctx.streaks.backdate("h-3", REPLACE_AFTER);
+    h.ctx.health.backdate("h-3", REPLACE_AFTER);
     pass(&h).await;
     assert!(h.provider.hosts().iter().any(|host| host.id == "h-3"), "the second waits twice as long");
-    h.ctx.streaks.backdate("h-3", REPLACE_AFTER);
+    h.ctx.health.backdate("h-3", REPLACE_AFTER);
     pass(&h).await;
     assert!(!h.provider.hosts().iter().any(|host| host.id == "h-3"), "and then goes");
     assert_eq!(ha(&h).servers[0].replacements, Some(2));

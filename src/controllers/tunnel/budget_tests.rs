@@ -93,7 +93,7 @@ async fn a_failure_after_the_tunnel_was_active_once_draws_from_the_budget() {
         h.probe.answer(false);
         let _ = h.reconcile(Arc::new(h.current())).await;
         for host in h.provider.hosts() {
-            h.ctx.failing.backdate(&host.id, 100 * h.ctx.settings.replace_after);
+            h.ctx.health.backdate(&host.id, 100 * h.ctx.settings.replace_after);
         }
         for _ in 0..2 {
             let _ = h.reconcile(Arc::new(h.current())).await;

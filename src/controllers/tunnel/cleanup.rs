@@ -70,7 +70,10 @@ pub async fn cleanup(tunnel: &Tunnel, api: &Api<Tunnel>, ctx: &Context) -> Resul
     if let Some(provider) = &provider
         && (tunnel.spec.reserves_address() || pass.status().address_id.is_some())
     {
-        let keep = keep_for_successor(service_asks(tunnel, pass.service.as_deref(), ctx), provider.address_binding());
+        let keep = keep_for_successor(
+            service_asks(tunnel, pass.service.as_deref(), ctx),
+            provider.capabilities().address_binding,
+        );
         addresses(tunnel, provider.as_ref(), (&uid, keep), ctx, pass.status()).await?;
     }
     if let Some(provider) = provider {
@@ -90,8 +93,7 @@ pub async fn cleanup(tunnel: &Tunnel, api: &Api<Tunnel>, ctx: &Context) -> Resul
         }
         for id in &ids {
             provider.delete(id).await?;
-            ctx.failing.forget(id);
-            ctx.streaks.forget(id);
+            ctx.health.forget(id);
             info!(host = %id, provider = provider.name(), "deleted exit server");
         }
         if !ids.is_empty() {

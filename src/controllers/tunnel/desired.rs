@@ -11,7 +11,7 @@ use providers::hosts::{TAG_CLUSTER, TAG_DELETION_POLICY, owner_tags};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use super::placement::{LABEL_TUNNEL_UID, Placement};
+use super::placement::{KEY_CLIENT, LABEL_TUNNEL_UID, Placement, fit_label};
 use crate::controllers::MANAGED_BY;
 use crate::crd::tunnel::{ProxyProtocol, Tunnel, TunnelPort};
 use crate::error::{Error, Result};
@@ -165,17 +165,6 @@ pub fn host_name(namespace: &str, name: &str) -> String {
     fit_label(&format!("skyport-{namespace}-{name}").replace('.', "-"))
 }
 
-/// `value` if it is a valid label value of at most 63 characters, else a prefix plus a hash.
-pub fn fit_label(value: &str) -> String {
-    if value.len() <= 63 {
-        return value.to_string();
-    }
-    let digest = Sha256::digest(value.as_bytes());
-    let suffix = hex(&digest[..4]);
-    let head = value[..54].trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
-    format!("{head}-{suffix}")
-}
-
 /// Labels of the client Deployment's pods (and its selector): the instance is the Deployment's
 /// name, unique in its namespace, so two clients in the clients' namespace never select each
 /// other's pods.
@@ -244,7 +233,6 @@ fn without_ip_mode(ingress: &serde_json::Value) -> serde_json::Value {
 pub const KEY_PRIVATE: &str = "noise-private-key";
 pub const KEY_PUBLIC: &str = "noise-public-key";
 pub const KEY_TOKEN: &str = "token";
-pub const KEY_CLIENT: &str = "client.toml";
 
 /// The server-side apply of the client config into the Tunnel's Secret (only that key). It
 /// carries the Secret's labels and owner too: if the Secret was deleted since it was read, the

@@ -86,7 +86,7 @@ async fn a_tunnel_is_not_active_and_not_published_before_the_probe_answers() {
     assert_health_poll(&h.reconcile(Arc::new(h.current())).await.unwrap());
     assert_eq!(ready(&h.current()), (ConditionStatus::False, "WaitingForTunnel".into()));
     assert_eq!(ingress(&h)[0]["ip"], json!("203.0.113.1"), "kept through one failed probe");
-    h.ctx.failing.backdate("h-1", h.ctx.settings.withdraw_after);
+    h.ctx.health.backdate("h-1", h.ctx.settings.withdraw_after);
     assert_health_poll(&h.reconcile(Arc::new(h.current())).await.unwrap());
     assert_eq!(ingress(&h), json!([]));
     assert!(h.warnings().is_empty(), "within the boot timeout nothing is a warning: {:?}", h.warnings());
@@ -99,7 +99,7 @@ async fn past_the_boot_timeout_the_tunnel_is_not_established_with_one_warning_on
     h.probe.answer(false);
     h.reconcile(h.new_tunnel()).await.unwrap();
     h.client_available();
-    h.ctx.failing.backdate("h-1", h.ctx.settings.boot_timeout);
+    h.ctx.health.backdate("h-1", h.ctx.settings.boot_timeout);
     let action = h.reconcile(Arc::new(h.current())).await.unwrap();
     assert_health_poll(&action);
     let t = h.current();
@@ -125,7 +125,7 @@ async fn past_replace_after_the_host_is_replaced_once_and_the_new_one_gets_a_fre
     h.probe.answer(false);
     h.reconcile(h.new_tunnel()).await.unwrap();
     h.client_available();
-    h.ctx.failing.backdate("h-1", h.ctx.settings.replace_after);
+    h.ctx.health.backdate("h-1", h.ctx.settings.replace_after);
     let action = h.reconcile(Arc::new(h.current())).await.unwrap();
     assert_eq!(action, Action::requeue(BOOT_POLL));
     let t = h.current();
@@ -159,7 +159,7 @@ async fn the_ingress_is_cleared_before_an_unhealthy_host_is_deleted_even_with_a_
     assert_eq!(ingress(&h)[0]["ip"], json!("203.0.113.1"));
     h.client_available();
     h.probe.answer(false);
-    h.ctx.failing.backdate("h-1", h.ctx.settings.replace_after);
+    h.ctx.health.backdate("h-1", h.ctx.settings.replace_after);
     h.provider.fail_next("delete", HostError::Unavailable { provider: NAME, message: "503".into() });
     let err = h.reconcile(Arc::new(h.current())).await.unwrap_err();
     assert_eq!(err.reason(), "ProviderUnavailable");
@@ -223,7 +223,7 @@ async fn a_client_that_never_runs_costs_no_new_exit_server() {
     h.probe.answer(false);
     h.reconcile(h.new_tunnel()).await.unwrap();
     for _ in 0..3 {
-        h.ctx.failing.backdate("h-1", 10 * h.ctx.settings.replace_after);
+        h.ctx.health.backdate("h-1", 10 * h.ctx.settings.replace_after);
         assert_health_poll(&h.reconcile(Arc::new(h.current())).await.unwrap());
     }
     let t = h.current();
@@ -254,7 +254,7 @@ async fn an_unreachable_exit_server_is_replaced_with_backoff_and_at_most_the_max
     h.reconcile(h.new_tunnel()).await.unwrap();
     let creates = |h: &Harness| h.provider.calls().iter().filter(|c| **c == "create").count();
 
-    h.ctx.failing.backdate("h-1", minute);
+    h.ctx.health.backdate("h-1", minute);
     assert_eq!(h.reconcile(Arc::new(h.current())).await.unwrap(), Action::requeue(BOOT_POLL));
     let status = h.current().status.unwrap();
     assert_eq!((status.replacements, status.host_id), (Some(1), None));
@@ -264,18 +264,18 @@ async fn an_unreachable_exit_server_is_replaced_with_backoff_and_at_most_the_max
     assert_eq!(creates(&h), 2);
 
     // The second host must fail twice as long.
-    h.ctx.failing.backdate("h-2", minute);
+    h.ctx.health.backdate("h-2", minute);
     assert_health_poll(&h.reconcile(Arc::new(h.current())).await.unwrap());
     assert_eq!(ready(&h.current()), (ConditionStatus::False, "ExitServerUnreachable".into()));
     assert_eq!(creates(&h), 2, "replaced again after replace_after");
-    h.ctx.failing.backdate("h-2", minute);
+    h.ctx.health.backdate("h-2", minute);
     assert_eq!(h.reconcile(Arc::new(h.current())).await.unwrap(), Action::requeue(BOOT_POLL));
     h.reconcile(Arc::new(h.current())).await.unwrap();
     assert_eq!(creates(&h), 3);
 
     // At the maximum the host is kept, with the cause and what to do.
     for _ in 0..3 {
-        h.ctx.failing.backdate("h-3", 100 * minute);
+        h.ctx.health.backdate("h-3", 100 * minute);
         assert_health_poll(&h.reconcile(Arc::new(h.current())).await.unwrap());
     }
     let t = h.current();

@@ -21,6 +21,7 @@ mod both_tests;
 mod budget_tests;
 pub mod cleanup;
 pub mod desired;
+pub mod health;
 #[cfg(test)]
 mod health_tests;
 pub mod observe;
@@ -92,10 +93,8 @@ pub struct State {
     pub orphan_addresses_released: std::sync::atomic::AtomicU64,
     /// Orphan sweep passes completed (with or without deletions): lets a test know a pass ran.
     pub sweeps: std::sync::atomic::AtomicU64,
-    /// Since when each host fails the health check.
-    pub failing: observe::FailingClocks,
-    /// Failed checks in a row of a highly available Tunnel's exit servers.
-    pub streaks: observe::Streaks,
+    /// Failed health checks in a row, and since when, of every exit server.
+    pub health: health::HealthTracker,
     /// Failovers of highly available Tunnels: the reserved address moved to the standby.
     pub failovers: std::sync::atomic::AtomicU64,
     /// Time highly available Tunnels spent without a server passing behind their address.
@@ -163,8 +162,7 @@ pub fn controller(
         orphans_deleted: Default::default(),
         orphan_addresses_released: Default::default(),
         sweeps: Default::default(),
-        failing: Default::default(),
-        streaks: Default::default(),
+        health: Default::default(),
         failovers: Default::default(),
         unserved: Default::default(),
         pair_views: Default::default(),

@@ -12,9 +12,8 @@ use providers::hosts::{TAG_TUNNEL_SLOT, TAG_TUNNEL_UID};
 use providers::{Address, Host, HostProvider};
 use tracing::info;
 
-use super::desired::{Credentials, KEY_CLIENT, KEY_PRIVATE, KEY_TOKEN};
-use super::placement::{Placement, SLOTS};
-use super::plan::failover::Health;
+use super::desired::{Credentials, KEY_PRIVATE, KEY_TOKEN};
+use super::placement::{KEY_CLIENT, Placement, SLOTS};
 use crate::controllers::MANAGED_BY;
 use crate::controllers::owned::{self, Guarded};
 use crate::crd::tunnel::{Tunnel, TunnelStatus};
@@ -111,66 +110,6 @@ pub async fn find_pair(provider: &dyn HostProvider, status: &TunnelStatus, uid: 
         }
     }
     Ok(FoundPair { hosts: pair, extras })
-}
-
-/// Per host id: the streak of failed health checks of a highly available Tunnel's exit servers
-/// (how many in a row, since when). In memory, like [`FailingClocks`]: a restarted operator
-/// starts every streak anew, which only delays a failover by the hysteresis.
-/// A streak also keeps, once diagnosed, why its failing server is not replaced: diagnosing asks
-/// the cloud (the VM's console), which a pass every second must not do each time.
-#[derive(Default)]
-pub struct Streaks(Mutex<HashMap<String, Streak>>);
-
-struct Streak {
-    failures: u32,
-    since: Instant,
-    kept: Option<(Instant, String)>,
-}
-
-impl Streaks {
-    fn streaks(&self) -> std::sync::MutexGuard<'_, HashMap<String, Streak>> {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Records one check of `host`; returns its streak.
-    pub fn record(&self, host: &str, passed: bool) -> Health {
-        let mut streaks = self.streaks();
-        if passed {
-            streaks.remove(host);
-            return Health::default();
-        }
-        let streak =
-            streaks.entry(host.to_string()).or_insert(Streak { failures: 0, since: Instant::now(), kept: None });
-        streak.failures += 1;
-        Health { failures: streak.failures, failing_for: streak.since.elapsed() }
-    }
-
-    /// Why failing `host` was kept, if that was decided less than `max_age` ago in this streak.
-    pub fn kept(&self, host: &str, max_age: Duration) -> Option<String> {
-        let streaks = self.streaks();
-        let (at, why) = streaks.get(host)?.kept.as_ref()?;
-        (at.elapsed() < max_age).then(|| why.clone())
-    }
-
-    /// Records why failing `host` is kept, for [`Streaks::kept`].
-    pub fn keep(&self, host: &str, why: String) {
-        if let Some(streak) = self.streaks().get_mut(host) {
-            streak.kept = Some((Instant::now(), why));
-        }
-    }
-
-    /// Drops the streak of a host that is gone.
-    pub fn forget(&self, host: &str) {
-        self.streaks().remove(host);
-    }
-
-    /// Moves `host`'s streak back by `by`, as if it had been failing that much longer.
-    #[cfg(test)]
-    pub fn backdate(&self, host: &str, by: Duration) {
-        if let Some(streak) = self.streaks().get_mut(host) {
-            streak.since = streak.since.checked_sub(by).expect("the machine has been up longer than the backdate");
-        }
-    }
 }
 
 /// Per highly available Tunnel (by uid): what the provider said of its address and servers at
@@ -398,40 +337,5 @@ impl Probe for NetworkProbe {
         let Ok(ip) = host_ip.parse::<std::net::IpAddr>() else { return false };
         let connect = tokio::net::TcpStream::connect(std::net::SocketAddr::new(ip, port));
         matches!(tokio::time::timeout(PROBE_TIMEOUT, connect).await, Ok(Ok(_)))
-    }
-}
-
-/// Per host id: since when its tunnel fails the health check (first seen running, or last
-/// passed). In memory: a restarted operator gives every host a fresh boot timeout, which only
-/// delays a replacement.
-#[derive(Default)]
-pub struct FailingClocks(Mutex<HashMap<String, Instant>>);
-
-impl FailingClocks {
-    fn clocks(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Records the probe's outcome for `host`; returns how long it has been failing.
-    pub fn failing_for(&self, host: &str, passed: bool) -> Duration {
-        let mut clocks = self.clocks();
-        if passed {
-            clocks.remove(host);
-            return Duration::ZERO;
-        }
-        clocks.entry(host.to_string()).or_insert_with(Instant::now).elapsed()
-    }
-
-    /// Drops the clock of a host that is gone.
-    pub fn forget(&self, host: &str) {
-        self.clocks().remove(host);
-    }
-
-    /// Moves `host`'s clock back by `by`, as if it had been failing that much longer.
-    #[cfg(test)]
-    pub fn backdate(&self, host: &str, by: Duration) {
-        let mut clocks = self.clocks();
-        let since = clocks.entry(host.to_string()).or_insert_with(Instant::now);
-        *since = since.checked_sub(by).expect("the machine has been up longer than the backdate");
     }
 }

@@ -371,7 +371,7 @@ async fn when_both_servers_fail_the_one_without_the_address_is_replaced() {
     }
     assert_eq!(ha(&h).active.as_deref(), Some("h-1"), "never moved onto a failing server");
     for host in ["h-1", "h-2"] {
-        h.ctx.streaks.backdate(host, h.ctx.settings.replace_after);
+        h.ctx.health.backdate(host, h.ctx.settings.replace_after);
     }
     pass(&h).await;
     pass(&h).await;

@@ -299,7 +299,7 @@ impl<'a> Pass<'a> {
         let probed = ctx.probe.check(&ip, settings.health_port, &keys.credentials.token).await;
         let error = probed.as_ref().err().cloned().unwrap_or_default();
         let clock = host_id.clone().unwrap_or_else(|| ip.clone());
-        let failing_for = ctx.failing.failing_for(&clock, probed.is_ok());
+        let failing_for = ctx.health.record(&clock, probed.is_ok()).failing_for;
         let step = plan::traffic_step(probed, failing_for, settings.boot_timeout, settings.replace_after);
         if want.publishes && plan::withdraws(&step, failing_for, settings.withdraw_after) {
             act::set_ingress(&want.service, None, ctx).await?;
@@ -339,7 +339,7 @@ impl<'a> Pass<'a> {
                         let host = (host_id.as_deref(), cause.reason(), why.as_str());
                         act::host::replace_unhealthy(tunnel, &want.service, want.publishes, provider, host, ctx)
                             .await?;
-                        ctx.failing.forget(&clock);
+                        ctx.health.forget(&clock);
                         let message = format!("{why}; provisioning a new exit server");
                         self.record(|s| {
                             s.phase = Some(TunnelPhase::Provisioning);

@@ -17,10 +17,13 @@ use kube::api::ObjectMeta;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use super::desired::fit_label;
 use crate::controllers::{MANAGED_BY, owned};
 use crate::crd::tunnel::Tunnel;
 use crate::error::{Error, Result};
+
+/// The key of the Tunnel's Secret holding a single client's config (a pair's clients have one
+/// each, [`Placement::client_key`]).
+pub const KEY_CLIENT: &str = "client.toml";
 
 /// Label: the Tunnel's name (fitted to a label value).
 pub const LABEL_TUNNEL: &str = "skyport.dev/tunnel";
@@ -85,7 +88,7 @@ impl Placement {
     pub fn client_key(&self) -> String {
         match self.slot {
             Some(slot) => format!("client-{slot}.toml"),
-            None => super::desired::KEY_CLIENT.to_string(),
+            None => KEY_CLIENT.to_string(),
         }
     }
 
@@ -148,6 +151,17 @@ pub fn label_test(key: &str, value: &str) -> Value {
 
 fn label<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
     meta.labels.as_ref()?.get(key).map(String::as_str)
+}
+
+/// `value` if it is a valid label value of at most 63 characters, else a prefix plus a hash.
+pub fn fit_label(value: &str) -> String {
+    if value.len() <= 63 {
+        return value.to_string();
+    }
+    let digest = Sha256::digest(value.as_bytes());
+    let suffix: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+    let head = value[..54].trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
+    format!("{head}-{suffix}")
 }
 
 /// `<namespace>-<name>` cut to 38 characters, then 8 hex digits of SHA-256 of `namespace/name`:

@@ -68,7 +68,7 @@ async fn a_new_client_that_never_rolls_out_halts_the_roll_and_buys_no_server() {
     // fails, for longer than any patience and past the time a failing standby is replaced.
     h.probe.refuse("203.0.113.2", true);
     pass(&h).await;
-    h.ctx.streaks.backdate("h-2", Duration::from_secs(3600));
+    h.ctx.health.backdate("h-2", Duration::from_secs(3600));
     for _ in 0..3 {
         pass(&h).await;
     }

@@ -66,8 +66,7 @@ fn harness_set(
         orphans_deleted: Default::default(),
         orphan_addresses_released: Default::default(),
         sweeps: Default::default(),
-        failing: Default::default(),
-        streaks: Default::default(),
+        health: Default::default(),
         failovers: Default::default(),
         unserved: Default::default(),
         pair_views: Default::default(),
@@ -153,7 +152,7 @@ async fn a_new_tunnel_gets_finalizer_secret_host_client_ingress_and_active_statu
     assert_eq!(host.tags.get(providers::hosts::TAG_CLUSTER).map(String::as_str), Some("cluster-1"));
     let secret = h.api.get("/api/v1/namespaces/ns/secrets/web-tunnel-credentials").expect("Secret");
     assert!(secret["data"][desired::KEY_TOKEN].is_string());
-    assert!(secret["stringData"][desired::KEY_CLIENT].as_str().unwrap().contains("10.0.0.7:80"));
+    assert!(secret["stringData"][placement::KEY_CLIENT].as_str().unwrap().contains("10.0.0.7:80"));
     assert!(h.api.get("/apis/apps/v1/namespaces/ns/deployments/web-tunnel-client").is_some());
     let svc = h.api.get(SERVICE).unwrap();
     assert_eq!(svc["status"]["loadBalancer"]["ingress"][0]["ip"], json!(host.public_ipv4.unwrap()));

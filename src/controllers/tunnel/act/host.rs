@@ -3,10 +3,9 @@
 
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
-use std::net::Ipv4Addr;
 
-use providers::exit::userdata::{ExitServer, InterfaceAddresses, render_cloud_config_on};
-use providers::hosts::{MOVED_ADDRESS_SECONDARY, TAG_BOUND_ADDRESS, TAG_MOVED_ADDRESS, TAG_TUNNEL_SLOT};
+use providers::exit::userdata::{ExitServer, render_cloud_config_on};
+use providers::hosts::TAG_TUNNEL_SLOT;
 use providers::{Address, Host, HostProvider, HostRequest};
 use tracing::{info, warn};
 
@@ -95,12 +94,10 @@ pub async fn replace_unhealthy(
 }
 
 /// Creates the exit server, tagged with the Tunnel's UID and this cluster's id
-/// ([`desired::tags`]). A reserved address bound to a region (DigitalOcean) takes the host there
-/// when the Tunnel names no region; the region is immutable, so one named already holds both. A
-/// pair's host (`slot`) at a provider whose hosts must carry the moved address themselves
-/// (Hetzner floating IPs) is made with it on its interface, and tagged with it; at one that moves
-/// it onto a secondary private address of each host (EC2), with user data putting that address
-/// on the interface.
+/// ([`desired::tags`]). A reserved address bound to a region takes the host there when the Tunnel
+/// names no region; the region is immutable, so one named already holds both. A pair's host
+/// (`slot`) is made to take the moved address as the provider's capabilities say
+/// ([`providers::MovedAddress::setup`]).
 pub async fn create(
     tunnel: &Tunnel,
     provider: &dyn HostProvider,
@@ -111,17 +108,10 @@ pub async fn create(
     let ns = tunnel.namespace().ok_or(Error::MissingObjectKey("namespace"))?;
     let artifacts = ctx.settings.exit_server_artifacts().map_err(|e| Error::Internal(e.to_string()))?;
     crate::tunnel::verify::before_create(provider, &artifacts, &ctx.settings).await?;
-    let moved: Vec<Ipv4Addr> = match (slot, address) {
-        (Some(_), Some(a)) if provider.binds_moved_address() => {
-            vec![a.ip.parse().map_err(|_| Error::Internal(format!("reserved address {:?} is not IPv4", a.ip)))?]
-        }
-        _ => Vec::new(),
-    };
     // Only a pair that moves its reserved address (not one publishing both servers' own).
-    let secondary = slot.is_some() && address.is_some() && provider.moves_to_secondary_ip();
-    let on_interface =
-        if secondary { InterfaceAddresses::Ec2Secondary } else { InterfaceAddresses::Fixed(moved.clone()) };
-    let user_data = render_cloud_config_on(server, &artifacts, &on_interface)
+    let moved_ip = address.filter(|_| slot.is_some()).map(|a| a.ip.as_str());
+    let moved = provider.capabilities().moved_address.setup(moved_ip).map_err(Error::Internal)?;
+    let user_data = render_cloud_config_on(server, &artifacts, &moved.on_interface)
         .map_err(|e| Error::Internal(format!("user data: {e}")))?;
     let region = match (&tunnel.spec.region, address) {
         (Some(region), _) => Some(region.clone()),
@@ -134,12 +124,7 @@ pub async fn create(
         tags.insert(TAG_TUNNEL_SLOT.to_string(), slot.to_string());
         name = format!("{}-{slot}", name.trim_end_matches('-'));
     }
-    if let Some(ip) = moved.first() {
-        tags.insert(TAG_BOUND_ADDRESS.to_string(), ip.to_string());
-    }
-    if secondary {
-        tags.insert(TAG_MOVED_ADDRESS.to_string(), MOVED_ADDRESS_SECONDARY.to_string());
-    }
+    tags.extend(moved.tags);
     // A single server comes up with the reserved address where the provider binds it at creation
     // (a pair's servers keep their own, the address moves between them).
     let address = address.filter(|_| slot.is_none()).map(|a| a.id.clone());
@@ -150,9 +135,8 @@ pub async fn create(
     Ok(created)
 }
 
-/// Whether `host` can answer on the reserved address `ip` where the provider needs it on the
-/// host's interface ([`create`] put it there and tagged the host with it). Elsewhere every host
-/// can.
+/// Whether `host` can answer on the reserved address `ip` ([`create`] made it to, where the
+/// provider needs that: [`providers::MovedAddress::carried_by`]).
 pub fn carries(provider: &dyn HostProvider, host: &Host, ip: Option<&str>) -> bool {
-    !provider.binds_moved_address() || ip.is_none() || host.tags.get(TAG_BOUND_ADDRESS).map(String::as_str) == ip
+    provider.capabilities().moved_address.carried_by(host, ip)
 }

@@ -250,6 +250,6 @@ pub async fn delete_unpublished(
         unpublish_before_delete(service, ctx).await?;
     }
     provider.delete(id).await?;
-    ctx.failing.forget(id);
+    ctx.health.forget(id);
     Ok(())
 }

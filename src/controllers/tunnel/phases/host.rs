@@ -165,7 +165,7 @@ impl Pass<'_> {
                 Ok(Some(address))
             }
             Some(address) => Ok(Some(address)),
-            None if address_plan::reserve_first(provider.address_binding(), None) => {
+            None if address_plan::reserve_first(provider.capabilities().address_binding, None) => {
                 self.reserve(want, None).await.map(Some)
             }
             None => Ok(None),
@@ -223,7 +223,7 @@ impl Pass<'_> {
             address = provider.get_address(&stale.id).await?;
         }
         for _ in 0..3 {
-            match address_step(provider.address_binding(), address.as_ref(), host_id) {
+            match address_step(provider.capabilities().address_binding, address.as_ref(), host_id) {
                 AddressStep::Ready { ip } => return Ok(Some(ip)),
                 AddressStep::Reserve { onto } => address = Some(self.reserve(want, onto).await?),
                 AddressStep::Assign { id, host_id } => {
@@ -254,9 +254,9 @@ impl Pass<'_> {
 /// Why a new host must wait for the reserved address `id` ([`address_plan::may_create`]), read
 /// fresh: the host that held it may have just been deleted.
 async fn address_held(provider: &dyn HostProvider, id: Option<&str>) -> Result<Option<String>> {
-    let Some(id) = id.filter(|_| provider.address_binding() == AddressBinding::AtCreate) else {
+    let Some(id) = id.filter(|_| provider.capabilities().address_binding == AddressBinding::AtCreate) else {
         return Ok(None);
     };
     let address = provider.get_address(id).await?;
-    Ok(address_plan::may_create(provider.address_binding(), address.as_ref()).err())
+    Ok(address_plan::may_create(provider.capabilities().address_binding, address.as_ref()).err())
 }

@@ -53,7 +53,7 @@ impl Pass<'_> {
         if tunnel.spec.both_addresses() {
             return self.both(want, keys).await;
         }
-        if let Err(why) = provider.moves_addresses() {
+        if let Err(why) = provider.capabilities().may_move_addresses(provider.name()) {
             let limitation = why.clone();
             self.record(|s| s.high_availability.get_or_insert_default().limitation = Some(limitation)).await?;
             let message = format!(
@@ -64,7 +64,8 @@ impl Pass<'_> {
         }
         // A quiet pair's last read stands until its resync ([`observe::PairViews`]): a server that
         // stops fails its check, and the pass after that reads the provider again.
-        let cached = ctx.pair_views.recent(&want.uid, ctx.settings.resync).filter(|_| !provider.reads_are_free());
+        let cached =
+            ctx.pair_views.recent(&want.uid, ctx.settings.resync).filter(|_| !provider.capabilities().reads_are_free);
         let fresh = cached.is_none();
         let (mut address, found) = match cached {
             Some(view) => view,
@@ -93,7 +94,7 @@ impl Pass<'_> {
         // Where a reserved address exists only once it is on a first host (DigitalOcean), the
         // second host waits for it, to be made in its region: the address cannot move between
         // regions, and a provider left to pick may pick two.
-        let wait_for_address = address.is_none() && provider.address_binding() == AddressBinding::WithHost;
+        let wait_for_address = address.is_none() && provider.capabilities().address_binding == AddressBinding::WithHost;
         for (slot, host) in SLOTS.into_iter().zip(found.hosts) {
             let host = match host {
                 Some(host) if !act::host::carries(provider.as_ref(), &host, reserved_ip.as_deref()) => {
@@ -105,7 +106,7 @@ impl Pass<'_> {
                         reserved_ip.as_deref().unwrap_or_default()
                     );
                     act::host::replace_lost(tunnel, provider.as_ref(), (&host.id, &why), None, ctx).await?;
-                    ctx.streaks.forget(&host.id);
+                    ctx.health.forget(&host.id);
                     self.create_slot(want, keys, (slot, address.as_ref())).await?
                 }
                 Some(host) => host,
@@ -126,7 +127,7 @@ impl Pass<'_> {
         }
         let ports_current = self.reconfigure_pair(want, keys, &mut slots).await?;
         // Where each server is checked ([`Slot::check_ip`]).
-        let beside = provider.moves_to_secondary_ip();
+        let beside = provider.capabilities().moves_to_secondary_ip();
         self.check_pair(keys, &mut slots, beside).await;
 
         let hysteresis = Hysteresis { failures: ctx.settings.failover_failures, after: ctx.settings.failover_after };
@@ -178,7 +179,7 @@ impl Pass<'_> {
             let id = slot.id().unwrap_or_default().to_string();
             let why = format!("exit server {id} (slot {}) is no longer running", slot.slot);
             act::host::replace_lost(tunnel, provider.as_ref(), (&id, &why), None, ctx).await?;
-            ctx.streaks.forget(&id);
+            ctx.health.forget(&id);
             slot.host = None;
         }
         for slot in slots.iter_mut().filter(|s| deferred.contains(&s.slot)) {
@@ -316,7 +317,7 @@ impl Pass<'_> {
                 (Some(ip), Some(id)) => {
                     let result = ctx.probe.check(ip, ctx.settings.health_port, token).await;
                     let error = result.as_ref().err().cloned().unwrap_or_default();
-                    Some((ctx.streaks.record(id, result.is_ok()), error))
+                    Some((ctx.health.record(id, result.is_ok()), error))
                 }
                 _ => None,
             }

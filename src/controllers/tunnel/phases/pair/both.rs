@@ -49,7 +49,7 @@ impl Pass<'_> {
             if slot.host.as_ref().is_some_and(|h| h.state == HostState::Stopped) {
                 let why = format!("exit server {id} (slot {}) is no longer running", slot.slot);
                 act::host::replace_lost(tunnel, provider.as_ref(), (&id, &why), None, ctx).await?;
-                ctx.streaks.forget(&id);
+                ctx.health.forget(&id);
                 slot.host = None;
                 continue;
             }

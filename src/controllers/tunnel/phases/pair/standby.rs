@@ -19,7 +19,7 @@ impl Pass<'_> {
         let (Some(id), Some((health, error))) = (slot.id().map(str::to_string), slot.check.clone()) else {
             return Ok(false);
         };
-        if let Some(kept) = ctx.streaks.kept(&id, ctx.settings.resync) {
+        if let Some(kept) = ctx.health.kept(&id, ctx.settings.resync) {
             slot.kept = Some(kept);
             return Ok(false);
         }
@@ -36,14 +36,14 @@ impl Pass<'_> {
             Unhealthy::Report { reason, message } => {
                 let note = format!("exit server {id} (slot {}) is kept: {message}", slot.slot);
                 ctx.publish(tunnel, reason, note).await;
-                ctx.streaks.keep(&id, message.clone());
+                ctx.health.keep(&id, message.clone());
                 slot.kept = Some(message);
                 Ok(false)
             }
             Unhealthy::Replace { why, count, .. } => {
                 let why = format!("exit server {id} (slot {}): {why}", slot.slot);
                 act::host::replace_lost(tunnel, provider, (&id, &why), None, ctx).await?;
-                ctx.streaks.forget(&id);
+                ctx.health.forget(&id);
                 slot.host = None;
                 slot.replaced = count;
                 Ok(true)

@@ -1,0 +1,187 @@
+//! What a host provider can do, as one value ([`Capabilities`]): the Tunnel controller reads it
+//! and branches on its fields, never on which provider it talks to.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use super::{AddressBinding, Host, MOVED_ADDRESS_SECONDARY, TAG_BOUND_ADDRESS, TAG_MOVED_ADDRESS};
+use crate::exit::userdata::InterfaceAddresses;
+
+/// How a highly available Tunnel's moved address reaches the exit server holding it, which
+/// decides how the adapter makes that pair's hosts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MovedAddress {
+    /// The cloud translates the address to one the host already has on the way in (DigitalOcean
+    /// reserved IPs), or the adapter binds it itself (local): the host needs nothing for it.
+    #[default]
+    Translated,
+    /// The host's OS must carry the address on its interface to answer on it (Hetzner floating
+    /// IPs, guests): a pair's host is made with it configured and tagged with it
+    /// ([`super::TAG_BOUND_ADDRESS`]); a host carrying another cannot take this one.
+    OnInterface,
+    /// The address goes onto a secondary private IPv4 of each host, which the adapter gives a
+    /// host at creation and its OS reads from the instance metadata at boot (EC2: an Elastic IP
+    /// on the primary one replaces the public IPv4 the server's client dials). Each server keeps
+    /// that own address beside the moved one, so the controller checks it there, not where the
+    /// API reports its public IPv4 (an emulator may report the moved address).
+    SecondaryIp,
+}
+
+/// How a host is made to answer on a moved address: what its user data puts on its interface,
+/// and the tags that record it on the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MovedSetup {
+    /// For the host's user data ([`crate::exit::userdata::render_cloud_config_on`]).
+    pub on_interface: InterfaceAddresses,
+    /// Added to the host's tags.
+    pub tags: BTreeMap<String, String>,
+}
+
+impl MovedAddress {
+    /// How a highly available Tunnel's host is made to take the moved address `ip` here; `None`
+    /// (the default) is a host that takes none (a single server, or a pair publishing both its
+    /// servers' own addresses). `Err`: `ip` is not IPv4, where the host must carry it itself.
+    pub fn setup(self, ip: Option<&str>) -> Result<MovedSetup, String> {
+        let none = MovedSetup { on_interface: InterfaceAddresses::Fixed(Vec::new()), tags: BTreeMap::new() };
+        let Some(ip) = ip else { return Ok(none) };
+        match self {
+            MovedAddress::Translated => Ok(none),
+            MovedAddress::OnInterface => {
+                let parsed: Ipv4Addr = ip.parse().map_err(|_| format!("reserved address {ip:?} is not IPv4"))?;
+                Ok(MovedSetup {
+                    on_interface: InterfaceAddresses::Fixed(vec![parsed]),
+                    tags: BTreeMap::from([(TAG_BOUND_ADDRESS.to_string(), parsed.to_string())]),
+                })
+            }
+            MovedAddress::SecondaryIp => Ok(MovedSetup {
+                on_interface: InterfaceAddresses::Ec2Secondary,
+                tags: BTreeMap::from([(TAG_MOVED_ADDRESS.to_string(), MOVED_ADDRESS_SECONDARY.to_string())]),
+            }),
+        }
+    }
+
+    /// Whether `host` can answer on the reserved address `ip`: where the host must carry it on
+    /// its interface, only one made with it ([`MovedAddress::setup`] tagged it). Elsewhere every
+    /// host can.
+    pub fn carried_by(self, host: &Host, ip: Option<&str>) -> bool {
+        self != MovedAddress::OnInterface || ip.is_none() || host.tags.get(TAG_BOUND_ADDRESS).map(String::as_str) == ip
+    }
+}
+
+/// What a provider can do, returned by [`super::HostProvider::capabilities`]. The default is a
+/// cloud's: reads cost API budget, hosts download the exit-server binary, addresses are assigned
+/// to running hosts and cannot be moved for a pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Whether reading hosts and addresses costs nothing against a cloud API's budget (hosts on
+    /// this machine), so a highly available Tunnel re-reads them at every check pass instead of
+    /// only after a change, a failed check or its resync.
+    pub reads_are_free: bool,
+    /// Whether this provider's hosts download the exit-server binary from the artifact URL, so
+    /// the operator checks that URL before buying one (the local provider runs the operator's
+    /// own executable).
+    pub fetches_artifact: bool,
+    /// How reserved addresses get onto hosts here, which decides when the controller reserves
+    /// one.
+    pub address_binding: AddressBinding,
+    /// Whether [`super::HostProvider::assign_address`] moves a reserved address between two
+    /// running hosts within seconds while each keeps the address its client dials, which a
+    /// highly available Tunnel's failover needs. Only adapters whose move is proven by tests say
+    /// yes; [`Capabilities::may_move_addresses`] says why not otherwise.
+    pub moves_addresses: bool,
+    /// How a moved address reaches the host holding it.
+    pub moved_address: MovedAddress,
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        Capabilities {
+            reads_are_free: false,
+            fetches_artifact: true,
+            address_binding: AddressBinding::Assign,
+            moves_addresses: false,
+            moved_address: MovedAddress::Translated,
+        }
+    }
+}
+
+impl Capabilities {
+    /// `Ok` where a highly available Tunnel's address can move between running hosts of
+    /// `provider`; else why not, for the Tunnel's status.
+    pub fn may_move_addresses(&self, provider: &str) -> Result<(), String> {
+        if self.moves_addresses {
+            return Ok(());
+        }
+        Err(match self.address_binding {
+            AddressBinding::AtCreate => format!(
+                "{provider} gives a reserved address to a host only when the host is created, so moving it to a standby means replacing that standby"
+            ),
+            AddressBinding::Assign | AddressBinding::WithHost => {
+                format!("skyport does not move reserved addresses between running exit servers at {provider} yet")
+            }
+        })
+    }
+
+    /// Whether a pair's host must carry the moved address on its interface
+    /// ([`MovedAddress::OnInterface`]).
+    pub fn binds_moved_address(&self) -> bool {
+        self.moved_address == MovedAddress::OnInterface
+    }
+
+    /// Whether a pair's hosts take the moved address on a secondary private IPv4
+    /// ([`MovedAddress::SecondaryIp`]).
+    pub fn moves_to_secondary_ip(&self) -> bool {
+        self.moved_address == MovedAddress::SecondaryIp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_provider_that_cannot_move_addresses_says_why_by_its_binding() {
+        let at_create = Capabilities { address_binding: AddressBinding::AtCreate, ..Capabilities::default() };
+        let why = at_create.may_move_addresses("hetzner").unwrap_err();
+        assert!(why.contains("only when the host is created"), "{why}");
+        let why = Capabilities::default().may_move_addresses("digitalocean").unwrap_err();
+        assert!(why.contains("does not move reserved addresses") && why.contains("digitalocean"), "{why}");
+        let moves = Capabilities { moves_addresses: true, ..at_create };
+        assert_eq!(moves.may_move_addresses("hetzner"), Ok(()));
+    }
+
+    #[test]
+    fn a_pair_host_is_made_to_take_the_moved_address_as_its_provider_needs() {
+        let ip = Some("198.51.100.7");
+        let bound = MovedAddress::OnInterface.setup(ip).unwrap();
+        assert_eq!(bound.on_interface, InterfaceAddresses::Fixed(vec![Ipv4Addr::new(198, 51, 100, 7)]));
+        assert_eq!(bound.tags, BTreeMap::from([(TAG_BOUND_ADDRESS.into(), "198.51.100.7".into())]));
+        let secondary = MovedAddress::SecondaryIp.setup(ip).unwrap();
+        assert_eq!(secondary.on_interface, InterfaceAddresses::Ec2Secondary);
+        assert_eq!(secondary.tags, BTreeMap::from([(TAG_MOVED_ADDRESS.into(), MOVED_ADDRESS_SECONDARY.into())]));
+        let nothing = MovedSetup { on_interface: InterfaceAddresses::Fixed(Vec::new()), tags: BTreeMap::new() };
+        assert_eq!(MovedAddress::Translated.setup(ip), Ok(nothing.clone()));
+        for moved in [MovedAddress::Translated, MovedAddress::OnInterface, MovedAddress::SecondaryIp] {
+            assert_eq!(moved.setup(None), Ok(nothing.clone()), "{moved:?}: no address, nothing to carry");
+        }
+        assert!(MovedAddress::OnInterface.setup(Some("2001:db8::1")).is_err());
+    }
+
+    #[test]
+    fn only_a_host_made_with_the_address_carries_it_where_the_host_must() {
+        let host = |tags: &[(&str, &str)]| Host {
+            id: "h-1".into(),
+            name: "h".into(),
+            public_ipv4: None,
+            state: super::super::HostState::Running,
+            tags: tags.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        };
+        let made_with = host(&[(TAG_BOUND_ADDRESS, "198.51.100.7")]);
+        assert!(MovedAddress::OnInterface.carried_by(&made_with, Some("198.51.100.7")));
+        assert!(!MovedAddress::OnInterface.carried_by(&made_with, Some("198.51.100.8")), "reserved anew");
+        assert!(!MovedAddress::OnInterface.carried_by(&host(&[]), Some("198.51.100.7")));
+        assert!(MovedAddress::OnInterface.carried_by(&host(&[]), None));
+        assert!(MovedAddress::Translated.carried_by(&host(&[]), Some("198.51.100.7")));
+        assert!(MovedAddress::SecondaryIp.carried_by(&host(&[]), Some("198.51.100.7")));
+    }
+}

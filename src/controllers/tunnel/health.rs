@@ -1,0 +1,112 @@
+//! One health tracker for every exit server, a single Tunnel's and each server of a pair's: per
+//! host, the failed health checks in a row and since when. The single path reads how long a
+//! host has failed (its boot timeout and replacement wait), the pair path also how many checks
+//! in a row (the failover hysteresis); both read the same record.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::plan::failover::Health;
+
+/// Per host id: the streak of failed health checks (how many in a row, since when). In memory:
+/// a restarted operator starts every streak anew, which only delays a replacement by the boot
+/// timeout and a failover by the hysteresis. A streak also keeps, once diagnosed, why its failing
+/// server is not replaced: diagnosing asks the cloud (the VM's console), which a pair's pass
+/// every second must not do each time.
+#[derive(Default)]
+pub struct HealthTracker(Mutex<HashMap<String, Streak>>);
+
+struct Streak {
+    failures: u32,
+    since: Instant,
+    kept: Option<(Instant, String)>,
+}
+
+impl Streak {
+    fn new() -> Self {
+        Streak { failures: 0, since: Instant::now(), kept: None }
+    }
+}
+
+impl HealthTracker {
+    fn streaks(&self) -> std::sync::MutexGuard<'_, HashMap<String, Streak>> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records one check of `host`; returns its streak (nothing failing once it passed).
+    pub fn record(&self, host: &str, passed: bool) -> Health {
+        let mut streaks = self.streaks();
+        if passed {
+            streaks.remove(host);
+            return Health::default();
+        }
+        let streak = streaks.entry(host.to_string()).or_insert_with(Streak::new);
+        streak.failures += 1;
+        Health { failures: streak.failures, failing_for: streak.since.elapsed() }
+    }
+
+    /// Why failing `host` was kept, if that was decided less than `max_age` ago in this streak.
+    pub fn kept(&self, host: &str, max_age: Duration) -> Option<String> {
+        let streaks = self.streaks();
+        let (at, why) = streaks.get(host)?.kept.as_ref()?;
+        (at.elapsed() < max_age).then(|| why.clone())
+    }
+
+    /// Records why failing `host` is kept, for [`HealthTracker::kept`].
+    pub fn keep(&self, host: &str, why: String) {
+        if let Some(streak) = self.streaks().get_mut(host) {
+            streak.kept = Some((Instant::now(), why));
+        }
+    }
+
+    /// Drops the streak of a host that is gone (or replaced).
+    pub fn forget(&self, host: &str) {
+        self.streaks().remove(host);
+    }
+
+    /// Moves `host`'s streak back by `by`, as if it had been failing that much longer.
+    #[cfg(test)]
+    pub fn backdate(&self, host: &str, by: Duration) {
+        let mut streaks = self.streaks();
+        let streak = streaks.entry(host.to_string()).or_insert_with(Streak::new);
+        streak.since = streak.since.checked_sub(by).expect("the machine has been up longer than the backdate");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINUTE: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn a_streak_counts_failed_checks_in_a_row_and_a_pass_ends_it() {
+        let t = HealthTracker::default();
+        assert_eq!(t.record("h-1", true), Health::default());
+        assert_eq!(t.record("h-1", false).failures, 1);
+        t.backdate("h-1", MINUTE);
+        let health = t.record("h-1", false);
+        assert_eq!(health.failures, 2);
+        assert!(health.failing_for >= MINUTE, "{health:?}");
+        assert_eq!(t.record("h-2", false).failures, 1, "each host its own streak");
+        assert_eq!(t.record("h-1", true), Health::default());
+        let again = t.record("h-1", false);
+        assert_eq!(again.failures, 1, "a new streak after a pass");
+        assert!(again.failing_for < MINUTE, "{again:?}");
+    }
+
+    #[test]
+    fn why_a_failing_server_is_kept_lasts_for_its_streak_and_its_age() {
+        let t = HealthTracker::default();
+        t.keep("h-1", "no streak yet".into());
+        assert_eq!(t.kept("h-1", MINUTE), None, "nothing is kept for a host that does not fail");
+        t.record("h-1", false);
+        t.keep("h-1", "its client is not available".into());
+        assert_eq!(t.kept("h-1", MINUTE).as_deref(), Some("its client is not available"));
+        assert_eq!(t.kept("h-1", Duration::ZERO), None, "too old");
+        t.forget("h-1");
+        assert_eq!(t.kept("h-1", MINUTE), None);
+        assert_eq!(t.record("h-1", false).failures, 1, "a forgotten host starts anew");
+    }
+}
