@@ -119,7 +119,7 @@ where
 /// wait returns at once, requeued, so that it acts on the object as the cache holds it then.
 pub async fn reconcile_with<K, S, M, F, Fut>(obj: Arc<K>, ctx: Arc<Context<S, M>>, inner: F) -> crate::Result<Action>
 where
-    K: Resource<DynamicType = ()>,
+    K: Resource<DynamicType = ()> + super::Sharded,
     F: FnOnce(Arc<K>, Arc<Context<S, M>>) -> Fut,
     Fut: std::future::Future<Output = crate::Result<Action>>,
 {
