@@ -18,9 +18,9 @@
 pub mod plan;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
 use futures::future::join_all;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -56,6 +56,17 @@ pub struct ShardMetrics {
     pub takeovers: Counter,
 }
 
+/// Where the Leases of one group live and how long they last.
+#[derive(Debug, Clone)]
+pub struct Group {
+    pub namespace: String,
+    /// The prefix of every Lease name, and the value of [`LABEL_GROUP`].
+    pub name: String,
+    pub duration: Duration,
+    /// This replica's `holderIdentity`.
+    pub identity: String,
+}
+
 /// One replica's part in sharding.
 pub struct Shards {
     api: Api<Lease>,
@@ -72,39 +83,42 @@ pub struct Shards {
 }
 
 impl Shards {
-    /// Shards of the Lease group `group` in the namespace of `api`. `client` must time requests
-    /// out after [`crate::leader::request_timeout`], as the leader Lease's does.
-    pub fn new(
-        client: Client,
-        namespace: &str,
-        group: &str,
-        duration: Duration,
-        identity: String,
-        gate: Gate,
-        existing: Existing,
-        metrics: ShardMetrics,
-    ) -> Self {
-        let api = Api::namespaced(client, namespace);
+    /// The shards of the Lease group `group`. `client` must time requests out after
+    /// [`crate::leader::request_timeout`], as the leader Lease's does.
+    pub fn new(client: Client, group: Group, gate: Gate, existing: Existing, metrics: ShardMetrics) -> Self {
+        let api = Api::namespaced(client, &group.namespace);
         let (held, draining) = (Held::new(), BTreeMap::new());
-        Shards { api, group: group.to_string(), identity, duration, gate, existing, metrics, held, draining }
+        let Group { name, duration, identity, .. } = group;
+        Shards { api, group: name, identity, duration, gate, existing, metrics, held, draining }
     }
 
-    /// Takes, renews and gives up shard Leases until `shutdown`; then releases them all. Returns
-    /// why it must end the process when a shard Lease was lost (not renewed in time, or held by
-    /// another replica while this one acted on it).
-    pub async fn run(mut self, shutdown: impl std::future::Future<Output = ()>) -> Result<(), String> {
+    /// Takes, renews and gives up shard Leases until `done` (the controllers ended). From
+    /// `shutdown` on it takes no more shards and reconciles waiting for one end, while what it
+    /// holds is still renewed for the reconciles in flight. Returns why it must end the process
+    /// when a shard Lease was lost (not renewed in time, or held by another replica while this
+    /// one acted on it).
+    pub async fn run(
+        &mut self,
+        shutdown: impl std::future::Future<Output = ()>,
+        done: impl std::future::Future<Output = ()>,
+    ) -> Result<(), String> {
         info!(identity = %self.identity, group = %self.group, "sharding: holding shard Leases");
         let period = renew_margin(self.duration) / 2;
-        tokio::pin!(shutdown);
+        let (shutdown, done) = (shutdown.fuse(), done.fuse());
+        tokio::pin!(shutdown, done);
+        let mut stopping = false;
         loop {
             let started = Instant::now();
-            self.round(started).await?;
+            self.round(started, stopping).await?;
             tokio::select! {
                 _ = tokio::time::sleep_until(started + period) => {}
-                _ = &mut shutdown => break,
+                _ = &mut shutdown, if !stopping => {
+                    stopping = true;
+                    self.gate.stop();
+                }
+                _ = &mut done => return Ok(()),
             }
         }
-        Ok(())
     }
 
     /// After the controllers stopped: every shard Lease and the replica Lease given up, so the
@@ -127,7 +141,7 @@ impl Shards {
     }
 
     /// One round: list, renew the replica Lease, plan, write, and open the gate accordingly.
-    async fn round(&mut self, started: Instant) -> Result<(), String> {
+    async fn round(&mut self, started: Instant, stopping: bool) -> Result<(), String> {
         let listed = match self.list().await {
             Ok(l) => l,
             Err(e) => {
@@ -156,8 +170,12 @@ impl Shards {
         let live = live_replicas(&self.identity, replicas.iter().map(|l| holding(l)).collect::<Vec<_>>().iter(), now);
         let existing = (self.existing)();
         let draining: BTreeSet<String> = self.draining.keys().cloned().collect();
-        let view = View { me: &self.identity, now, shards: &existing, leases: &holdings, replicas: live, draining: &draining };
-        let steps = plan::plan(&view);
+        let view =
+            View { me: &self.identity, now, shards: &existing, leases: &holdings, replicas: live, draining: &draining };
+        let mut steps = plan::plan(&view);
+        if stopping {
+            steps.take.clear();
+        }
         let margin = renew_margin(self.duration);
         let until = started + self.duration - margin;
         for shard in &steps.drain {
@@ -317,6 +335,3 @@ fn holding(lease: &Lease) -> Holding {
         duration: Duration::from_secs(spec.lease_duration_seconds.unwrap_or(0).max(0) as u64),
     }
 }
-
-/// Metrics in an `Arc`, for the closures that read them.
-pub type SharedMetrics = Arc<ShardMetrics>;

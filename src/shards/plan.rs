@@ -21,7 +21,8 @@ pub struct Holding {
 impl Holding {
     /// Whether someone holds it at `now`: a holder, renewed less than its duration ago.
     pub fn live(&self, now: Timestamp) -> bool {
-        let until = |r: Timestamp| r.checked_add(SignedDuration::try_from(self.duration).unwrap_or(SignedDuration::MAX));
+        let until =
+            |r: Timestamp| r.checked_add(SignedDuration::try_from(self.duration).unwrap_or(SignedDuration::MAX));
         self.holder.as_deref().is_some_and(|h| !h.is_empty())
             && self.renewed.and_then(|r| until(r).ok()).is_some_and(|end| now < end)
     }
