@@ -15,7 +15,7 @@
 //! opens it does not act on that snapshot: it returns at once, requeued, and kube-runtime starts
 //! it again with the object as the cache holds it then ([`Gate::parked`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -95,6 +95,32 @@ impl Acting {
         let (gate, acting) = Gate::shut();
         gate.open();
         acting
+    }
+
+    /// Whether the gate permits shards, not everything.
+    pub fn sharded(&self) -> bool {
+        self.0.borrow().shards.is_some()
+    }
+
+    /// Yields each time this replica starts holding a shard it did not hold: the controllers of
+    /// kinds spread over several shards reconcile everything again then (those of other shards
+    /// return at once).
+    pub fn takeovers(&self) -> impl futures::Stream<Item = ()> + Send + Sync + 'static {
+        let shards = |turn: &Turn| -> BTreeSet<String> {
+            turn.shards.as_ref().map(|held| held.keys().cloned().collect()).unwrap_or_default()
+        };
+        let before = shards(&self.0.borrow());
+        futures::stream::unfold((self.0.clone(), before), move |(mut rx, mut before)| async move {
+            loop {
+                rx.changed().await.ok()?;
+                let now = shards(&rx.borrow_and_update());
+                let gained = now.iter().any(|s| !before.contains(s));
+                before = now;
+                if gained {
+                    return Some(((), (rx, before)));
+                }
+            }
+        })
     }
 
     /// Whether this replica may act on `obj` now.
@@ -195,6 +221,15 @@ mod tests {
         // Not renewed in time: it stops acting at the deadline, with nothing else said.
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert!(!acting.permits(&object()));
+        // Holding a shard it did not hold is a takeover; renewing what it holds is not.
+        let mut takeovers = Box::pin(acting.takeovers());
+        let end = Instant::now() + Duration::from_secs(5);
+        gate.hold(Held::from([(DEFAULT_SHARD.to_string(), end)]));
+        assert_eq!(futures::StreamExt::next(&mut takeovers).await, Some(()));
+        gate.hold(Held::from([(DEFAULT_SHARD.to_string(), end + Duration::from_secs(1))]));
+        gate.hold(Held::new());
+        gate.hold(Held::from([(TUNNELS_SHARD.to_string(), end)]));
+        assert_eq!(futures::StreamExt::next(&mut takeovers).await, Some(()), "the tunnels shard is new");
         // Stopping ends a wait for a shard it does not hold.
         let waiting = tokio::spawn({
             let acting = acting.clone();

@@ -124,6 +124,10 @@ where
     Fut: std::future::Future<Output = crate::Result<Action>>,
 {
     let kind = K::kind(&());
+    if !ctx.acting.permits(&*obj) && !K::ONE_SHARD && ctx.acting.sharded() {
+        // Another replica's shard: waiting here would hold a worker this replica's shards need.
+        return Ok(Action::await_change());
+    }
     if !ctx.acting.permits(&*obj) {
         debug!(kind = %kind, namespace = %obj.namespace().unwrap_or_default(), name = %obj.name_any(), "standby: waiting for the Lease");
         return Ok(match ctx.acting.until_permits(&*obj).await {

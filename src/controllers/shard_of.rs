@@ -18,6 +18,11 @@ pub const TUNNELS_SHARD: &str = "tunnels";
 
 /// An object that belongs to exactly one shard.
 pub trait Sharded {
+    /// Whether every object of this kind is in one shard. Their reconciles wait at the gate for
+    /// it (they hold no worker another shard needs); those of kinds spread over several shards
+    /// return instead, and a takeover reconciles them again ([`super::Acting::takeovers`]).
+    const ONE_SHARD: bool = false;
+
     /// The shard's name: `default`, `tunnels` or `account.<namespace>.<name>`.
     fn shard(&self) -> String;
 }
@@ -47,12 +52,14 @@ impl Sharded for AwsAccount {
 }
 
 impl Sharded for Tunnel {
+    const ONE_SHARD: bool = true;
     fn shard(&self) -> String {
         TUNNELS_SHARD.to_string()
     }
 }
 
 impl Sharded for Service {
+    const ONE_SHARD: bool = true;
     fn shard(&self) -> String {
         TUNNELS_SHARD.to_string()
     }

@@ -184,8 +184,12 @@ impl Shards {
             self.draining.insert(shard.clone(), started + margin);
         }
         self.gate.hold(self.held.clone());
+        // Draining shards due for release are released from the Lease as listed, not renewed
+        // first (a renewal would change its resourceVersion).
+        let due: BTreeSet<String> =
+            self.draining.iter().filter(|(_, at)| **at <= Instant::now()).map(|(s, _)| s.clone()).collect();
         let (this, listed) = (&*self, &shards);
-        let renewals = steps.renew.iter().filter_map(|s| Some((s, *listed.get(s)?)));
+        let renewals = steps.renew.iter().filter(|s| !due.contains(*s)).filter_map(|s| Some((s, *listed.get(s)?)));
         let renewals = renewals.map(|(s, l)| async move { (s, this.write(l, Some(now)).await.map(|_| ())) });
         let takes = steps.take.iter().map(|s| async move { (s, this.take(s, listed.get(s).copied(), now).await) });
         let (renewed, taken) = futures::join!(join_all(renewals), join_all(takes));
@@ -208,7 +212,7 @@ impl Shards {
                 Err(e) => debug!(%shard, error = %e, "shard Lease not taken (another replica was first)"),
             }
         }
-        self.release_drained(&shards).await;
+        self.release(due, &shards).await;
         self.gate.hold(self.held.clone());
         self.metrics.held.set(self.held.len() as i64);
         self.check_deadlines()
@@ -223,10 +227,8 @@ impl Shards {
         }
     }
 
-    /// Releases the draining shards whose in-flight reconciles had their time.
-    async fn release_drained(&mut self, shards: &BTreeMap<String, &Lease>) {
-        let now = Instant::now();
-        let due: Vec<String> = self.draining.iter().filter(|(_, at)| **at <= now).map(|(s, _)| s.clone()).collect();
+    /// Releases the draining shards `due`: their in-flight reconciles had their time.
+    async fn release(&mut self, due: BTreeSet<String>, shards: &BTreeMap<String, &Lease>) {
         for shard in due {
             let released = match shards.get(&shard) {
                 Some(lease) => self.write(lease, None).await.is_ok(),
