@@ -13,6 +13,7 @@ pub mod http;
 pub mod leader;
 pub mod metrics;
 pub mod reasons;
+pub mod shards;
 pub mod telemetry;
 pub mod tunnel;
 

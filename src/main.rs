@@ -95,7 +95,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     // A standby builds every controller now, so its watches list and keep their caches while it
     // waits; the gate holds every reconcile and sweep until it holds the Lease.
-    let (gate, acting) = controllers::Gate::shut();
+    // With sharding the gate is open but permits only the shards this replica holds.
+    let (gate, acting) = match args.leader.sharding {
+        true => controllers::Gate::sharded(),
+        false => controllers::Gate::shut(),
+    };
     match lease {
         Some(_) => state.set_phase(Phase::Standby),
         None => state.set_phase(Phase::Syncing),
@@ -108,7 +112,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         resync = ?args.queue.resync,
         "starting skyport"
     );
-    let client_for_tunnels = client.clone();
+    let (client_for_tunnels, client_for_leases) = (client.clone(), client.clone());
     let cluster_id = skyport::clouds::cluster_id(&client, &args.tunnel).await?;
     let ownership_key = match &args.queue.ownership_key_file {
         Some(path) => skyport::config::OwnershipKey::load(path)?,
@@ -134,8 +138,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         let ctx = ctx.clone();
         move || ctx.caches_synced()
     });
-    add_queue_metrics(&state, &ctx, sqs);
-    let (tunnels, tunnels_synced) =
+    add_queue_metrics(&state, &ctx, sqs, &acting);
+    let (tunnels, tunnels_synced, with_tunnels) =
         start_tunnels(&args, client_for_tunnels, cluster_id, &state, acting, shutdown.clone()).await?;
     let synced = Arc::new(AtomicBool::new(false));
     tokio::spawn({
@@ -161,6 +165,26 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let controllers = tokio::spawn(async move {
         tokio::join!(queues, tunnels);
     });
+    if args.leader.sharding {
+        let existing = existing_shards(&ctx, with_tunnels);
+        let lease_client = lease_client(&args, &config)?;
+        let group = skyport::shards::Group {
+            namespace: lease_namespace(&args, &client_for_leases),
+            name: args.leader.lease_name.clone(),
+            duration: args.leader.lease_duration,
+            identity: leader::identity(),
+        };
+        let metrics = state.metrics.shards.clone();
+        let mut shards = skyport::shards::Shards::new(lease_client, group, gate, existing, metrics);
+        if let Err(reason) = shards.run(shutdown.clone(), controllers.map(|_| ())).await {
+            // Exit at once: another replica may take the shard as soon as its Lease expires.
+            error!(%reason, "lost a shard lease; exiting");
+            std::process::exit(1);
+        }
+        shards.release_all().await;
+        info!("stopped");
+        return Ok(());
+    }
     let Some(lease) = lease else {
         act(&gate, &state, &synced);
         let _ = controllers.await;
@@ -214,26 +238,57 @@ fn act(gate: &controllers::Gate, state: &http::State, synced: &AtomicBool) {
 /// The leader Lease (made if missing), renewed through a client whose requests time out in time
 /// to retry a renewal before the Lease may expire.
 async fn prepare_lease(args: &RunArgs, client: &kube::Client, config: &kube::Config) -> anyhow::Result<Lease> {
-    let namespace = args
-        .leader
-        .lease_namespace
-        .clone()
-        .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|s| !s.is_empty()))
-        .unwrap_or_else(|| client.default_namespace().to_string());
-    let mut lease_config = config.clone();
-    let timeout = leader::request_timeout(args.leader.lease_duration);
-    lease_config.connect_timeout = Some(timeout);
-    lease_config.read_timeout = Some(timeout);
-    lease_config.write_timeout = Some(timeout);
-    let lease_client = kube::Client::try_from(lease_config).context("building the Lease client")?;
+    let namespace = lease_namespace(args, client);
+    let lease_client = lease_client(args, config)?;
     Lease::new(lease_client, &namespace, &args.leader.lease_name, args.leader.lease_duration, leader::identity())
         .await
         .with_context(|| format!("preparing the leader Lease {namespace}/{}", args.leader.lease_name))
 }
 
+/// Where the Leases live: --lease-namespace, else the Pod's namespace, else the kubeconfig's.
+fn lease_namespace(args: &RunArgs, client: &kube::Client) -> String {
+    args.leader
+        .lease_namespace
+        .clone()
+        .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|s| !s.is_empty()))
+        .unwrap_or_else(|| client.default_namespace().to_string())
+}
+
+/// A client for Leases whose requests time out in time to retry a renewal before expiry.
+fn lease_client(args: &RunArgs, config: &kube::Config) -> anyhow::Result<kube::Client> {
+    let mut lease_config = config.clone();
+    let timeout = leader::request_timeout(args.leader.lease_duration);
+    lease_config.connect_timeout = Some(timeout);
+    lease_config.read_timeout = Some(timeout);
+    lease_config.write_timeout = Some(timeout);
+    kube::Client::try_from(lease_config).context("building the Lease client")
+}
+
+/// The shards that exist, read from the caches: `default`, each AwsAccount and each account a
+/// Queue names (a missing one too: its Queues are reported on), and `tunnels` when the Tunnel
+/// controllers run.
+fn existing_shards(ctx: &Arc<controllers::queue::Context>, with_tunnels: bool) -> skyport::shards::Existing {
+    use controllers::Sharded;
+    let ctx = ctx.clone();
+    Box::new(move || {
+        let mut shards: std::collections::BTreeSet<String> = ctx.queues.state().iter().map(|q| q.shard()).collect();
+        shards.extend(ctx.accounts.store.state().iter().map(|a| a.shard()));
+        shards.insert(controllers::acting::DEFAULT_SHARD.to_string());
+        if with_tunnels {
+            shards.insert(controllers::acting::TUNNELS_SHARD.to_string());
+        }
+        shards
+    })
+}
+
 /// The Queue controller's series: SQS calls (own identity and per AwsAccount), drift pacing.
-fn add_queue_metrics(state: &http::State, ctx: &Arc<controllers::queue::Context>, sqs: Arc<providers::SqsProvider>) {
-    add_controller(state, "queue", ctx, Some(ctx.queues.clone()));
+fn add_queue_metrics(
+    state: &http::State,
+    ctx: &Arc<controllers::queue::Context>,
+    sqs: Arc<providers::SqsProvider>,
+    acting: &controllers::Acting,
+) {
+    add_controller(state, "queue", ctx, Some(ctx.queues.clone()), acting);
     state.metrics.add_cloud("sqs", move || CloudSnapshot::of(&providers::QueueBackend::limiter(&*sqs).counters));
     let accounts = ctx.clone();
     state.metrics.add_sqs_accounts(move || {
@@ -268,11 +323,11 @@ async fn start_tunnels(
     state: &http::State,
     acting: controllers::Acting,
     shutdown: futures::future::Shared<futures::future::BoxFuture<'static, ()>>,
-) -> anyhow::Result<(futures::future::BoxFuture<'static, ()>, futures::future::BoxFuture<'static, bool>)> {
+) -> anyhow::Result<(futures::future::BoxFuture<'static, ()>, futures::future::BoxFuture<'static, bool>, bool)> {
     let registry = skyport::clouds::configure(&args.tunnel, args.aws.region.as_deref()).await?;
     if registry.names().is_empty() {
         info!("no exit-server provider configured (--provider); Tunnel controllers not started");
-        return Ok((futures::future::ready(()).boxed(), futures::future::ready(true).boxed()));
+        return Ok((futures::future::ready(()).boxed(), futures::future::ready(true).boxed(), false));
     }
     let t = &args.tunnel;
     controllers::tunnel::plan::check_health_settings(t.control_port, t.health_port, t.boot_timeout, t.replace_after)
@@ -314,7 +369,7 @@ async fn start_tunnels(
         args.tunnel.clone(),
         ctx.tunnels.clone(),
         args.namespace.clone(),
-        acting,
+        acting.clone(),
         shutdown.clone(),
     );
     let tunnels = run_until_stopped("tunnel", tunnels, shutdown.clone(), {
@@ -327,8 +382,8 @@ async fn start_tunnels(
         let ctx = svc_ctx.clone();
         move || ctx.caches_synced()
     });
-    add_controller(state, "tunnel", &ctx, Some(ctx.tunnels.clone()));
-    add_controller::<skyport::crd::Tunnel, _, _>(state, "service", &svc_ctx, None);
+    add_controller(state, "tunnel", &ctx, Some(ctx.tunnels.clone()), &acting);
+    add_controller::<skyport::crd::Tunnel, _, _>(state, "service", &svc_ctx, None, &acting);
     let orphans = ctx.clone();
     state.metrics.add_orphans(move || orphans.orphans_deleted.load(std::sync::atomic::Ordering::Relaxed));
     let released = ctx.clone();
@@ -339,10 +394,10 @@ async fn start_tunnels(
     state.metrics.add_failovers(move || moved.failovers.load(std::sync::atomic::Ordering::Relaxed));
     let unserved = ctx.clone();
     state.metrics.add_unserved(move || unserved.unserved.seconds());
-    let (cached, leading) = (ctx.tunnels.clone(), state.metrics.leader.clone());
-    state.metrics.add_tunnels(move || match leading.get() {
-        1 => TunnelSnapshot::of(cached.state().iter().map(|t| &**t)),
-        _ => TunnelSnapshot::default(),
+    let (cached, leading) = (ctx.tunnels.clone(), acting.clone());
+    state.metrics.add_tunnels(move || match leading.permits_shard(controllers::acting::TUNNELS_SHARD) {
+        true => TunnelSnapshot::of(cached.state().iter().map(|t| &**t)),
+        false => TunnelSnapshot::default(),
     });
     let synced = {
         let (tunnels, services) = (ctx.tunnels.clone(), svc_ctx.services.clone());
@@ -351,7 +406,7 @@ async fn start_tunnels(
     let run = async move {
         tokio::join!(tunnels, services);
     };
-    Ok((run.boxed(), synced))
+    Ok((run.boxed(), synced, true))
 }
 
 /// Registers a controller's reconcile metrics, its write counter and, for controllers with a
@@ -361,19 +416,29 @@ fn add_controller<K, S, M>(
     name: &'static str,
     ctx: &Arc<controllers::Context<S, M>>,
     objects: Option<Store<K>>,
+    acting: &controllers::Acting,
 ) where
-    K: controllers::status::WithStatus + kube::runtime::reflector::Lookup<DynamicType = ()> + Send + Sync + 'static,
+    K: controllers::status::WithStatus
+        + controllers::Sharded
+        + kube::runtime::reflector::Lookup<DynamicType = ()>
+        + Send
+        + Sync
+        + 'static,
     S: Send + Sync + 'static,
     M: Send + Sync + 'static,
 {
-    let (writes, leading) = (ctx.clone(), state.metrics.leader.clone());
-    // Counted by the replica that acts only: a standby's warm cache holds the same objects, and
-    // dashboards sum over replicas.
+    let (writes, leading) = (ctx.clone(), acting.clone());
+    // Counted by the replica that acts on each object only: a standby's warm cache (or another
+    // shard's replica's) holds the same objects, and dashboards sum over replicas.
     let count = move || match &objects {
-        Some(store) if leading.get() == 1 => ReadyCounts::count(
-            store.state().iter().map(|o| controllers::status::ready_condition(&**o).map(|c| c.status)),
+        Some(store) => ReadyCounts::count(
+            store
+                .state()
+                .iter()
+                .filter(|o| leading.permits(&***o))
+                .map(|o| controllers::status::ready_condition(&**o).map(|c| c.status)),
         ),
-        _ => ReadyCounts::default(),
+        None => ReadyCounts::default(),
     };
     state.metrics.add_controller(name, ctx.metrics.clone(), count, move || writes.api_writes.get());
 }

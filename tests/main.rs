@@ -30,6 +30,7 @@ mod queue_secret_exports;
 mod queue_tenancy;
 mod rbac;
 mod secrets;
+mod shards;
 mod shutdown;
 mod tunnel;
 mod tunnel_address;

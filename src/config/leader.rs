@@ -12,7 +12,12 @@ pub struct LeaderArgs {
     #[arg(long = "leader-elect", env = "SKYPORT_LEADER_ELECT", default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub enabled: bool,
 
-    /// Name of the Lease.
+    /// Several active replicas: each holds the Leases of some shards (Queues by AwsAccount,
+    /// Tunnels as one shard) and acts on their objects only; replaces --leader-elect.
+    #[arg(long = "sharding", env = "SKYPORT_SHARDING", default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true", conflicts_with = "enabled")]
+    pub sharding: bool,
+
+    /// Name of the Lease (with --sharding: the prefix of the shard and replica Leases).
     #[arg(long = "lease-name", env = "SKYPORT_LEASE_NAME", default_value = "skyport")]
     pub lease_name: String,
 
@@ -46,7 +51,7 @@ mod tests {
     fn leader_election_is_off_by_default_and_takes_a_lease_duration() {
         let cli = Cli::try_parse_from(["skyport", "run"]).unwrap();
         let Command::Run(run) = cli.command else { panic!("expected run") };
-        assert!(!run.leader.enabled);
+        assert!(!run.leader.enabled && !run.leader.sharding);
         assert_eq!(run.leader.lease_name, "skyport");
         assert_eq!(run.listen_address.to_string(), "127.0.0.1:8080");
         let cli = Cli::try_parse_from([
@@ -66,6 +71,10 @@ mod tests {
         let Command::Run(run) = off.command else { panic!("expected run") };
         assert!(!run.leader.enabled);
         assert!(Cli::try_parse_from(["skyport", "run", "--lease-duration", "1500ms"]).is_err());
+        let sharded = Cli::try_parse_from(["skyport", "run", "--sharding"]).unwrap();
+        let Command::Run(run) = sharded.command else { panic!("expected run") };
+        assert!(run.leader.sharding && !run.leader.enabled);
+        assert!(Cli::try_parse_from(["skyport", "run", "--sharding", "--leader-elect"]).is_err(), "one or the other");
         let twice = Cli::try_parse_from(["skyport", "run", "--queue-resync=60s", "--queue-resync=30s"]).unwrap();
         let Command::Run(run) = twice.command else { panic!("expected run") };
         assert_eq!(run.queue.resync, Duration::from_secs(30), "the last occurrence wins");

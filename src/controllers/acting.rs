@@ -1,4 +1,5 @@
-//! Whether this replica may act: the gate between a warm standby and a leader.
+//! Whether this replica may act: the gate between a warm standby and a leader, and, with
+//! sharding, between the shards this replica holds and the others.
 //!
 //! A replica with leader election builds every controller at start, so its watches list and
 //! keep their caches while it waits for the Lease; a takeover then acts at once instead of
@@ -6,31 +7,45 @@
 //! reconcile ([`super::reconcile_with`]) and every background task that writes (the orphan
 //! sweep) asks the gate first and, while it is shut, waits.
 //!
+//! With sharding ([`crate::shards`]) every object belongs to a shard ([`Sharded`]) and each
+//! shard has its own Lease; the gate then permits an object only while this replica holds its
+//! shard's Lease, and only until a deadline that ends before that Lease could expire elsewhere.
+//!
 //! A reconcile parked at the gate holds the object as it was when it started. When the gate
 //! opens it does not act on that snapshot: it returns at once, requeued, and kube-runtime starts
 //! it again with the object as the cache holds it then ([`Gate::parked`]).
-//!
-//! The questions take the object ([`Acting::permits`]) so that the answer can later depend on
-//! it (a Lease per shard) without changing the callers; today one Lease covers everything.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
-use kube::Resource;
 use kube::runtime::controller::Action;
 use tokio::sync::watch;
+use tokio::time::Instant;
+
+pub use super::shard_of::{DEFAULT_SHARD, Sharded, TUNNELS_SHARD, account_shard};
+
+/// The shards this replica holds, each with the moment it must stop acting on it.
+pub type Held = BTreeMap<String, Instant>;
 
 /// Where the replica stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Turn {
-    /// Watching, not acting: waits for the Lease.
-    Standby,
-    /// Holds the Lease (or runs without leader election): acts.
-    Acting,
-    /// Stopped before it held the Lease: parked reconciles end without acting.
-    Stopped,
+#[derive(Debug, Clone, Default)]
+struct Turn {
+    /// Holds the Lease, runs without leader election, or runs sharded.
+    open: bool,
+    /// Stopped: reconciles waiting for a Lease end without acting.
+    stopped: bool,
+    /// With sharding: what it holds; `None` when one Lease (or none) covers everything.
+    shards: Option<Arc<Held>>,
 }
 
-/// The side that opens the gate: held by whoever holds the Lease.
+impl Turn {
+    fn permits(&self, shard: &str) -> bool {
+        self.open && self.shards.as_ref().is_none_or(|held| held.get(shard).is_some_and(|end| Instant::now() < *end))
+    }
+}
+
+/// The side that opens the gate: held by whoever holds the Lease (or the shard Leases).
 #[derive(Debug)]
 pub struct Gate(watch::Sender<Turn>);
 
@@ -41,24 +56,30 @@ pub struct Acting(watch::Receiver<Turn>);
 impl Gate {
     /// A shut gate (a standby) and what the controllers ask it through.
     pub fn shut() -> (Gate, Acting) {
-        let (tx, rx) = watch::channel(Turn::Standby);
+        let (tx, rx) = watch::channel(Turn::default());
+        (Gate(tx), Acting(rx))
+    }
+
+    /// A gate for a sharded replica: open, permitting nothing until [`Gate::hold`] names shards.
+    pub fn sharded() -> (Gate, Acting) {
+        let (tx, rx) = watch::channel(Turn { open: true, stopped: false, shards: Some(Arc::default()) });
         (Gate(tx), Acting(rx))
     }
 
     /// This replica holds the Lease: parked reconciles go on, new ones act at once.
     pub fn open(&self) {
-        self.0.send_replace(Turn::Acting);
+        self.0.send_modify(|turn| turn.open = true);
     }
 
-    /// Stopped before holding the Lease: parked reconciles end without acting.
+    /// The shards this replica holds now, each acted on until its deadline (sharded gates only).
+    pub fn hold(&self, held: Held) {
+        self.0.send_modify(|turn| turn.shards = Some(Arc::new(held)));
+    }
+
+    /// Stopping: reconciles waiting for a Lease end without acting; what this replica holds
+    /// stays permitted for the reconciles in flight.
     pub fn stop(&self) {
-        self.0.send_if_modified(|turn| {
-            let shut = *turn == Turn::Standby;
-            if shut {
-                *turn = Turn::Stopped;
-            }
-            shut
-        });
+        self.0.send_if_modified(|turn| !std::mem::replace(&mut turn.stopped, true));
     }
 
     /// What a reconcile that was parked at the gate returns once it opens: run again at once,
@@ -76,30 +97,54 @@ impl Acting {
         acting
     }
 
+    /// Whether the gate permits shards, not everything.
+    pub fn sharded(&self) -> bool {
+        self.0.borrow().shards.is_some()
+    }
+
+    /// Yields each time this replica starts holding a shard it did not hold: the controllers of
+    /// kinds spread over several shards reconcile everything again then (those of other shards
+    /// return at once).
+    pub fn takeovers(&self) -> impl futures::Stream<Item = ()> + Send + Sync + 'static {
+        let shards = |turn: &Turn| -> BTreeSet<String> {
+            turn.shards.as_ref().map(|held| held.keys().cloned().collect()).unwrap_or_default()
+        };
+        let before = shards(&self.0.borrow());
+        futures::stream::unfold((self.0.clone(), before), move |(mut rx, mut before)| async move {
+            loop {
+                rx.changed().await.ok()?;
+                let now = shards(&rx.borrow_and_update());
+                let gained = now.iter().any(|s| !before.contains(s));
+                before = now;
+                if gained {
+                    return Some(((), (rx, before)));
+                }
+            }
+        })
+    }
+
     /// Whether this replica may act on `obj` now.
-    pub fn permits<K: Resource>(&self, _obj: &K) -> bool {
-        *self.0.borrow() == Turn::Acting
+    pub fn permits<K: Sharded>(&self, obj: &K) -> bool {
+        self.permits_shard(&obj.shard())
+    }
+
+    /// Whether this replica may act on the objects of `shard` now.
+    pub fn permits_shard(&self, shard: &str) -> bool {
+        self.0.borrow().permits(shard)
     }
 
     /// Waits until this replica may act on `obj`: `true`, or `false` when it stopped first.
-    pub async fn until_permits<K: Resource>(&self, obj: &K) -> bool {
-        if self.permits(obj) {
-            return true;
-        }
-        self.until_acting().await
+    pub async fn until_permits<K: Sharded>(&self, obj: &K) -> bool {
+        self.until_permits_shard(&obj.shard()).await
     }
 
-    /// Waits until this replica may act on everything (a sweep over all objects): `true`, or
-    /// `false` when it stopped first.
-    pub async fn until_permits_all(&self) -> bool {
-        self.until_acting().await
-    }
-
-    async fn until_acting(&self) -> bool {
+    /// Waits until this replica may act on the objects of `shard` (a sweep over them): `true`,
+    /// or `false` when it stopped first.
+    pub async fn until_permits_shard(&self, shard: &str) -> bool {
         let mut rx = self.0.clone();
         // An error is a dropped Gate: the process is ending, nothing may act any more.
-        match rx.wait_for(|turn| *turn != Turn::Standby).await {
-            Ok(turn) => *turn == Turn::Acting,
+        match rx.wait_for(|turn| turn.permits(shard) || turn.stopped).await {
+            Ok(turn) => turn.permits(shard),
             Err(_) => false,
         }
     }
@@ -107,12 +152,11 @@ impl Acting {
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::core::v1::ConfigMap;
-
     use super::*;
+    use crate::crd::Queue;
 
-    fn object() -> ConfigMap {
-        ConfigMap::default()
+    fn object() -> Queue {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "q", "namespace": "ns"}, "spec": {}})).unwrap()
     }
 
     #[tokio::test(start_paused = true)]
@@ -128,7 +172,7 @@ mod tests {
         gate.open();
         assert!(waiting.await.unwrap(), "opened: may act");
         assert!(acting.permits(&object()));
-        assert!(acting.until_permits_all().await);
+        assert!(acting.until_permits_shard(TUNNELS_SHARD).await);
     }
 
     #[tokio::test(start_paused = true)]
@@ -136,7 +180,7 @@ mod tests {
         let (gate, acting) = Gate::shut();
         let waiting = tokio::spawn({
             let acting = acting.clone();
-            async move { acting.until_permits_all().await }
+            async move { acting.until_permits_shard(TUNNELS_SHARD).await }
         });
         tokio::task::yield_now().await;
         gate.stop();
@@ -156,6 +200,43 @@ mod tests {
         assert!(acting.permits(&object()));
         assert!(Acting::always().permits(&object()));
         // Its Gate is gone, but it opened first: a sweep goes on.
-        assert!(Acting::always().until_permits_all().await);
+        assert!(Acting::always().until_permits_shard(TUNNELS_SHARD).await);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sharded_gate_permits_only_held_shards_and_only_until_their_deadline() {
+        let (gate, acting) = Gate::sharded();
+        assert!(!acting.permits(&object()), "holds nothing yet");
+        let waiting = tokio::spawn({
+            let acting = acting.clone();
+            async move { acting.until_permits(&object()).await }
+        });
+        gate.hold(Held::from([(TUNNELS_SHARD.to_string(), Instant::now() + Duration::from_secs(5))]));
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "another shard opened, not this Queue's");
+        assert!(acting.permits_shard(TUNNELS_SHARD));
+        gate.hold(Held::from([(DEFAULT_SHARD.to_string(), Instant::now() + Duration::from_secs(5))]));
+        assert!(waiting.await.unwrap());
+        assert!(acting.permits(&object()) && !acting.permits_shard(TUNNELS_SHARD));
+        // Not renewed in time: it stops acting at the deadline, with nothing else said.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(!acting.permits(&object()));
+        // Holding a shard it did not hold is a takeover; renewing what it holds is not.
+        let mut takeovers = Box::pin(acting.takeovers());
+        let end = Instant::now() + Duration::from_secs(5);
+        gate.hold(Held::from([(DEFAULT_SHARD.to_string(), end)]));
+        assert_eq!(futures::StreamExt::next(&mut takeovers).await, Some(()));
+        gate.hold(Held::from([(DEFAULT_SHARD.to_string(), end + Duration::from_secs(1))]));
+        gate.hold(Held::new());
+        gate.hold(Held::from([(TUNNELS_SHARD.to_string(), end)]));
+        assert_eq!(futures::StreamExt::next(&mut takeovers).await, Some(()), "the tunnels shard is new");
+        // Stopping ends a wait for a shard it does not hold.
+        let waiting = tokio::spawn({
+            let acting = acting.clone();
+            async move { acting.until_permits_shard(TUNNELS_SHARD).await }
+        });
+        tokio::task::yield_now().await;
+        gate.stop();
+        assert!(!waiting.await.unwrap());
     }
 }

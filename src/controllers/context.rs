@@ -119,11 +119,15 @@ where
 /// wait returns at once, requeued, so that it acts on the object as the cache holds it then.
 pub async fn reconcile_with<K, S, M, F, Fut>(obj: Arc<K>, ctx: Arc<Context<S, M>>, inner: F) -> crate::Result<Action>
 where
-    K: Resource<DynamicType = ()>,
+    K: Resource<DynamicType = ()> + super::Sharded,
     F: FnOnce(Arc<K>, Arc<Context<S, M>>) -> Fut,
     Fut: std::future::Future<Output = crate::Result<Action>>,
 {
     let kind = K::kind(&());
+    if !ctx.acting.permits(&*obj) && !K::ONE_SHARD && ctx.acting.sharded() {
+        // Another replica's shard: waiting here would hold a worker this replica's shards need.
+        return Ok(Action::await_change());
+    }
     if !ctx.acting.permits(&*obj) {
         debug!(kind = %kind, namespace = %obj.namespace().unwrap_or_default(), name = %obj.name_any(), "standby: waiting for the Lease");
         return Ok(match ctx.acting.until_permits(&*obj).await {

@@ -9,7 +9,8 @@
 //! controller's [`Reconciler`]), [`status::StatusWriter`], [`owned`] (objects a controller owns),
 //! and [`caches`]: what the watches keep of each object, which events wake a reconcile
 //! ([`hash_of`]), and whether a cache has synced. [`acting`] holds every reconcile and sweep of a
-//! warm standby until it holds the Lease.
+//! warm standby until it holds the Lease
+//! (or, sharded, the Lease of the object's shard: [`shard_of`]).
 
 pub mod acting;
 pub mod backoff;
@@ -23,6 +24,7 @@ pub mod queue;
 pub mod reconciler;
 pub mod resyncs;
 pub mod service;
+pub mod shard_of;
 pub mod shutdown;
 pub mod status;
 #[cfg(test)]
@@ -36,7 +38,7 @@ use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-pub use acting::{Acting, Gate};
+pub use acting::{Acting, Gate, Sharded};
 pub use backoff::{Backoff, jittered};
 pub use caches::{has_synced, hash_of, primary_stream, slim, spec_trigger, store_synced};
 pub use context::{Context, api_beside, error_policy, reconcile_with, scoped_api};

@@ -28,6 +28,7 @@ pub trait Reconciler: Sized + Send + Sync + 'static {
         + Clone
         + DeserializeOwned
         + Debug
+        + super::Sharded
         + Send
         + Sync
         + 'static;

@@ -27,6 +27,8 @@
 //! | `skyport_rate_limiter_waits_total` | `provider` |
 //! | `skyport_rate_limiter_wait_seconds_total` | `provider` |
 //! | `skyport_leader` (gauge) | |
+//! | `skyport_shards_held` (gauge, with `--sharding`) | |
+//! | `skyport_shard_takeovers_total` (with `--sharding`) | |
 //! | `skyport_caches_synced` (gauge) | |
 //! | `skyport_build_info` | `version` |
 
@@ -287,6 +289,8 @@ pub struct Metrics {
     pub leader: Gauge,
     /// 1 once the controllers' caches have listed everything, a standby's included.
     pub caches_synced: Gauge,
+    /// With sharding: the shards this replica acts on, and the shard Leases it took.
+    pub shards: crate::shards::ShardMetrics,
 }
 
 impl Default for Metrics {
@@ -306,12 +310,23 @@ impl Default for Metrics {
             "1 once the controllers' caches have listed everything (a standby keeps them too, so it acts at once when it becomes leader)",
             caches_synced.clone(),
         );
+        let shards = crate::shards::ShardMetrics::default();
+        registry.register(
+            "shards_held",
+            "Shards whose Lease this replica holds and whose objects it acts on (with --sharding)",
+            shards.held.clone(),
+        );
+        registry.register(
+            "shard_takeovers",
+            "Shard Leases this replica took, free or expired (with --sharding)",
+            shards.takeovers.clone(),
+        );
         registry.register(
             "build",
             "Version of the running binary",
             Info::new(vec![("version".to_string(), env!("CARGO_PKG_VERSION").to_string())]),
         );
-        Metrics { registry, sources, leader, caches_synced }
+        Metrics { registry, sources, leader, caches_synced, shards }
     }
 }
 

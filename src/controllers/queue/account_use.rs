@@ -116,6 +116,7 @@ pub fn controller(
 ) -> impl std::future::Future<Output = ()> + Send {
     Controller::for_stream(accounts, store)
         .reconcile_on(wakes)
+        .reconcile_all_on(ctx.acting.takeovers())
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(crate::log_result!(awsaccount))

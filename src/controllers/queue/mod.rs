@@ -180,6 +180,7 @@ pub fn controller(
     let shutdown = shutdown.shared();
     let queues = Controller::for_stream(queue_stream, queue_reader)
         .reconcile_on(futures::stream::select(futures::stream::select(cm_changes, rx), due))
+        .reconcile_all_on(ctx.acting.takeovers())
         .with_config(ControllerConfig::default().concurrency(concurrency))
         .graceful_shutdown_on(shutdown.clone())
         .run(reconcile, error_policy, ctx.clone())

@@ -37,7 +37,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = 
                 return;
             }
             // A standby sweeps nothing: it waits for the Lease, then sweeps what the cache holds.
-            if !ctx.acting.until_permits_all().await {
+            if !ctx.acting.until_permits_shard(crate::controllers::acting::TUNNELS_SHARD).await {
                 return;
             }
             sweep_once(&ctx).instrument(info_span!("orphan_sweep")).await;
