@@ -213,12 +213,25 @@ pub trait HostProvider: Send + Sync {
     async fn reconfigure(&self, id: &str, server: &ExitServer) -> Result<bool, HostError> {
         reconfigure_running(self, id, server).await
     }
-    /// Makes the host's cloud firewall admit each service port only from its `source_ranges`
-    /// (the Service's `loadBalancerSourceRanges` changed), without touching the exit server
-    /// itself. `Ok(false)`: this provider keeps no firewall per host, so the ranges are not
-    /// enforced here (the default; EC2 enforces them with the host's security group).
-    async fn sync_source_ranges(&self, _id: &str, _server: &ExitServer) -> Result<bool, HostError> {
-        Ok(false)
+    /// Whether the exit server's own firewall enforces each service's `source_ranges`: its
+    /// nftables ruleset, rendered from the server config the ranges travel in
+    /// ([`crate::exit::userdata::render_nftables`]). True for VM providers (the default). The
+    /// local provider's exit servers run on the operator's machine without that firewall; EC2
+    /// enforces the ranges with the host's security group instead, so its hosts' configs carry
+    /// none and a range change touches the group alone.
+    fn host_enforces_source_ranges(&self) -> bool {
+        true
+    }
+    /// Makes the host admit each service port only from its `source_ranges` (the Service's
+    /// `loadBalancerSourceRanges` changed): by default a config push, after which the exit
+    /// server's firewall follows ([`HostProvider::host_enforces_source_ranges`]); EC2 updates the
+    /// host's security group. `Ok(false)`: the ranges are not enforced on this host (a provider
+    /// without a firewall, or a host that takes no pushes).
+    async fn sync_source_ranges(&self, id: &str, server: &ExitServer) -> Result<bool, HostError> {
+        if !self.host_enforces_source_ranges() {
+            return Ok(false);
+        }
+        self.reconfigure(id, server).await
     }
     /// Whether reading hosts and addresses costs nothing against a cloud API's budget (hosts on
     /// this machine), so a highly available Tunnel re-reads them at every check pass instead of

@@ -368,6 +368,11 @@ impl HostProvider for LocalProvider {
         false
     }
 
+    /// Local exit servers run on the operator's machine, where skyport sets up no firewall.
+    fn host_enforces_source_ranges(&self) -> bool {
+        false
+    }
+
     fn name(&self) -> &'static str {
         PROVIDER
     }

@@ -26,7 +26,8 @@ struct Hosts {
     binding: Option<AddressBinding>,
     /// Whether `reconfigure` refuses, as a cloud VM's fixed user data does.
     fixed_config: bool,
-    /// Whether `sync_source_ranges` enforces them (as EC2), and what each host admits.
+    /// Whether hosts enforce source ranges (as VM providers' exit servers do), and what each
+    /// host admits.
     enforce_ranges: bool,
     ranges: BTreeMap<String, Vec<String>>,
     /// As Hetzner: addresses go onto hosts at creation (`AtCreate`), except the movable ones
@@ -189,12 +190,13 @@ impl FakeProvider {
         self.hosts.lock().unwrap().fixed_config = true;
     }
 
-    /// `sync_source_ranges` enforces the ranges from now on, as EC2 does.
+    /// Hosts enforce the ranges from now on (made with them, and `sync_source_ranges` brings them
+    /// to new ones), as a VM provider's exit servers do.
     pub fn enforce_ranges(&self) {
         self.hosts.lock().unwrap().enforce_ranges = true;
     }
 
-    /// The source ranges host `id` admits to its first service port, as last synced.
+    /// The source ranges host `id` admits to its first service port, as made or last synced.
     pub fn ranges_of(&self, id: &str) -> Option<Vec<String>> {
         self.hosts.lock().unwrap().ranges.get(id).cloned()
     }
@@ -245,6 +247,10 @@ impl HostProvider for FakeProvider {
         h.by_id.insert(host.id.clone(), host.clone());
         h.keys.insert(host.id.clone(), request.server.noise_private_key.clone());
         h.user_data.insert(host.id.clone(), request.user_data.clone());
+        if h.enforce_ranges {
+            let ranges = request.server.services.first().map(|s| s.source_ranges.clone()).unwrap_or_default();
+            h.ranges.insert(host.id.clone(), ranges);
+        }
         if let Some(id) = bind {
             h.attach(&id, &host.id);
         }
@@ -356,6 +362,9 @@ impl HostProvider for FakeProvider {
         let h = self.call("list_untagged_addresses")?;
         let all = h.addresses.values().map(|a| h.report(a)).collect();
         Ok((h.binding() == AddressBinding::WithHost).then_some(all))
+    }
+    fn host_enforces_source_ranges(&self) -> bool {
+        self.hosts.lock().unwrap().enforce_ranges
     }
     async fn sync_source_ranges(&self, id: &str, server: &ExitServer) -> Result<bool, HostError> {
         let mut h = self.call("sync_source_ranges")?;

@@ -185,6 +185,14 @@ pub enum UserDataError {
 }
 
 impl ExitServer {
+    /// The same server with every port open to anyone: for a host whose cloud firewall, not its
+    /// own, enforces the source ranges.
+    pub fn without_source_ranges(&self) -> ExitServer {
+        let mut open = self.clone();
+        open.services.iter_mut().for_each(|s| s.source_ranges.clear());
+        open
+    }
+
     /// Services sorted by name, after checking names, ports, tokens and the key.
     fn validated(&self) -> Result<Vec<&TunnelService>, UserDataError> {
         if self.noise_private_key.is_empty()

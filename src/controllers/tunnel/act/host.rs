@@ -121,7 +121,9 @@ pub async fn create(
     let secondary = slot.is_some() && address.is_some() && provider.moves_to_secondary_ip();
     let on_interface =
         if secondary { InterfaceAddresses::Ec2Secondary } else { InterfaceAddresses::Fixed(moved.clone()) };
-    let user_data = render_cloud_config_on(server, &artifacts, &on_interface)
+    // Where the cloud's firewall enforces the ranges (EC2), the host's own admits anyone.
+    let on_host = if provider.host_enforces_source_ranges() { server.clone() } else { server.without_source_ranges() };
+    let user_data = render_cloud_config_on(&on_host, &artifacts, &on_interface)
         .map_err(|e| Error::Internal(format!("user data: {e}")))?;
     let region = match (&tunnel.spec.region, address) {
         (Some(region), _) => Some(region.clone()),
