@@ -17,11 +17,13 @@
 //! - writes a systemd unit that runs `skyport tunnel server` as that user, allowed to bind ports
 //!   below 1024 and nothing more;
 //! - writes an nftables ruleset that drops all inbound traffic except the control port (TCP),
-//!   the push port ([`PUSH_PORT`], TCP), the service ports (TCP and UDP as given),
-//!   replies, loopback and ICMP. SSH stays closed: the operator never logs in;
+//!   the push port ([`PUSH_PORT`], TCP), the service ports (TCP and UDP as given, each from
+//!   its source ranges only where it has any), replies, loopback and ICMP. SSH stays closed:
+//!   the operator never logs in;
 //! - writes a path unit that, whenever a config push replaces `server.toml`, runs a root oneshot
 //!   (`skyport tunnel firewall`) re-rendering that ruleset from the new config's port numbers and
-//!   loading it: the firewall follows the ports, and the unprivileged server never runs `nft`.
+//!   source ranges and loading it: the firewall follows the ports, and the unprivileged server
+//!   never runs `nft`.
 //!
 //! Everything is sorted, so the same input always renders byte-for-byte the same document.
 
