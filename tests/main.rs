@@ -41,4 +41,5 @@ mod tunnel_failover;
 mod tunnel_faults;
 mod tunnel_guest;
 mod tunnel_guest_ha;
+mod tunnel_guest_ranges;
 mod two_operators;

@@ -108,6 +108,8 @@ impl Replica {
 
 /// Shard → live holder, as the shard Leases say at one moment.
 type Holders = BTreeMap<String, String>;
+/// Who held which shard, as polled over time.
+type History = Arc<Mutex<Vec<(Timestamp, Holders)>>>;
 
 async fn holders(leases: &Api<Lease>) -> Option<Holders> {
     let selector = "skyport.dev/lease-group=shards,skyport.dev/lease-role=shard";
@@ -131,8 +133,8 @@ async fn holders(leases: &Api<Lease>) -> Option<Holders> {
 }
 
 /// Records the shard holders every 100 ms until dropped.
-fn watch_holders(leases: Api<Lease>) -> (Arc<Mutex<Vec<(Timestamp, Holders)>>>, tokio::task::JoinHandle<()>) {
-    let history: Arc<Mutex<Vec<(Timestamp, Holders)>>> = Arc::default();
+fn watch_holders(leases: Api<Lease>) -> (History, tokio::task::JoinHandle<()>) {
+    let history: History = Arc::default();
     let sink = history.clone();
     let task = tokio::spawn(async move {
         loop {

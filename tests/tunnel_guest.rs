@@ -30,7 +30,7 @@ use skyport::crd::{Tunnel, TunnelPhase};
 use tunnels::{TunnelOperator, active, carries, events, host_id, host_ip, ingress_ip, service};
 
 /// Removes every guest the test's provider made, whatever happened to the test.
-struct Guests(Arc<GuestProvider>, std::path::PathBuf);
+pub(crate) struct Guests(Arc<GuestProvider>, std::path::PathBuf);
 
 impl Drop for Guests {
     fn drop(&mut self) {
@@ -41,7 +41,11 @@ impl Drop for Guests {
 
 /// A guest provider over a fresh state folder of `ns` whose guests trust `mirror`, and the guard
 /// that removes its guests.
-fn provider(ns: &TestNs, rootfs: &std::path::Path, mirror: &common::mirror::Mirror) -> (Arc<GuestProvider>, Guests) {
+pub(crate) fn guest_provider(
+    ns: &TestNs,
+    rootfs: &std::path::Path,
+    mirror: &common::mirror::Mirror,
+) -> (Arc<GuestProvider>, Guests) {
     let state = std::env::temp_dir().join(format!("skyport-test-guests-{}", ns.name));
     let mut settings = GuestSettings::new(&state, rootfs);
     settings.ca_file = Some(mirror.ca_file.clone());
@@ -88,7 +92,7 @@ async fn a_tunnel_on_booted_guests_carries_bytes_follows_ports_outlives_a_stoppe
     let digest = sha256_hex(&binary);
     let mirror = https_mirror(binary).await;
     let ns = TestNs::new("tun-guest").await;
-    let (guests, guard) = provider(&ns, &rootfs, &mirror);
+    let (guests, guard) = guest_provider(&ns, &rootfs, &mirror);
     let state = guard.1.clone();
     // The operator checks the binary on the mirror before buying a guest, as it would on a cloud.
     let settings = mirror.check_settings(skyport::config::TunnelArgs {
@@ -195,7 +199,7 @@ async fn a_guest_that_refuses_the_binary_is_named_as_such_and_never_replaced() {
     tampered.extend_from_slice(b"\0tampered");
     let mirror = https_mirror(tampered).await;
     let ns = TestNs::new("tun-refused").await;
-    let (guests, _guard) = provider(&ns, &rootfs, &mirror);
+    let (guests, _guard) = guest_provider(&ns, &rootfs, &mirror);
     // Long enough for a busy machine's guest to have reported before a replacement is due.
     let replace_after = Duration::from_secs(40);
     let settings = skyport::config::TunnelArgs {

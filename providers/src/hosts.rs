@@ -167,12 +167,16 @@ pub trait HostProvider: Send + Sync {
     async fn reconfigure(&self, id: &str, server: &ExitServer) -> Result<bool, HostError> {
         reconfigure_running(self, id, server).await
     }
-    /// Makes the host's cloud firewall admit each service port only from its `source_ranges`
-    /// (the Service's `loadBalancerSourceRanges` changed), without touching the exit server
-    /// itself. `Ok(false)`: this provider keeps no firewall per host, so the ranges are not
-    /// enforced here (the default; EC2 enforces them with the host's security group).
-    async fn sync_source_ranges(&self, _id: &str, _server: &ExitServer) -> Result<bool, HostError> {
-        Ok(false)
+    /// Makes the host admit each service port only from its `source_ranges` (the Service's
+    /// `loadBalancerSourceRanges` changed): by default a config push, after which the exit
+    /// server's firewall follows ([`Capabilities::host_enforces_source_ranges`]); EC2 updates the
+    /// host's security group. `Ok(false)`: the ranges are not enforced on this host (a provider
+    /// without a firewall, or a host that takes no pushes).
+    async fn sync_source_ranges(&self, id: &str, server: &ExitServer) -> Result<bool, HostError> {
+        if !self.capabilities().host_enforces_source_ranges {
+            return Ok(false);
+        }
+        self.reconfigure(id, server).await
     }
     /// What the host's console printed, as far as the provider keeps it (EC2's
     /// GetConsoleOutput, a guest's console): the exit server's install script reports its

@@ -361,6 +361,8 @@ impl HostProvider for LocalProvider {
             address_binding: AddressBinding::AtCreate,
             moves_addresses: true,
             moved_address: MovedAddress::Translated,
+            // Local exit servers run on the operator's machine, where skyport sets up no firewall.
+            host_enforces_source_ranges: false,
         }
     }
 

@@ -311,8 +311,9 @@ pub struct TunnelStatus {
     /// a different digest makes skyport reconfigure or replace the exit server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_digest: Option<String>,
-    /// The source ranges (`spec.sourceRanges`, canonical) the exit server's cloud firewall admits
-    /// to the Service's ports, once applied; unset where the provider does not enforce them.
+    /// The source ranges (`spec.sourceRanges`, canonical) the exit server admits to the Service's
+    /// ports, once its firewall enforces them (its own nftables ruleset; on EC2 its security
+    /// group); unset where the provider does not enforce them (local).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_ranges: Option<Vec<String>>,
     /// The `metadata.generation` last acted on.

@@ -1,48 +1,56 @@
 //! `skyport tunnel firewall`: the exit server's nftables ruleset from the ports of its config,
 //! so the firewall follows a config push (docs/exit-server.md, *Config push*).
 
-use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::Path;
 
 use anyhow::Context as _;
+use providers::Protocol;
+use providers::exit::userdata::Openings;
 use tracing::info;
 
 /// `skyport tunnel firewall`: the nftables ruleset opening exactly the ports of the server
-/// config at `config` (its control port, `push_port` and its services), written to `output`
-/// through a rename. Runs as root on the VM after each push; only port numbers are taken from
-/// the file, so whatever the unprivileged server wrote can only open ports.
+/// config at `config` (its control port, `push_port` and its services, each service to its
+/// `source_ranges` where it has any), written to `output` through a rename. Runs as root on the
+/// VM after each push; only port numbers and parsed networks are taken from the file, so
+/// whatever the unprivileged server wrote can only open ports, never add other rules.
 pub async fn firewall(config: &Path, output: &Path, push_port: u16) -> anyhow::Result<()> {
-    // Ports only: rathole's part of the document, read without writing anything beside it.
     let text = tokio::fs::read_to_string(config).await.with_context(|| format!("reading {}", config.display()))?;
-    let parsed = super::options::split(&text)
-        .and_then(|document| document.parsed())
-        .with_context(|| format!("reading the tunnel configuration {}", config.display()))?;
+    let openings =
+        openings(&text, push_port).with_context(|| format!("reading the tunnel configuration {}", config.display()))?;
+    let rules = providers::exit::userdata::render_nftables_openings(&openings);
+    let mut staged = output.as_os_str().to_owned();
+    staged.push(".skyport-tmp");
+    std::fs::write(&staged, rules).with_context(|| format!("writing {}", output.display()))?;
+    std::fs::rename(&staged, output).with_context(|| format!("replacing {}", output.display()))?;
+    let (open, restricted) = (&openings.open, openings.restricted.keys().collect::<Vec<_>>());
+    info!(output = %output.display(), ?open, ?restricted, "rendered the exit server's firewall");
+    Ok(())
+}
+
+/// Who may reach which port by the server config `text`: rathole's part read for ports (without
+/// writing anything beside it), the `[skyport]` table for source ranges.
+fn openings(text: &str, push_port: u16) -> anyhow::Result<Openings> {
+    let document = super::options::split(text)?;
+    let parsed = document.parsed()?;
     let server = parsed.server.as_ref().context("not a tunnel server configuration")?;
     let port = |addr: &str| -> anyhow::Result<u16> {
         let parsed: SocketAddr = addr.parse().with_context(|| format!("bind_addr {addr:?} is not ip:port"))?;
         Ok(parsed.port())
     };
-    let mut tcp = BTreeSet::from([port(&server.bind_addr)?]);
+    let mut openings = Openings::default();
+    openings.add(Protocol::Tcp, port(&server.bind_addr)?, []);
     if push_port != 0 {
-        tcp.insert(push_port);
+        openings.add(Protocol::Tcp, push_port, []);
     }
-    let mut udp = BTreeSet::new();
-    for service in server.services.values() {
+    for (name, service) in &server.services {
         // rathole's service type is not exported by name; its serialized form is.
-        let udp_service = serde_json::to_value(service.service_type).ok().and_then(|v| v.as_str().map(str::to_owned));
-        match udp_service.as_deref() {
-            Some("udp") => udp.insert(port(&service.bind_addr)?),
-            _ => tcp.insert(port(&service.bind_addr)?),
-        };
+        let kind = serde_json::to_value(service.service_type).ok().and_then(|v| v.as_str().map(str::to_owned));
+        let protocol = if kind.as_deref() == Some("udp") { Protocol::Udp } else { Protocol::Tcp };
+        let sources = document.ranges.get(name).cloned().unwrap_or_default();
+        openings.add(protocol, port(&service.bind_addr)?, sources);
     }
-    let rules = providers::exit::userdata::render_nftables_ports(&tcp, &udp);
-    let mut staged = output.as_os_str().to_owned();
-    staged.push(".skyport-tmp");
-    std::fs::write(&staged, rules).with_context(|| format!("writing {}", output.display()))?;
-    std::fs::rename(&staged, output).with_context(|| format!("replacing {}", output.display()))?;
-    info!(output = %output.display(), ?tcp, ?udp, "rendered the exit server's firewall");
-    Ok(())
+    Ok(openings)
 }
 
 #[cfg(test)]
@@ -84,6 +92,44 @@ mod tests {
 
         // A config that does not parse leaves the ruleset as it was.
         std::fs::write(&config, "[server\nbind_addr = 1").unwrap();
+        assert!(firewall(&config, &output, 2335).await.is_err());
+        assert_eq!(std::fs::read_to_string(&output).unwrap(), rules);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_pushed_config_with_source_ranges_opens_that_port_to_them_only() {
+        let dir = std::env::temp_dir().join(format!("skyport-firewall-ranges-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let service = |name: &str, port, ranges: &[&str]| TunnelService {
+            name: name.into(),
+            protocol: Protocol::Tcp,
+            port,
+            token: "t".into(),
+            source_ranges: ranges.iter().map(|r| r.to_string()).collect(),
+            proxy_protocol: None,
+        };
+        let server = ExitServer {
+            control_port: 2333,
+            noise_private_key: "wCR3TomqL60P4MLphr9nSLR+tS5cgq7pccADVo2zaaQ=".into(),
+            services: vec![
+                service("tcp-443", 443, &["198.51.100.0/24", "2001:db8::/32"]),
+                service("health", 2334, &[]),
+            ],
+        };
+        let config = dir.join("server.toml");
+        std::fs::write(&config, render_server_toml(&server).unwrap()).unwrap();
+        let output = dir.join("nftables.conf");
+        firewall(&config, &output, 2335).await.unwrap();
+        let rules = std::fs::read_to_string(&output).unwrap();
+        assert!(rules.contains("tcp dport { 2333, 2334, 2335 } accept"), "443 is not open to anyone: {rules}");
+        assert!(rules.contains("ip saddr 198.51.100.0/24 tcp dport 443 accept"), "{rules}");
+        assert!(rules.contains("ip6 saddr 2001:db8::/32 tcp dport 443 accept"), "{rules}");
+        assert_eq!(rules, providers::exit::userdata::render_nftables(&server), "as the user data starts");
+
+        // A config whose ranges were tampered with is refused: the ruleset stays as it was.
+        let text = std::fs::read_to_string(&config).unwrap();
+        std::fs::write(&config, text.replace("198.51.100.0/24", "0.0.0.0/0 accept; tcp dport 22")).unwrap();
         assert!(firewall(&config, &output, 2335).await.is_err());
         assert_eq!(std::fs::read_to_string(&output).unwrap(), rules);
         std::fs::remove_dir_all(&dir).unwrap();

@@ -1,7 +1,7 @@
 //! The exit server's `server.toml` is one document: rathole's configuration plus a `[skyport]`
-//! table with what skyport's own code does per service (the PROXY protocol header). rathole
-//! refuses keys it does not know, so the server splits the table off and runs rathole on a file
-//! derived from the rest ([`derive`]), in which each service with a header has its listener moved
+//! table with what skyport's own code does per service (the PROXY protocol header, the source
+//! ranges its firewall admits). rathole refuses keys it does not know, so the server splits the
+//! table off and runs rathole on a file derived from the rest ([`derive`]), in which each service with a header has its listener moved
 //! to loopback, behind skyport's own listener on the public port ([`super::front`]). Operator
 //! pushes, the firewall and the first file from cloud-init all carry the whole document, so a
 //! push stays one atomic file and every check reads the same thing the server runs.
@@ -12,6 +12,7 @@ use std::path::Path;
 
 use anyhow::{Context as _, bail};
 use providers::ProxyProtocol;
+use providers::cidr::Cidr;
 use providers::exit::userdata::SKYPORT_TABLE;
 use serde::Deserialize;
 use toml::value::{Table, Value};
@@ -30,6 +31,8 @@ struct Skyport {
 struct ServiceOptions {
     /// `v1` or `v2`.
     proxy_protocol: Option<String>,
+    /// Canonical CIDRs the firewall admits to the service's port; absent: anyone.
+    source_ranges: Option<Vec<String>>,
 }
 
 /// A `server.toml` split in two.
@@ -39,6 +42,8 @@ pub struct Document {
     pub rathole: Table,
     /// The services whose connections start with a PROXY header, by name.
     pub proxied: BTreeMap<String, ProxyProtocol>,
+    /// The services reachable from these networks only, by name (read by the firewall).
+    pub ranges: BTreeMap<String, Vec<Cidr>>,
 }
 
 /// A service published by skyport's listener on `public`, relayed to rathole's on `internal`.
@@ -50,16 +55,20 @@ pub struct Front {
 }
 
 /// Splits `text`; refuses a `[skyport]` table naming a service the file does not have, a UDP
-/// service with a header, or an unknown option or version.
+/// service with a header, an unknown option or version, or source ranges that are not canonical
+/// CIDRs (or none at all).
 pub fn split(text: &str) -> anyhow::Result<Document> {
     let mut rathole: Table = toml::from_str(text).context("not a TOML document")?;
     let table = match rathole.remove(SKYPORT_TABLE) {
         Some(value) => value.try_into::<Skyport>().context("the [skyport] table")?,
         None => Skyport::default(),
     };
-    let mut proxied = BTreeMap::new();
+    let (mut proxied, mut ranges) = (BTreeMap::new(), BTreeMap::new());
     for (name, options) in table.services {
         let service = service(&rathole, &name).with_context(|| format!("[skyport.services.{name:?}]"))?;
+        if let Some(list) = options.source_ranges {
+            ranges.insert(name.clone(), source_ranges(&name, &list)?);
+        }
         let Some(value) = options.proxy_protocol else { continue };
         let Some(version) = ProxyProtocol::parse(&value) else {
             bail!("[skyport.services.{name:?}] proxy_protocol = {value:?} is not \"v1\" or \"v2\"");
@@ -69,7 +78,17 @@ pub fn split(text: &str) -> anyhow::Result<Document> {
         }
         proxied.insert(name, version);
     }
-    Ok(Document { rathole, proxied })
+    Ok(Document { rathole, proxied, ranges })
+}
+
+/// Service `name`'s `source_ranges`, each a canonical CIDR as the operator writes them. An
+/// empty list is refused: it would read as "anyone" to some and "no one" to others.
+fn source_ranges(name: &str, list: &[String]) -> anyhow::Result<Vec<Cidr>> {
+    if list.is_empty() {
+        bail!("[skyport.services.{name:?}] source_ranges is empty: leave it out to admit anyone");
+    }
+    let parsed: Result<Vec<Cidr>, String> = list.iter().map(|r| Cidr::parse_canonical(r)).collect();
+    parsed.map_err(|e| anyhow::anyhow!("[skyport.services.{name:?}] source_ranges: {e}"))
 }
 
 /// rathole's `[server.services."<name>"]` table.

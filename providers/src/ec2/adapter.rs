@@ -126,7 +126,8 @@ impl HostProvider for Ec2Provider {
         let instance = self.describe(&r, instance_id).await?.ok_or_else(gone)?;
         let host = host_in(&r, &instance).ok_or_else(gone)?;
         let ip = host.public_ipv4.ok_or_else(|| unavailable(&format!("instance {id} has no public address yet")))?;
-        let config = render_server_toml(server).map_err(|e| invalid(e.to_string()))?;
+        // The group enforces the ranges ([`Self::host_enforces_source_ranges`]).
+        let config = render_server_toml(&server.without_source_ranges()).map_err(|e| invalid(e.to_string()))?;
         for group in self.groups_of(&r, instance_id, Some(&instance)).await? {
             // Never change a group the user attached by hand.
             if self.is_ours(&r, &group).await? {
@@ -285,7 +286,13 @@ impl HostProvider for Ec2Provider {
     /// take it on a secondary private IPv4, so each keeps the public IPv4 its client dials (see
     /// `secondary`).
     fn capabilities(&self) -> Capabilities {
-        Capabilities { moves_addresses: true, moved_address: MovedAddress::SecondaryIp, ..Capabilities::default() }
+        // The host's security group enforces the source ranges, in front of the VM.
+        Capabilities {
+            moves_addresses: true,
+            moved_address: MovedAddress::SecondaryIp,
+            host_enforces_source_ranges: false,
+            ..Capabilities::default()
+        }
     }
 
     fn name(&self) -> &'static str {

@@ -91,6 +91,13 @@ pub struct Capabilities {
     pub moves_addresses: bool,
     /// How a moved address reaches the host holding it.
     pub moved_address: MovedAddress,
+    /// Whether the exit server's own firewall enforces each service's `source_ranges`: its
+    /// nftables ruleset, rendered from the server config the ranges travel in
+    /// ([`crate::exit::userdata::render_nftables`]). True for VM providers (the default). The
+    /// local provider's exit servers run on the operator's machine without that firewall; EC2
+    /// enforces the ranges with the host's security group instead, so its hosts' configs carry
+    /// none and a range change touches the group alone.
+    pub host_enforces_source_ranges: bool,
 }
 
 impl Default for Capabilities {
@@ -101,6 +108,7 @@ impl Default for Capabilities {
             address_binding: AddressBinding::Assign,
             moves_addresses: false,
             moved_address: MovedAddress::Translated,
+            host_enforces_source_ranges: true,
         }
     }
 }

@@ -27,7 +27,8 @@ struct Hosts {
     binding: Option<AddressBinding>,
     /// Whether `reconfigure` refuses, as a cloud VM's fixed user data does.
     fixed_config: bool,
-    /// Whether `sync_source_ranges` enforces them (as EC2), and what each host admits.
+    /// Whether hosts enforce source ranges (as VM providers' exit servers do), and what each
+    /// host admits.
     enforce_ranges: bool,
     ranges: BTreeMap<String, Vec<String>>,
     /// As Hetzner: addresses go onto hosts at creation (`AtCreate`), except the movable ones
@@ -190,12 +191,13 @@ impl FakeProvider {
         self.hosts.lock().unwrap().fixed_config = true;
     }
 
-    /// `sync_source_ranges` enforces the ranges from now on, as EC2 does.
+    /// Hosts enforce the ranges from now on (made with them, and `sync_source_ranges` brings them
+    /// to new ones), as a VM provider's exit servers do.
     pub fn enforce_ranges(&self) {
         self.hosts.lock().unwrap().enforce_ranges = true;
     }
 
-    /// The source ranges host `id` admits to its first service port, as last synced.
+    /// The source ranges host `id` admits to its first service port, as made or last synced.
     pub fn ranges_of(&self, id: &str) -> Option<Vec<String>> {
         self.hosts.lock().unwrap().ranges.get(id).cloned()
     }
@@ -246,6 +248,10 @@ impl HostProvider for FakeProvider {
         h.by_id.insert(host.id.clone(), host.clone());
         h.keys.insert(host.id.clone(), request.server.noise_private_key.clone());
         h.user_data.insert(host.id.clone(), request.user_data.clone());
+        if h.enforce_ranges {
+            let ranges = request.server.services.first().map(|s| s.source_ranges.clone()).unwrap_or_default();
+            h.ranges.insert(host.id.clone(), ranges);
+        }
         if let Some(id) = bind {
             h.attach(&id, &host.id);
         }
@@ -291,6 +297,7 @@ impl HostProvider for FakeProvider {
             address_binding: h.binding(),
             moves_addresses: h.floating || h.binding() != AddressBinding::AtCreate,
             moved_address,
+            host_enforces_source_ranges: h.enforce_ranges,
         }
     }
     async fn reserve_address(&self, request: &AddressRequest) -> Result<Address, HostError> {

@@ -363,7 +363,7 @@ impl<'a> Pass<'a> {
             "exit server {ip} forwards {} to Service {}; the tunnel passed its health check{}",
             describe(&want.ports),
             tunnel.spec.service_ref.name,
-            ranges::note(enforced, &keys.source_ranges, want.provider.name()),
+            ranges::note(enforced, &keys.source_ranges, want.provider.as_ref()),
         );
         self.record(|s| {
             record(s);

@@ -1,12 +1,13 @@
 //! Who may reach the Service's ports on the exit server: `spec.sourceRanges` (the Service's
-//! `loadBalancerSourceRanges`), applied by the provider's cloud firewall per host where it has
-//! one (EC2 security groups), and said to be unenforced where it has none.
+//! `loadBalancerSourceRanges`), enforced by the exit server's own firewall on VM providers (or,
+//! on EC2, by the host's security group), and said to be unenforced where the provider has
+//! neither ([`providers::HostProvider::host_enforces_source_ranges`]: the local provider).
 //!
-//! The ranges travel in the exit server's description ([`providers::TunnelService`]), so a new
-//! host gets its firewall with them; a change reaches a running host through
-//! [`providers::HostProvider::sync_source_ranges`], which only touches the firewall (the exit
-//! server itself does not know the ranges). `status.sourceRanges` records what was applied, so a
-//! host is only touched when the ranges differ from it.
+//! The ranges travel in the exit server's description ([`providers::TunnelService`]) and so in
+//! its config, so a new host gets its firewall with them; a change reaches a running host through
+//! [`providers::HostProvider::sync_source_ranges`] (a config push, or EC2's group).
+//! `status.sourceRanges` records what the host enforces, so a host is only touched when the
+//! ranges differ from it.
 
 use std::sync::Arc;
 
@@ -48,14 +49,16 @@ pub fn needs_sync(recorded: Option<&[String]>, desired: &[String]) -> bool {
 }
 
 /// What the `Ready` message adds: nothing when the ranges are enforced or there are none.
-pub fn note(enforced: bool, ranges: &[String], provider: &str) -> String {
+pub fn note(enforced: bool, ranges: &[String], provider: &dyn HostProvider) -> String {
     if enforced || ranges.is_empty() {
         return String::new();
     }
-    format!(
-        "; spec.sourceRanges ({}) is not enforced: provider {provider} has no firewall per exit server (ec2 enforces it)",
-        ranges.join(", ")
-    )
+    let why = if provider.capabilities().host_enforces_source_ranges {
+        "the exit server took no configuration push with them".to_string()
+    } else {
+        format!("provider {} runs its exit servers without a firewall", provider.name())
+    };
+    format!("; spec.sourceRanges ({}) is not enforced: {why}", ranges.join(", "))
 }
 
 /// Brings the running host's firewall to `ranges` when `recorded` (its `status.sourceRanges`)
@@ -139,13 +142,18 @@ mod tests {
         let host = stored.status.as_ref().unwrap().host_id.clone().unwrap();
         assert_eq!(h.provider.ranges_of(&host), Some(vec!["198.51.100.0/24".to_string()]));
         assert_eq!(stored.status.as_ref().unwrap().source_ranges, Some(vec!["198.51.100.0/24".to_string()]));
+        let nft = h.provider.user_data_of(&host).unwrap();
+        assert!(nft.contains("ip saddr 198.51.100.0/24 tcp dport 80 accept"), "its own firewall has them: {nft}");
+        let message = crate::controllers::status::ready_condition(&stored).unwrap().message.clone();
+        assert!(!message.contains("not enforced"), "{message}");
         h.reconcile(Arc::new(stored.clone())).await.unwrap();
-        assert_eq!(h.provider.count("sync_source_ranges"), 1, "applied once, not every reconcile");
+        assert_eq!(h.provider.count("sync_source_ranges"), 0, "made with them: nothing to bring over");
 
         let mut changed = stored.clone();
         changed.spec.source_ranges = vec!["203.0.113.0/24".into()];
         h.reconcile(h.put_tunnel(&changed)).await.unwrap();
         assert_eq!(h.provider.ranges_of(&host), Some(vec!["203.0.113.0/24".to_string()]), "same host");
+        assert_eq!(h.provider.count("sync_source_ranges"), 1, "applied once");
         assert_eq!(h.provider.count("create"), 1);
         assert!(h.api.event_reasons().contains(&"SourceRangesChanged".to_string()));
     }
@@ -160,8 +168,14 @@ mod tests {
         h.reconcile(h.put_tunnel(&tunnel)).await.unwrap();
         let stored = h.current();
         let ready = crate::controllers::status::ready_condition(&stored).unwrap();
-        assert!(ready.message.contains("is not enforced: provider fake"), "{}", ready.message);
+        assert!(
+            ready.message.contains("is not enforced: provider fake runs its exit servers without a firewall"),
+            "{}",
+            ready.message
+        );
         assert_eq!(stored.status.as_ref().unwrap().source_ranges, None);
+        let host = stored.status.as_ref().unwrap().host_id.clone().unwrap();
+        assert!(!h.provider.user_data_of(&host).unwrap().contains("saddr"), "no host firewall holds them");
     }
 
     #[test]
@@ -171,8 +185,11 @@ mod tests {
         assert!(!needs_sync(None, &[]), "a host created open to anyone, never narrowed");
         assert!(needs_sync(Some(&[]), &want));
         assert!(!needs_sync(Some(&want), &want));
-        assert_eq!(note(true, &want, "ec2"), "");
-        assert_eq!(note(false, &[], "local"), "");
-        assert!(note(false, &want, "hetzner").contains("not enforced: provider hetzner"));
+        let provider = crate::controllers::testing::provider::FakeProvider::default();
+        assert_eq!(note(true, &want, &provider), "");
+        assert_eq!(note(false, &[], &provider), "");
+        assert!(note(false, &want, &provider).contains("not enforced: provider fake runs its exit servers without"));
+        provider.enforce_ranges();
+        assert!(note(false, &want, &provider).contains("not enforced: the exit server took no configuration push"));
     }
 }

@@ -115,3 +115,42 @@ fn two_proxied_services_never_share_a_loopback_port() {
     let ports: std::collections::BTreeSet<u16> = fronts.iter().map(|f| f.internal.port()).collect();
     assert_eq!(ports.len(), 8, "{fronts:?}");
 }
+
+#[test]
+fn source_ranges_are_read_per_service_and_anything_but_canonical_cidrs_is_refused() {
+    let mut restricted = service("tcp-443", Protocol::Tcp, 443, None);
+    restricted.source_ranges = vec!["198.51.100.0/24".into(), "2001:db8::/32".into()];
+    let text = render_server_toml(&ExitServer {
+        control_port: 2333,
+        noise_private_key: KEY.into(),
+        services: vec![restricted, service("tcp-80", Protocol::Tcp, 80, Some(ProxyProtocol::V1))],
+    })
+    .unwrap();
+    let document = split(&text).unwrap();
+    let ranges: Vec<String> = document.ranges["tcp-443"].iter().map(ToString::to_string).collect();
+    assert_eq!(ranges, ["198.51.100.0/24", "2001:db8::/32"]);
+    assert_eq!(document.ranges.len(), 1, "a service without ranges admits anyone");
+    assert!(!document.rathole_text().unwrap().contains("source_ranges"), "rathole never sees them");
+
+    let base = document_text_without_ranges();
+    let refused = |ranges: &str| {
+        let extra = format!("\n[skyport.services.\"tcp-443\"]\nsource_ranges = {ranges}\n");
+        format!("{:#}", split(&format!("{base}{extra}")).unwrap_err())
+    };
+    let e = refused("[\"10.1.2.3/8\"]");
+    assert!(e.contains("tcp-443") && e.contains("not in canonical form (write 10.0.0.0/8)"), "{e}");
+    let e = refused("[\"10.0.0.0/33\"]");
+    assert!(e.contains("\"10.0.0.0/33\" is not a CIDR"), "{e}");
+    let e = refused("[\"10.0.0.0/8; accept\"]");
+    assert!(e.contains("is not a CIDR"), "{e}");
+    let e = refused("[]");
+    assert!(e.contains("source_ranges is empty"), "{e}");
+    let e = refused("\"10.0.0.0/8\"");
+    assert!(e.contains("the [skyport] table"), "a string, not a list: {e}");
+}
+
+/// [`document`] without its `[skyport]` table.
+fn document_text_without_ranges() -> String {
+    let text = document();
+    text[..text.find("\n[skyport.").unwrap()].to_string()
+}

@@ -17,11 +17,13 @@
 //! - writes a systemd unit that runs `skyport tunnel server` as that user, allowed to bind ports
 //!   below 1024 and nothing more;
 //! - writes an nftables ruleset that drops all inbound traffic except the control port (TCP),
-//!   the push port ([`PUSH_PORT`], TCP), the service ports (TCP and UDP as given),
-//!   replies, loopback and ICMP. SSH stays closed: the operator never logs in;
+//!   the push port ([`PUSH_PORT`], TCP), the service ports (TCP and UDP as given, each from
+//!   its source ranges only where it has any), replies, loopback and ICMP. SSH stays closed:
+//!   the operator never logs in;
 //! - writes a path unit that, whenever a config push replaces `server.toml`, runs a root oneshot
 //!   (`skyport tunnel firewall`) re-rendering that ruleset from the new config's port numbers and
-//!   loading it: the firewall follows the ports, and the unprivileged server never runs `nft`.
+//!   source ranges and loading it: the firewall follows the ports, and the unprivileged server
+//!   never runs `nft`.
 //!
 //! Everything is sorted, so the same input always renders byte-for-byte the same document.
 
@@ -33,6 +35,7 @@ use serde_saphyr::LitString;
 
 mod addresses;
 mod install;
+mod nftables;
 mod rathole;
 mod units;
 
@@ -41,6 +44,7 @@ pub use addresses::{
     render_addresses_unit, render_ec2_secondary_script,
 };
 pub use install::{INSTALL_REPORT, InstallReport, render_install};
+pub use nftables::{Openings, render_nftables, render_nftables_openings};
 
 pub use rathole::{
     ClientService, NOISE_PATTERN, NoiseKeypair, ProxyProtocol, SKYPORT_TABLE, TunnelClient, render_client_toml,
@@ -113,9 +117,10 @@ pub struct TunnelService {
     pub port: u16,
     /// The service's token (secret).
     pub token: String,
-    /// CIDRs allowed to reach `port` (the Service's `loadBalancerSourceRanges`); empty: anywhere.
-    /// Enforced by the cloud firewall where the provider has one per host (EC2 security groups);
-    /// the host's own nftables ruleset opens the port to anywhere.
+    /// CIDRs allowed to reach `port` (the Service's `loadBalancerSourceRanges`), canonical
+    /// ([`crate::cidr::canonical`]); empty: anywhere. Carried in the server config's `[skyport]`
+    /// table and enforced by the host's own nftables ruleset ([`render_nftables`]), and also by
+    /// the cloud firewall where the provider has one per host (EC2 security groups).
     pub source_ranges: Vec<String>,
     /// The PROXY protocol header the exit server writes ahead of each connection's bytes, so the
     /// backend learns the visitor's address; `None`: the bytes as they come. TCP services only.
@@ -175,11 +180,21 @@ pub enum UserDataError {
     NoArtifact,
     #[error("exit-server artifact for {0:?}: the architecture, URL or SHA-256 is malformed")]
     InvalidArtifact(String),
+    #[error("service {name:?}: source range {message}")]
+    InvalidSourceRange { name: String, message: String },
     #[error("service {0:?} is UDP: the PROXY protocol header is written ahead of a TCP connection's bytes only")]
     ProxyOverUdp(String),
 }
 
 impl ExitServer {
+    /// The same server with every port open to anyone: for a host whose cloud firewall, not its
+    /// own, enforces the source ranges.
+    pub fn without_source_ranges(&self) -> ExitServer {
+        let mut open = self.clone();
+        open.services.iter_mut().for_each(|s| s.source_ranges.clear());
+        open
+    }
+
     /// Services sorted by name, after checking names, ports, tokens and the key.
     fn validated(&self) -> Result<Vec<&TunnelService>, UserDataError> {
         if self.noise_private_key.is_empty()
@@ -224,54 +239,15 @@ impl ExitServer {
             if s.proxy_protocol.is_some() && s.protocol == Protocol::Udp {
                 return Err(UserDataError::ProxyOverUdp(s.name.clone()));
             }
+            for range in &s.source_ranges {
+                crate::cidr::Cidr::parse_canonical(range)
+                    .map_err(|message| UserDataError::InvalidSourceRange { name: s.name.clone(), message })?;
+            }
         }
         let mut sorted: Vec<&TunnelService> = self.services.iter().collect();
         sorted.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(sorted)
     }
-
-    fn ports(&self, protocol: Protocol) -> BTreeSet<u16> {
-        let mut ports: BTreeSet<u16> =
-            self.services.iter().filter(|s| s.protocol == protocol).map(|s| s.port).collect();
-        if protocol == Protocol::Tcp {
-            ports.insert(self.control_port);
-            ports.insert(PUSH_PORT);
-        }
-        ports
-    }
-}
-
-/// The host firewall: inbound traffic only to the control port, the push port and the service
-/// ports.
-pub fn render_nftables(server: &ExitServer) -> String {
-    render_nftables_ports(&server.ports(Protocol::Tcp), &server.ports(Protocol::Udp))
-}
-
-/// The host firewall opening exactly `tcp` and `udp`. Also what `skyport tunnel firewall`
-/// renders on the VM from the ports of a pushed config: ports are numbers, so whatever the
-/// unprivileged server writes, it can only open ports, never add other rules.
-pub fn render_nftables_ports(tcp: &BTreeSet<u16>, udp: &BTreeSet<u16>) -> String {
-    let set = |ports: &BTreeSet<u16>| ports.iter().map(u16::to_string).collect::<Vec<_>>().join(", ");
-    let mut out = String::new();
-    out.push_str("#!/usr/sbin/nft -f\n");
-    out.push_str(
-        "# Generated by skyport: only the tunnel's control and push ports and the Service's ports are open.\n",
-    );
-    out.push_str("flush ruleset\n\n");
-    out.push_str("table inet skyport {\n");
-    out.push_str("  chain input {\n");
-    out.push_str("    type filter hook input priority filter; policy drop;\n");
-    out.push_str("    ct state established,related accept\n");
-    out.push_str("    ct state invalid drop\n");
-    out.push_str("    iif \"lo\" accept\n");
-    out.push_str("    meta l4proto { icmp, ipv6-icmp } accept\n");
-    out.push_str(&format!("    tcp dport {{ {} }} accept\n", set(tcp)));
-    if !udp.is_empty() {
-        out.push_str(&format!("    udp dport {{ {} }} accept\n", set(udp)));
-    }
-    out.push_str("  }\n");
-    out.push_str("}\n");
-    out
 }
 
 #[derive(Serialize)]

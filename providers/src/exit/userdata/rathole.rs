@@ -56,7 +56,8 @@ impl ProxyProtocol {
 }
 
 /// The table of `server.toml` that carries what skyport's exit server does beyond rathole (per
-/// service: `[skyport.services."tcp-80"] proxy_protocol = "v2"`). rathole refuses unknown keys,
+/// service: `[skyport.services."tcp-80"] proxy_protocol = "v2"` and
+/// `source_ranges = ["198.51.100.0/24"]`, the networks its firewall admits to the port). rathole refuses unknown keys,
 /// so the server strips this table and runs rathole on the rest (src/tunnel/options.rs).
 pub const SKYPORT_TABLE: &str = "skyport";
 
@@ -93,10 +94,15 @@ pub fn render_server_toml_split(server: &ExitServer, bind_ip: &str, service_ip: 
         out.push_str(&format!("token = {}\n", toml_string(&s.token)));
         out.push_str(&format!("bind_addr = \"{service_ip}:{}\"\n", s.port));
     }
-    for s in services.iter().filter(|s| s.proxy_protocol.is_some()) {
+    for s in services.iter().filter(|s| s.proxy_protocol.is_some() || !s.source_ranges.is_empty()) {
         out.push_str(&format!("\n[{SKYPORT_TABLE}.services.{}]\n", toml_string(&s.name)));
-        let version = s.proxy_protocol.map(ProxyProtocol::as_str).unwrap_or_default();
-        out.push_str(&format!("proxy_protocol = \"{version}\"\n"));
+        if let Some(version) = s.proxy_protocol {
+            out.push_str(&format!("proxy_protocol = \"{}\"\n", version.as_str()));
+        }
+        if !s.source_ranges.is_empty() {
+            let ranges: Vec<String> = s.source_ranges.iter().map(|r| toml_string(r)).collect();
+            out.push_str(&format!("source_ranges = [{}]\n", ranges.join(", ")));
+        }
     }
     Ok(out)
 }

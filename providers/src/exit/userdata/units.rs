@@ -35,7 +35,7 @@ pub fn render_unit() -> String {
 }
 
 /// The oneshot unit that makes the firewall follow the server config's ports (see
-/// [`render_nftables_ports`]); the ruleset file is rewritten too, so a reboot loads the same.
+/// [`super::render_nftables_openings`]); the ruleset file is rewritten too, so a reboot loads the same.
 pub fn render_firewall_unit() -> String {
     format!(
         "[Unit]\n\

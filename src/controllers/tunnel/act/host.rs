@@ -111,7 +111,13 @@ pub async fn create(
     // Only a pair that moves its reserved address (not one publishing both servers' own).
     let moved_ip = address.filter(|_| slot.is_some()).map(|a| a.ip.as_str());
     let moved = provider.capabilities().moved_address.setup(moved_ip).map_err(Error::Internal)?;
-    let user_data = render_cloud_config_on(server, &artifacts, &moved.on_interface)
+    // Where the cloud's firewall enforces the ranges (EC2), the host's own admits anyone.
+    let on_host = if provider.capabilities().host_enforces_source_ranges {
+        server.clone()
+    } else {
+        server.without_source_ranges()
+    };
+    let user_data = render_cloud_config_on(&on_host, &artifacts, &moved.on_interface)
         .map_err(|e| Error::Internal(format!("user data: {e}")))?;
     let region = match (&tunnel.spec.region, address) {
         (Some(region), _) => Some(region.clone()),

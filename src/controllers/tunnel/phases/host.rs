@@ -75,9 +75,15 @@ impl Pass<'_> {
                     let push = (id.as_str(), &keys.server, want.ports.as_slice());
                     if act::host::reconfigure(tunnel, provider.as_ref(), push, want.publishes(), ctx).await? {
                         let (ports, digest) = (want.ports.clone(), keys.digest.clone());
+                        // The push carried the ranges too, where the host enforces them.
+                        let (pushed, ranges) =
+                            (want.provider.capabilities().host_enforces_source_ranges, ranges_on_host(want, keys));
                         self.record(|s| {
                             s.ports = ports;
                             s.credentials_digest = Some(digest);
+                            if pushed {
+                                s.source_ranges = ranges;
+                            }
                         })
                         .await?;
                         configured = want.ports.clone();
@@ -111,7 +117,9 @@ impl Pass<'_> {
     async fn record_created(&mut self, want: &Desired, keys: &Keys, created: &Host) -> Result<()> {
         let provider = want.provider.name();
         let (ports, digest) = (want.ports.clone(), keys.digest.clone());
+        let ranges = ranges_on_host(want, keys);
         self.record(|s| {
+            s.source_ranges = ranges;
             s.phase = Some(TunnelPhase::Provisioning);
             s.provider = Some(provider.to_string());
             s.host_id = Some(created.id.clone());
@@ -259,4 +267,12 @@ async fn address_held(provider: &dyn HostProvider, id: Option<&str>) -> Result<O
     };
     let address = provider.get_address(id).await?;
     Ok(address_plan::may_create(provider.capabilities().address_binding, address.as_ref()).err())
+}
+
+/// The source ranges a host created or reconfigured with `keys.server` enforces by itself (they
+/// are in its config, and its firewall reads them there), for `status.sourceRanges`; `None`
+/// where the provider's hosts do not, or there are none.
+fn ranges_on_host(want: &Desired, keys: &Keys) -> Option<Vec<String>> {
+    let on_host = want.provider.capabilities().host_enforces_source_ranges && !keys.source_ranges.is_empty();
+    on_host.then(|| keys.source_ranges.clone())
 }
