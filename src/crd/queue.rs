@@ -187,7 +187,7 @@ pub struct QueueSpec {
     /// `Write` (default): skyport writes the ConfigMap `<name>-sqs` with the queue's `url`, `arn`
     /// and `name`, for apps that load it with `envFrom`. `Skip`: no such ConfigMap (one this
     /// Queue wrote is deleted); apps read `status` or `spec.exports`. Skipping saves the
-    /// operator about 1 KiB of memory per Queue (deploy/README.md, *Sizing*).
+    /// operator 0.5 to 0.9 KiB of memory per Queue (deploy/README.md, *Sizing*).
     #[serde(default)]
     pub config_map: ConfigMapPolicy,
 
