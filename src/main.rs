@@ -166,7 +166,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         tokio::join!(queues, tunnels);
     });
     if args.leader.sharding {
-        let existing = existing_shards(&ctx, with_tunnels);
+        let existing = skyport::shards::existing(&ctx, with_tunnels);
         let lease_client = lease_client(&args, &config)?;
         let group = skyport::shards::Group {
             namespace: lease_namespace(&args, &client_for_leases),
@@ -262,23 +262,6 @@ fn lease_client(args: &RunArgs, config: &kube::Config) -> anyhow::Result<kube::C
     lease_config.read_timeout = Some(timeout);
     lease_config.write_timeout = Some(timeout);
     kube::Client::try_from(lease_config).context("building the Lease client")
-}
-
-/// The shards that exist, read from the caches: `default`, each AwsAccount and each account a
-/// Queue names (a missing one too: its Queues are reported on), and `tunnels` when the Tunnel
-/// controllers run.
-fn existing_shards(ctx: &Arc<controllers::queue::Context>, with_tunnels: bool) -> skyport::shards::Existing {
-    use controllers::Sharded;
-    let ctx = ctx.clone();
-    Box::new(move || {
-        let mut shards: std::collections::BTreeSet<String> = ctx.queues.state().iter().map(|q| q.shard()).collect();
-        shards.extend(ctx.accounts.store.state().iter().map(|a| a.shard()));
-        shards.insert(controllers::acting::DEFAULT_SHARD.to_string());
-        if with_tunnels {
-            shards.insert(controllers::acting::TUNNELS_SHARD.to_string());
-        }
-        shards
-    })
 }
 
 /// The Queue controller's series: SQS calls (own identity and per AwsAccount), drift pacing.

@@ -337,3 +337,20 @@ fn holding(lease: &Lease) -> Holding {
         duration: Duration::from_secs(spec.lease_duration_seconds.unwrap_or(0).max(0) as u64),
     }
 }
+
+/// The shards that exist, read from the caches: `default`, each AwsAccount and each account a
+/// Queue names (a missing one too: its Queues are reported on), and `tunnels` when the Tunnel
+/// controllers run.
+pub fn existing(ctx: &std::sync::Arc<crate::controllers::queue::Context>, with_tunnels: bool) -> Existing {
+    use crate::controllers::{Sharded, acting};
+    let ctx = ctx.clone();
+    Box::new(move || {
+        let mut shards: std::collections::BTreeSet<String> = ctx.queues.state().iter().map(|q| q.shard()).collect();
+        shards.extend(ctx.accounts.store.state().iter().map(|a| a.shard()));
+        shards.insert(acting::DEFAULT_SHARD.to_string());
+        if with_tunnels {
+            shards.insert(acting::TUNNELS_SHARD.to_string());
+        }
+        shards
+    })
+}
