@@ -147,11 +147,14 @@ pub async fn users_objects_are_skyports_only_by_its_finalizer(admin: &Client, sa
     metadata_is_limited_to_skyports_finalizer::<Tunnel>(admin, sa, ns, "by-hand", TUNNEL_FINALIZER).await;
     metadata_is_limited_to_skyports_finalizer::<Tunnel>(admin, sa, ns, "web-tunnel", TUNNEL_FINALIZER).await;
 
-    // A Tunnel's spec: only the sourceRanges of one its Service controls (the Service
-    // controller follows the Service's loadBalancerSourceRanges), nothing of a hand-made one.
+    // A Tunnel's spec: only the fields of one its Service controls that follow the Service
+    // (its loadBalancerSourceRanges, its proxy-protocol annotation), nothing of a hand-made one.
     let ranges = || merge(json!({"spec": {"sourceRanges": ["198.51.100.0/24"]}}));
     patch_admitted::<Tunnel>(sa, ns, "web-tunnel", ranges(), "the sourceRanges of a Service's Tunnel").await;
     patch_refused::<Tunnel>(sa, admin, ns, "by-hand", ranges(), "Tunnel by hand: sourceRanges").await;
+    let proxy = || merge(json!({"spec": {"proxyProtocol": "v2"}}));
+    patch_admitted::<Tunnel>(sa, ns, "web-tunnel", proxy(), "the proxyProtocol of a Service's Tunnel").await;
+    patch_refused::<Tunnel>(sa, admin, ns, "by-hand", proxy(), "Tunnel by hand: proxyProtocol").await;
     // (Every other field of a Tunnel's spec is immutable for everyone, refused by the CRD
     // before admission; the policy compares them too, see the test below.)
 
@@ -231,21 +234,39 @@ async fn a_stolen_token_changes_users_objects_only_as_skyport_does() {
     ns.cleanup().await;
 }
 
-/// The policy lets a Service's Tunnel change only `spec.sourceRanges` by comparing every other
-/// field by name: a field added to the Tunnel's spec must be added there too (kustomize and Helm).
+/// The Tunnel spec fields that follow a Service: the Service controller writes them on the
+/// Tunnel it owns, so the policy lets skyport change them there (and names them in its comment).
+const FOLLOW_THE_SERVICE: [&str; 2] = ["sourceRanges", "proxyProtocol"];
+
+/// The policy lets a Service's Tunnel change only the fields that follow the Service, by comparing
+/// every other field by name: a field added to the Tunnel's spec must be compared there too, or
+/// named as following the Service (kustomize and Helm).
 #[test]
-fn the_policy_compares_every_tunnel_spec_field_but_the_source_ranges() {
+fn the_policy_compares_every_tunnel_spec_field_but_those_that_follow_the_service() {
     use kube::CustomResourceExt;
     let crd = serde_json::to_value(Tunnel::crd()).unwrap();
     let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
-    let fields: Vec<&String> = spec.as_object().unwrap().keys().filter(|f| *f != "sourceRanges").collect();
-    assert!(fields.len() >= 6, "the Tunnel's spec fields: {fields:?}");
+    let fields: Vec<&String> = spec.as_object().unwrap().keys().collect();
+    assert!(fields.len() >= 8, "the Tunnel's spec fields: {fields:?}");
     for path in ["deploy/admission.yaml", "deploy/helm/skyport/templates/admission.yaml"] {
         let text = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path)).unwrap();
         let policy = &text[text.find("-never-writes-specs").expect("the policy")..];
+        let rule = &policy[policy.find("# The spec, whole").expect("the spec rule")..];
+        let (comment, validation) = rule.split_at(rule.find("- expression:").expect("its expression"));
         for field in &fields {
             let compared = format!("object.spec.{field} == oldObject.spec.{field}");
-            assert!(policy.contains(&compared), "{path}: the Tunnel's spec.{field} is not compared ({compared})");
+            if FOLLOW_THE_SERVICE.contains(&field.as_str()) {
+                assert!(!validation.contains(&compared), "{path}: spec.{field} follows the Service yet is compared");
+                assert!(
+                    comment.contains(&format!("spec.{field}")),
+                    "{path}: spec.{field} is not named as following the Service"
+                );
+            } else {
+                assert!(
+                    validation.contains(&compared),
+                    "{path}: the Tunnel's spec.{field} is not compared ({compared})"
+                );
+            }
         }
     }
 }
