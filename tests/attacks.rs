@@ -25,6 +25,7 @@ mod attempts;
 mod grants;
 mod install;
 mod judge;
+mod leases;
 mod patches;
 mod residues;
 mod victims;
@@ -59,6 +60,14 @@ async fn a_stolen_token_of_the_helm_chart_at_its_defaults_reaches_nothing_beyond
     attack(install).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the test environment and helm: tests/env.sh up, SKYPORT_HELM"]
+async fn a_stolen_token_of_the_sharded_helm_chart_reaches_nothing_beyond_skyports_objects() {
+    common::client().await;
+    let install = tokio::task::spawn_blocking(install::helm_chart_sharded).await.unwrap();
+    attack(install).await;
+}
+
 async fn attack(install: Install) {
     let admin = common::client().await;
     let client_ns = install.client_namespace();
@@ -71,6 +80,7 @@ async fn attack(install: Install) {
     let (victims, planted) = plant(&admin, &install, &tenant.name).await;
     let judge = Judge::new(install.name, admin.clone(), sa, grants, &victims);
     let client = tunnel_client(&judge, &install, &victims, &tenant.name).await;
+    leases::controls(&judge, &install).await;
 
     futures::stream::iter(&victims)
         .for_each_concurrent(4, |v| {

@@ -77,17 +77,29 @@ pub fn kustomize() -> Install {
 }
 
 pub const HELM_RELEASE: &str = "skyport-attacks";
+pub const HELM_RELEASE_SHARDED: &str = "skyport-attacks-sharded";
 
 /// `helm template` of the chart with its default values, in a namespace of its own, applied;
 /// its tunnel clients' namespace too, named after the release (the default is the kustomize
 /// install's, attacked at the same time).
 pub fn helm_chart() -> Install {
-    let clients = format!("tunnel.clientNamespace={HELM_RELEASE}-tunnels");
-    let args = ["template", HELM_RELEASE, "deploy/helm/skyport", "--namespace", HELM_RELEASE, "--set", &clients];
+    helm_release(HELM_RELEASE, &[], "helm chart (default values)")
+}
+
+/// The same with several active replicas (`sharding.enabled`): its Role writes and lists the
+/// Leases of its namespace.
+pub fn helm_chart_sharded() -> Install {
+    helm_release(HELM_RELEASE_SHARDED, &["sharding.enabled=true"], "helm chart (sharding.enabled)")
+}
+
+fn helm_release(release: &str, sets: &[&str], name: &'static str) -> Install {
+    let clients = format!("tunnel.clientNamespace={release}-tunnels");
+    let mut args = vec!["template", release, "deploy/helm/skyport", "--namespace", release, "--set", &clients];
+    sets.iter().for_each(|s| args.extend(["--set", s]));
     let rendered = run(&helm(), &args, None);
-    let namespace = format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {HELM_RELEASE}\n---\n");
+    let namespace = format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {release}\n---\n");
     apply(&format!("{namespace}{rendered}"));
-    Install::from("helm chart (default values)", &rendered)
+    Install::from(name, &rendered)
 }
 
 /// `kubectl apply`, retried: another test applying the same install at the same moment makes one

@@ -22,6 +22,9 @@ pub const READABLE: &[(&str, &str, &str)] = &[
     ("", "services", "the Service controller watches Services to find its class"),
     // The tunnel clients, found by label in their namespace (the Role there).
     ("apps", "deployments", "tunnel clients in their namespace; a Deployment holds no secret"),
+    // Several active replicas (`sharding.enabled`) list the Leases of the operator's namespace
+    // to count live replicas and find free shards; only skyport's Leases belong there.
+    ("coordination.k8s.io", "leases", "sharded replicas list their namespace's Leases; a Lease holds no secret"),
     // Only kube-system, by name: its UID is the cluster id tagged on every cloud resource.
     ("", "namespaces", "kube-system by name: its UID is the cluster id"),
 ];

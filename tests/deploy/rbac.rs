@@ -134,7 +134,7 @@ fn assert_namespaced_install(docs: &[Value], watched: &str, role: &str, what: &s
 
 /// The admission policies narrow the ServiceAccount's writes: Secrets, ConfigMaps and
 /// Deployments to those a skyport object controls, Services' status to skyport's class, Queues,
-/// Tunnels and AwsAccounts to skyport's finalizers. Each applies to skyport's ServiceAccount only, and denies.
+/// Tunnels and AwsAccounts to skyport's finalizers, Leases to its own. Each applies to skyport's ServiceAccount only, and denies.
 #[test]
 fn admission_policies_narrow_the_service_accounts_writes() {
     let docs = documents(&read("deploy/admission.yaml"));
@@ -147,6 +147,7 @@ fn admission_policies_narrow_the_service_accounts_writes() {
         ("skyport-publishes-only-its-own-load-balancers", vec!["services/status"]),
         ("skyport-never-writes-specs", vec!["queues", "tunnels", "awsaccounts", "tunnels"]),
         ("skyport-writes-only-its-own-events", vec!["events"]),
+        ("skyport-writes-only-its-own-leases", vec!["leases"]),
     ] {
         let policy = find(&docs, "ValidatingAdmissionPolicy", name);
         let condition = policy["spec"]["matchConditions"][0]["expression"].as_str().unwrap();
@@ -168,6 +169,10 @@ fn admission_policies_narrow_the_service_accounts_writes() {
     let deployment = documents(&read("deploy/deployment.yaml"));
     let deployment = serde_json::to_string(find(&deployment, "Deployment", "skyport")).unwrap();
     assert!(deployment.contains("--default-load-balancer=false"), "{deployment}");
+    // The Lease policy's group is the Deployment's --lease-name.
+    let leases = find(&docs, "ValidatingAdmissionPolicy", "skyport-writes-only-its-own-leases");
+    assert_eq!(leases["spec"]["variables"][0], serde_json::json!({"name": "group", "expression": "'skyport'"}));
+    assert!(deployment.contains("--lease-name=skyport"), "{deployment}");
 }
 
 #[test]

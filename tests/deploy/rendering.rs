@@ -72,6 +72,8 @@ fn kustomize_base_is_accepted_by_a_server_side_dry_run() {
         "validatingadmissionpolicy.admissionregistration.k8s.io/skyport-never-writes-specs",
         "validatingadmissionpolicy.admissionregistration.k8s.io/skyport-writes-only-its-own-events",
         "validatingadmissionpolicybinding.admissionregistration.k8s.io/skyport-writes-only-its-own-events",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/skyport-writes-only-its-own-leases",
+        "validatingadmissionpolicybinding.admissionregistration.k8s.io/skyport-writes-only-its-own-leases",
         "deployment.apps/skyport",
         "service/skyport-metrics",
     ] {
