@@ -6,6 +6,9 @@
 
 use crate::common;
 
+mod observe_only;
+mod sealed;
+
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -14,7 +17,6 @@ use common::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use skyport::config::QueueArgs;
 use skyport::crd::{ConditionStatus, Queue};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -393,110 +395,5 @@ async fn adoption_writes_only_declared_fields_and_keeps_the_queue_by_default() {
     assert!(queue_exists(&sqs, &name).await, "adopted queues default to Retain");
     delete_sqs_queue(&name).await;
     delete_sqs_queue(&format!("{name}-dlq")).await;
-    finish(op, ns).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the test environment: tests/env.sh up"]
-async fn observe_only_publishes_an_existing_queue_and_never_writes_to_sqs() {
-    let ns = TestNs::new("own-observe").await;
-    let sqs = sqs().await;
-    let name = format!("watched-{}", &ns.name[12..]);
-    let url =
-        create_foreign(&name, &[(QueueAttributeName::VisibilityTimeout, "11")], &[("owner", "another-team")]).await;
-    let op = Operator::start(&ns, fast_settings()).await;
-    let queues: Api<Queue> = ns.api();
-    let spec = json!({"queueName": name, "managementPolicy": "Observe", "visibilityTimeoutSeconds": 50});
-    queues.create(&PostParams::default(), &queue("watched", spec)).await.unwrap();
-    let q = wait_ready(&queues, "watched", ConditionStatus::True, "Available", READY_TIMEOUT).await;
-    let status = status_of(&q);
-    assert_eq!(status.queue_name.as_deref(), Some(name.as_str()));
-    assert!(status.queue_arn.as_deref().is_some_and(|a| a.ends_with(&format!(":{name}"))), "{status:?}");
-    let cms: Api<ConfigMap> = ns.api();
-    let cm = eventually("ConfigMap watched-sqs", READY_TIMEOUT, || async { cms.get("watched-sqs").await.ok() }).await;
-    assert_eq!(cm.data.unwrap()["QUEUE_NAME"], name);
-    // A missing queue is reported, not created.
-    queues
-        .create(
-            &PostParams::default(),
-            &queue("absent", json!({"queueName": format!("{name}-x"), "managementPolicy": "Observe"})),
-        )
-        .await
-        .unwrap();
-    wait_ready(&queues, "absent", ConditionStatus::False, "NotFound", READY_TIMEOUT).await;
-
-    queues.delete("watched", &DeleteParams::default()).await.unwrap();
-    queues.delete("absent", &DeleteParams::default()).await.unwrap();
-    wait_gone(&queues, "watched", READY_TIMEOUT).await;
-    wait_gone(&queues, "absent", READY_TIMEOUT).await;
-    let calls = op.sqs_calls();
-    for write in WRITES {
-        assert_eq!(calls.get(write).copied().unwrap_or(0), 0, "{write} under Observe: {calls:?}");
-    }
-    assert_eq!(attributes(&sqs, &url).await["VisibilityTimeout"], "11");
-    assert_eq!(tags(&url).await.len(), 1, "tags untouched");
-    assert!(queue_exists(&sqs, &name).await, "never deleted");
-
-    // Observe can never be combined with deleting.
-    let err = queues
-        .create(
-            &PostParams::default(),
-            &queue("bad", json!({"queueName": name, "managementPolicy": "Observe", "deletionPolicy": "Delete"})),
-        )
-        .await
-        .expect_err("refused");
-    assert!(err.to_string().contains("never deletes"), "{err}");
-    delete_sqs_queue(&name).await;
-    finish(op, ns).await;
-}
-
-/// With an ownership key, the proof that a queue is its Queue's survives the operator: a new
-/// process reads no tags for a Queue whose sealed proof verifies, and reads them again for one
-/// whose record was edited (a status writer cannot forge a seal) or moved from another Queue.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the test environment: tests/env.sh up"]
-async fn a_sealed_ownership_proof_spares_the_tag_read_after_a_restart_and_a_forged_one_does_not() {
-    let ns = TestNs::new("own-sealed").await;
-    let settings = || QueueArgs {
-        ownership_key: Some(skyport::config::OwnershipKey::from_bytes(&[42; 32])),
-        resync: Duration::from_secs(1),
-        ..fast_settings()
-    };
-    let queues: Api<Queue> = ns.api();
-    let op = Operator::start(&ns, settings()).await;
-    for name in ["kept", "forged", "moved"] {
-        queues.create(&PostParams::default(), &queue(name, json!({}))).await.unwrap();
-    }
-    let mut proofs = HashMap::new();
-    for name in ["kept", "forged", "moved"] {
-        let q = wait_ready(&queues, name, ConditionStatus::True, "Available", READY_TIMEOUT).await;
-        let proof = status_of(&q).ownership_proof.expect("a sealed proof in status");
-        proofs.insert(name, proof);
-    }
-    op.stop().await;
-
-    // A status writer edits one record and copies another Queue's onto a third.
-    let mut edited = serde_json::to_value(&proofs["forged"]).unwrap();
-    edited["provenAt"] = json!(proofs["forged"].proven_at + 3600);
-    let moved = serde_json::to_value(&proofs["kept"]).unwrap();
-    for (name, proof) in [("forged", edited), ("moved", moved)] {
-        let patch = json!({"status": {"ownershipProof": proof}});
-        queues.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
-    }
-
-    let op = Operator::start(&ns, settings()).await;
-    eventually("both tampered Queues proven again from their tags", READY_TIMEOUT, || async {
-        (op.sqs_calls().get("ListQueueTags").copied().unwrap_or(0) >= 2).then_some(())
-    })
-    .await;
-    // Several resyncs of all three: the kept proof still spares the read.
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    assert_eq!(op.sqs_calls().get("ListQueueTags").copied(), Some(2), "only the two tampered Queues read tags");
-    for name in ["forged", "moved"] {
-        let q = queues.get(name).await.unwrap();
-        let proof = status_of(&q).ownership_proof.expect("a fresh proof");
-        assert!(proof.proven_at >= proofs[name].proven_at, "{name}: proven again, sealed anew");
-    }
-    assert!(op.ctx.metrics.errors().is_empty(), "reconciles failed: {:?}", op.ctx.metrics.errors());
     finish(op, ns).await;
 }
