@@ -11,6 +11,7 @@ pub mod crd;
 pub mod error;
 pub mod http;
 pub mod leader;
+pub mod mac;
 pub mod metrics;
 pub mod reasons;
 pub mod shards;

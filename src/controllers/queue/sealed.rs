@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use super::observe::Verified;
 use crate::config::OwnershipKey;
 use crate::crd::queue::{OwnershipProof, Queue};
-use crate::tunnel::hmac_sha256;
+use crate::mac::hmac_sha256;
 
 /// Domain separation: a seal is no other MAC skyport makes with the same bytes.
 const CONTEXT: &[u8] = b"skyport-queue-ownership-v1";
