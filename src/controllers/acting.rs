@@ -25,6 +25,10 @@ use tokio::time::Instant;
 
 pub use super::shard_of::{DEFAULT_SHARD, Sharded, TUNNELS_SHARD, account_shard};
 
+/// How soon a reconcile turned away from a held shard past its deadline tries again: about a
+/// renewal round.
+const LAPSED_RETRY: Duration = Duration::from_secs(1);
+
 /// The shards this replica holds, each with the moment it must stop acting on it.
 pub type Held = BTreeMap<String, Instant>;
 
@@ -123,6 +127,16 @@ impl Acting {
         })
     }
 
+    /// What a reconcile of `obj` returns when a sharded gate turned it away. Another replica's
+    /// shard: nothing until the object changes (a takeover of the shard here reconciles
+    /// everything again). A shard this replica still holds whose deadline passed while its
+    /// renewal was late: soon again, since the renewal either lands (and no takeover follows to
+    /// wake the object) or the process ends.
+    pub fn turned_away(&self, shard: &str) -> Action {
+        let held = self.0.borrow().shards.as_ref().is_some_and(|held| held.contains_key(shard));
+        if held { Action::requeue(LAPSED_RETRY) } else { Action::await_change() }
+    }
+
     /// Whether this replica may act on `obj` now.
     pub fn permits<K: Sharded>(&self, obj: &K) -> bool {
         self.permits_shard(&obj.shard())
@@ -218,9 +232,13 @@ mod tests {
         gate.hold(Held::from([(DEFAULT_SHARD.to_string(), Instant::now() + Duration::from_secs(5))]));
         assert!(waiting.await.unwrap());
         assert!(acting.permits(&object()) && !acting.permits_shard(TUNNELS_SHARD));
-        // Not renewed in time: it stops acting at the deadline, with nothing else said.
+        assert_eq!(acting.turned_away(TUNNELS_SHARD), Action::await_change(), "another replica's shard");
+        // Not renewed in time: it stops acting at the deadline, with nothing else said; what it
+        // turns away meanwhile comes back once a renewal could have landed (no takeover follows
+        // a renewal to wake it).
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert!(!acting.permits(&object()));
+        assert_eq!(acting.turned_away(DEFAULT_SHARD), Action::requeue(LAPSED_RETRY));
         // Holding a shard it did not hold is a takeover; renewing what it holds is not. (The
         // expired shard is still listed until the next round: give it up first.)
         gate.hold(Held::new());

@@ -125,8 +125,8 @@ where
 {
     let kind = K::kind(&());
     if !ctx.acting.permits(&*obj) && !K::ONE_SHARD && ctx.acting.sharded() {
-        // Another replica's shard: waiting here would hold a worker this replica's shards need.
-        return Ok(Action::await_change());
+        // Not now: waiting here would hold a worker this replica's shards need.
+        return Ok(ctx.acting.turned_away(&obj.shard()));
     }
     if !ctx.acting.permits(&*obj) {
         debug!(kind = %kind, namespace = %obj.namespace().unwrap_or_default(), name = %obj.name_any(), "standby: waiting for the Lease");
