@@ -18,7 +18,7 @@ use providers::{Address, AddressBinding, Host, HostState};
 
 use super::super::placement::SLOTS;
 use super::super::plan::Blocked;
-use super::super::plan::failover::{FailoverStep, Hysteresis, Server, failover_step};
+use super::super::plan::failover::{FailoverStep, Hysteresis, Server, failover_step, probe_timeout};
 use super::super::status::not_ready;
 use super::super::{act, desired, observe};
 use super::{Desired, Failure, Keys, Pass};
@@ -309,13 +309,16 @@ impl Pass<'_> {
         Ok(all)
     }
 
-    /// Checks every running host end to end ([`Slot::check_ip`]), both at once.
+    /// Checks every running host end to end ([`Slot::check_ip`]), both at once, each within
+    /// [`probe_timeout`]: a hung server fails its check at the next interval, not after the single
+    /// server's 3 s.
     async fn check_pair(&self, keys: &Keys, slots: &mut [Slot], beside: bool) {
         let (ctx, token) = (self.ctx, keys.credentials.token.as_str());
+        let timeout = probe_timeout(ctx.settings.failover_probe_interval);
         let checks = slots.iter().map(|s| async move {
             match (s.check_ip(beside), s.id()) {
                 (Some(ip), Some(id)) => {
-                    let result = ctx.probe.check(ip, ctx.settings.health_port, token).await;
+                    let result = ctx.probe.check(ip, ctx.settings.health_port, token, timeout).await;
                     let error = result.as_ref().err().cloned().unwrap_or_default();
                     Some((ctx.health.record(id, result.is_ok()), error))
                 }
