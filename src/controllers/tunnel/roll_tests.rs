@@ -99,3 +99,25 @@ async fn a_new_client_that_never_rolls_out_halts_the_roll_and_buys_no_server() {
     assert_eq!(ha(&h).servers[1].kept_because, None);
     assert_eq!(h.ctx.failovers.load(Ordering::Relaxed), 0);
 }
+
+#[tokio::test]
+async fn a_push_that_fails_once_holds_up_neither_the_failover_nor_the_ports() {
+    let (mut h, t) = pair();
+    h.reconcile(t).await.unwrap();
+    let reserved = h.provider.addresses()[0].ip.clone();
+    h.probe.refuse(&reserved, true);
+    pass(&h).await;
+    pass(&h).await;
+    // The Service's ports change, and pushing them to the first server fails once (a 503): the
+    // pass goes on to the third failed check and moves the address.
+    add_port(&mut h);
+    let unavailable = providers::HostError::Unavailable { provider: "fake", message: "503".into() };
+    h.provider.fail_next("reconfigure", unavailable);
+    pass(&h).await;
+    assert_eq!(ha(&h).active.as_deref(), Some("h-2"), "the failover was not held up by the push");
+    assert_eq!(h.current().status.unwrap().ports.len(), 1, "not recorded before every server took them");
+    // The next pass pushes again, and both servers take the new ports.
+    h.probe.refuse(&reserved, false);
+    pass(&h).await;
+    assert_eq!(h.current().status.unwrap().ports.len(), 2);
+}

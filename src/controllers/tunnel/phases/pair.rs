@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use kube::runtime::controller::Action;
 use providers::{Address, AddressBinding, Host, HostState};
+use tracing::warn;
 
 use super::super::placement::SLOTS;
 use super::super::plan::Blocked;
@@ -301,9 +302,20 @@ impl Pass<'_> {
         for slot in slots.iter_mut() {
             let Some(id) = slot.running_ip().and(slot.id()).map(str::to_string) else { continue };
             let push = (id.as_str(), &keys.server, want.ports.as_slice());
-            if !act::host::reconfigure(self.tunnel, want.provider.as_ref(), push, None, self.ctx).await? {
-                slot.host = None;
-                all = false;
+            match act::host::reconfigure(self.tunnel, want.provider.as_ref(), push, None, self.ctx).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    slot.host = None;
+                    all = false;
+                }
+                // A push that fails for now must not end the pass before the checks and the
+                // failover, which do not depend on it: the ports are recorded only once every
+                // server took them, so the next pass (one probe interval on) pushes again.
+                Err(e) if !e.is_permanent() => {
+                    warn!(host = %id, error = %e, "pushing the Service's ports failed; pushing again next pass");
+                    all = false;
+                }
+                Err(e) => return Err(e),
             }
         }
         Ok(all)
