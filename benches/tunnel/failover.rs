@@ -3,6 +3,9 @@
 //! kube-proxy; tests/node/pair.rs). A request (a fresh TCP connection, 4 bytes echoed, 1 s
 //! allowed) goes to the reserved address every 100 ms while one of these happens:
 //! - **exit server killed**: the active exit server's process gets SIGKILL;
+//! - **exit server hung**: the active exit server's process gets SIGSTOP (SIGCONT once measured):
+//!   it keeps its sockets and the provider reports it running, so only its checks, timing out,
+//!   find it;
 //! - **client Pod gone**: the active server's client Pod is deleted and kept from starting again
 //!   (the namespace's Pod quota), as when its node dies;
 //! - **planned roll**: a port added to the Service, so both clients roll for the new config.
@@ -20,7 +23,10 @@ use super::median;
 use crate::common::tunnels;
 use crate::node::pair::Pair;
 
-const FAULTS: [&str; 3] = ["exit server killed", "client Pod gone", "planned roll of both clients"];
+const FAULTS: [&str; 4] =
+    ["exit server killed", "exit server hung (SIGSTOP)", "client Pod gone", "planned roll of both clients"];
+/// The planned one: no failed request is the target.
+const PLANNED: usize = 3;
 /// About ten minutes: the traffic loss users report for the tailscale operator's HA proxies.
 const PEER_GAP: f64 = 600.0;
 
@@ -40,12 +46,16 @@ async fn once(fault: usize) -> anyhow::Result<Sample> {
         .measure(
             async |p| match fault {
                 0 => tunnels::kill_exit_server(&p.op, &p.active),
-                1 => p.stop_client(p.active_slot().await).await,
+                1 => tunnels::signal_exit_server(&p.op, &p.active, "STOP"),
+                2 => p.stop_client(p.active_slot().await).await,
                 _ => p.add_port().await,
             },
-            fault == 2,
+            fault == PLANNED,
         )
         .await;
+    if fault == 1 {
+        tunnels::signal_exit_server(&pair.op, &pair.active, "CONT");
+    }
     // The node stays this benchmark's until the pair is gone (its guard drops with it).
     let Pair { ns, op, .. } = pair;
     tunnels::finish_tunnels(op, ns).await;
@@ -79,8 +89,11 @@ pub async fn run(runs: usize) -> anyhow::Result<()> {
         let moved = median(&mut list.iter().map(|s| s.moved).collect::<Vec<_>>());
         let gap = median(&mut list.iter().map(|s| s.gap).collect::<Vec<_>>());
         let failed: Vec<String> = list.iter().map(|s| format!("{} of {}", s.failed, s.sent)).collect();
-        let ratio =
-            if fault == 2 { "(planned: target 0 failed)".to_string() } else { format!("{:.4} ×", gap / PEER_GAP) };
+        let ratio = if fault == PLANNED {
+            "(planned: target 0 failed)".to_string()
+        } else {
+            format!("{:.4} ×", gap / PEER_GAP)
+        };
         println!("| {name} | {moved:.2} s | {gap:.2} s | {} | {ratio} |", failed.join(", "));
     }
     Ok(())
