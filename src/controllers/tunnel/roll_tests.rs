@@ -121,3 +121,22 @@ async fn a_push_that_fails_once_holds_up_neither_the_failover_nor_the_ports() {
     pass(&h).await;
     assert_eq!(h.current().status.unwrap().ports.len(), 2);
 }
+
+#[tokio::test]
+async fn a_roll_halted_past_its_deadline_is_a_warning_once() {
+    let (mut h, t) = pair();
+    h.reconcile(t).await.unwrap();
+    add_port(&mut h);
+    // b's new client never rolls out: a's waits, the roll is halted.
+    for _ in 0..3 {
+        pass(&h).await;
+    }
+    let halted = |h: &super::tests::Harness| h.api.event_reasons().iter().filter(|r| *r == "ClientRollHalted").count();
+    assert_eq!(halted(&h), 0, "not before the deadline");
+    let uid = h.current().metadata.uid.unwrap();
+    h.ctx.halted_rolls.backdate(&uid, Duration::from_secs(600));
+    pass(&h).await;
+    assert_eq!(halted(&h), 1, "{:?}", h.api.event_reasons());
+    pass(&h).await;
+    assert_eq!(halted(&h), 1, "once per halt, not once a pass");
+}
