@@ -22,9 +22,10 @@
 //!    kubelet would). Target: ≤ 10 s. A new address or a new host is an error.
 //!
 //! 4. **`--failover`**: a highly available Tunnel on the test node (client Pods of skyport's image)
-//!    while its active exit server is killed, its active client Pod goes for good, and both
-//!    clients roll for a config change: when the address moved, the longest gap between answered
-//!    requests (one every 100 ms), the requests failed (`tunnel/failover.rs`). Then the same
+//!    while its active exit server is killed, its active exit server hangs (SIGSTOP), its active
+//!    client Pod goes for good, and both clients roll for a config change: when the address
+//!    moved, the longest gap between answered requests (one every 100 ms), the requests failed
+//!    (`tunnel/failover.rs`; `--hung` runs only the hung server, and not the EC2 arm). Then the same
 //!    Tunnel on EC2 semantics against LocalStack, through the operator: from the active instance's
 //!    termination, and from its check starting to fail, to the Elastic IP on the other instance
 //!    (`tunnel/failover_ec2.rs`; no bytes flow there). `--ec2` runs only that arm. 3 runs, 1 with
@@ -59,6 +60,7 @@
 //! cargo bench --bench tunnel -- --guest     # as root, with SKYPORT_GUEST_ROOTFS and SKYPORT_GUEST_EXE
 //! cargo bench --bench tunnel -- --failover  # with the node, SKYPORT_IMAGE and SKYPORT_ECHO_IMAGE as tests/run.sh sets them
 //! cargo bench --bench tunnel -- --failover --ec2  # the EC2 arm alone (LocalStack, no node)
+//! cargo bench --bench tunnel -- --failover --hung  # the hung exit server alone (the node)
 //! cargo bench --bench tunnel -- --guest --failover  # as root, as --guest
 //! cargo bench --bench tunnel -- --proxy     # with and without the PROXY protocol header
 //! ```
@@ -400,8 +402,12 @@ fn main() -> anyhow::Result<()> {
         let runs = if quick { 1 } else { 3 };
         let ec2_only = args.iter().any(|a| a == "--ec2");
         return tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async {
+            let hung_only = args.iter().any(|a| a == "--hung");
             if !ec2_only {
-                failover::run(runs).await?;
+                failover::run(runs, hung_only).await?;
+            }
+            if hung_only {
+                return Ok(());
             }
             failover_ec2::run(runs).await
         });

@@ -1,8 +1,8 @@
 //! Highly available Tunnels (`skyport.dev/high-availability: "true"`) on the test node, with the
 //! local provider: two real exit servers with a client Pod each, the active one killed (or its
 //! client Pod kept from running by the namespace's Pod quota) while a client sends a request
-//! every 100 ms to the Service's address. benches/tunnel.rs `--failover` measures the same. And
-//! mode `BothAddresses`: both servers' own addresses on the Service, a dead one dropped.
+//! every 100 ms to the Service's address, or hung (SIGSTOP). benches/tunnel.rs `--failover`
+//! measures the same. And mode `BothAddresses`: both servers' own addresses on the Service, a dead one dropped.
 
 use crate::common;
 use crate::common::tunnels;
@@ -88,6 +88,44 @@ async fn a_client_that_stays_down_hands_the_address_to_the_standby_after_the_hys
     let t = pair.tunnels.get("web-tunnel").await.unwrap();
     assert_eq!(ha(&t).active, ha(&moved).active, "no move back to a recovered server");
     assert_eq!(ha(&t).failovers, Some(1));
+    finish_tunnels(pair.op, pair.ns).await;
+}
+
+/// Lets exit server `.1` go on (SIGCONT) when dropped, even when the test fails: a stopped
+/// process would hold its listeners until the end of the test run.
+struct Hung<'a>(&'a tunnels::TunnelOperator, String);
+
+impl Drop for Hung<'_> {
+    fn drop(&mut self) {
+        tunnels::signal_exit_server(self.0, &self.1, "CONT");
+    }
+}
+
+/// How many of `n` requests in a row through `ip` were answered (each a fresh connection).
+async fn answered_in_a_row(ip: &str, n: usize) -> usize {
+    let mut answered = 0;
+    for _ in 0..n {
+        let answer = tokio::time::timeout(Duration::from_secs(5), crate::common::kubelet::tcp_echo(ip, PORT, b"ping"));
+        answered += usize::from(matches!(answer.await, Ok(Some((_, echoed))) if echoed == b"ping"));
+    }
+    answered
+}
+
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn a_hung_active_exit_server_hands_the_address_to_the_standby_after_the_hysteresis() {
+    let Some(pair) = Pair::start("tun-ha-hung").await else { return };
+    let hung = Hung(&pair.op, pair.active.clone());
+    let (moved, _) = failover(&pair, "the active exit server hung (SIGSTOP)", async |p| {
+        tunnels::signal_exit_server(&p.op, &p.active, "STOP")
+    })
+    .await;
+    let last = ha(&moved).last_failover.unwrap();
+    // Its process runs (the provider says so): only the checks, timing out, find it.
+    assert!(last.reason.contains("health checks in a row") && last.reason.contains("did not answer"), "{last:?}");
+    // Still hung: every new connection to the address reaches the new holder, none the hung one.
+    assert_eq!(answered_in_a_row(&pair.ip, 20).await, 20, "requests to the address while the old holder hangs");
+    drop(hung);
     finish_tunnels(pair.op, pair.ns).await;
 }
 

@@ -3,6 +3,9 @@
 //! kube-proxy; tests/node/pair.rs). A request (a fresh TCP connection, 4 bytes echoed, 1 s
 //! allowed) goes to the reserved address every 100 ms while one of these happens:
 //! - **exit server killed**: the active exit server's process gets SIGKILL;
+//! - **exit server hung**: the active exit server's process gets SIGSTOP (SIGCONT once measured):
+//!   it keeps its sockets and the provider reports it running, so only its checks, timing out,
+//!   find it;
 //! - **client Pod gone**: the active server's client Pod is deleted and kept from starting again
 //!   (the namespace's Pod quota), as when its node dies;
 //! - **planned roll**: a port added to the Service, so both clients roll for the new config.
@@ -20,7 +23,12 @@ use super::median;
 use crate::common::tunnels;
 use crate::node::pair::Pair;
 
-const FAULTS: [&str; 3] = ["exit server killed", "client Pod gone", "planned roll of both clients"];
+const FAULTS: [&str; 4] =
+    ["exit server killed", "exit server hung (SIGSTOP)", "client Pod gone", "planned roll of both clients"];
+/// The hung server's fault.
+const HUNG: usize = 1;
+/// The planned one: no failed request is the target.
+const PLANNED: usize = 3;
 /// About ten minutes: the traffic loss users report for the tailscale operator's HA proxies.
 const PEER_GAP: f64 = 600.0;
 
@@ -40,12 +48,16 @@ async fn once(fault: usize) -> anyhow::Result<Sample> {
         .measure(
             async |p| match fault {
                 0 => tunnels::kill_exit_server(&p.op, &p.active),
-                1 => p.stop_client(p.active_slot().await).await,
+                HUNG => tunnels::signal_exit_server(&p.op, &p.active, "STOP"),
+                2 => p.stop_client(p.active_slot().await).await,
                 _ => p.add_port().await,
             },
-            fault == 2,
+            fault == PLANNED,
         )
         .await;
+    if fault == HUNG {
+        tunnels::signal_exit_server(&pair.op, &pair.active, "CONT");
+    }
     // The node stays this benchmark's until the pair is gone (its guard drops with it).
     let Pair { ns, op, .. } = pair;
     tunnels::finish_tunnels(op, ns).await;
@@ -53,10 +65,11 @@ async fn once(fault: usize) -> anyhow::Result<Sample> {
     Ok(Sample { moved, gap, failed: m.sent - m.answered, sent: m.sent })
 }
 
-pub async fn run(runs: usize) -> anyhow::Result<()> {
+/// `hung_only`: the hung exit server alone.
+pub async fn run(runs: usize, hung_only: bool) -> anyhow::Result<()> {
     let mut samples: Vec<Vec<Sample>> = (0..FAULTS.len()).map(|_| Vec::new()).collect();
     for run in 0..runs {
-        for (fault, name) in FAULTS.iter().enumerate() {
+        for (fault, name) in FAULTS.iter().enumerate().filter(|(fault, _)| !hung_only || *fault == HUNG) {
             let sample = once(fault).await?;
             println!(
                 "run {}: {name}: address moved after {:.2} s; longest gap {:.2} s; {} of {} requests failed",
@@ -74,13 +87,16 @@ pub async fn run(runs: usize) -> anyhow::Result<()> {
         "| Fault | Address moved after | Longest gap without an answer | Requests failed | Gap / the peer's ~600 s |"
     );
     println!("|---|---|---|---|---|");
-    for (fault, name) in FAULTS.iter().enumerate() {
+    for (fault, name) in FAULTS.iter().enumerate().filter(|(fault, _)| !samples[*fault].is_empty()) {
         let list = &samples[fault];
         let moved = median(&mut list.iter().map(|s| s.moved).collect::<Vec<_>>());
         let gap = median(&mut list.iter().map(|s| s.gap).collect::<Vec<_>>());
         let failed: Vec<String> = list.iter().map(|s| format!("{} of {}", s.failed, s.sent)).collect();
-        let ratio =
-            if fault == 2 { "(planned: target 0 failed)".to_string() } else { format!("{:.4} ×", gap / PEER_GAP) };
+        let ratio = if fault == PLANNED {
+            "(planned: target 0 failed)".to_string()
+        } else {
+            format!("{:.4} ×", gap / PEER_GAP)
+        };
         println!("| {name} | {moved:.2} s | {gap:.2} s | {} | {ratio} |", failed.join(", "));
     }
     Ok(())

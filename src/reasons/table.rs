@@ -136,6 +136,9 @@ super::reasons! {
     Handover: [Tunnel] Normal,
         "a highly available Tunnel's clients are rolled one at a time",
         "nothing";
+    ClientRollHalted: [Tunnel] Warning,
+        "a highly available Tunnel's client roll has waited 10 minutes for one server's new client to roll out or pass its check (an image that cannot be pulled, a config its server refuses)",
+        "fix what the message says the new client waits for (its Deployment's Pods and Events); the other server keeps serving with its previous client meanwhile";
     AddressWithdrawn: [Tunnel] Warning,
         "an exit server's address left the Service (its check failed, or its client restarts)",
         "nothing while the other server serves; the message says why";

@@ -8,8 +8,9 @@
 //! The listeners set `SO_REUSEPORT`, so during a move both servers hold the address for a moment:
 //! the provider names the address in the new holder's forward file, waits until the server
 //! acknowledges (the `.bound` file next to it repeats the request, generation included, once
-//! every port is bound), and only then empties the old holder's, whose listeners close. No
-//! connection attempt finds nobody listening; with `net.ipv4.tcp_migrate_req=1` the kernel hands
+//! every port is bound), and only then empties the old holder's, whose listeners close. New
+//! connections go to the new holder from the moment it binds, even while an old holder that hangs
+//! keeps its listeners ([`to_the_newer`]). No connection attempt finds nobody listening; with `net.ipv4.tcp_migrate_req=1` the kernel hands
 //! connections still queued on a closing listener to the new holder's instead of resetting them.
 //! Established connections carry on where they were, as a cloud's connection tracking keeps them.
 
@@ -157,21 +158,47 @@ fn acknowledge(forward_file: &Path, request: Forward) -> std::io::Result<()> {
     std::fs::rename(tmp, bound)
 }
 
-/// Binds `relay`'s listener (with `SO_REUSEPORT`) and relays from it until aborted.
+/// Binds `relay`'s listener ([`bind`]) and relays from it until aborted.
 fn start(relay: Relay) -> std::io::Result<JoinHandle<()>> {
+    let socket = bind(&relay)?;
+    if relay.udp {
+        let socket = UdpSocket::from_std(socket.into())?;
+        return Ok(tokio::spawn(udp(Arc::new(socket), relay.target)));
+    }
+    let listener = TcpListener::from_std(socket.into())?;
+    Ok(tokio::spawn(super::proxy::serve(listener, relay.target, relay.proxy)))
+}
+
+/// `relay`'s socket on the reserved address, non-blocking, with `SO_REUSEPORT` (listening, for
+/// TCP), and the newer of two servers on it taking what arrives ([`to_the_newer`]).
+fn bind(relay: &Relay) -> std::io::Result<socket2::Socket> {
     let kind = if relay.udp { socket2::Type::DGRAM } else { socket2::Type::STREAM };
     let socket = socket2::Socket::new(socket2::Domain::IPV4, kind, None)?;
     socket.set_reuse_address(true)?;
     socket.set_reuse_port(true)?;
     socket.set_nonblocking(true)?;
     socket.bind(&relay.listen.into())?;
-    if relay.udp {
-        let socket = UdpSocket::from_std(socket.into())?;
-        return Ok(tokio::spawn(udp(Arc::new(socket), relay.target)));
+    if !relay.udp {
+        socket.listen(1024)?;
     }
-    socket.listen(1024)?;
-    let listener = TcpListener::from_std(socket.into())?;
-    Ok(tokio::spawn(super::proxy::serve(listener, relay.target, relay.proxy)))
+    to_the_newer(&socket)?;
+    Ok(socket)
+}
+
+/// Sends every new connection (or datagram) on the address to the second socket of its
+/// `SO_REUSEPORT` group, a classic BPF program returning 1. During a move the group holds the
+/// old holder's socket and then the new holder's, in that order (the kernel appends a socket,
+/// and moves the last into a closed one's place), so the new holder takes everything from the
+/// moment it binds, as a cloud sends new connections to the VM it moved the address to; without
+/// it the kernel spreads them by hash, and an old holder that hangs, never closing its
+/// listeners, would keep about half. With one socket the index is out of range and the kernel
+/// falls back to its hash, that is to the only one.
+fn to_the_newer(socket: &socket2::Socket) -> std::io::Result<()> {
+    use nix::libc::{BPF_K, BPF_RET, sock_filter, sock_fprog};
+    let mut program = [sock_filter { code: (BPF_RET | BPF_K) as u16, jt: 0, jf: 0, k: 1 }];
+    let program = sock_fprog { len: 1, filter: program.as_mut_ptr() };
+    nix::sys::socket::setsockopt(socket, nix::sys::socket::sockopt::AttachReusePortCbpf, &program)?;
+    Ok(())
 }
 
 /// One relay socket per peer, connected to `target`; its replies go back from the reserved
@@ -266,6 +293,35 @@ mod tests {
                 Relay { udp: false, listen: listen(8080), target: "10.204.0.5:8080".parse().unwrap(), proxy: None },
             ]
         );
+    }
+
+    /// How many connections `listener` has queued (it is non-blocking).
+    fn queued(listener: &socket2::Socket) -> usize {
+        std::iter::from_fn(|| listener.accept().ok()).count()
+    }
+
+    #[test]
+    fn while_two_servers_hold_the_address_every_new_connection_goes_to_the_newer() {
+        // The holder the address moves off, hung: it never closes its listener nor accepts.
+        let relay = |port| Relay {
+            udp: false,
+            listen: SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port),
+            target: "127.0.0.1:9".parse().unwrap(),
+            proxy: None,
+        };
+        let old = bind(&relay(0)).unwrap();
+        let port = old.local_addr().unwrap().as_socket().unwrap().port();
+        let new = bind(&relay(port)).unwrap();
+        let connections: Vec<_> =
+            (0..20).map(|_| std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).unwrap()).collect();
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!((queued(&old), queued(&new)), (0, 20), "the new holder's listener takes them all");
+        // The old one gone, the new one takes them as the only one.
+        drop((old, connections));
+        let _more: Vec<_> =
+            (0..5).map(|_| std::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).unwrap()).collect();
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(queued(&new), 5);
     }
 
     #[test]

@@ -346,8 +346,15 @@ pub async fn gone(tunnels: &Api<Tunnel>, name: &str) {
 
 /// Kills the local exit server `id`'s process behind skyport's back, as a cloud VM would die.
 pub fn kill_exit_server(op: &TunnelOperator, id: &str) {
+    signal_exit_server(op, id, "KILL");
+}
+
+/// Sends `signal` (`kill -s` spelling) to the local exit server `id`'s process: `STOP` hangs it
+/// as a stalled VM hangs (its sockets stay open and the kernel completes handshakes on them, but
+/// nothing answers), `CONT` lets it go on.
+pub fn signal_exit_server(op: &TunnelOperator, id: &str, signal: &str) {
     let pid = std::fs::read_to_string(op.local.host_dir(id).join("pid")).unwrap().trim().to_string();
-    assert!(std::process::Command::new("kill").args(["-9", &pid]).status().unwrap().success());
+    assert!(std::process::Command::new("kill").args(["-s", signal, &pid]).status().unwrap().success());
 }
 
 /// Waits until the Tunnel `name` is Active on an exit server other than `old_host`.

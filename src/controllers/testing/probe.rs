@@ -1,6 +1,7 @@
 //! A tunnel health check that answers as told, recording what it was asked.
 
 use std::sync::Mutex;
+use std::time::Duration;
 
 use crate::controllers::tunnel::observe::Probe;
 
@@ -9,6 +10,8 @@ pub struct FakeProbe {
     answered: Mutex<bool>,
     reachable: Mutex<bool>,
     checked: Mutex<Vec<String>>,
+    /// The timeout of every check, in order.
+    timeouts: Mutex<Vec<Duration>>,
     /// Addresses whose checks fail whatever the answer.
     refused: Mutex<std::collections::BTreeSet<String>>,
 }
@@ -20,6 +23,7 @@ impl FakeProbe {
             answered: Mutex::new(answered),
             reachable: Mutex::new(true),
             checked: Mutex::default(),
+            timeouts: Mutex::default(),
             refused: Mutex::default(),
         }
     }
@@ -47,13 +51,19 @@ impl FakeProbe {
     pub fn checked(&self) -> Vec<String> {
         self.checked.lock().unwrap().clone()
     }
+
+    /// The timeout each check was given, in order.
+    pub fn timeouts(&self) -> Vec<Duration> {
+        self.timeouts.lock().unwrap().clone()
+    }
 }
 
 #[async_trait::async_trait]
 impl Probe for FakeProbe {
-    async fn check(&self, host_ip: &str, port: u16, token: &str) -> Result<(), String> {
+    async fn check(&self, host_ip: &str, port: u16, token: &str, timeout: Duration) -> Result<(), String> {
         assert!(!token.is_empty(), "the probe is given the tunnel's token");
         self.checked.lock().unwrap().push(format!("{host_ip}:{port}"));
+        self.timeouts.lock().unwrap().push(timeout);
         if *self.answered.lock().unwrap() && !self.refused.lock().unwrap().contains(host_ip) {
             Ok(())
         } else {

@@ -74,6 +74,40 @@ impl HealthTracker {
     }
 }
 
+/// Per Tunnel uid: since when its pair's client roll has been halted (a new client that does not
+/// roll out or pass keeps the other slot's client on its previous version), and whether that was
+/// warned of. In memory: a restarted operator waits the deadline anew.
+#[derive(Default)]
+pub struct HaltedRolls(Mutex<HashMap<String, (Instant, bool)>>);
+
+impl HaltedRolls {
+    fn rolls(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Instant, bool)>> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records whether `uid`'s roll is halted this pass. True once per halt: at the first pass
+    /// after it has been halted for `deadline`, for one Warning rather than one a pass.
+    pub fn overdue(&self, uid: &str, halted: bool, deadline: Duration) -> bool {
+        let mut rolls = self.rolls();
+        if !halted {
+            rolls.remove(uid);
+            return false;
+        }
+        let (since, warned) = rolls.entry(uid.to_string()).or_insert_with(|| (Instant::now(), false));
+        let due = !*warned && since.elapsed() >= deadline;
+        *warned |= due;
+        due
+    }
+
+    /// Moves the start of `uid`'s halt back by `by`.
+    #[cfg(test)]
+    pub fn backdate(&self, uid: &str, by: Duration) {
+        let mut rolls = self.rolls();
+        let (since, _) = rolls.entry(uid.to_string()).or_insert_with(|| (Instant::now(), false));
+        *since = since.checked_sub(by).expect("the machine has been up longer than the backdate");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,5 +142,18 @@ mod tests {
         t.forget("h-1");
         assert_eq!(t.kept("h-1", MINUTE), None);
         assert_eq!(t.record("h-1", false).failures, 1, "a forgotten host starts anew");
+    }
+
+    #[test]
+    fn a_halted_roll_is_overdue_once_past_its_deadline_and_anew_after_it_moved_on() {
+        let rolls = HaltedRolls::default();
+        assert!(!rolls.overdue("t-1", true, MINUTE), "halted just now");
+        rolls.backdate("t-1", MINUTE);
+        assert!(rolls.overdue("t-1", true, MINUTE), "halted for the deadline");
+        assert!(!rolls.overdue("t-1", true, MINUTE), "said once per halt");
+        assert!(!rolls.overdue("t-2", true, MINUTE), "each Tunnel its own");
+        assert!(!rolls.overdue("t-1", false, MINUTE), "the roll moved on");
+        rolls.backdate("t-1", MINUTE);
+        assert!(rolls.overdue("t-1", true, MINUTE), "a new halt, a new Warning");
     }
 }

@@ -101,6 +101,8 @@ pub struct State {
     pub unserved: observe::Unserved,
     /// Highly available Tunnels' provider reads, kept while their pairs are quiet.
     pub pair_views: observe::PairViews,
+    /// Since when each highly available Tunnel's client roll has been halted.
+    pub halted_rolls: health::HaltedRolls,
     /// The end-to-end health check ([`observe::NetworkProbe`]; a fake in reconcile tests, a
     /// stand-in for the exit servers LocalStack's instances cannot run in integration tests).
     pub probe: Arc<dyn observe::Probe>,
@@ -166,6 +168,7 @@ pub fn controller(
         failovers: Default::default(),
         unserved: Default::default(),
         pair_views: Default::default(),
+        halted_rolls: Default::default(),
         probe,
     };
     let ctx = Arc::new(Context::new(client, backoff, state).with_acting(acting));

@@ -14,6 +14,7 @@ use tracing::info;
 
 use super::desired::{Credentials, KEY_PRIVATE, KEY_TOKEN};
 use super::placement::{KEY_CLIENT, Placement, SLOTS};
+use super::plan::failover::PROBE_TIMEOUT;
 use crate::controllers::MANAGED_BY;
 use crate::controllers::owned::{self, Guarded};
 use crate::crd::tunnel::{Tunnel, TunnelStatus};
@@ -298,16 +299,13 @@ pub fn stale(secret: &Secret, tunnel_uid: &str) -> bool {
     ours && controller.is_some_and(|o| o.kind == "Tunnel" && o.uid != tunnel_uid)
 }
 
-/// How long one health check may take: a tunnel that answers slower is not fit to carry traffic.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
-
 /// The end-to-end health check of the tunnel through an exit server; a trait so reconcile tests
 /// can say "answered" or "not answered" without a tunnel.
 #[async_trait::async_trait]
 pub trait Probe: Send + Sync {
-    /// `Ok` only if this tunnel's client answered through `host_ip:port`. The error is a message
-    /// for status and Events: it names the address, never the token.
-    async fn check(&self, host_ip: &str, port: u16, token: &str) -> std::result::Result<(), String>;
+    /// `Ok` only if this tunnel's client answered through `host_ip:port` within `timeout`. The
+    /// error is a message for status and Events: it names the address, never the token.
+    async fn check(&self, host_ip: &str, port: u16, token: &str, timeout: Duration) -> std::result::Result<(), String>;
 
     /// Whether `host_ip:port` accepts a TCP connection: asked of the exit server's control port,
     /// which it binds whether or not a client is connected, to tell a server that is down or
@@ -327,10 +325,10 @@ pub struct NetworkProbe;
 
 #[async_trait::async_trait]
 impl Probe for NetworkProbe {
-    async fn check(&self, host_ip: &str, port: u16, token: &str) -> std::result::Result<(), String> {
+    async fn check(&self, host_ip: &str, port: u16, token: &str, timeout: Duration) -> std::result::Result<(), String> {
         let ip: std::net::IpAddr =
             host_ip.parse().map_err(|_| format!("the exit server's address {host_ip:?} is not an IP address"))?;
-        crate::tunnel::probe(std::net::SocketAddr::new(ip, port), token, PROBE_TIMEOUT).await.map_err(|e| e.to_string())
+        crate::tunnel::probe(std::net::SocketAddr::new(ip, port), token, timeout).await.map_err(|e| e.to_string())
     }
 
     async fn reachable(&self, host_ip: &str, port: u16) -> bool {

@@ -380,3 +380,12 @@ async fn when_both_servers_fail_the_one_without_the_address_is_replaced() {
     assert_eq!(ids.len(), 2, "slot b filled again: {ids:?}");
     assert_eq!(h.current().status.unwrap().hosts_created.len(), 3, "the new server is counted");
 }
+
+#[tokio::test]
+async fn a_pairs_checks_may_take_the_probe_interval_not_the_single_servers_timeout() {
+    let (h, t) = pair();
+    h.reconcile(t).await.unwrap();
+    let timeouts = h.probe.timeouts();
+    // The default interval, 1 s: a hung server fails its check at the next pass.
+    assert!(!timeouts.is_empty() && timeouts.iter().all(|t| *t == Duration::from_secs(1)), "{timeouts:?}");
+}

@@ -36,6 +36,7 @@ use providers::exit::userdata::{ExitServer, render_client_toml};
 
 use super::observe::SecretState;
 use super::placement::Placement;
+use super::plan::failover::PROBE_TIMEOUT;
 use super::plan::replace::Unhealthy;
 use super::plan::{self, Blocked, TrafficStep};
 use super::status::{self, Writer, describe};
@@ -296,7 +297,7 @@ impl<'a> Pass<'a> {
         client_available: bool,
     ) -> Result<Action> {
         let (tunnel, ctx, settings) = (self.tunnel, self.ctx, &self.ctx.settings);
-        let probed = ctx.probe.check(&ip, settings.health_port, &keys.credentials.token).await;
+        let probed = ctx.probe.check(&ip, settings.health_port, &keys.credentials.token, PROBE_TIMEOUT).await;
         let error = probed.as_ref().err().cloned().unwrap_or_default();
         let clock = host_id.clone().unwrap_or_else(|| ip.clone());
         let failing_for = ctx.health.record(&clock, probed.is_ok()).failing_for;

@@ -99,3 +99,44 @@ async fn a_new_client_that_never_rolls_out_halts_the_roll_and_buys_no_server() {
     assert_eq!(ha(&h).servers[1].kept_because, None);
     assert_eq!(h.ctx.failovers.load(Ordering::Relaxed), 0);
 }
+
+#[tokio::test]
+async fn a_push_that_fails_once_holds_up_neither_the_failover_nor_the_ports() {
+    let (mut h, t) = pair();
+    h.reconcile(t).await.unwrap();
+    let reserved = h.provider.addresses()[0].ip.clone();
+    h.probe.refuse(&reserved, true);
+    pass(&h).await;
+    pass(&h).await;
+    // The Service's ports change, and pushing them to the first server fails once (a 503): the
+    // pass goes on to the third failed check and moves the address.
+    add_port(&mut h);
+    let unavailable = providers::HostError::Unavailable { provider: "fake", message: "503".into() };
+    h.provider.fail_next("reconfigure", unavailable);
+    pass(&h).await;
+    assert_eq!(ha(&h).active.as_deref(), Some("h-2"), "the failover was not held up by the push");
+    assert_eq!(h.current().status.unwrap().ports.len(), 1, "not recorded before every server took them");
+    // The next pass pushes again, and both servers take the new ports.
+    h.probe.refuse(&reserved, false);
+    pass(&h).await;
+    assert_eq!(h.current().status.unwrap().ports.len(), 2);
+}
+
+#[tokio::test]
+async fn a_roll_halted_past_its_deadline_is_a_warning_once() {
+    let (mut h, t) = pair();
+    h.reconcile(t).await.unwrap();
+    add_port(&mut h);
+    // b's new client never rolls out: a's waits, the roll is halted.
+    for _ in 0..3 {
+        pass(&h).await;
+    }
+    let halted = |h: &super::tests::Harness| h.api.event_reasons().iter().filter(|r| *r == "ClientRollHalted").count();
+    assert_eq!(halted(&h), 0, "not before the deadline");
+    let uid = h.current().metadata.uid.unwrap();
+    h.ctx.halted_rolls.backdate(&uid, Duration::from_secs(600));
+    pass(&h).await;
+    assert_eq!(halted(&h), 1, "{:?}", h.api.event_reasons());
+    pass(&h).await;
+    assert_eq!(halted(&h), 1, "once per halt, not once a pass");
+}

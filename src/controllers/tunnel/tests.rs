@@ -70,6 +70,7 @@ fn harness_set(
         failovers: Default::default(),
         unserved: Default::default(),
         pair_views: Default::default(),
+        halted_rolls: Default::default(),
         probe: probe.clone(),
     };
     let backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));

@@ -15,10 +15,11 @@ use std::time::Duration;
 
 use kube::runtime::controller::Action;
 use providers::{Address, AddressBinding, Host, HostState};
+use tracing::warn;
 
 use super::super::placement::SLOTS;
 use super::super::plan::Blocked;
-use super::super::plan::failover::{FailoverStep, Hysteresis, Server, failover_step};
+use super::super::plan::failover::{FailoverStep, Hysteresis, Server, failover_step, probe_timeout};
 use super::super::status::not_ready;
 use super::super::{act, desired, observe};
 use super::{Desired, Failure, Keys, Pass};
@@ -301,21 +302,35 @@ impl Pass<'_> {
         for slot in slots.iter_mut() {
             let Some(id) = slot.running_ip().and(slot.id()).map(str::to_string) else { continue };
             let push = (id.as_str(), &keys.server, want.ports.as_slice());
-            if !act::host::reconfigure(self.tunnel, want.provider.as_ref(), push, None, self.ctx).await? {
-                slot.host = None;
-                all = false;
+            match act::host::reconfigure(self.tunnel, want.provider.as_ref(), push, None, self.ctx).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    slot.host = None;
+                    all = false;
+                }
+                // A push that fails for now must not end the pass before the checks and the
+                // failover, which do not depend on it: the ports are recorded only once every
+                // server took them, so the next pass (one probe interval on) pushes again.
+                Err(e) if !e.is_permanent() => {
+                    warn!(host = %id, error = %e, "pushing the Service's ports failed; pushing again next pass");
+                    all = false;
+                }
+                Err(e) => return Err(e),
             }
         }
         Ok(all)
     }
 
-    /// Checks every running host end to end ([`Slot::check_ip`]), both at once.
+    /// Checks every running host end to end ([`Slot::check_ip`]), both at once, each within
+    /// [`probe_timeout`]: a hung server fails its check at the next interval, not after the single
+    /// server's 3 s.
     async fn check_pair(&self, keys: &Keys, slots: &mut [Slot], beside: bool) {
         let (ctx, token) = (self.ctx, keys.credentials.token.as_str());
+        let timeout = probe_timeout(ctx.settings.failover_probe_interval);
         let checks = slots.iter().map(|s| async move {
             match (s.check_ip(beside), s.id()) {
                 (Some(ip), Some(id)) => {
-                    let result = ctx.probe.check(ip, ctx.settings.health_port, token).await;
+                    let result = ctx.probe.check(ip, ctx.settings.health_port, token, timeout).await;
                     let error = result.as_ref().err().cloned().unwrap_or_default();
                     Some((ctx.health.record(id, result.is_ok()), error))
                 }

@@ -47,6 +47,29 @@ pub struct Hysteresis {
     pub after: Duration,
 }
 
+/// How long one check of a pair's server may take, from `--tunnel-failover-probe-interval`:
+/// the interval itself, at least [`MIN_PROBE_TIMEOUT`] and at most [`PROBE_TIMEOUT`]. A hung
+/// server (it accepts connections and never answers) fails each check only at this timeout, and
+/// a pass waits for it, so the hysteresis takes `failures × (interval + timeout)`: with the
+/// single server's 3 s, about 12 s at the defaults, with the interval's 1 s about 6 s. A server
+/// that is slow but alive does not flap for it: one late answer is a blip the hysteresis absorbs;
+/// the address moves only to a server that answered within the same timeout in the same pass (a
+/// slow path from the operator, a loaded node, fails both, and nothing moves); and it never moves
+/// back while its holder passes. A server slower than the interval at every check, beside one that
+/// answers in time, does lose the address.
+pub fn probe_timeout(interval: Duration) -> Duration {
+    interval.clamp(MIN_PROBE_TIMEOUT, PROBE_TIMEOUT)
+}
+
+/// How long a single server's check may take (a tunnel that answers slower is not fit to carry
+/// traffic; nothing to move to, a failing check only withdraws or replaces), and the most a
+/// pair's may take.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The least a pair's check may take: a healthy answer takes milliseconds, and a second leaves
+/// room for a loaded node's scheduling stall even at a fast interval.
+pub const MIN_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// What to do with the address.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FailoverStep {
@@ -228,6 +251,40 @@ mod tests {
     fn failing(id: &str, failures: u32, secs: u64) -> Server<'_> {
         let health = Health { failures, failing_for: Duration::from_secs(secs) };
         Server { id, health, error: "connection refused", replace_after: REPLACE_AFTER }
+    }
+
+    /// When the address leaves a hung holder (its every check takes the whole timeout and
+    /// fails) for a passing standby, counted from the last check the holder passed, in the
+    /// worst case: each pass waits the whole interval after the one before.
+    fn hung_holder_moves_after(interval: Duration, timeout: Duration, h: &Hysteresis) -> Duration {
+        let (mut now, mut first) = (Duration::ZERO, None);
+        for failures in 1.. {
+            now += interval + timeout;
+            let failing_for = now - *first.get_or_insert(now);
+            let hung = Server { health: Health { failures, failing_for }, error: "timed out", ..ok("a") };
+            if let FailoverStep::Move { .. } = failover_step(&[hung, ok("b")], Some("a"), h) {
+                return now;
+            }
+        }
+        unreachable!("a hysteresis is reached")
+    }
+
+    #[test]
+    fn a_hung_holder_loses_the_address_within_8_s_at_the_defaults() {
+        let d = crate::config::TunnelArgs::default();
+        let h = Hysteresis { failures: d.failover_failures, after: d.failover_after };
+        let interval = d.failover_probe_interval;
+        let moved = hung_holder_moves_after(interval, probe_timeout(interval), &h);
+        // The move itself (one provider call) and the clients' reconnect fit in the rest of 10 s.
+        assert!(moved <= Duration::from_secs(8), "a hung holder loses the address only after {moved:?}");
+    }
+
+    #[test]
+    fn a_pair_check_may_take_its_interval_within_bounds() {
+        assert_eq!(probe_timeout(Duration::from_secs(1)), Duration::from_secs(1));
+        assert_eq!(probe_timeout(Duration::from_millis(1500)), Duration::from_millis(1500));
+        assert_eq!(probe_timeout(Duration::from_millis(100)), MIN_PROBE_TIMEOUT, "a fast interval, a usable check");
+        assert_eq!(probe_timeout(Duration::from_secs(10)), PROBE_TIMEOUT, "a slow interval, the single server's");
     }
 
     #[test]

@@ -20,6 +20,10 @@ use crate::reasons::Reason;
 /// roll could interrupt.
 const ROLL_PATIENCE: Duration = Duration::from_secs(60);
 
+/// How long a halted roll waits before a Warning says so: a Deployment's default progress
+/// deadline, by which a new client that could roll out has.
+const ROLL_DEADLINE: Duration = Duration::from_secs(600);
+
 /// What a pass did with the clients.
 pub(super) struct Clients {
     /// The slots whose running client was restarted.
@@ -95,6 +99,13 @@ impl Pass<'_> {
             }
         }
         let waiting = waiting(&clients, &step, passing, slots);
+        if ctx.halted_rolls.overdue(&want.uid, waiting.is_some(), ROLL_DEADLINE)
+            && let Some(why) = &waiting
+        {
+            let deadline = humantime::format_duration(ROLL_DEADLINE);
+            let note = format!("the client roll has been halted for {deadline}: {why}");
+            ctx.publish(tunnel, Reason::ClientRollHalted, note).await;
+        }
         let restarted = step.apply.into_iter().filter(|&i| clients[i] == Some(Client::Stale)).collect();
         Ok(Clients { restarted, waiting })
     }
