@@ -29,7 +29,7 @@ usage: cargo bench --bench replicas -- [--quick] [options]
   recreated, p50/p99), takeover after one replica is killed (-9), steals and double writes
   (must be 0: the run fails otherwise).
   --quick               500 Queues, 4 accounts, 2 replicas (one killed), --drift-k 4, --steady 20s:
-                        the CI shape (tests/run.sh); 2,000 took over 10 min on 2 loaded cores
+                        the CI shape (tests/run.sh; 2,000 does not fit its time on 2 loaded cores)
   --queues N            Queues in each arm (default 100000)
   --accounts A          AwsAccounts they are spread over, one shard each (default 10)
   --replicas R          replicas of the second arm (default 3; 1 runs the single arm only)
