@@ -37,6 +37,10 @@ usage: cargo bench --bench replicas -- [--quick] [options]
   --steady DURATION     window counting steady-state SQS calls (default 120s)
   --skyport-arg ARG     passed to every `skyport run` (repeatable), e.g. --skyport-arg=--sqs-rate=100";
 
+fn count(flag: &str, v: &str) -> anyhow::Result<usize> {
+    v.replace(',', "").parse().map_err(|_| anyhow!("{flag} takes a whole number, not {v:?}"))
+}
+
 pub(crate) fn parse_args(args: &[String]) -> anyhow::Result<Opts> {
     let quick = args.iter().any(|a| a == "--quick");
     let mut o = Opts {
@@ -61,10 +65,10 @@ pub(crate) fn parse_args(args: &[String]) -> anyhow::Result<Opts> {
                 println!("{USAGE}");
                 std::process::exit(0);
             }
-            "--queues" => o.queues = value()?.parse()?,
-            "--accounts" => o.accounts = value()?.parse()?,
-            "--replicas" => o.replicas = value()?.parse()?,
-            "--drift-k" => o.drift_k = value()?.parse()?,
+            "--queues" => o.queues = count(flag, &value()?)?,
+            "--accounts" => o.accounts = count(flag, &value()?)?,
+            "--replicas" => o.replicas = count(flag, &value()?)?,
+            "--drift-k" => o.drift_k = count(flag, &value()?)?,
             "--steady" => o.steady = humantime::parse_duration(&value()?)?,
             "--skyport-arg" => o.skyport_args.push(value()?),
             other => bail!("unknown argument {other:?}\n{USAGE}"),
