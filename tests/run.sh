@@ -109,4 +109,8 @@ if [[ $# == 0 ]]; then
   cargo bench --profile dev --bench ack -- --quick
   # The same behind the proxy that enforces SQS's tagging quota, as AWS does and LocalStack not.
   cargo bench --profile dev --bench ack -- --quick --sqs-quota
+  # Several active replicas against one (500 Queues over 4 accounts, 2 replicas, one killed;
+  # 7.5 min on two loaded cores, 60 s per arm of it SQS's recreate rule): steals or double
+  # writes fail it.
+  cargo bench --profile dev --bench replicas -- --quick
 fi

@@ -9,14 +9,13 @@
 use crate::common;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::process::{Lines, spawn_operator};
+use common::shards::{self, holders, watch_holders};
 use common::*;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use skyport::crd::{AwsAccount, ConditionStatus, Queue};
 use tokio::process::Child;
@@ -29,6 +28,8 @@ const ACCOUNTS: [(&str, &str); 3] = [
     ("gamma", "arn:aws:iam::000000000033:role/shards"),
 ];
 const PER_SHARD: usize = 4;
+/// `--lease-name`: the group of the shard Leases.
+const GROUP: &str = "shards";
 
 /// One `skyport run --sharding` process.
 struct Replica {
@@ -66,7 +67,7 @@ impl Replica {
             "--lease-namespace",
             ns,
             "--lease-name",
-            "shards",
+            GROUP,
             &duration,
             "--queue-resync",
             "2s",
@@ -78,12 +79,8 @@ impl Replica {
         let lines = Lines::default();
         let child = spawn_operator(&args, &[("RUST_LOG", "info")], &lines);
         let mut replica = Replica { child, lines, identity: String::new() };
-        replica.identity = eventually("the replica's identity", TIMEOUT, || async {
-            replica.logs().iter().find_map(|l| {
-                (l["message"] == "sharding: holding shard Leases").then(|| l["identity"].as_str().unwrap().to_string())
-            })
-        })
-        .await;
+        replica.identity =
+            eventually("the replica's identity", TIMEOUT, || async { shards::identity(&replica.logs()) }).await;
         replica
     }
 
@@ -91,68 +88,6 @@ impl Replica {
         let lines = self.lines.lock().unwrap();
         lines.iter().filter_map(|l| serde_json::from_str(l).ok()).collect()
     }
-
-    /// SQS writes it logged: (time, Queue name, what).
-    fn writes(&self) -> Vec<(Timestamp, String, String)> {
-        let writes = ["created SQS queue", "updated SQS queue", "deleted SQS queue"];
-        self.logs()
-            .into_iter()
-            .filter(|l| l["message"].as_str().is_some_and(|m| writes.contains(&m)))
-            .map(|l| {
-                let at = l["timestamp"].as_str().unwrap().parse().unwrap();
-                (at, l["name"].as_str().unwrap().to_string(), l["message"].as_str().unwrap().to_string())
-            })
-            .collect()
-    }
-}
-
-/// Shard → live holder, as the shard Leases say at one moment.
-type Holders = BTreeMap<String, String>;
-/// Who held which shard, as polled over time.
-type History = Arc<Mutex<Vec<(Timestamp, Holders)>>>;
-
-async fn holders(leases: &Api<Lease>) -> Option<Holders> {
-    let selector = "skyport.dev/lease-group=shards,skyport.dev/lease-role=shard";
-    let listed = leases.list(&ListParams::default().labels(selector)).await.ok()?;
-    let now = Timestamp::now();
-    let live = |l: &Lease| {
-        let spec = l.spec.as_ref()?;
-        let renewed = spec.renew_time.as_ref()?.0;
-        let until = renewed
-            .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(spec.lease_duration_seconds?.into()))
-            .ok()?;
-        (now < until).then(|| spec.holder_identity.clone()).flatten()
-    };
-    Some(
-        listed
-            .items
-            .iter()
-            .filter_map(|l| Some((l.metadata.annotations.as_ref()?.get("skyport.dev/shard")?.clone(), live(l)?)))
-            .collect(),
-    )
-}
-
-/// Records the shard holders every 100 ms until dropped.
-fn watch_holders(leases: Api<Lease>) -> (History, tokio::task::JoinHandle<()>) {
-    let history: History = Arc::default();
-    let sink = history.clone();
-    let task = tokio::spawn(async move {
-        loop {
-            let before = Timestamp::now();
-            if let Some(h) = holders(&leases).await {
-                sink.lock().unwrap().push((before, h));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    });
-    (history, task)
-}
-
-/// Whether `who` held `shard` around `at`: per the last look before it or the first after it.
-fn held_at(history: &[(Timestamp, Holders)], shard: &str, who: &str, at: Timestamp) -> bool {
-    let before = history.iter().rev().find(|(t, _)| *t <= at);
-    let after = history.iter().find(|(t, _)| *t >= at);
-    [before, after].into_iter().flatten().any(|(_, h)| h.get(shard).map(String::as_str) == Some(who))
 }
 
 /// The shard of a Queue of this test, by its name's prefix.
@@ -174,7 +109,7 @@ async fn three_replicas_share_the_accounts_and_a_killed_ones_shards_move_without
         accounts.create(&PostParams::default(), &serde_json::from_value(account).unwrap()).await.unwrap();
     }
     let leases: Api<Lease> = ns.api();
-    let (history, poller) = watch_holders(leases.clone());
+    let (history, poller) = watch_holders(leases.clone(), GROUP);
     let mut replicas =
         vec![Replica::start(&ns.name).await, Replica::start(&ns.name).await, Replica::start(&ns.name).await];
 
@@ -197,7 +132,7 @@ async fn three_replicas_share_the_accounts_and_a_killed_ones_shards_move_without
     }
     // Each of the four shards held by one replica; three replicas: at most two each.
     let held = eventually("every shard held", TIMEOUT, || async {
-        let h = holders(&leases).await?;
+        let h = holders(&leases, GROUP).await?;
         (h.len() == prefixes.len()).then_some(h)
     })
     .await;
@@ -226,7 +161,7 @@ async fn three_replicas_share_the_accounts_and_a_killed_ones_shards_move_without
         names.push(name);
     }
     eventually("the killed replica's shards held by the others", TIMEOUT, || async {
-        let h = holders(&leases).await?;
+        let h = holders(&leases, GROUP).await?;
         lost.iter().all(|s| h.get(s).is_some_and(|who| replicas.iter().any(|r| r.identity == *who))).then_some(())
     })
     .await;
@@ -248,20 +183,11 @@ async fn three_replicas_share_the_accounts_and_a_killed_ones_shards_move_without
     // Steals: an SQS write by a replica that did not hold the Queue's shard then. Double writes:
     // a queue created, or updated for the one edit, more than once.
     let history = history.lock().unwrap().clone();
-    let mut all = vec![(dead.identity.clone(), dead.writes())];
-    all.extend(replicas.iter().map(|r| (r.identity.clone(), r.writes())));
-    let (mut steals, mut per_queue) = (Vec::new(), BTreeMap::<(String, String), usize>::new());
-    for (who, writes) in &all {
-        for (at, name, what) in writes {
-            let shard = shard_of(&ns.name, name);
-            if !held_at(&history, &shard, who, *at) {
-                steals.push(format!("{who} {what} {name} at {at}"));
-            }
-            *per_queue.entry((name.clone(), what.clone())).or_default() += 1;
-        }
-    }
-    let doubles: Vec<_> = per_queue.iter().filter(|(_, n)| **n > 1).collect();
-    let written: usize = all.iter().map(|(_, w)| w.len()).sum();
+    let mut all = vec![(dead.identity.clone(), shards::writes(&dead.logs()))];
+    all.extend(replicas.iter().map(|r| (r.identity.clone(), shards::writes(&r.logs()))));
+    let audit = shards::audit(&history, &all, |q| shard_of(&ns.name, q));
+    let (steals, per_queue, written) = (&audit.steals, &audit.per_queue, audit.written);
+    let doubles = audit.doubles(|_, _| 1);
     println!(
         "shards: {} Queues in {} shards over 3 replicas, one killed during churn; its {} shards moved in {takeover:?} \
          (lease {LEASE_DURATION:?}); {written} SQS writes, {} steals, {} double writes",
@@ -291,7 +217,7 @@ async fn three_replicas_share_the_accounts_and_a_killed_ones_shards_move_without
         let status = tokio::time::timeout(Duration::from_secs(20), r.child.wait()).await.expect("exit").unwrap();
         assert!(status.success(), "{status:?}");
     }
-    let left = holders(&leases).await.unwrap_or_default();
+    let left = holders(&leases, GROUP).await.unwrap_or_default();
     assert!(left.is_empty(), "a stopped replica releases its shards: {left:?}");
     ns.cleanup().await;
 }

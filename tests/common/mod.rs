@@ -31,6 +31,7 @@ pub mod private_env;
 pub mod process;
 pub mod proxy;
 pub mod requests;
+pub mod shards;
 pub mod sqs_faults;
 pub mod sts;
 pub mod tunnels;
