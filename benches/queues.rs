@@ -27,6 +27,7 @@
 //! environment would reconcile the benchmark's Queues too): use a dedicated environment
 //! (`SKYPORT_STATE=... tests/env.sh up`, see BENCHMARKS.md) for figures worth recording.
 
+#[macro_use]
 mod entry;
 #[path = "entry/minimal.rs"]
 mod minimal;
@@ -37,19 +38,7 @@ mod common;
 use std::sync::Mutex;
 use std::time::Instant;
 
-/// Progress on stderr (figures go to stdout), with the time since the start.
-macro_rules! progress {
-    ($($arg:tt)*) => {
-        eprintln!(
-            "[{:>7.1}s] {}",
-            $crate::START.get_or_init(std::time::Instant::now).elapsed().as_secs_f64(),
-            format!($($arg)*)
-        )
-    };
-}
-static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-
-// After the macro: a module sees only the macros defined above its declaration.
+// After `entry`: a module sees only the macros (progress!) declared above it.
 #[path = "queues/budget.rs"]
 mod budget;
 #[path = "queues/drift.rs"]

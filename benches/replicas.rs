@@ -30,6 +30,7 @@
 //! No other skyport may watch the benchmark's namespaces (a cluster-wide `skyport run` against
 //! the same environment would reconcile its Queues too).
 
+#[macro_use]
 mod entry;
 
 #[path = "../tests/common/mod.rs"]
@@ -37,19 +38,7 @@ mod common;
 
 use std::time::Instant;
 
-/// Progress on stderr (figures go to stdout), with the time since the start.
-macro_rules! progress {
-    ($($arg:tt)*) => {
-        eprintln!(
-            "[{:>7.1}s] {}",
-            $crate::START.get_or_init(std::time::Instant::now).elapsed().as_secs_f64(),
-            format!($($arg)*)
-        )
-    };
-}
-static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-
-// After the macro: a module sees only the macros defined above its declaration.
+// After `entry`: a module sees only the macros (progress!) declared above it.
 #[path = "replicas/arm.rs"]
 mod arm;
 #[path = "replicas/options.rs"]

@@ -3,6 +3,24 @@
 
 use std::future::Future;
 use std::process::ExitCode;
+use std::sync::OnceLock;
+use std::time::Instant;
+
+/// When the benchmark started, for [`progress!`].
+#[allow(dead_code)] // not every benchmark prints progress
+pub static START: OnceLock<Instant> = OnceLock::new();
+
+/// Progress on stderr (figures go to stdout), with the time since the start.
+#[allow(unused_macros)] // not every benchmark prints progress
+macro_rules! progress {
+    ($($arg:tt)*) => {
+        eprintln!(
+            "[{:>7.1}s] {}",
+            $crate::entry::START.get_or_init(std::time::Instant::now).elapsed().as_secs_f64(),
+            format!($($arg)*)
+        )
+    };
+}
 
 /// Runs `run` with the options `parse` makes of the arguments, under `cargo bench` only
 /// (`--bench`, or `--quick` by hand): under `cargo test --all-targets` building is the check.
