@@ -95,7 +95,7 @@ async fn the_security_group_opens_exactly_the_tunnel_ports_and_goes_with_the_hos
     let p = provider().await;
     let uid = contract::fresh_uid();
     let request = request("sg", &uid);
-    let created = p.create(&request).await.unwrap();
+    let created = contract::create(&p, &request).await;
     assert_eq!(created.state, HostState::Provisioning, "RunInstances answers pending");
 
     let groups = groups_of(&p, &created.id).await;
@@ -171,7 +171,7 @@ async fn a_port_change_makes_the_group_open_exactly_the_new_ports_before_the_pus
     let p = provider().await;
     let mut request = request("ports", &contract::fresh_uid());
     request.server.noise_private_key = providers::NoiseKeypair::generate().private_key;
-    let created = p.create(&request).await.unwrap();
+    let created = contract::create(&p, &request).await;
     let tcp = |port: &str| ("tcp".to_string(), port.parse::<i32>().unwrap());
     assert_eq!(rules_of(&p, &created.id).await, [tcp("80"), tcp("2333"), tcp("2335"), ("udp".into(), 53)]);
 
@@ -214,7 +214,7 @@ async fn a_port_change_makes_the_group_open_exactly_the_new_ports_before_the_pus
 async fn user_data_reaches_the_instance_unchanged() {
     let p = provider().await;
     let request = request("userdata", &contract::fresh_uid());
-    let created = p.create(&request).await.unwrap();
+    let created = contract::create(&p, &request).await;
     let attribute = p
         .client()
         .describe_instance_attribute()
@@ -238,7 +238,7 @@ async fn user_data_reaches_the_instance_unchanged() {
 async fn an_instance_terminated_out_of_band_is_gone_and_its_group_still_cleaned_up() {
     let p = provider().await;
     let uid = contract::fresh_uid();
-    let created = p.create(&request("oob", &uid)).await.unwrap();
+    let created = contract::create(&p, &request("oob", &uid)).await;
     let group_id = groups_of(&p, &created.id).await[0].group_id().unwrap().to_string();
 
     p.client().terminate_instances().instance_ids(&created.id).send().await.unwrap();
@@ -281,8 +281,8 @@ async fn a_group_left_by_an_instance_ec2_no_longer_shows_is_deleted_by_its_tag()
 async fn listing_by_tag_isolates_tunnels_by_uid() {
     let p = provider().await;
     let (mine, theirs) = (contract::fresh_uid(), contract::fresh_uid());
-    let a = p.create(&request("list-a", &mine)).await.unwrap();
-    let b = p.create(&request("list-b", &theirs)).await.unwrap();
+    let a = contract::create(&p, &request("list-a", &mine)).await;
+    let b = contract::create(&p, &request("list-b", &theirs)).await;
 
     let listed = |uid: String| {
         let p = &p;

@@ -191,12 +191,12 @@ async fn a_group_still_in_use_when_its_host_was_replaced_is_deleted_by_a_later_c
     let p = relayed(&relay).await;
     let client = client_in("us-east-1").await;
     let uid = contract::fresh_uid();
-    let old = p.create(&request("replaced", &uid)).await.unwrap();
+    let old = contract::create(&p, &request("replaced", &uid)).await;
     let group = delete_while_in_use(&p, &relay, &client, &old.id).await;
     // The instance finishes terminating; the controller sees the host gone and creates another.
     relay.let_go(&group);
     assert_eq!(p.get(&old.id).await.unwrap(), None);
-    let new = p.create(&request("replacement", &uid)).await.unwrap();
+    let new = contract::create(&p, &request("replacement", &uid)).await;
     assert!(!group_exists(&client, &group).await, "the replaced host's group {group} leaked");
     p.delete(&new.id).await.unwrap();
 }
@@ -208,7 +208,7 @@ async fn after_a_restart_the_sweep_finds_a_left_over_group_by_tag_and_deletes_it
     let p = relayed(&relay).await;
     let client = client_in("us-east-1").await;
     let uid = contract::fresh_uid();
-    let host = p.create(&request("orphan", &uid)).await.unwrap();
+    let host = contract::create(&p, &request("orphan", &uid)).await;
     let group = delete_while_in_use(&p, &relay, &client, &host.id).await;
     relay.let_go(&group);
     // A new operator process remembers nothing; the orphan sweep lists by the cluster tag and
@@ -266,8 +266,8 @@ async fn a_second_host_removed_while_its_group_is_in_use_loses_its_group_later()
     let p = relayed(&relay).await;
     let client = client_in("us-east-1").await;
     let uid = contract::fresh_uid();
-    let keep = p.create(&request("keep", &uid)).await.unwrap();
-    let extra = p.create(&request("extra", &uid)).await.unwrap();
+    let keep = contract::create(&p, &request("keep", &uid)).await;
+    let extra = contract::create(&p, &request("extra", &uid)).await;
     let group = delete_while_in_use(&p, &relay, &client, &extra.id).await;
     relay.let_go(&group);
     let listed = p.list_by_tag(TAG_TUNNEL_UID, &uid).await.unwrap();
@@ -285,7 +285,7 @@ async fn a_tunnel_in_another_region_gets_its_host_there() {
     let uid = contract::fresh_uid();
     let mut request = request("region", &uid);
     request.region = Some(OTHER_REGION.into());
-    let created = p.create(&request).await.unwrap();
+    let created = contract::create(&p, &request).await;
 
     let tagged = || Filter::builder().name(format!("tag:{TAG_TUNNEL_UID}")).values(&uid).build();
     let found_there = there.describe_instances().filters(tagged()).send().await.unwrap();
@@ -326,7 +326,7 @@ async fn a_region_without_an_ami_or_with_a_bad_name_is_refused_before_any_call()
 async fn instances_require_imdsv2_with_a_hop_limit_of_one() {
     let p = provider().await;
     let client = client_in("us-east-1").await;
-    let created = p.create(&request("imds", &contract::fresh_uid())).await.unwrap();
+    let created = contract::create(&p, &request("imds", &contract::fresh_uid())).await;
     let out = client.describe_instances().instance_ids(&created.id).send().await.unwrap();
     let instance = out.reservations()[0].instances()[0].clone();
     let options = instance.metadata_options().expect("metadata options");

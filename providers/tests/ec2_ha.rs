@@ -58,8 +58,8 @@ async fn associated(p: &Ec2Provider, allocation: &str) -> (Option<String>, Optio
 async fn the_pairs_elastic_ip_moves_between_secondary_addresses_and_back() {
     let p = provider().await;
     let uid = format!("ha-{:08x}", rand::random::<u32>());
-    let a = p.create(&slot_request(&uid, "a")).await.unwrap();
-    let b = p.create(&slot_request(&uid, "b")).await.unwrap();
+    let a = contract::create(&p, &slot_request(&uid, "a")).await;
+    let b = contract::create(&p, &slot_request(&uid, "b")).await;
     let (a_eni, a_primary, a_secondary) = private_ips(&p, &a.id).await;
     let (b_eni, _, b_secondary) = private_ips(&p, &b.id).await;
     assert_eq!((a_secondary.len(), b_secondary.len()), (1, 1), "one secondary private IPv4 each, made at creation");

@@ -75,7 +75,7 @@ async fn a_configured_subnet_takes_the_instance_and_its_security_group_into_the_
 
     // Only the subnet is configured: the group's VPC comes from it.
     let p = provider_with(None, Some(subnet.clone())).await;
-    let host = p.create(&request("subnet")).await.expect("launch in the configured subnet");
+    let host = contract::create(&p, &request("subnet")).await;
     let (in_subnet, in_vpc, group) = placement(&client, &host.id).await;
     assert_eq!((in_subnet.as_str(), in_vpc.as_str()), (subnet.as_str(), vpc.as_str()));
     let out = client.describe_security_groups().group_ids(&group).send().await.unwrap();
@@ -84,7 +84,7 @@ async fn a_configured_subnet_takes_the_instance_and_its_security_group_into_the_
     assert_eq!(outcomes.get(&("DescribeSubnets", "success")), Some(&1), "{outcomes:?}");
 
     // A second launch uses the subnet looked up once.
-    let second = p.create(&request("subnet2")).await.unwrap();
+    let second = contract::create(&p, &request("subnet2")).await;
     assert_eq!(placement(&client, &second.id).await.0, subnet);
     assert_eq!(p.limiter().counters.outcomes().get(&("DescribeSubnets", "success")), Some(&1));
 
@@ -153,7 +153,7 @@ async fn the_security_group_admits_service_ports_only_from_their_source_ranges_a
         source_ranges: Vec::new(),
         proxy_protocol: None,
     });
-    let host = p.create(&request).await.unwrap();
+    let host = contract::create(&p, &request).await;
     let (_, _, group) = placement(p.client(), &host.id).await;
     let open = [rule("tcp", 2333, "0.0.0.0/0"), rule("tcp", 2334, "0.0.0.0/0"), rule("tcp", 2335, "0.0.0.0/0")];
     let with = |service: &[(String, i32, String)]| open.iter().chain(service).cloned().collect::<BTreeSet<_>>();

@@ -75,9 +75,28 @@ pub fn fresh_uid() -> String {
     format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
 }
 
+/// Creates a host as the controller would: an `Unavailable` answer (a 5xx) is tried again, a few
+/// times. LocalStack's EC2 sometimes answers `InternalError` when parallel tests write security
+/// groups at once ("dictionary changed size during iteration"); AWS's 5xx are retried the same way.
+/// The adapter deletes what a failed create made, so a retry leaves nothing behind.
+pub async fn create(provider: &dyn HostProvider, request: &HostRequest) -> providers::Host {
+    let mut attempts = 0;
+    loop {
+        match provider.create(request).await {
+            Ok(host) => return host,
+            Err(e @ providers::HostError::Unavailable { .. }) if attempts < 4 => {
+                attempts += 1;
+                eprintln!("create {}: {e}; trying again", request.name);
+                tokio::time::sleep(Duration::from_millis(500 * attempts)).await;
+            }
+            Err(e) => panic!("create {}: {e}", request.name),
+        }
+    }
+}
+
 /// [`run`] with a request of the caller's (its tags must be `owner_tags(UID, "team-a", "web-tunnel")`).
 pub async fn run_with(provider: &dyn HostProvider, request: &HostRequest, expect: Expect) {
-    let created = provider.create(request).await.expect("create");
+    let created = create(provider, request).await;
     assert!(!created.id.is_empty());
     // A provider may make the name unique (Hetzner appends a suffix from the owner's UID).
     assert!(created.name.starts_with(&request.name), "{} for {}", created.name, request.name);
@@ -211,7 +230,7 @@ pub async fn run_addresses(provider: &dyn HostProvider, base: &HostRequest, regi
 
 /// Creates a host and reads it until it runs with a public address.
 pub async fn running(provider: &dyn HostProvider, request: &HostRequest, expect: &Expect) -> providers::Host {
-    let created = provider.create(request).await.expect("create");
+    let created = create(provider, request).await;
     for _ in 0..expect.polls_until_running.max(1) {
         tokio::time::sleep(expect.interval).await;
         let host = provider.get(&created.id).await.unwrap().expect("exists");
