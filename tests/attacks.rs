@@ -138,6 +138,13 @@ async fn plant(admin: &Client, install: &Install, tenant: &str) -> (Vec<Victim>,
             planted.push(victims::plant(admin, kind, None, None).await);
         }
     }
+    // Leases under the names skyport's shard and replica Leases take, made by someone else: an
+    // attack that labels them as skyport's group must not make them skyport's.
+    let leases = victims::find("coordination.k8s.io", "leases").unwrap();
+    for role in ["shard", "replica"] {
+        let name = format!("{}-{role}-victim-{:06x}", leases::group(install), rand::random::<u32>() & 0xff_ffff);
+        planted.push(victims::plant(admin, leases, Some(op_ns), Some(&name)).await);
+    }
     let secrets = victims::find("", "secrets").unwrap();
     let deployments = victims::find("apps", "deployments").unwrap();
     let namespaces = victims::find("", "namespaces").unwrap();

@@ -5,7 +5,7 @@
 use hyper::Method;
 use serde_json::{Value, json};
 
-use super::victims::{VICTIM_LABEL, Victim, object, status_overwrite};
+use super::victims::{VICTIM_LABEL, Victim, claim, object, status_overwrite};
 use super::wire::{APPLY_PATCH, Call, JSON, collection};
 
 /// One attack: what it is, the request, and whether it is a write (which must not be
@@ -67,7 +67,9 @@ pub fn reads(v: &Victim) -> Vec<Attempt> {
 /// The attacker's version of the whole object: its own values, the victim's name.
 fn replacement(v: &Victim) -> Value {
     let mut body = object(v.kind, v.namespace.as_deref(), &v.name, "attacker");
-    body["metadata"]["labels"]["attacks.skyport.dev/attacked"] = json!("true");
+    if let (Some(labels), Value::Object(claimed)) = (body["metadata"]["labels"].as_object_mut(), claim(v)) {
+        labels.extend(claimed);
+    }
     body
 }
 

@@ -60,7 +60,7 @@ impl Judge {
         let mut before = victims::get(&self.admin, v).await.unwrap_or_else(|| panic!("{} planted", v.label()));
         let status_written = residues::status_written(&self.grants, v);
         for a in attempts {
-            let answer = a.call.send(&self.sa).await;
+            let answer = a.call.at_version_of(&before).send(&self.sa).await;
             self.scan(v, &a.what, &answer, &[]);
             let residue = a.status && status_written;
             if a.write && answer.admitted() {

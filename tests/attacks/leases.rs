@@ -14,6 +14,11 @@ use super::install::Install;
 use super::judge::Judge;
 use super::wire::{Call, JSON, MERGE_PATCH, collection};
 
+/// The install's Lease group: its leader-election Lease's name, the prefix of its shard Leases.
+pub fn group(install: &Install) -> &str {
+    arg(install, "--lease-name=").expect("the operator's --lease-name")
+}
+
 fn arg<'a>(install: &'a Install, flag: &str) -> Option<&'a str> {
     let args = install.operator["spec"]["template"]["spec"]["containers"][0]["args"].as_array();
     args.into_iter().flatten().filter_map(Value::as_str).find_map(|a| a.strip_prefix(flag))
@@ -26,7 +31,7 @@ fn lease(name: &str, group: Option<&str>) -> Value {
 }
 
 pub async fn controls(judge: &Judge, install: &Install) {
-    let group = arg(install, "--lease-name=").expect("the operator's --lease-name");
+    let group = group(install);
     let leases = collection("coordination.k8s.io", "v1", "leases", Some(install.namespace()));
     let sharded = arg(install, "--sharding").is_some();
     // The Lease policy in effect (a policy applied or changed takes a moment to load): a shard

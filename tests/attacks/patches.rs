@@ -48,9 +48,9 @@ pub fn patches(v: &Victim, sub: Option<&str>, owners: &[(String, Value)]) -> (Ve
             list.extend(Attempt::write(what, json_patch(Value::Array(ops))).and_dry_run());
         }
     }
-    let merge = Call::new(Method::PATCH, &path).with(MERGE_PATCH, overwrite(v.kind));
+    let merge = Call::new(Method::PATCH, &path).with(MERGE_PATCH, overwrite(v));
     list.extend(Attempt::write(on("merge patch overwriting it"), merge).and_dry_run());
-    let strategic = Call::new(Method::PATCH, &path).with(STRATEGIC_PATCH, overwrite(v.kind));
+    let strategic = Call::new(Method::PATCH, &path).with(STRATEGIC_PATCH, overwrite(v));
     list.push(Attempt::write(on("strategic merge patch overwriting it"), strategic));
     if sub.is_some() {
         let status = Call::new(Method::PATCH, &path).with(MERGE_PATCH, status_overwrite(v.kind));

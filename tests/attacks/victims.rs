@@ -138,9 +138,9 @@ pub fn object(kind: &Kind, namespace: Option<&str>, name: &str, value: &str) -> 
 }
 
 /// What an attacker writes over the object: the change it is after (a redirect, a wider grant,
-/// another image), as a merge patch.
-pub fn overwrite(kind: &Kind) -> Value {
-    let spec = match kind.resource {
+/// another image), as a merge patch, with the labels that would claim it ([`claim`]).
+pub fn overwrite(v: &Victim) -> Value {
+    let spec = match v.kind.resource {
         "secrets" => json!({"data": {"token": base64("attacker")}}),
         "configmaps" => json!({"data": {"token": "attacker"}}),
         "services" => json!({"spec": {"selector": {"app": "attacker"}}}),
@@ -154,9 +154,20 @@ pub fn overwrite(kind: &Kind) -> Value {
         "awsaccounts" => json!({"spec": {"allowedNamespaces": ["attacker"]}}),
         other => panic!("no overwrite for {other}"),
     };
-    let mut patch = json!({"metadata": {"labels": {"attacks.skyport.dev/attacked": "true"}}});
+    let mut patch = json!({"metadata": {"labels": claim(v)}});
     merge(&mut patch, spec);
     patch
+}
+
+/// The labels an attacker adds to make `v` look like skyport's: a Lease under a shard or replica
+/// name gets its group's label (`skyport.dev/lease-group`), which skyport's own Leases carry.
+pub fn claim(v: &Victim) -> Value {
+    let mut labels = json!({"attacks.skyport.dev/attacked": "true"});
+    let group = ["-shard-", "-replica-"].iter().find_map(|infix| v.name.split_once(infix)).map(|(g, _)| g);
+    if let Some(group) = group.filter(|_| v.kind.resource == "leases") {
+        labels["skyport.dev/lease-group"] = json!(group);
+    }
+    labels
 }
 
 /// What an attacker writes into a status: only a Service's matters beyond skyport's own kinds

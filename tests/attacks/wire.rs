@@ -63,6 +63,17 @@ impl Call {
         self
     }
 
+    /// This call, a PUT made conditional on `object`'s resourceVersion, as a thief who read or
+    /// listed it sends it: kinds that refuse unconditional updates (Leases) would otherwise answer
+    /// 422 whatever the RBAC and the admission policies say.
+    pub fn at_version_of(&self, object: &Value) -> Call {
+        let mut call = self.clone();
+        if let Some((_, body)) = call.body.as_mut().filter(|_| self.method == Method::PUT) {
+            body["metadata"]["resourceVersion"] = object["metadata"]["resourceVersion"].clone();
+        }
+        call
+    }
+
     pub async fn send(&self, client: &Client) -> Answer {
         let mut request = Request::builder().method(self.method.clone()).uri(&self.uri);
         let mut bytes = Vec::new();
