@@ -182,6 +182,14 @@ pub struct TunnelArgs {
     #[arg(long = "tunnel-max-hosts-per-day", env = "SKYPORT_TUNNEL_MAX_HOSTS_PER_DAY", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_hosts_per_day: u32,
 
+    /// The most exit servers this operator process creates in any hour, for all Tunnels
+    /// together, whatever the cause. The daily budget above is kept in each Tunnel's status; this
+    /// one is kept in the process, where no Kubernetes token reaches, so that erasing that status
+    /// or deleting Tunnels that skyport makes again for their Services cannot buy VMs without
+    /// bound. Past it a Tunnel that needs a server reports `HostBudgetSpent` until one is free.
+    #[arg(long = "tunnel-max-hosts-per-hour", env = "SKYPORT_TUNNEL_MAX_HOSTS_PER_HOUR", default_value_t = 60, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_hosts_per_hour: u32,
+
     /// How long an exit server must fail the health check before its address is taken off the
     /// Service, so that a single failed probe does not flap the address (and DNS built on it);
     /// 0 withdraws it at the first failure. A replaced host's address always goes first.
@@ -296,6 +304,7 @@ impl Default for TunnelArgs {
             failover_probe_interval: Duration::from_secs(1),
             max_replacements: 3,
             max_hosts_per_day: 10,
+            max_hosts_per_hour: 60,
             local_state_dir: "/tmp/skyport-local-hosts".into(),
             local_addresses: (std::net::Ipv4Addr::new(127, 77, 0, 1), std::net::Ipv4Addr::new(127, 77, 255, 254)),
             guest_rootfs: None,

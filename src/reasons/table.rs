@@ -70,8 +70,8 @@ super::reasons! {
         "the cloud provider did not answer, or answered with a server error",
         "retried with backoff; check the provider's status page and the network path";
     HostBudgetSpent: [Tunnel] Warning,
-        "the Tunnel (or a highly available pair's slot) created --tunnel-max-hosts-per-day exit servers in the last 24 hours",
-        "find why its exit servers do not last (the Tunnel's earlier Events, the provider's console); skyport creates the next when the oldest creation is a day old, or delete the Tunnel to start over";
+        "the Tunnel (or a highly available pair's slot) created --tunnel-max-hosts-per-day exit servers in the last 24 hours, or the operator created --tunnel-max-hosts-per-hour for all Tunnels in the last hour",
+        "find why exit servers do not last, or which Tunnels are deleted and made again (the Tunnels' earlier Events, the provider's console); skyport creates the next when the budget named in the message has room again";
     ProviderNoDefaultVpc: [Tunnel, Service] Warning,
         "the EC2 region has no default VPC to put the exit server in",
         "create a default VPC in that region, or choose another region";

@@ -130,3 +130,36 @@ async fn a_pair_server_whose_secondary_address_fails_retryably_draws_from_the_bu
     let created = h.current().status.unwrap().hosts_created;
     assert!(created.iter().all(|c| c.slot.as_deref() == Some("a")), "{created:?}");
 }
+
+/// A thief with skyport's token erases `status.hostsCreated` or deletes the Service's Tunnel,
+/// which skyport makes again with nothing counted: each would refill the daily budget, so the
+/// operator's hourly one ([`super::hourly`]), kept in the process, bounds what is bought.
+#[tokio::test]
+async fn erasing_the_count_or_making_the_tunnel_anew_buys_no_more_than_the_operators_hourly_budget() {
+    const PER_HOUR: u32 = 5;
+    let mut h = harness_settings(TunnelArgs { max_hosts_per_hour: PER_HOUR, ..settings() });
+    h.add_service();
+    h.provider.create_as(HostState::Stopped);
+    h.new_tunnel();
+    let mut refused = None;
+    for round in 0..12 {
+        for _ in 0..2 {
+            if let Err(e) = h.reconcile(Arc::new(h.current())).await
+                && e.reason() == "HostBudgetSpent"
+            {
+                refused = Some(crate::controllers::status::ready_condition(&h.current()).unwrap().message.clone());
+            }
+        }
+        let mut t = h.current();
+        if round % 2 == 0 {
+            t.status.as_mut().unwrap().hosts_created.clear();
+        } else {
+            t.metadata.uid = Some(format!("tunnel-uid-{round}"));
+            t.status = None;
+        }
+        h.put_tunnel(&t);
+    }
+    assert_eq!(h.provider.count("create"), PER_HOUR as usize, "{:?}", h.provider.calls());
+    let message = refused.expect("refused once the hour's budget was spent");
+    assert!(message.contains("--tunnel-max-hosts-per-hour 5"), "{message}");
+}

@@ -24,6 +24,7 @@ pub mod desired;
 pub mod health;
 #[cfg(test)]
 mod health_tests;
+pub mod hourly;
 pub mod observe;
 #[cfg(test)]
 mod pair_cloud_tests;
@@ -95,6 +96,8 @@ pub struct State {
     pub sweeps: std::sync::atomic::AtomicU64,
     /// Failed health checks in a row, and since when, of every exit server.
     pub health: health::HealthTracker,
+    /// Exit servers this process may still create this hour, for all Tunnels together.
+    pub creations: hourly::HourlyBudget,
     /// Failovers of highly available Tunnels: the reserved address moved to the standby.
     pub failovers: std::sync::atomic::AtomicU64,
     /// Time highly available Tunnels spent without a server passing behind their address.
@@ -155,6 +158,7 @@ pub fn controller(
         .predicate_filter(deployment_hash, Default::default());
     let concurrency = settings.concurrency;
     let state = State {
+        creations: hourly::HourlyBudget::new(settings.max_hosts_per_hour),
         providers,
         cluster_id,
         namespace,

@@ -57,6 +57,7 @@ fn harness_set(
     let (services, service_writer) = ready_store();
     let probe = Arc::new(FakeProbe::answering(true));
     let state = State {
+        creations: super::hourly::HourlyBudget::new(settings.max_hosts_per_hour),
         providers,
         settings,
         cluster_id: "cluster-1".into(),

@@ -100,14 +100,19 @@ impl Pass<'_> {
     }
 
     /// Draws one exit server from slot `slot`'s daily budget ([`budget`]), recorded before the
-    /// create call so that a crash right after never leaves it uncounted; a spent budget is an
-    /// error that retries once the oldest creation is a day old.
+    /// create call so that a crash right after never leaves it uncounted, and from the operator's
+    /// hourly one; a spent budget is an error that retries once the budget has room again.
     pub(super) async fn charge_host(&mut self, slot: Option<&'static str>) -> Result<()> {
         let (now, per_day) = (k8s_openapi::jiff::Timestamp::now(), self.ctx.settings.max_hosts_per_day);
         if let Err(next) = budget::allows(&self.status().hosts_created, slot, now, per_day) {
             let wait = std::time::Duration::try_from(next.duration_since(now)).unwrap_or_default();
             let retry_after = wait.max(std::time::Duration::from_secs(1));
             return Err(Error::HostBudget { message: budget::spent_message(slot, per_day, next), retry_after });
+        }
+        // The operator-wide budget ([`super::super::hourly`]), which no status edit refills.
+        if let Err(wait) = self.ctx.creations.take() {
+            let message = self.ctx.creations.spent_message(wait);
+            return Err(Error::HostBudget { message, retry_after: wait.max(std::time::Duration::from_secs(1)) });
         }
         let created = budget::with_creation(&self.status().hosts_created, slot, now);
         self.record(|s| s.hosts_created = created).await
