@@ -30,6 +30,11 @@ pub enum Error {
     /// created until `retry_after` has passed.
     #[error("{message}")]
     HostBudget { message: String, retry_after: std::time::Duration },
+    /// The reserved address a Service names (`skyport.dev/reserved-address`) cannot be handed
+    /// to its Tunnel: not found, not retained here, or still held. Retried with backoff, since
+    /// the Tunnel holding it may yet be deleted.
+    #[error("{0}")]
+    Handover(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -43,7 +48,11 @@ impl Error {
             Error::Host(e) => e.class() == ErrorClass::Permanent,
             Error::InvalidSpec(_) | Error::MissingObjectKey(_) => true,
             // A file published or a mirror fixed later heals it without touching the object.
-            Error::Kube(_) | Error::Internal(_) | Error::Artifact(_) | Error::HostBudget { .. } => false,
+            Error::Kube(_)
+            | Error::Internal(_)
+            | Error::Artifact(_)
+            | Error::HostBudget { .. }
+            | Error::Handover(_) => false,
         }
     }
 
@@ -56,6 +65,7 @@ impl Error {
             Error::Internal(_) => Reason::InternalError,
             Error::Artifact(p) => p.reason(),
             Error::HostBudget { .. } => Reason::HostBudgetSpent,
+            Error::Handover(_) => Reason::AddressNotHandedOver,
             Error::Queue(e) => match e {
                 QueueError::NotFound => Reason::NotFound,
                 QueueError::DeletedRecently(_) => Reason::RecentlyDeleted,

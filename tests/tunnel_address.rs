@@ -270,3 +270,64 @@ async fn a_tunnel_deleted_while_its_service_asks_for_one_hands_its_elastic_ip_to
     assert_eq!(ec2.get_address(&id).await.unwrap(), None, "released with the Service");
     finish_tunnels(op, ns).await;
 }
+
+/// A retained Elastic IP handed to another Service's Tunnel by the annotation
+/// `skyport.dev/reserved-address` (here its IP): the Tunnel holds the same allocation, nothing new
+/// is allocated, and deleting that Service too leaves it reserved (its tags say Retain). A Service
+/// naming an address nobody here retained gets `AddressNotHandedOver` and no instance.
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn a_retained_elastic_ip_is_handed_to_another_services_tunnel_by_its_annotation() {
+    let ns = TestNs::new("tun-ec2-hand").await;
+    let (op, ec2) = on_ec2(&ns).await;
+    let (services, tunnels): (Api<Service>, Api<Tunnel>) = (ns.api(), ns.api());
+    let retained = serde_json::json!({"skyport.dev/provider": "ec2", "skyport.dev/address-deletion-policy": "Retain",
+        "skyport.dev/address": "reserved"});
+    services.create(&PostParams::default(), &reserved_web(retained)).await.unwrap();
+    let on_instance = |name: &'static str| {
+        let tunnels = tunnels.clone();
+        async move {
+            eventually("a Tunnel on an instance holding its Elastic IP", Duration::from_secs(90), || async {
+                let t = tunnels.get(name).await.ok()?;
+                let s = t.status.as_ref()?;
+                (s.address_ip.is_some() && s.host_ip == s.address_ip).then_some(t)
+            })
+            .await
+        }
+    };
+    let first = on_instance("web-tunnel").await;
+    let (id, ip) = (address_id(&first), host_ip(&first));
+    services.delete("web", &DeleteParams::default()).await.unwrap();
+    tunnels::gone(&tunnels, "web-tunnel").await;
+
+    let mut api = reserved_web(serde_json::json!({"skyport.dev/provider": "ec2", "skyport.dev/reserved-address": ip}));
+    api.metadata.name = Some("api".into());
+    services.create(&PostParams::default(), &api).await.unwrap();
+    let second = on_instance("api-tunnel").await;
+    assert_eq!((address_id(&second), host_ip(&second)), (id.clone(), ip.clone()), "the retained Elastic IP");
+    let calls = |op: &str| ec2.limiter().counters.snapshot().get(op).copied().unwrap_or_default();
+    assert_eq!((calls("AllocateAddress"), calls("ReleaseAddress")), (1, 0), "one Elastic IP, never released");
+
+    // An address nobody in this namespace retained: refused, nothing bought.
+    let mut stray = reserved_web(serde_json::json!({"skyport.dev/provider": "ec2",
+        "skyport.dev/reserved-address": "eipalloc-0000000000000000f"}));
+    stray.metadata.name = Some("stray".into());
+    services.create(&PostParams::default(), &stray).await.unwrap();
+    let refused = eventually("the stray Tunnel refused", Duration::from_secs(60), || async {
+        let t = tunnels.get("stray-tunnel").await.ok()?;
+        let (_, reason, message) = ready(&t)?;
+        (reason == "AddressNotHandedOver").then_some((t, message))
+    })
+    .await;
+    assert!(refused.1.contains("no reserved address"), "{}", refused.1);
+    assert_eq!(refused.0.status.and_then(|s| s.host_id), None, "no instance for a refused address");
+    assert_eq!(calls("AllocateAddress"), 1);
+
+    services.delete("api", &DeleteParams::default()).await.unwrap();
+    services.delete("stray", &DeleteParams::default()).await.unwrap();
+    tunnels::gone(&tunnels, "api-tunnel").await;
+    let kept = ec2.get_address(&id).await.unwrap().expect("a handed-over Elastic IP is kept");
+    assert_eq!(kept.tags.get(TAG_DELETION_POLICY).map(String::as_str), Some("Retain"));
+    ec2.release_address(&id).await.unwrap();
+    finish_tunnels(op, ns).await;
+}

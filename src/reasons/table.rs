@@ -160,6 +160,9 @@ super::reasons! {
     AddressTakenOver: [Tunnel] Normal,
         "a reserved address kept by the Service's previous Tunnel became this Tunnel's",
         "nothing";
+    AddressNotHandedOver: [Tunnel] Warning,
+        "the reserved address the Service names (skyport.dev/reserved-address) cannot be taken: not found in this namespace and cluster, not kept with deletionPolicy Retain, or still held by a live Tunnel",
+        "name an address that a deleted Tunnel of this namespace kept with deletionPolicy Retain (its id or IP, from that Tunnel's AddressRetained Event), or delete the Tunnel that still holds it; retried with backoff";
     AddressRetained: [Tunnel] Normal,
         "the deleted Tunnel's reserved address was kept (deletionPolicy Retain)",
         "release it at the provider when no longer needed";

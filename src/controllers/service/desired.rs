@@ -21,6 +21,18 @@ pub const ANNOTATION_ADDRESS: &str = "skyport.dev/address";
 /// `delete` or `retain`: the Tunnel's `spec.address.deletionPolicy`.
 pub const ANNOTATION_ADDRESS_DELETION: &str = "skyport.dev/address-deletion-policy";
 
+/// The provider id or IP of a reserved address kept with `Retain` by a deleted Tunnel of this
+/// namespace and cluster, for this Service's Tunnel to take instead of reserving a new one (DNS
+/// and allow-lists outside the cluster keep working). Implies `skyport.dev/address: reserved`.
+/// Read from the Service at each take, never from the Tunnel, so only who may annotate the
+/// Service can hand an address to it.
+pub const ANNOTATION_RESERVED_ADDRESS: &str = "skyport.dev/reserved-address";
+
+/// The address `service` names to take over ([`ANNOTATION_RESERVED_ADDRESS`]), trimmed.
+pub fn named_address(service: &Service) -> Option<&str> {
+    service.annotations().get(ANNOTATION_RESERVED_ADDRESS).map(|v| v.trim()).filter(|v| !v.is_empty())
+}
+
 /// `true` or `false`: the Tunnel's `spec.highAvailability` (needs `skyport.dev/address: reserved`).
 pub const ANNOTATION_HIGH_AVAILABILITY: &str = "skyport.dev/high-availability";
 /// The PROXY protocol header (`v1`, `v2`) the exit server writes ahead of each connection.
@@ -120,8 +132,16 @@ fn address(service: &Service) -> Result<Option<serde_json::Value>> {
             }
         }
     };
-    let mode = read(ANNOTATION_ADDRESS, ["Reserved", "Ephemeral"])?;
+    let mut mode = read(ANNOTATION_ADDRESS, ["Reserved", "Ephemeral"])?;
     let policy = read(ANNOTATION_ADDRESS_DELETION, ["Delete", "Retain"])?;
+    if named_address(service).is_some() {
+        if mode.as_deref() == Some("Ephemeral") {
+            return Err(Error::InvalidSpec(format!(
+                "annotation {ANNOTATION_RESERVED_ADDRESS} names a reserved address to take, but {ANNOTATION_ADDRESS} is ephemeral: remove one of them"
+            )));
+        }
+        mode = Some("Reserved".into());
+    }
     if mode.is_none() && policy.is_none() {
         return Ok(None);
     }
@@ -227,6 +247,12 @@ mod tests {
         let refused = annotated(&[(ANNOTATION_ADDRESS, "static")]).unwrap_err().to_string();
         assert!(refused.contains("skyport.dev/address") && refused.contains("\"static\""), "{refused}");
         assert!(annotated(&[(ANNOTATION_ADDRESS_DELETION, "keep")]).is_err());
+        // Naming a kept address to take implies a reserved one; an ephemeral one contradicts it.
+        let named = annotated(&[(ANNOTATION_RESERVED_ADDRESS, " eipalloc-0abc ")]).unwrap();
+        assert!(named.spec.reserves_address());
+        let both = [(ANNOTATION_RESERVED_ADDRESS, "203.0.113.7"), (ANNOTATION_ADDRESS, "ephemeral")];
+        let refused = annotated(&both).unwrap_err().to_string();
+        assert!(refused.contains("skyport.dev/reserved-address") && refused.contains("ephemeral"), "{refused}");
     }
 
     #[test]

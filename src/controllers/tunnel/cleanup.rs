@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
+use providers::hosts::TAG_DELETION_POLICY;
 use tracing::info;
 
 use super::phases::Pass;
@@ -74,7 +75,9 @@ pub async fn cleanup(tunnel: &Tunnel, api: &Api<Tunnel>, ctx: &Context) -> Resul
             service_asks(tunnel, pass.service.as_deref(), ctx),
             provider.capabilities().address_binding,
         );
-        addresses(tunnel, provider.as_ref(), (&uid, keep), ctx, pass.status()).await?;
+        // The Service's annotation proves a handed-over address ([`observe::find_address`]).
+        let service = pass.service.as_deref().filter(|s| desired::controls_service_status(tunnel, s));
+        addresses(tunnel, provider.as_ref(), (&uid, keep), (ctx, service), pass.status()).await?;
     }
     if let Some(provider) = provider {
         // The id in status counts only if the host carries this Tunnel's tag: whoever may write
@@ -133,11 +136,12 @@ async fn addresses(
     tunnel: &Tunnel,
     provider: &dyn providers::HostProvider,
     (uid, keep): (&str, bool),
-    ctx: &Context,
+    (ctx, service): (&Context, Option<&Service>),
     status: &TunnelStatus,
 ) -> Result<()> {
     let at = (tunnel.namespace().unwrap_or_default(), tunnel.name_any());
-    let found = match super::observe::find_address(provider, status, uid, (&at.0, &at.1)).await {
+    let named = service.and_then(crate::controllers::service::desired::named_address);
+    let found = match super::observe::find_address(provider, status, uid, (&at.0, &at.1), named).await {
         Ok(found) => found,
         // A provider without reserved addresses never reserved one: it must not keep the Tunnel.
         Err(Error::Host(providers::HostError::Invalid { .. })) if status.address_id.is_none() => {
@@ -150,7 +154,10 @@ async fn addresses(
         return Ok(());
     }
     let names = all.iter().map(|a| format!("{} ({})", a.ip, a.id)).collect::<Vec<_>>().join(", ");
-    if tunnel.spec.address_deletion_policy() == AddressDeletionPolicy::Retain {
+    // An address tagged Retain (this Tunnel's policy, or one handed over by name) is never
+    // released by skyport: whoever named it manages it.
+    let tagged_retain = all.iter().any(|a| a.tags.get(TAG_DELETION_POLICY).is_some_and(|p| p == "Retain"));
+    if tunnel.spec.address_deletion_policy() == AddressDeletionPolicy::Retain || tagged_retain {
         info!(addresses = %names, provider = provider.name(), "keeping the reserved address (Retain)");
         let note = format!(
             "kept reserved address {names} at {} (deletionPolicy Retain); release it there when no longer needed",

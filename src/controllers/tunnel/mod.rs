@@ -21,6 +21,8 @@ mod both_tests;
 mod budget_tests;
 pub mod cleanup;
 pub mod desired;
+#[cfg(test)]
+mod handover_tests;
 pub mod health;
 #[cfg(test)]
 mod health_tests;

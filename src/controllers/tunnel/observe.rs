@@ -69,6 +69,17 @@ fn taken_over(tags: &BTreeMap<String, String>, (namespace, name): (&str, &str)) 
         && tags.get(providers::hosts::TAG_TUNNEL_NAME).is_some_and(|n| n == name)
 }
 
+/// Whether `address` is the retained address of this namespace that the Service names
+/// (`skyport.dev/reserved-address`, id or IP): handed over to its Tunnel, whose UID and name its
+/// tags do not carry. Only the Service's annotation, which skyport's token cannot write, makes an
+/// id in status this proof.
+fn handed(address: &Address, namespace: &str, named: &str) -> bool {
+    let tag = |k: &str| address.tags.get(k).map(String::as_str);
+    (address.id == named || address.ip == named)
+        && tag(providers::hosts::TAG_TUNNEL_NAMESPACE) == Some(namespace)
+        && tag(providers::hosts::TAG_DELETION_POLICY) == Some("Retain")
+}
+
 pub fn tagged_for(tags: &BTreeMap<String, String>, uid: &str) -> bool {
     let ours = tags.get(TAG_TUNNEL_UID).is_some_and(|t| t == uid);
     if !ours {
@@ -198,6 +209,7 @@ pub async fn find_address(
     status: &TunnelStatus,
     uid: &str,
     tunnel: (&str, &str),
+    named: Option<&str>,
 ) -> Result<FoundAddress> {
     let mut addresses = provider.list_addresses_by_tag(TAG_TUNNEL_UID, uid).await?;
     let recorded = status.address_id.clone().filter(|_| status.provider.as_deref() == Some(provider.name()));
@@ -206,6 +218,7 @@ pub async fn find_address(
         && let Some(address) = provider.get_address(id).await?
         && (!address.tags.contains_key(TAG_TUNNEL_UID)
             || taken_over(&address.tags, tunnel)
+            || named.is_some_and(|n| handed(&address, tunnel.0, n))
             || tagged_for(&address.tags, uid))
     {
         // Untagged: a DigitalOcean reserved IP between droplets has no tags to prove it by.

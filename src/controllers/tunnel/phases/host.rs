@@ -4,6 +4,7 @@
 //! second one; waiting is a short requeue, never a blocked worker.
 
 use kube::ResourceExt;
+use providers::hosts::{TAG_CLUSTER, TAG_TUNNEL_NAMESPACE};
 use providers::{Address, AddressBinding, Host, HostProvider};
 
 use super::super::plan::address::{self as address_plan, AddressStep, address_step};
@@ -11,6 +12,7 @@ use super::super::plan::{self, HostStep, budget};
 use super::super::status::not_ready;
 use super::super::{act, observe};
 use super::{Desired, Keys, Pass, Running};
+use crate::controllers::service::desired::{ANNOTATION_RESERVED_ADDRESS, named_address};
 use crate::crd::tunnel::TunnelPhase;
 use crate::error::{Error, Result};
 use crate::reasons::Reason;
@@ -156,7 +158,10 @@ impl Pass<'_> {
             return Ok(None);
         }
         let at = (tunnel.namespace().unwrap_or_default(), tunnel.name_any());
-        let found = observe::find_address(provider.as_ref(), self.status(), &want.uid, (&at.0, &at.1)).await?;
+        let named = want.publishes().and_then(named_address).map(str::to_string);
+        let tunnel_at = (at.0.as_str(), at.1.as_str());
+        let found =
+            observe::find_address(provider.as_ref(), self.status(), &want.uid, tunnel_at, named.as_deref()).await?;
         act::address::release_extras(provider.as_ref(), &found.extras).await?;
         if address_plan::lost(self.status().address_id.as_deref(), found.address.as_ref()) {
             let old = self.status().address_ip.clone().unwrap_or_default();
@@ -169,7 +174,10 @@ impl Pass<'_> {
         }
         let mut found_address = found.address;
         if found_address.is_none() && self.status().address_id.is_none() {
-            found_address = self.take_over_kept(want).await?;
+            found_address = match &named {
+                Some(named) => Some(self.take_named(want, named).await?),
+                None => self.take_over_kept(want).await?,
+            };
         }
         match found_address {
             // Found by its host's tags: a reservation whose answer was lost made it.
@@ -206,6 +214,50 @@ impl Pass<'_> {
         );
         ctx.publish(tunnel, Reason::AddressTakenOver, note).await;
         Ok(Some(address))
+    }
+
+    /// The retained address the Service names (`skyport.dev/reserved-address`, its id or IP),
+    /// recorded as this Tunnel's at once; refused with why unless [`address_plan::handed_over`]
+    /// proves it may be. Only this namespace's addresses of this cluster are listed, so the
+    /// answer for another namespace's address is the one for an address that does not exist.
+    async fn take_named(&mut self, want: &Desired, named: &str) -> Result<Address> {
+        let (tunnel, ctx, provider) = (self.tunnel, self.ctx, want.provider.as_ref());
+        if provider.capabilities().address_binding == AddressBinding::WithHost {
+            return Err(Error::Handover(format!(
+                "reserved addresses at {} carry no tags, so skyport cannot prove that {named} is this namespace's; remove the Service's annotation {ANNOTATION_RESERVED_ADDRESS}",
+                provider.name()
+            )));
+        }
+        let namespace = tunnel.namespace().unwrap_or_default();
+        let listed = provider.list_addresses_by_tag(TAG_TUNNEL_NAMESPACE, &namespace).await?;
+        let here = |a: &Address| a.tags.get(TAG_CLUSTER) == Some(&ctx.cluster_id);
+        let Some(address) = listed.into_iter().find(|a| (a.id == named || a.ip == named) && here(a)) else {
+            return Err(Error::Handover(format!(
+                "no reserved address {named} at {} was kept by a Tunnel of this namespace in this cluster; the Service's annotation {ANNOTATION_RESERVED_ADDRESS} must name one a deleted Tunnel here kept with deletionPolicy Retain (its id or IP)",
+                provider.name()
+            )));
+        };
+        let tunnels = ctx.tunnels.state();
+        let live = tunnels.iter().filter_map(|t| t.uid()).collect();
+        let others = tunnels
+            .iter()
+            .filter(|t| t.uid().as_deref() != Some(want.uid.as_str()))
+            .filter_map(|t| t.status.as_ref()?.address_id.clone())
+            .collect();
+        address_plan::handed_over(&address, (&namespace, &ctx.cluster_id), &want.uid, &live, &others).map_err(
+            |why| {
+                Error::Handover(format!(
+                    "{why}; the Service's annotation {ANNOTATION_RESERVED_ADDRESS} cannot be served yet"
+                ))
+            },
+        )?;
+        self.record_address(provider.name(), &address).await?;
+        let note = format!(
+            "took over reserved address {} ({}), named by the Service's annotation {ANNOTATION_RESERVED_ADDRESS}",
+            address.ip, address.id
+        );
+        ctx.publish(tunnel, Reason::AddressTakenOver, note).await;
+        Ok(address)
     }
 
     /// Records `address` as the Tunnel's reserved address, with its provider; a reservation

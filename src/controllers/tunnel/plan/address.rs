@@ -97,6 +97,38 @@ pub fn kept_for(address: &Address, namespace: &str, cluster_id: &str, live: &Has
         && tag(TAG_TUNNEL_UID).is_some_and(|uid| !live.contains(uid))
 }
 
+/// Whether `address`, named by a Service's `skyport.dev/reserved-address`, may become Tunnel
+/// `mine`'s: kept on purpose (`Retain`) by a Tunnel of this namespace (`at.0`) and cluster
+/// (`at.1`) that no live Tunnel is (`live`), and recorded by no other live Tunnel (`others`).
+/// `Err` says why not; the caller lists only addresses tagged with this namespace, so nothing
+/// of another namespace is ever seen, let alone named.
+pub fn handed_over(
+    address: &Address,
+    at: (&str, &str),
+    mine: &str,
+    live: &HashSet<String>,
+    others: &HashSet<String>,
+) -> Result<(), String> {
+    let tag = |k: &str| address.tags.get(k).map(String::as_str);
+    let (ip, id) = (&address.ip, &address.id);
+    if tag(TAG_CLUSTER) != Some(at.1) || tag(TAG_TUNNEL_NAMESPACE) != Some(at.0) {
+        return Err(format!(
+            "reserved address {ip} ({id}) was not reserved by a Tunnel of this namespace in this cluster"
+        ));
+    }
+    if tag(TAG_DELETION_POLICY) != Some("Retain") {
+        return Err(format!(
+            "reserved address {ip} ({id}) was not kept with deletionPolicy Retain; only a retained address is handed over"
+        ));
+    }
+    let holder = tag(TAG_TUNNEL_UID).unwrap_or_default();
+    if (holder != mine && live.contains(holder)) || others.contains(id) {
+        let name = tag(TAG_TUNNEL_NAME).unwrap_or("another Tunnel");
+        return Err(format!("reserved address {ip} ({id}) is still held by a live Tunnel of this namespace ({name})"));
+    }
+    Ok(())
+}
+
 /// Whether the orphan sweep must leave `address` alone although its Tunnel UID is gone: a live
 /// Tunnel took it over (its id in `recorded`), or a live Tunnel of the name it carries has none
 /// yet and will take it (`awaiting`, namespace and name).
@@ -297,5 +329,27 @@ mod tests {
         let mut other = tagged("gone-uid", "b", "Delete");
         other.id = "addr-2".into();
         assert!(!taken_over(&other, &recorded, &awaiting));
+    }
+
+    #[test]
+    fn a_named_address_is_handed_over_only_if_retained_here_and_held_by_no_live_tunnel() {
+        let (live, none): (HashSet<String>, HashSet<String>) = (["live-uid".to_string()].into(), HashSet::new());
+        let at = ("a", "c1");
+        assert_eq!(handed_over(&tagged("gone-uid", "a", "Retain"), at, "new-uid", &live, &none), Ok(()));
+        assert_eq!(
+            handed_over(&tagged("new-uid", "a", "Retain"), at, "new-uid", &live, &none),
+            Ok(()),
+            "taken already"
+        );
+        let refused = |a: &Address, others: &HashSet<String>| handed_over(a, at, "new-uid", &live, others).unwrap_err();
+        assert!(
+            refused(&tagged("gone-uid", "b", "Retain"), &none).contains("not reserved by a Tunnel of this namespace")
+        );
+        let other_cluster = handed_over(&tagged("gone-uid", "a", "Retain"), ("a", "c2"), "new-uid", &live, &none);
+        assert!(other_cluster.unwrap_err().contains("in this cluster"));
+        assert!(refused(&tagged("gone-uid", "a", "Delete"), &none).contains("deletionPolicy Retain"));
+        assert!(refused(&tagged("live-uid", "a", "Retain"), &none).contains("still held by a live Tunnel"));
+        let recorded: HashSet<String> = ["a-1".to_string()].into();
+        assert!(refused(&tagged("gone-uid", "a", "Retain"), &recorded).contains("web-tunnel"), "another took it");
     }
 }
