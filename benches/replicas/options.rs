@@ -28,13 +28,14 @@ usage: cargo bench --bench replicas -- [--quick] [options]
   per second per account, peak RSS per replica, drift (queues deleted out of band: time until
   recreated, p50/p99), takeover after one replica is killed (-9), steals and double writes
   (must be 0: the run fails otherwise).
-  --quick               500 Queues, 4 accounts, 2 replicas (one killed), --drift-k 4, --steady 20s:
+  --quick               500 Queues, 4 accounts, 2 replicas (one killed), --drift-k 4, --steady 70s:
                         the CI shape (tests/run.sh; 2,000 does not fit its time on 2 loaded cores)
   --queues N            Queues in each arm (default 100000)
   --accounts A          AwsAccounts they are spread over, one shard each (default 10)
   --replicas R          replicas of the second arm (default 3; 1 runs the single arm only)
   --drift-k K           queues deleted out of band in each arm (default 20)
-  --steady DURATION     window counting steady-state SQS calls (default 120s)
+  --steady DURATION     window counting steady-state SQS calls (default 120s); shorter than the
+                        resync (60s), it sees none of the resync's calls and reads about 0
   --skyport-arg ARG     passed to every `skyport run` (repeatable), e.g. --skyport-arg=--sqs-rate=100";
 
 fn count(flag: &str, v: &str) -> anyhow::Result<usize> {
@@ -49,7 +50,8 @@ pub(crate) fn parse_args(args: &[String]) -> anyhow::Result<Opts> {
         accounts: if quick { 4 } else { 10 },
         replicas: if quick { 2 } else { 3 },
         drift_k: if quick { 4 } else { 20 },
-        steady: Duration::from_secs(if quick { 20 } else { 120 }),
+        // Longer than the resync, so the window sees each Queue's periodic check at least once.
+        steady: Duration::from_secs(if quick { 70 } else { 120 }),
         skyport_args: vec![],
     };
     let mut it = args.iter();
