@@ -140,6 +140,46 @@ async fn the_sweep_releases_orphaned_addresses_but_never_retained_ones() {
     finish_tunnels(op, ns).await;
 }
 
+/// A local reserved address retained by a deleted Service's Tunnel, named by another Service
+/// (`skyport.dev/reserved-address`): that Service's Tunnel comes up on it with a real exit server
+/// and client, and bytes flow through the same address.
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn a_retained_address_handed_to_another_service_carries_its_bytes() {
+    let ns = TestNs::new("tun-addr-hand").await;
+    let op = TunnelOperator::start(&ns, fast_tunnel_settings()).await;
+    let (services, tunnels): (Api<Service>, Api<Tunnel>) = (ns.api(), ns.api());
+    let retain =
+        serde_json::json!({"skyport.dev/address": "reserved", "skyport.dev/address-deletion-policy": "retain"});
+    services.create(&PostParams::default(), &reserved_web(retain)).await.unwrap();
+    let web_client = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
+    let first = active(&tunnels, "web-tunnel", Duration::from_secs(60)).await;
+    let (id, ip) = (address_id(&first), host_ip(&first));
+    carries(&ip, 8080, None).await;
+    services.delete("web", &DeleteParams::default()).await.unwrap();
+    tunnels::gone(&tunnels, "web-tunnel").await;
+    drop(web_client);
+
+    let mut api = reserved_web(serde_json::json!({"skyport.dev/reserved-address": ip}));
+    api.metadata.name = Some("api".into());
+    services.create(&PostParams::default(), &api).await.unwrap();
+    let _api_client = ClientRunner::start(ns.client.clone(), &ns.name, "api-tunnel-client", Backends::default());
+    let second = active(&tunnels, "api-tunnel", Duration::from_secs(60)).await;
+    assert_eq!((address_id(&second), host_ip(&second)), (id.clone(), ip.clone()), "the retained address");
+    eventually("the api Service shows the handed-over address", Duration::from_secs(20), || async {
+        (ingress_ip(&services.get("api").await.ok()?)? == ip).then_some(())
+    })
+    .await;
+    carries(&ip, 8080, None).await;
+
+    services.delete("api", &DeleteParams::default()).await.unwrap();
+    tunnels::gone(&tunnels, "api-tunnel").await;
+    let kept = op.local.get_address(&id).await.unwrap().expect("a handed-over address is kept");
+    assert_eq!(kept.tags.get(TAG_DELETION_POLICY).map(String::as_str), Some("Retain"));
+    op.local.release_address(&id).await.unwrap();
+    finish_tunnels(op, ns).await;
+}
+
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn a_tunnel_on_ec2_keeps_its_elastic_ip_across_instances_and_releases_it() {
