@@ -374,9 +374,9 @@ async fn start_tunnels(
         .metrics
         .add_orphan_addresses(move || released.orphan_addresses_released.load(std::sync::atomic::Ordering::Relaxed));
     let moved = ctx.clone();
-    state.metrics.add_failovers(move || moved.failovers.load(std::sync::atomic::Ordering::Relaxed));
+    state.metrics.add_failovers(move || moved.failovers.by_tunnel());
     let unserved = ctx.clone();
-    state.metrics.add_unserved(move || unserved.unserved.seconds());
+    state.metrics.add_unserved(move || unserved.unserved.seconds.by_tunnel());
     let (cached, leading) = (ctx.tunnels.clone(), acting.clone());
     state.metrics.add_tunnels(move || match leading.permits_shard(controllers::acting::TUNNELS_SHARD) {
         true => TunnelSnapshot::of(cached.state().iter().map(|t| &**t)),

@@ -14,8 +14,8 @@
 //! | `skyport_kube_api_writes_total` | `controller` |
 //! | `skyport_orphan_hosts_deleted_total` (while the Tunnel controllers run) | |
 //! | `skyport_orphan_addresses_released_total` (while the Tunnel controllers run) | |
-//! | `skyport_tunnel_failovers_total` (while the Tunnel controllers run) | |
-//! | `skyport_tunnel_unserved_seconds_total` (while the Tunnel controllers run) | |
+//! | `skyport_tunnel_failovers_total` (while the Tunnel controllers run) | `namespace`, `name` |
+//! | `skyport_tunnel_unserved_seconds_total` (while the Tunnel controllers run) | `namespace`, `name` |
 //! | `skyport_exit_servers` (gauge, while the Tunnel controllers run) | `provider` |
 //! | `skyport_tunnel_status_failovers_total` (while the Tunnel controllers run) | `namespace`, `name` |
 //! | `skyport_sqs_account_calls_total` (while the Queue controller runs) | `aws_account`, `region`, `operation`, `outcome` |
@@ -149,14 +149,18 @@ struct CloudSource {
     snapshot: CloudFn,
 }
 
+/// A counter's value per Tunnel, by (namespace, name).
+pub type PerTunnelCounts = std::collections::BTreeMap<(String, String), f64>;
+type PerTunnelFn = Box<dyn Fn() -> PerTunnelCounts + Send + Sync>;
+
 #[derive(Default)]
 struct Sources {
     controllers: Vec<ControllerSource>,
     clouds: Vec<CloudSource>,
     orphans: Option<CounterFn>,
     orphan_addresses: Option<CounterFn>,
-    failovers: Option<CounterFn>,
-    unserved: Option<Box<dyn Fn() -> f64 + Send + Sync>>,
+    failovers: Option<PerTunnelFn>,
+    unserved: Option<PerTunnelFn>,
     tunnels: Option<Box<dyn Fn() -> TunnelSnapshot + Send + Sync>>,
     sqs_accounts: Option<Box<dyn Fn() -> AccountSnapshot + Send + Sync>>,
     drift: Option<Box<dyn Fn() -> Vec<DriftPace> + Send + Sync>>,
@@ -232,14 +236,20 @@ impl Collector for SourcesCollector {
             ConstCounter::new(released()).encode(m)?;
         }
         if let Some(failovers) = &sources.failovers {
-            let help = "Reserved addresses of highly available Tunnels moved to the standby exit server";
-            let m = enc.encode_descriptor("tunnel_failovers", help, None, MetricType::Counter)?;
-            ConstCounter::new(failovers()).encode(m)?;
+            let help = "Reserved addresses of highly available Tunnels moved to the standby exit server, by Tunnel (this process's count)";
+            let mut m = enc.encode_descriptor("tunnel_failovers", help, None, MetricType::Counter)?;
+            for ((namespace, name), n) in failovers() {
+                let labels = [("namespace", namespace.as_str()), ("name", name.as_str())];
+                ConstCounter::new(n as u64).encode(m.encode_family(&labels)?)?;
+            }
         }
         if let Some(unserved) = &sources.unserved {
-            let help = "Seconds highly available Tunnels that were Active once spent with no exit server passing behind their address";
-            let m = enc.encode_descriptor("tunnel_unserved_seconds", help, None, MetricType::Counter)?;
-            ConstCounter::new(unserved()).encode(m)?;
+            let help = "Seconds each highly available Tunnel that was Active once spent with no exit server passing behind its address";
+            let mut m = enc.encode_descriptor("tunnel_unserved_seconds", help, None, MetricType::Counter)?;
+            for ((namespace, name), seconds) in unserved() {
+                let labels = [("namespace", namespace.as_str()), ("name", name.as_str())];
+                ConstCounter::new(seconds).encode(m.encode_family(&labels)?)?;
+            }
         }
         if let Some(tunnels) = &sources.tunnels {
             tunnels().encode(&mut enc)?;
@@ -361,13 +371,13 @@ impl Metrics {
         self.sources.0.lock().unwrap_or_else(|p| p.into_inner()).orphan_addresses = Some(Box::new(released));
     }
 
-    /// Adds the Tunnel controller's count of failovers.
-    pub fn add_failovers(&self, failovers: impl Fn() -> u64 + Send + Sync + 'static) {
+    /// Adds the Tunnel controller's failovers, by Tunnel.
+    pub fn add_failovers(&self, failovers: impl Fn() -> PerTunnelCounts + Send + Sync + 'static) {
         self.sources.0.lock().unwrap_or_else(|p| p.into_inner()).failovers = Some(Box::new(failovers));
     }
 
-    /// Adds the Tunnel controller's time without a healthy path.
-    pub fn add_unserved(&self, seconds: impl Fn() -> f64 + Send + Sync + 'static) {
+    /// Adds the Tunnel controller's time without a healthy path, by Tunnel.
+    pub fn add_unserved(&self, seconds: impl Fn() -> PerTunnelCounts + Send + Sync + 'static) {
         self.sources.0.lock().unwrap_or_else(|p| p.into_inner()).unserved = Some(Box::new(seconds));
     }
 

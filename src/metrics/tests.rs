@@ -17,8 +17,9 @@ fn exposition_has_every_family_with_controller_and_provider_labels() {
     metrics.leader.set(1);
     metrics.add_orphans(|| 3);
     metrics.add_orphan_addresses(|| 2);
-    metrics.add_failovers(|| 4);
-    metrics.add_unserved(|| 1.5);
+    let shop_pair = || [(("shop".to_string(), "pair".to_string()), 4.0)].into_iter().collect();
+    metrics.add_failovers(shop_pair);
+    metrics.add_unserved(|| [(("shop".to_string(), "pair".to_string()), 1.5)].into_iter().collect());
 
     let text = metrics.encode();
     for line in [
@@ -37,8 +38,8 @@ fn exposition_has_every_family_with_controller_and_provider_labels() {
         "skyport_leader 1",
         "skyport_orphan_hosts_deleted_total 3",
         "skyport_orphan_addresses_released_total 2",
-        "skyport_tunnel_failovers_total 4",
-        "skyport_tunnel_unserved_seconds_total 1.5",
+        r#"skyport_tunnel_failovers_total{namespace="shop",name="pair"} 4"#,
+        r#"skyport_tunnel_unserved_seconds_total{namespace="shop",name="pair"} 1.5"#,
         r#"skyport_build_info{version="#,
         "# TYPE skyport_reconcile_duration_seconds histogram",
         "# EOF",

@@ -32,7 +32,9 @@ pub async fn cleanup(tunnel: &Tunnel, api: &Api<Tunnel>, ctx: &Context) -> Resul
     }
     let mut pass = Pass::new(tunnel, api, ctx);
     let uid = tunnel.uid().ok_or(Error::MissingObjectKey("uid"))?;
-    ctx.unserved.forget(&uid);
+    let at = (tunnel.metadata.namespace.as_deref().unwrap_or_default(), tunnel.name_any());
+    ctx.unserved.forget(&uid, (at.0, &at.1));
+    ctx.failovers.remove((at.0, &at.1));
     ctx.pair_views.forget(&uid);
     let recorded_host = pass.status().host_id.clone();
     let reserving = pass.status().address_reservation.is_some();

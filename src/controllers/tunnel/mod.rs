@@ -101,7 +101,7 @@ pub struct State {
     /// Exit servers this process may still create this hour, for all Tunnels together.
     pub creations: hourly::HourlyBudget,
     /// Failovers of highly available Tunnels: the reserved address moved to the standby.
-    pub failovers: std::sync::atomic::AtomicU64,
+    pub failovers: observe::PerTunnel,
     /// Time highly available Tunnels spent without a server passing behind their address.
     pub unserved: observe::Unserved,
     /// Highly available Tunnels' provider reads, kept while their pairs are quiet.

@@ -2,7 +2,6 @@
 //! reserved address on the one that works, moved with hysteresis, never onto a failing one.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use providers::hosts::{MOVED_ADDRESS_SECONDARY, TAG_BOUND_ADDRESS, TAG_MOVED_ADDRESS, TAG_TUNNEL_SLOT};
@@ -127,14 +126,14 @@ async fn a_blip_moves_nothing_a_failing_holder_loses_the_address_to_the_standby(
     assert_eq!((last.from.as_str(), last.to.as_str()), ("h-1", "h-2"));
     assert!(last.reason.contains("failed 3 health checks in a row") && last.reason.contains("refused"), "{last:?}");
     assert_eq!(h.api.event_reasons().iter().filter(|r| *r == "Failover").count(), 2, "on the Tunnel and the Service");
-    assert_eq!(h.ctx.failovers.load(Ordering::Relaxed), 1);
+    assert_eq!(h.ctx.failovers.total(), 1.0);
     assert_eq!(ingress_ip(&h), json!(reserved), "the Service keeps its address");
     assert_eq!(ready(&h.current()), (ConditionStatus::True, "Active".into()));
 
     // h-1 passes again: nothing moves back.
     pass(&h).await;
     assert_eq!(ha(&h).active.as_deref(), Some("h-2"));
-    assert_eq!(h.ctx.failovers.load(Ordering::Relaxed), 1);
+    assert_eq!(h.ctx.failovers.total(), 1.0);
 }
 
 #[tokio::test]
@@ -152,7 +151,7 @@ async fn never_onto_a_standby_whose_own_check_fails() {
     assert_eq!((status, reason.as_str()), (ConditionStatus::False, "WaitingForTunnel"));
     let message = crate::controllers::status::ready_condition(&h.current()).unwrap().message.clone();
     assert!(message.contains("address stays"), "{message}");
-    assert_eq!(h.ctx.failovers.load(Ordering::Relaxed), 0);
+    assert_eq!(h.ctx.failovers.total(), 0.0);
 }
 
 #[tokio::test]
@@ -229,14 +228,20 @@ async fn time_without_a_passing_server_is_counted_once_the_tunnel_was_active() {
     h.reconcile(t).await.unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
     pass(&h).await;
-    assert_eq!(h.ctx.unserved.seconds(), 0.0, "booting is not unserved");
+    assert_eq!(h.ctx.unserved.seconds.total(), 0.0, "booting is not unserved");
     h.probe.answer(true);
     pass(&h).await;
     h.probe.answer(false);
     tokio::time::sleep(Duration::from_millis(50)).await;
     pass(&h).await;
-    let unserved = h.ctx.unserved.seconds();
+    let unserved = h.ctx.unserved.seconds.total();
     assert!(unserved >= 0.05, "{unserved}");
+    let by_tunnel = h.ctx.unserved.seconds.by_tunnel();
+    assert_eq!(
+        by_tunnel.keys().collect::<Vec<_>>(),
+        [&("ns".to_string(), "web-tunnel".to_string())],
+        "the Tunnel's own series"
+    );
 }
 
 #[tokio::test]

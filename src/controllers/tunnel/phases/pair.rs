@@ -10,7 +10,6 @@
 //! rolled one at a time ([`roll`]); status records both servers. A pass is due every
 //! `--tunnel-failover-probe-interval`.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use kube::runtime::controller::Action;
@@ -153,7 +152,8 @@ impl Pass<'_> {
                 let note = format!("moved the reserved address from exit server {from} to {to}: {reason}");
                 ctx.publish(tunnel, Reason::Failover, note.clone()).await;
                 ctx.publish_on(&kube::Resource::object_ref(&*want.service, &()), Reason::Failover, note).await;
-                ctx.failovers.fetch_add(1, Ordering::Relaxed);
+                let name = tunnel.metadata.name.as_deref().unwrap_or_default();
+                ctx.failovers.add((tunnel.metadata.namespace.as_deref().unwrap_or_default(), name), 1.0);
                 failovers = Some(failovers.unwrap_or(0) + 1);
                 let time = k8s_openapi::jiff::Timestamp::now().to_string();
                 last_failover = Some(Failover { time, from, to: to.clone(), reason });
@@ -204,7 +204,11 @@ impl Pass<'_> {
         let active_check = active_slot.and_then(|s| s.check.as_ref());
         let ready = active_check.is_some_and(|(h, _)| h.passing());
         let was_active = self.status().observed_generation.is_some() || ready;
-        ctx.unserved.record(&want.uid, was_active.then_some(ready));
+        let at = (
+            tunnel.metadata.namespace.as_deref().unwrap_or_default(),
+            tunnel.metadata.name.as_deref().unwrap_or_default(),
+        );
+        ctx.unserved.record(&want.uid, at, was_active.then_some(ready));
         let withdraw = !ready && active_check.is_none_or(|(h, _)| h.failing_for >= ctx.settings.withdraw_after);
         if let Some(service) = want.publishes() {
             match (&address, ready) {

@@ -88,7 +88,11 @@ impl Pass<'_> {
         }
         let ready = !published.is_empty();
         let was_active = self.status().observed_generation.is_some() || ready;
-        ctx.unserved.record(&want.uid, was_active.then_some(ready));
+        let at = (
+            tunnel.metadata.namespace.as_deref().unwrap_or_default(),
+            tunnel.metadata.name.as_deref().unwrap_or_default(),
+        );
+        ctx.unserved.record(&want.uid, at, was_active.then_some(ready));
         let failing_for = slots.iter().filter_map(|s| s.check.as_ref()).map(|(h, _)| h.failing_for).min();
         let withdraw = !ready && failing_for.is_none_or(|f| f >= ctx.settings.withdraw_after);
         if let Some(service) = want.publishes() {
