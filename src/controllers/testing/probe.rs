@@ -14,6 +14,8 @@ pub struct FakeProbe {
     timeouts: Mutex<Vec<Duration>>,
     /// Addresses whose checks fail whatever the answer.
     refused: Mutex<std::collections::BTreeSet<String>>,
+    /// What a control port says unasked ([`FakeProbe::report`]).
+    report: Mutex<Option<String>>,
 }
 
 impl FakeProbe {
@@ -25,7 +27,14 @@ impl FakeProbe {
             checked: Mutex::default(),
             timeouts: Mutex::default(),
             refused: Mutex::default(),
+            report: Mutex::default(),
         }
+    }
+
+    /// What every control port says unasked: an install report, as a VM that refused the binary
+    /// serves it; `None` (the default) for silence.
+    pub fn report(&self, text: Option<&str>) {
+        *self.report.lock().unwrap() = text.map(str::to_string);
     }
 
     /// Whether the exit server's control port accepts connections (by default it does).
@@ -73,5 +82,9 @@ impl Probe for FakeProbe {
 
     async fn reachable(&self, _host_ip: &str, _port: u16) -> bool {
         *self.reachable.lock().unwrap()
+    }
+
+    async fn install_report(&self, _host_ip: &str, _port: u16) -> Option<String> {
+        self.report.lock().unwrap().clone()
     }
 }

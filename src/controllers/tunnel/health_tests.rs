@@ -314,3 +314,27 @@ async fn a_proxy_protocol_tunnel_for_a_service_with_a_udp_port_fails_with_the_re
     assert_eq!(h.warnings(), expected);
     assert!(h.provider.calls().is_empty(), "no cloud call for a Tunnel that cannot be served");
 }
+
+/// Where the provider keeps no console (DigitalOcean, Hetzner), a VM that refused the binary
+/// serves its install report on the control port: the Tunnel names the refusal and never
+/// replaces the VM (a new one would refuse the same file).
+#[tokio::test]
+async fn a_refusal_served_on_the_control_port_is_named_and_never_replaced() {
+    let minute = std::time::Duration::from_secs(60);
+    let settings =
+        TunnelArgs { boot_timeout: minute / 2, replace_after: minute, max_replacements: 2, ..Default::default() };
+    let mut h = super::tests::harness_settings(settings);
+    h.add_service();
+    h.probe.answer(false);
+    h.probe.report(Some("skyport-exit-server-install: refused digest-mismatch\n"));
+    h.reconcile(h.new_tunnel()).await.unwrap();
+    for _ in 0..4 {
+        h.ctx.health.backdate("h-1", 100 * minute);
+        let _ = h.reconcile(Arc::new(h.current())).await;
+    }
+    let t = h.current();
+    assert_eq!(ready(&t), (ConditionStatus::False, "ExitServerArtifactRefused".into()));
+    let message = crate::controllers::status::ready_condition(&t).unwrap().message.clone();
+    assert!(message.contains("digest-mismatch"), "{message}");
+    assert_eq!(h.provider.calls().iter().filter(|c| **c == "create").count(), 1, "never replaced");
+}

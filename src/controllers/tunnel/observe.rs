@@ -348,6 +348,11 @@ pub trait Probe: Send + Sync {
     /// which it binds whether or not a client is connected, to tell a server that is down or
     /// unreachable from one that waits for its client.
     async fn reachable(&self, host_ip: &str, port: u16) -> bool;
+
+    /// What `host_ip:port` says unasked, if anything, within a moment: the install report a VM
+    /// that refused the binary serves on its control port (a tunnel server there says nothing
+    /// until the client's handshake). How a provider without a console tells its VM's refusal.
+    async fn install_report(&self, host_ip: &str, port: u16) -> Option<String>;
 }
 
 /// The real check, [`crate::tunnel::probe`]: a fresh nonce to the exit server's health port must
@@ -372,5 +377,16 @@ impl Probe for NetworkProbe {
         let Ok(ip) = host_ip.parse::<std::net::IpAddr>() else { return false };
         let connect = tokio::net::TcpStream::connect(std::net::SocketAddr::new(ip, port));
         matches!(tokio::time::timeout(PROBE_TIMEOUT, connect).await, Ok(Ok(_)))
+    }
+
+    async fn install_report(&self, host_ip: &str, port: u16) -> Option<String> {
+        use tokio::io::AsyncReadExt;
+        let ip = host_ip.parse::<std::net::IpAddr>().ok()?;
+        let connect = tokio::net::TcpStream::connect(std::net::SocketAddr::new(ip, port));
+        let mut conn = tokio::time::timeout(PROBE_TIMEOUT, connect).await.ok()?.ok()?;
+        // One report line; the read ends at the server's close, or after a moment of silence.
+        let mut buf = vec![0u8; 256];
+        let n = tokio::time::timeout(Duration::from_millis(500), conn.read(&mut buf)).await.ok()?.ok()?;
+        Some(String::from_utf8_lossy(&buf[..n]).into_owned()).filter(|s| !s.is_empty())
     }
 }

@@ -51,12 +51,31 @@ impl InstallReport {
     }
 }
 
+/// A refused exit server's report, served on its control port (where the tunnel server would
+/// listen, and which the firewall opens) to whoever connects: the operator reads it there where
+/// the provider keeps no console (DigitalOcean, Hetzner). Python 3 is on every image cloud-init
+/// runs on. The report is no secret: which step refused, never a token or URL.
+const REPORT_SERVER: &str = "import socket, sys\n\
+s = socket.socket()\n\
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+s.bind((\"0.0.0.0\", int(sys.argv[2])))\n\
+s.listen(8)\n\
+while True:\n    \
+c = s.accept()[0]\n    \
+try:\n        \
+c.sendall((sys.argv[1] + \"\\n\").encode())\n    \
+except OSError:\n        \
+pass\n    \
+c.close()\n";
+
 /// The install script: loads the firewall, picks the artifact for the machine's architecture,
 /// downloads it beside its final path, and installs it only if the digest matches; when the
 /// ruleset does not load or the digest differs it fails, so the unit is never enabled (fail
 /// closed). Whatever the outcome, it ends by printing one [`InstallReport`] line on the console
-/// (and on stderr, for cloud-init's log). Values are validated before they are quoted.
-pub fn render_install(artifacts: &[Artifact]) -> Result<String, UserDataError> {
+/// (and on stderr, for cloud-init's log); a refusal is also served on `control_port`
+/// ([`REPORT_SERVER`]), since nothing else will bind it. Values are validated before they are
+/// quoted.
+pub fn render_install(artifacts: &[Artifact], control_port: u16) -> Result<String, UserDataError> {
     if artifacts.is_empty() {
         return Err(UserDataError::NoArtifact);
     }
@@ -78,7 +97,10 @@ pub fn render_install(artifacts: &[Artifact]) -> Result<String, UserDataError> {
     Ok(format!(
         "set -eu\n\
          said=''\n\
-         say() {{ said=1; m=\"{INSTALL_REPORT} $*\"; echo \"$m\" >&2; echo \"$m\" 2>/dev/null >/dev/console || true; }}\n\
+         serve_report() {{ command -v systemd-run >/dev/null 2>&1 && command -v python3 >/dev/null 2>&1 || return 0; \
+         systemd-run --quiet --unit=skyport-install-report python3 -c '{REPORT_SERVER}' \"$m\" {control_port} >/dev/null 2>&1 || true; }}\n\
+         say() {{ said=1; m=\"{INSTALL_REPORT} $*\"; echo \"$m\" >&2; echo \"$m\" 2>/dev/null >/dev/console || true; \
+         case \"$*\" in refused*) serve_report ;; esac; }}\n\
          step=firewall\n\
          trap '[ -n \"$said\" ] || say \"not-started $step\"' EXIT\n\
          nft -f {NFTABLES_PATH}\n\

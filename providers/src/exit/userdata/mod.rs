@@ -307,7 +307,7 @@ pub fn render_cloud_config_on(
     addresses: &InterfaceAddresses,
 ) -> Result<String, UserDataError> {
     let server_toml = render_server_toml(server)?;
-    let install = render_install(artifacts)?;
+    let install = render_install(artifacts, server.control_port)?;
     let argv = |args: &[&str]| args.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     let mut doc = CloudConfig {
         package_update: true,

@@ -91,12 +91,12 @@ fn the_output_is_a_cloud_config_that_parses_as_yaml() {
     assert_eq!(file(&doc, FIREWALL_UNIT_PATH), render_firewall_unit());
     assert_eq!(file(&doc, FIREWALL_PATH_PATH), render_firewall_path());
     assert!(render_unit().contains(&format!("ReadWritePaths={CONFIG_DIR}\n")), "the server can replace its config");
-    assert_eq!(doc["runcmd"][1][2].as_str().unwrap(), render_install(&artifacts()).unwrap());
+    assert_eq!(doc["runcmd"][1][2].as_str().unwrap(), render_install(&artifacts(), 2333).unwrap());
 }
 
 #[test]
 fn the_install_checks_the_digest_before_anything_runs_and_refuses_bad_artifacts() {
-    let script = render_install(&artifacts()).unwrap();
+    let script = render_install(&artifacts(), 2333).unwrap();
     assert!(script.contains(&format!("  x86_64) url='https://example.test/v1/skyport-x86_64'; sum='{SUM}' ;;")));
     assert!(script.contains("  aarch64) url='http://10.1.2.3/skyport-aarch64'"));
     let check = script.find("sha256sum -c").unwrap();
@@ -105,14 +105,14 @@ fn the_install_checks_the_digest_before_anything_runs_and_refuses_bad_artifacts(
     assert!(script.starts_with("set -eu\n") && check < install && install < enable, "{script}");
     assert!(render_unit().contains(&format!("ExecStart={BINARY_PATH} tunnel server --config {SERVER_CONFIG_PATH}")));
 
-    assert_eq!(render_install(&[]), Err(UserDataError::NoArtifact));
+    assert_eq!(render_install(&[], 2333), Err(UserDataError::NoArtifact));
     for bad in [
         Artifact { url: "https://x/'; reboot; '".into(), ..artifacts()[0].clone() },
         Artifact { url: "ftp://x/skyport".into(), ..artifacts()[0].clone() },
         Artifact { sha256: "00".into(), ..artifacts()[0].clone() },
         Artifact { arch: "x86_64) echo".into(), ..artifacts()[0].clone() },
     ] {
-        assert!(matches!(render_install(&[bad]), Err(UserDataError::InvalidArtifact(_))));
+        assert!(matches!(render_install(&[bad], 2333), Err(UserDataError::InvalidArtifact(_))));
     }
 }
 
@@ -322,7 +322,7 @@ fn a_firewall_that_does_not_load_keeps_the_tunnel_server_from_starting() {
 
 #[test]
 fn every_outcome_the_install_script_reports_is_one_the_operator_reads() {
-    let script = render_install(&artifacts()).unwrap();
+    let script = render_install(&artifacts(), 2333).unwrap();
     let mut said: Vec<String> = script
         .match_indices("say ")
         .filter_map(|(i, _)| {
@@ -377,29 +377,71 @@ fn the_install_script_reports_why_it_stopped() {
     let run = |stubs: &[(&str, &str)]| {
         let dir = std::env::temp_dir().join(format!("skyport-report-{}-{}", std::process::id(), rand::random::<u32>()));
         std::fs::create_dir_all(&dir).unwrap();
+        let served = dir.join("served");
+        let record = format!("echo \"$@\" > '{}'", served.display());
         // Nothing on this machine is touched: each step the script may reach is a stub.
-        for (name, body) in [("nft", "exit 0"), ("uname", "echo x86_64"), ("curl", "exit 22"), ("rm", "exit 0")]
-            .iter()
-            .filter(|(n, _)| !stubs.iter().any(|(s, _)| s == n))
-            .chain(stubs)
+        let defaults = [("nft", "exit 0"), ("uname", "echo x86_64"), ("curl", "exit 22"), ("rm", "exit 0")];
+        let defaults = defaults.into_iter().chain([("systemd-run", record.as_str()), ("python3", "exit 0")]);
+        for (name, body) in
+            defaults.collect::<Vec<_>>().iter().filter(|(n, _)| !stubs.iter().any(|(s, _)| s == n)).chain(stubs)
         {
             std::fs::write(dir.join(name), format!("#!/bin/sh\n{body}\n")).unwrap();
             std::fs::set_permissions(dir.join(name), std::fs::Permissions::from_mode(0o755)).unwrap();
         }
         let out = std::process::Command::new("sh")
-            .args(["-c", &render_install(&artifacts()).unwrap()])
+            .args(["-c", &render_install(&artifacts(), 2333).unwrap()])
             .env("PATH", format!("{}:/usr/bin:/bin", dir.display()))
             .output()
             .unwrap();
+        let served = std::fs::read_to_string(&served).ok();
         std::fs::remove_dir_all(&dir).unwrap();
         assert!(!out.status.success());
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         assert_eq!(stderr.matches(INSTALL_REPORT).count(), 1, "one report: {stderr}");
-        InstallReport::find(&stderr)
+        (InstallReport::find(&stderr), served)
     };
-    assert_eq!(run(&[("nft", "exit 1")]), Some(InstallReport::NotStarted("firewall".into())));
-    assert_eq!(run(&[("uname", "echo riscv64")]), Some(InstallReport::ArtifactRefused("architecture riscv64".into())));
-    assert_eq!(run(&[]), Some(InstallReport::ArtifactRefused("download-failed".into())));
+    let (report, served) = run(&[("nft", "exit 1")]);
+    assert_eq!(report, Some(InstallReport::NotStarted("firewall".into())));
+    assert_eq!(served, None, "only a refusal is served: a server that may yet start keeps its port");
+    let (report, served) = run(&[("uname", "echo riscv64")]);
+    assert_eq!(report, Some(InstallReport::ArtifactRefused("architecture riscv64".into())));
+    let served = served.expect("a refusal is served on the control port");
+    assert!(served.contains("--unit=skyport-install-report python3 -c"), "{served}");
+    assert!(served.trim_end().ends_with(&format!("{INSTALL_REPORT} refused architecture riscv64 2333")), "{served}");
+    assert_eq!(run(&[]).0, Some(InstallReport::ArtifactRefused("download-failed".into())));
+}
+
+/// The report server the install script starts after a refusal, run as the VM runs it: whoever
+/// connects to the port reads the report line, again and again.
+#[test]
+fn a_refusal_is_read_back_from_the_report_server() {
+    use std::io::Read;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let script = render_install(&artifacts(), port).unwrap();
+    let server = script.split("python3 -c '").nth(1).unwrap().split('\'').next().unwrap().to_string();
+    let line = format!("{INSTALL_REPORT} refused digest-mismatch");
+    let mut child =
+        std::process::Command::new("python3").args(["-c", &server, &line, &port.to_string()]).spawn().unwrap();
+    let read = || -> Option<String> {
+        let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+        let mut text = String::new();
+        conn.read_to_string(&mut text).ok()?;
+        Some(text)
+    };
+    let mut got = None;
+    for _ in 0..100 {
+        got = read();
+        if got.is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let second = read();
+    child.kill().unwrap();
+    let _ = child.wait();
+    let got = got.expect("the report server answers");
+    assert_eq!(InstallReport::find(&got), Some(InstallReport::ArtifactRefused("digest-mismatch".into())), "{got:?}");
+    assert_eq!(second, Some(got), "every connection gets it");
 }
 
 /// skyport's own table in the server config: PROXY protocol and source ranges.

@@ -1,6 +1,7 @@
 //! Why an exit server's tunnel does not come up, and whether a new one would help: the probes
-//! and the VM's own word on an exit server the operator cannot reach (its install report, read
-//! from the console where the provider keeps one, [`HostProvider::console_output`]). One
+//! and the VM's own word (its install report: served on the control port by a VM that refused
+//! the binary, else read from the console where the provider keeps one,
+//! [`HostProvider::console_output`]). One
 //! diagnosis for a single exit server and for either server of a highly available pair.
 
 use providers::HostProvider;
@@ -31,8 +32,16 @@ pub(super) async fn judge(
 ) -> (Cause, Unhealthy) {
     let settings = &ctx.settings;
     let (id, ip) = failing.host;
-    let reachable = ctx.probe.reachable(ip, settings.control_port).await;
-    let cause = with_report(Cause::diagnose(reachable, client_available), provider, id).await;
+    // A VM that refused the binary says so on its control port ([`observe::Probe::install_report`]);
+    // else the console, where the provider keeps one, tells an unreachable VM's story.
+    let served = ctx.probe.install_report(ip, settings.control_port).await;
+    let cause = match served.as_deref().and_then(InstallReport::find) {
+        Some(report) => Cause::ExitServerUnreachable.with_report(Some(report)),
+        None => {
+            let reachable = ctx.probe.reachable(ip, settings.control_port).await;
+            with_report(Cause::diagnose(reachable, client_available), provider, id).await
+        }
+    };
     let limits = replace::Limits {
         boot_timeout: settings.boot_timeout,
         replace_after: settings.replace_after,
