@@ -239,17 +239,24 @@ async fn a_client_that_never_runs_costs_no_new_exit_server() {
     assert_eq!(h.warnings(), expected);
 }
 
-/// An exit server that cannot be reached is replaced, each replacement waiting twice as long
-/// as the one before, and at most `--tunnel-max-replacements` times; the count is in status and
-/// starts over once the tunnel works.
-#[tokio::test]
-async fn an_unreachable_exit_server_is_replaced_with_backoff_and_at_most_the_maximum() {
+/// A Service whose Tunnel's checks fail, replaced after a minute (booting for half of one), at
+/// most twice; and that minute.
+fn failing() -> (Harness, std::time::Duration) {
     let minute = std::time::Duration::from_secs(60);
     let settings =
         TunnelArgs { boot_timeout: minute / 2, replace_after: minute, max_replacements: 2, ..Default::default() };
     let mut h = super::tests::harness_settings(settings);
     h.add_service();
     h.probe.answer(false);
+    (h, minute)
+}
+
+/// An exit server that cannot be reached is replaced, each replacement waiting twice as long
+/// as the one before, and at most `--tunnel-max-replacements` times; the count is in status and
+/// starts over once the tunnel works.
+#[tokio::test]
+async fn an_unreachable_exit_server_is_replaced_with_backoff_and_at_most_the_maximum() {
+    let (h, minute) = failing();
     h.probe.reach(false);
     h.reconcile(h.new_tunnel()).await.unwrap();
     let creates = |h: &Harness| h.provider.calls().iter().filter(|c| **c == "create").count();
@@ -320,12 +327,7 @@ async fn a_proxy_protocol_tunnel_for_a_service_with_a_udp_port_fails_with_the_re
 /// replaces the VM (a new one would refuse the same file).
 #[tokio::test]
 async fn a_refusal_served_on_the_control_port_is_named_and_never_replaced() {
-    let minute = std::time::Duration::from_secs(60);
-    let settings =
-        TunnelArgs { boot_timeout: minute / 2, replace_after: minute, max_replacements: 2, ..Default::default() };
-    let mut h = super::tests::harness_settings(settings);
-    h.add_service();
-    h.probe.answer(false);
+    let (h, minute) = failing();
     h.probe.report(Some("skyport-exit-server-install: refused digest-mismatch\n"));
     h.reconcile(h.new_tunnel()).await.unwrap();
     for _ in 0..4 {
