@@ -234,7 +234,7 @@ async fn a_guest_that_refuses_the_binary_is_named_as_such_and_never_replaced() {
     let id = host_id(&tunnel);
     // The guest serves its refusal on the control port, where nothing else listens now: how the
     // operator hears of it where the provider keeps no console (DigitalOcean, Hetzner).
-    let served = served_on(&host_ip(&tunnel), op.ctx.settings.control_port).await;
+    let served = common::guest::served_on(&host_ip(&tunnel), op.ctx.settings.control_port).await;
     assert!(served.contains("skyport-exit-server-install: refused digest-mismatch"), "{served:?}");
     let reasons: Vec<String> = events(&ns.client, &ns.name, "web-tunnel").await.into_iter().map(|e| e.0).collect();
     assert!(reasons.contains(&"ExitServerArtifactRefused".to_string()), "{reasons:?}");
@@ -258,13 +258,4 @@ async fn a_guest_that_refuses_the_binary_is_named_as_such_and_never_replaced() {
     tunnels::gone(&tunnels, "web-tunnel").await;
     assert!(traces(&id).is_empty(), "the guest left {:?}", traces(&id));
     tunnels::finish_tunnels(op, ns).await;
-}
-
-/// What `ip:port` sends unasked before it closes (a refused VM's install report).
-async fn served_on(ip: &str, port: u16) -> String {
-    use tokio::io::AsyncReadExt;
-    let mut conn = tokio::net::TcpStream::connect((ip, port)).await.expect("the control port accepts");
-    let mut text = String::new();
-    tokio::time::timeout(Duration::from_secs(5), conn.read_to_string(&mut text)).await.expect("closed").unwrap();
-    text
 }

@@ -112,3 +112,14 @@ pub fn guest_exe() -> PathBuf {
     );
     exe
 }
+
+/// What `ip:port` sends unasked before it closes: a VM that refused the exit-server binary serves
+/// its install report on the control port, where no tunnel server runs.
+pub async fn served_on(ip: &str, port: u16) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut conn = tokio::net::TcpStream::connect((ip, port)).await.expect("the control port accepts");
+    let mut text = String::new();
+    let read = conn.read_to_string(&mut text);
+    tokio::time::timeout(std::time::Duration::from_secs(5), read).await.expect("closed").unwrap();
+    text
+}
