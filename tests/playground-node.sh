@@ -45,6 +45,9 @@ spec:
     command: [/bin/busybox, sh, -c, "/bin/busybox mkdir -p /www && echo 'hello from the web Pod behind the tunnel' > /www/index.html && exec /bin/busybox httpd -f -p 80 -h /www"]
 YAML
 k apply -f examples/tunnel.yaml >&2
+# The operator makes the Tunnel a moment after the Service; `kubectl wait` on a name that does
+# not exist yet fails at once, so wait for it to exist first.
+for _ in $(seq 120); do k get tunnel/web-tunnel >/dev/null 2>&1 && break; sleep 0.5; done
 k wait --for=jsonpath='{.status.phase}'=Active tunnel/web-tunnel --timeout=180s >&2
 IP="$(k get service web -o jsonpath='{.status.loadBalancer.ingress[0].ip}')"
 for _ in $(seq 50); do curl -fsS --max-time 2 "http://$IP:8080/" >/dev/null 2>&1 && break; sleep 0.2; done
