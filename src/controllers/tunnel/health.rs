@@ -1,9 +1,10 @@
 //! One health tracker for every exit server, a single Tunnel's and each server of a pair's: per
 //! host, the failed health checks in a row and since when. The single path reads how long a
 //! host has failed (its boot timeout and replacement wait), the pair path also how many checks
-//! in a row (the failover hysteresis); both read the same record.
+//! in a row (the failover hysteresis); both read the same record. Beside it, what the metrics
+//! count per Tunnel from the same passes: failovers and time unserved ([`PerTunnel`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -105,6 +106,64 @@ impl HaltedRolls {
         let mut rolls = self.rolls();
         let (since, _) = rolls.entry(uid.to_string()).or_insert_with(|| (Instant::now(), false));
         *since = since.checked_sub(by).expect("the machine has been up longer than the backdate");
+    }
+}
+
+/// A counter per Tunnel, by (namespace, name), for the metrics: kept in the process (a Tunnel's
+/// status is writable by anyone who may write `tunnels/status`), dropped with the Tunnel.
+#[derive(Default)]
+pub struct PerTunnel(Mutex<BTreeMap<(String, String), f64>>);
+
+impl PerTunnel {
+    fn map(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, String), f64>> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub fn add(&self, (namespace, name): (&str, &str), amount: f64) {
+        *self.map().entry((namespace.to_string(), name.to_string())).or_default() += amount;
+    }
+
+    /// Drops a deleted Tunnel's series.
+    pub fn remove(&self, (namespace, name): (&str, &str)) {
+        self.map().remove(&(namespace.to_string(), name.to_string()));
+    }
+
+    pub fn by_tunnel(&self) -> BTreeMap<(String, String), f64> {
+        self.map().clone()
+    }
+
+    pub fn total(&self) -> f64 {
+        self.map().values().sum()
+    }
+}
+
+/// The time highly available Tunnels spent unserved: Active once, then a pass without a server
+/// passing behind the address. Summed pass by pass: each adds the time since that Tunnel's
+/// previous pass, at most [`UNSERVED_STEP`] (a longer one means the operator was away).
+#[derive(Default)]
+pub struct Unserved {
+    last: Mutex<HashMap<String, Instant>>,
+    /// Seconds, by Tunnel.
+    pub seconds: PerTunnel,
+}
+
+/// The most one pass adds to [`Unserved`].
+pub const UNSERVED_STEP: Duration = Duration::from_secs(5);
+
+impl Unserved {
+    /// Records a pass of Tunnel `uid` (named `at`): `serving` is `None` before it was first Active.
+    pub fn record(&self, uid: &str, at: (&str, &str), serving: Option<bool>) {
+        let now = Instant::now();
+        let previous = self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(uid.to_string(), now);
+        if let (Some(previous), Some(false)) = (previous, serving) {
+            self.seconds.add(at, now.duration_since(previous).min(UNSERVED_STEP).as_secs_f64());
+        }
+    }
+
+    /// Drops a deleted Tunnel.
+    pub fn forget(&self, uid: &str, at: (&str, &str)) {
+        self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(uid);
+        self.seconds.remove(at);
     }
 }
 

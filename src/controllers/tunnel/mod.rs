@@ -101,9 +101,9 @@ pub struct State {
     /// Exit servers this process may still create this hour, for all Tunnels together.
     pub creations: hourly::HourlyBudget,
     /// Failovers of highly available Tunnels: the reserved address moved to the standby.
-    pub failovers: observe::PerTunnel,
+    pub failovers: health::PerTunnel,
     /// Time highly available Tunnels spent without a server passing behind their address.
-    pub unserved: observe::Unserved,
+    pub unserved: health::Unserved,
     /// Highly available Tunnels' provider reads, kept while their pairs are quiet.
     pub pair_views: observe::PairViews,
     /// Since when each highly available Tunnel's client roll has been halted.

@@ -158,64 +158,6 @@ impl PairViews {
     }
 }
 
-/// A counter per Tunnel, by (namespace, name), for the metrics: kept in the process (a Tunnel's
-/// status is writable by anyone who may write `tunnels/status`), dropped with the Tunnel.
-#[derive(Default)]
-pub struct PerTunnel(Mutex<BTreeMap<(String, String), f64>>);
-
-impl PerTunnel {
-    fn map(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, String), f64>> {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    pub fn add(&self, (namespace, name): (&str, &str), amount: f64) {
-        *self.map().entry((namespace.to_string(), name.to_string())).or_default() += amount;
-    }
-
-    /// Drops a deleted Tunnel's series.
-    pub fn remove(&self, (namespace, name): (&str, &str)) {
-        self.map().remove(&(namespace.to_string(), name.to_string()));
-    }
-
-    pub fn by_tunnel(&self) -> BTreeMap<(String, String), f64> {
-        self.map().clone()
-    }
-
-    pub fn total(&self) -> f64 {
-        self.map().values().sum()
-    }
-}
-
-/// The time highly available Tunnels spent unserved: Active once, then a pass without a server
-/// passing behind the address. Summed pass by pass: each adds the time since that Tunnel's
-/// previous pass, at most [`UNSERVED_STEP`] (a longer one means the operator was away).
-#[derive(Default)]
-pub struct Unserved {
-    last: Mutex<HashMap<String, Instant>>,
-    /// Seconds, by Tunnel.
-    pub seconds: PerTunnel,
-}
-
-/// The most one pass adds to [`Unserved`].
-pub const UNSERVED_STEP: Duration = Duration::from_secs(5);
-
-impl Unserved {
-    /// Records a pass of Tunnel `uid` (named `at`): `serving` is `None` before it was first Active.
-    pub fn record(&self, uid: &str, at: (&str, &str), serving: Option<bool>) {
-        let now = Instant::now();
-        let previous = self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(uid.to_string(), now);
-        if let (Some(previous), Some(false)) = (previous, serving) {
-            self.seconds.add(at, now.duration_since(previous).min(UNSERVED_STEP).as_secs_f64());
-        }
-    }
-
-    /// Drops a deleted Tunnel.
-    pub fn forget(&self, uid: &str, at: (&str, &str)) {
-        self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(uid);
-        self.seconds.remove(at);
-    }
-}
-
 /// The Tunnel's reserved address: the one recorded in status if it still exists (it is the one
 /// that may be published), else the lowest id of those carrying the Tunnel's UID tag.
 pub struct FoundAddress {
