@@ -382,6 +382,7 @@ fn tunnels_request() -> providers::HostRequest {
         },
         tags: providers::owner_tags("00000000-0000-0000-0000-000000000000", "bench", "direct"),
         address: None,
+        failure_domain: None,
     }
 }
 

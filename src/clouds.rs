@@ -84,7 +84,8 @@ pub async fn configure(args: &TunnelArgs, aws_region: Option<&str>) -> anyhow::R
             let mut settings = providers::Ec2Settings::new(ami.clone());
             settings.region = aws_region.map(str::to_string);
             settings.region_images = args.ec2_region_images.iter().cloned().collect();
-            settings.subnet_id = args.ec2_subnet_id.clone().filter(|s| !s.trim().is_empty());
+            settings.subnet_ids =
+                args.ec2_subnet_ids.iter().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
             list.push(Arc::new(providers::Ec2Provider::from_env(settings).await.context("ec2 provider")?));
         }
         None if default == Some(EC2) => {

@@ -28,9 +28,10 @@ use pair::Ec2Pair;
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn a_highly_available_tunnel_on_ec2_gets_two_instances_with_secondary_addresses_and_one_elastic_ip() {
     let ns = TestNs::new("tun-ec2-ha").await;
-    let ec2 = std::sync::Arc::new(
-        providers::Ec2Provider::from_env(providers::Ec2Settings::new("ami-0123456789abcdef0")).await.unwrap(),
-    );
+    // Given subnets in two zones, as a platform team spreading its pairs.
+    let mut settings = providers::Ec2Settings::new("ami-0123456789abcdef0");
+    settings.subnet_ids = two_zones().await;
+    let ec2 = std::sync::Arc::new(providers::Ec2Provider::from_env(settings).await.unwrap());
     let op = TunnelOperator::start_with(&ns, fast_tunnel_settings(), vec![ec2.clone()]).await;
     let (services, tunnels): (Api<Service>, Api<Tunnel>) = (ns.api(), ns.api());
     services.create(&PostParams::default(), &pair::web()).await.unwrap();
@@ -46,6 +47,9 @@ async fn a_highly_available_tunnel_on_ec2_gets_two_instances_with_secondary_addr
     let ha = status.high_availability.clone().unwrap();
     assert_eq!(ha.limitation, None, "EC2 moves the address");
     assert_eq!(ha.active, None, "no server passed its check, so none holds the address");
+    let zones: Vec<Option<&str>> = ha.servers.iter().map(|s| s.zone.as_deref()).collect();
+    assert!(zones.iter().all(Option::is_some) && zones[0] != zones[1], "{zones:?}");
+    assert!(ha.spread.as_deref().is_some_and(|s| s.starts_with("in different zones")), "{:?}", ha.spread);
     let uid = tunnel.metadata.uid.clone().unwrap();
 
     let client = ec2.client();
@@ -60,6 +64,8 @@ async fn a_highly_available_tunnel_on_ec2_gets_two_instances_with_secondary_addr
         let secondary = eth0.private_ip_addresses().iter().filter(|a| a.primary() == Some(false)).count();
         assert_eq!(secondary, 1, "{id}: one secondary private IPv4");
         assert_eq!(instance.public_ip_address(), server.host_ip.as_deref(), "its own public IPv4, for its client");
+        let zone = instance.placement().and_then(|p| p.availability_zone());
+        assert_eq!(zone, server.zone.as_deref(), "{id}: the zone EC2 reports");
     }
     let addresses = ec2.list_addresses_by_tag(TAG_TUNNEL_UID, &uid).await.unwrap();
     let [address] = addresses.as_slice() else { panic!("one Elastic IP: {addresses:?}") };
@@ -73,6 +79,16 @@ async fn a_highly_available_tunnel_on_ec2_gets_two_instances_with_secondary_addr
     }
     assert_eq!(ec2.get_address(&address.id).await.unwrap(), None, "the Elastic IP is released");
     finish_tunnels(op, ns).await;
+}
+
+/// Two of the default VPC's subnets, in different zones.
+async fn two_zones() -> Vec<String> {
+    let any = providers::Ec2Provider::from_env(providers::Ec2Settings::new("ami-0123456789abcdef0")).await.unwrap();
+    let defaults = aws_sdk_ec2::types::Filter::builder().name("default-for-az").values("true").build();
+    let out = any.client().describe_subnets().filters(defaults).send().await.unwrap();
+    let by_zone: std::collections::BTreeMap<&str, &str> =
+        out.subnets().iter().filter_map(|s| Some((s.availability_zone()?, s.subnet_id()?))).collect();
+    by_zone.values().take(2).map(|s| s.to_string()).collect()
 }
 
 /// Warning Events `reason` on the Tunnel.

@@ -140,7 +140,7 @@ pub enum HostError {
     #[error("{provider} unavailable: {message}")]
     Unavailable { provider: &'static str, message: String },
     /// The account has no default network where the host would go (EC2: no default VPC in the
-    /// region) and the operator names none (`--ec2-subnet-id`). Fixed in the operator's settings.
+    /// region) and the operator names none (`--ec2-subnet-ids`). Fixed in the operator's settings.
     #[error("{provider}: {message}")]
     NoDefaultVpc { provider: &'static str, message: String },
 }

@@ -43,7 +43,7 @@ pub use machine::{HOST_ALIAS, Machine};
 use crate::error::HostError;
 use crate::host_files::HostFiles;
 use crate::hosts::{
-    AddressBinding, Capabilities, Host, HostProvider, HostRequest, HostState, MovedAddress, TAG_TUNNEL_SLOT,
+    AddressBinding, Capabilities, Host, HostProvider, HostRequest, HostState, MovedAddress, Spread, TAG_TUNNEL_SLOT,
 };
 use crate::limiter::Limiter;
 use crate::reservations::Booked;
@@ -161,6 +161,7 @@ impl GuestProvider {
             public_ipv4: Some(record.machine.ip.to_string()),
             state,
             tags: record.tags.clone(),
+            zone: None,
         }
     }
 
@@ -302,6 +303,7 @@ impl HostProvider for GuestProvider {
             address_binding: AddressBinding::AtCreate,
             moves_addresses: true,
             moved_address: MovedAddress::OnInterface,
+            spread: Spread::No("both guests run on the operator's machine (guest provider)"),
             ..Capabilities::default()
         }
     }

@@ -26,7 +26,7 @@ use crate::exit::userdata::{ExitServer, render_server_toml};
 use crate::limiter::Limiter;
 
 pub use crate::addresses::{Address, AddressBinding, AddressRequest};
-pub use capabilities::{Capabilities, MovedAddress, MovedSetup};
+pub use capabilities::{Capabilities, MovedAddress, MovedSetup, Spread};
 pub(crate) use tags::fnv1a32;
 pub use tags::{DO_TAG_MAX, HETZNER_VALUE_MAX, TagSyntax, fit_value};
 
@@ -99,6 +99,10 @@ pub struct HostRequest {
     /// Tunnel's (it may carry a previous Tunnel's tags, taken over). Named, not looked up by
     /// tag, so a taken-over address is not missed; others bind it after creation and ignore it.
     pub address: Option<String>,
+    /// Which failure domain the host goes to, where the provider places hosts apart
+    /// ([`Capabilities::spread`]): hosts with different indexes go to different zones (a pair's
+    /// slots are 0 and 1). `None`: wherever the provider puts it (a single exit server).
+    pub failure_domain: Option<usize>,
 }
 
 impl std::fmt::Debug for HostRequest {
@@ -111,6 +115,7 @@ impl std::fmt::Debug for HostRequest {
             .field("server", &self.server)
             .field("tags", &self.tags)
             .field("address", &self.address)
+            .field("failure_domain", &self.failure_domain)
             .finish()
     }
 }
@@ -140,6 +145,9 @@ pub struct Host {
     /// with their provider spelling as key and an empty value (DigitalOcean) or unchanged
     /// (Hetzner).
     pub tags: BTreeMap<String, String>,
+    /// The failure domain the provider reports the host in (an EC2 availability zone); `None`
+    /// where it reports none that keeps two hosts apart.
+    pub zone: Option<String>,
 }
 
 /// Exit-server VMs. Implementations are idempotent where it matters for reconciling:

@@ -31,7 +31,7 @@ pub use exit::userdata::{
 pub use hetzner::{HetznerProvider, HetznerSettings};
 pub use hosts::{
     Address, AddressBinding, AddressRequest, Capabilities, Host, HostProvider, HostRequest, HostState, MovedAddress,
-    TagSyntax, owner_tags,
+    Spread, TagSyntax, owner_tags,
 };
 pub use limiter::{CallCounters, Limiter};
 pub use rest::{ApiToken, Budget, RestSettings};

@@ -43,7 +43,8 @@ use crate::error::HostError;
 use crate::exit::userdata::ExitServer;
 use crate::host_files::HostFiles;
 use crate::hosts::{
-    AddressBinding, Capabilities, Host, HostProvider, HostRequest, HostState, MovedAddress, TAG_TUNNEL_SLOT, fnv1a32,
+    AddressBinding, Capabilities, Host, HostProvider, HostRequest, HostState, MovedAddress, Spread, TAG_TUNNEL_SLOT,
+    fnv1a32,
 };
 use crate::limiter::Limiter;
 use crate::reservations::Booked;
@@ -148,6 +149,7 @@ impl LocalProvider {
             public_ipv4: Some(record.serving.unwrap_or(record.address).to_string()),
             state,
             tags: record.tags.clone(),
+            zone: None,
         }
     }
 
@@ -363,6 +365,7 @@ impl HostProvider for LocalProvider {
             moved_address: MovedAddress::Translated,
             // Local exit servers run on the operator's machine, where skyport sets up no firewall.
             host_enforces_source_ranges: false,
+            spread: Spread::No("both exit servers run on the operator's machine (local provider)"),
         }
     }
 

@@ -241,11 +241,14 @@ pub struct TunnelArgs {
     #[arg(long = "ec2-image-id", env = "SKYPORT_EC2_IMAGE_ID")]
     pub ec2_image_id: Option<String>,
 
-    /// ec2 provider: subnet of the exit servers in the default region (needed where the region
-    /// has no default VPC); their security groups go to the subnet's VPC. It must give instances
-    /// a public IPv4 address and route to an internet gateway. Default: the default VPC.
-    #[arg(long = "ec2-subnet-id", env = "SKYPORT_EC2_SUBNET_ID")]
-    pub ec2_subnet_id: Option<String>,
+    /// ec2 provider: subnets of the exit servers in the default region, comma-separated, one per
+    /// availability zone and all of one VPC (needed where the region has no default VPC); their
+    /// security groups go to that VPC. A single exit server takes the first; a highly available
+    /// Tunnel's two take different ones, so two or more put them in different zones. Each must
+    /// give instances a public IPv4 address and route to an internet gateway. Default: the
+    /// default VPC.
+    #[arg(long = "ec2-subnet-ids", env = "SKYPORT_EC2_SUBNET_IDS", value_delimiter = ',')]
+    pub ec2_subnet_ids: Vec<String>,
 
     /// ec2 provider: another region a Tunnel may name in `spec.region`, with its AMI (AMI ids
     /// are regional), as REGION=AMI; repeat the flag or separate with commas. A region not listed
@@ -311,7 +314,7 @@ impl Default for TunnelArgs {
             guest_state_dir: "/var/lib/skyport-guests".into(),
             guest_ca_file: None,
             ec2_image_id: None,
-            ec2_subnet_id: None,
+            ec2_subnet_ids: Vec::new(),
             ec2_region_images: Vec::new(),
             hetzner_location: providers::hetzner::DEFAULT_LOCATION.into(),
             cluster_id: None,

@@ -134,7 +134,7 @@ fn helm_chart_output_is_accepted_by_a_server_side_dry_run() {
         "--set",
         "tunnel.ec2ImageId=ami-0123456789abcdef0,tunnel.orphanSweepInterval=0,tunnel.credentialsSecret=my-tokens",
         "--set",
-        "tunnel.ec2RegionImages.eu-west-1=ami-0aaaaaaaaaaaaaaaa,tunnel.ec2SubnetId=subnet-0123456789abcdef0",
+        "tunnel.ec2RegionImages.eu-west-1=ami-0aaaaaaaaaaaaaaaa,tunnel.ec2SubnetIds={subnet-0123456789abcdef0,subnet-0fedcba9876543210}",
         "--set",
         "tunnel.skipExitServerCheck=true,tunnel.exitServerCheckTtl=10m",
         "--set",
@@ -162,7 +162,7 @@ fn helm_chart_output_is_accepted_by_a_server_side_dry_run() {
     assert_eq!(tunnel.ec2_image_id.as_deref(), Some("ami-0123456789abcdef0"));
     assert_eq!(tunnel.ec2_region_images, [("eu-west-1".to_string(), "ami-0aaaaaaaaaaaaaaaa".to_string())]);
     assert!(tunnel.orphan_sweep_interval.is_zero());
-    assert_eq!(tunnel.ec2_subnet_id.as_deref(), Some("subnet-0123456789abcdef0"));
+    assert_eq!(tunnel.ec2_subnet_ids, ["subnet-0123456789abcdef0", "subnet-0fedcba9876543210"]);
     assert!(tunnel.skip_exit_server_check);
     assert_eq!(tunnel.exit_server_check_ttl, std::time::Duration::from_secs(600));
     let grants: Vec<(&str, &str)> =

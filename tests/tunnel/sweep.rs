@@ -40,6 +40,7 @@ async fn the_orphan_sweep_deletes_tagged_hosts_without_a_tunnel_and_keeps_the_re
             },
             tags,
             address: None,
+            failure_domain: None,
         }
     };
     let leftovers = tunnels::local_provider(&ns);

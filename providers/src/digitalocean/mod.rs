@@ -33,7 +33,8 @@ use serde_json::json;
 
 use crate::error::HostError;
 use crate::hosts::{
-    Address, AddressBinding, AddressRequest, Capabilities, Host, HostProvider, HostRequest, HostState, TagSyntax,
+    Address, AddressBinding, AddressRequest, Capabilities, Host, HostProvider, HostRequest, HostState, Spread,
+    TagSyntax,
 };
 use crate::limiter::Limiter;
 use crate::rest::{ApiToken, Budget, RefillModel, RestClient, RestSettings};
@@ -164,7 +165,7 @@ impl From<Droplet> for Host {
         };
         let public_ipv4 = d.networks.v4.into_iter().find(|n| n.kind == "public").map(|n| n.ip_address);
         let tags = d.tags.iter().map(|t| TagSyntax::DigitalOcean.decode(t, "")).collect();
-        Host { id: d.id.to_string(), name: d.name, public_ipv4, state, tags }
+        Host { id: d.id.to_string(), name: d.name, public_ipv4, state, tags, zone: None }
     }
 }
 
@@ -265,7 +266,12 @@ impl HostProvider for DigitalOceanProvider {
     /// assign action re-points it at another running droplet in its region, and each droplet
     /// keeps its own public address, which its tunnel client dials.
     fn capabilities(&self) -> Capabilities {
-        Capabilities { address_binding: AddressBinding::WithHost, moves_addresses: true, ..Capabilities::default() }
+        Capabilities {
+            address_binding: AddressBinding::WithHost,
+            moves_addresses: true,
+            spread: Spread::No("DigitalOcean places droplets itself, so both exit servers may share a hypervisor"),
+            ..Capabilities::default()
+        }
     }
 
     async fn reserve_address(&self, request: &AddressRequest) -> Result<Address, HostError> {

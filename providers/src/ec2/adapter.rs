@@ -12,9 +12,13 @@ use super::{Ec2Provider, MAX_USER_DATA, PROVIDER, TAG_INSTANCE_ID, invalid, meta
 use crate::error::HostError;
 use crate::exit::userdata::{ExitServer, render_server_toml};
 use crate::hosts::{
-    Address, AddressRequest, Capabilities, Host, HostProvider, HostRequest, MovedAddress, TAG_MOVED_ADDRESS,
+    Address, AddressRequest, Capabilities, Host, HostProvider, HostRequest, MovedAddress, Spread, TAG_MOVED_ADDRESS,
 };
 use crate::limiter::Limiter;
+
+/// Why a pair's two instances may share a zone, where fewer than two subnets are configured.
+const SPREAD_NEEDS_SUBNETS: &str = "both instances may run in one availability zone: give --ec2-subnet-ids (Helm \
+     tunnel.ec2SubnetIds) subnets in two or more zones, and a pair's instances go to different ones";
 
 impl Ec2Provider {
     async fn console(
@@ -50,7 +54,7 @@ impl HostProvider for Ec2Provider {
         let instance_type = request.size.clone().unwrap_or_else(|| self.settings.default_instance_type.clone());
         let user_data = base64::engine::general_purpose::STANDARD.encode(&request.user_data);
         let token = format!("skyport-{:016x}", rand::random::<u64>());
-        let subnet = self.network(&r).await?.subnet;
+        let subnet = self.network(&r).await?.subnet_for(request.failure_domain);
         let launched = self
             .call(&r, "RunInstances", async {
                 r.client
@@ -291,6 +295,10 @@ impl HostProvider for Ec2Provider {
             moves_addresses: true,
             moved_address: MovedAddress::SecondaryIp,
             host_enforces_source_ranges: false,
+            spread: match self.settings.subnet_ids.len() {
+                0 | 1 => Spread::No(SPREAD_NEEDS_SUBNETS),
+                _ => Spread::Zones,
+            },
             ..Capabilities::default()
         }
     }

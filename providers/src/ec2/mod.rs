@@ -103,10 +103,12 @@ pub struct Ec2Settings {
     pub region_images: BTreeMap<String, String>,
     /// Instance type when the Tunnel names none.
     pub default_instance_type: String,
-    /// Subnet to launch in, in the default region (default: the default VPC's default subnet
-    /// for the AZ AWS picks); the security groups go to its VPC. Other regions always use their
-    /// default VPC. See `network`.
-    pub subnet_id: Option<String>,
+    /// Subnets to launch in, in the default region, one per availability zone, all of one VPC
+    /// (default: the default VPC's default subnet for the AZ AWS picks); the security groups go
+    /// to their VPC. A single exit server takes the first; a pair's two take different ones, so
+    /// two subnets put them in two zones. Other regions always use their default VPC. See
+    /// `network`.
+    pub subnet_ids: Vec<String>,
     /// Rate limit of the EC2 calls in each region ([`default_budget`]).
     pub budget: Budget,
     /// Upper bound for one call including the SDK's retries.
@@ -129,7 +131,7 @@ impl Ec2Settings {
             image_id: image_id.into(),
             region_images: BTreeMap::new(),
             default_instance_type: "t3.nano".into(),
-            subnet_id: None,
+            subnet_ids: Vec::new(),
             budget: default_budget(),
             operation_timeout: Duration::from_secs(30),
             retry_groups_every: Duration::from_secs(15),

@@ -47,6 +47,7 @@ fn request() -> HostRequest {
         },
         tags: crate::hosts::owner_tags("uid", "team-a", "web"),
         address: None,
+        failure_domain: None,
     }
 }
 

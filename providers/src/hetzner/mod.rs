@@ -38,7 +38,7 @@ use serde_json::json;
 use crate::error::HostError;
 use crate::hosts::{
     Address, AddressBinding, AddressRequest, Capabilities, Host, HostProvider, HostRequest, HostState, MovedAddress,
-    TAG_TUNNEL_SLOT, TAG_TUNNEL_UID, TagSyntax, fnv1a32,
+    Spread, TAG_TUNNEL_SLOT, TAG_TUNNEL_UID, TagSyntax, fnv1a32,
 };
 use crate::limiter::Limiter;
 use crate::rest::{ApiToken, Budget, RefillModel, RestClient, RestSettings};
@@ -206,7 +206,14 @@ impl From<Server> for Host {
             _ => HostState::Provisioning,
         };
         let tags = s.labels.iter().map(|(k, v)| TagSyntax::Hetzner.decode(k, v)).collect();
-        Host { id: s.id.to_string(), name: s.name, public_ipv4: s.public_net.ipv4.map(|v| v.ip), state, tags }
+        Host {
+            id: s.id.to_string(),
+            name: s.name,
+            public_ipv4: s.public_net.ipv4.map(|v| v.ip),
+            state,
+            tags,
+            zone: None,
+        }
     }
 }
 
@@ -306,6 +313,9 @@ impl HostProvider for HetznerProvider {
             address_binding: AddressBinding::AtCreate,
             moves_addresses: true,
             moved_address: MovedAddress::OnInterface,
+            spread: Spread::No(
+                "skyport does not put Hetzner servers in a spread placement group yet, so both exit servers may share a physical host",
+            ),
             ..Capabilities::default()
         }
     }

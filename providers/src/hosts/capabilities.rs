@@ -68,6 +68,36 @@ impl MovedAddress {
     }
 }
 
+/// Whether a provider places a highly available Tunnel's two hosts in different failure domains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spread {
+    /// Hosts requested with different [`super::HostRequest::failure_domain`]s go to different
+    /// zones, and each host reports its zone ([`Host::zone`]), so status shows what was checked.
+    Zones,
+    /// Placed wherever the provider puts them: why, and what would change it, for the status.
+    No(&'static str),
+}
+
+impl Default for Spread {
+    fn default() -> Self {
+        Spread::No(
+            "the provider gives no control over where its servers run, so both exit servers may share a failure domain",
+        )
+    }
+}
+
+impl Spread {
+    /// What a pair's status says of where its servers run, from their reported zones.
+    pub fn describe(self, zones: [Option<&str>; 2]) -> String {
+        match (self, zones) {
+            (Spread::No(why), _) => why.to_string(),
+            (Spread::Zones, [Some(a), Some(b)]) if a != b => format!("in different zones: {a} and {b}"),
+            (Spread::Zones, [Some(a), Some(_)]) => format!("both in zone {a}, where the provider placed them"),
+            (Spread::Zones, _) => "placed in different zones; not both reported yet".into(),
+        }
+    }
+}
+
 /// What a provider can do, returned by [`super::HostProvider::capabilities`]. The default is a
 /// cloud's: reads cost API budget, hosts download the exit-server binary, addresses are assigned
 /// to running hosts and cannot be moved for a pair.
@@ -98,6 +128,8 @@ pub struct Capabilities {
     /// enforces the ranges with the host's security group instead, so its hosts' configs carry
     /// none and a range change touches the group alone.
     pub host_enforces_source_ranges: bool,
+    /// Whether a pair's two hosts are placed in different failure domains.
+    pub spread: Spread,
 }
 
 impl Default for Capabilities {
@@ -109,6 +141,7 @@ impl Default for Capabilities {
             moves_addresses: false,
             moved_address: MovedAddress::Translated,
             host_enforces_source_ranges: true,
+            spread: Spread::default(),
         }
     }
 }
@@ -176,12 +209,26 @@ mod tests {
     }
 
     #[test]
+    fn a_pair_reads_as_spread_only_where_both_reported_zones_differ() {
+        assert_eq!(
+            Spread::Zones.describe([Some("eu-west-1a"), Some("eu-west-1b")]),
+            "in different zones: eu-west-1a and eu-west-1b"
+        );
+        assert!(
+            Spread::Zones.describe([Some("eu-west-1a"), Some("eu-west-1a")]).starts_with("both in zone eu-west-1a")
+        );
+        assert!(Spread::Zones.describe([Some("eu-west-1a"), None]).contains("not both reported"));
+        assert_eq!(Spread::No("same machine").describe([Some("x"), Some("y")]), "same machine");
+    }
+
+    #[test]
     fn only_a_host_made_with_the_address_carries_it_where_the_host_must() {
         let host = |tags: &[(&str, &str)]| Host {
             id: "h-1".into(),
             name: "h".into(),
             public_ipv4: None,
             state: super::super::HostState::Running,
+            zone: None,
             tags: tags.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         };
         let made_with = host(&[(TAG_BOUND_ADDRESS, "198.51.100.7")]);

@@ -29,6 +29,7 @@ fn a_host_request_never_prints_its_user_data() {
         server: ExitServer { control_port: 2333, noise_private_key: "c2VjcmV0".into(), services: vec![] },
         tags: owner_tags(UID, "ns", "web"),
         address: None,
+        failure_domain: None,
     };
     let printed = format!("{request:?}");
     assert!(!printed.contains("s3cret") && printed.contains("<16 bytes>"), "{printed}");

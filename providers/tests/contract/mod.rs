@@ -61,6 +61,7 @@ pub fn request(name: &str, uid: &str) -> HostRequest {
         server: exit_server(),
         tags: owner_tags(uid, "team-a", "web-tunnel"),
         address: None,
+        failure_domain: None,
     }
 }
 

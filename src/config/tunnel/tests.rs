@@ -63,20 +63,20 @@ fn tunnel_backoff_defaults_to_the_shared_flags_and_service_keeps_its_fixed_retry
 fn the_exit_server_check_is_on_by_default_and_the_subnet_unset() {
     let cli = Cli::try_parse_from(["skyport", "run"]).unwrap();
     let Command::Run(run) = cli.command else { panic!("expected run") };
-    assert!(!run.tunnel.skip_exit_server_check && run.tunnel.ec2_subnet_id.is_none());
+    assert!(!run.tunnel.skip_exit_server_check && run.tunnel.ec2_subnet_ids.is_empty());
     assert_eq!(run.tunnel.exit_server_check_ttl, Duration::from_secs(3600));
     let cli = Cli::try_parse_from([
         "skyport",
         "run",
         "--skip-exit-server-check",
         "--exit-server-check-ttl=5m",
-        "--ec2-subnet-id=subnet-0a",
+        "--ec2-subnet-ids=subnet-0a,subnet-0b",
     ])
     .unwrap();
     let Command::Run(run) = cli.command else { panic!("expected run") };
     assert!(run.tunnel.skip_exit_server_check);
     assert_eq!(run.tunnel.exit_server_check_ttl, Duration::from_secs(300));
-    assert_eq!(run.tunnel.ec2_subnet_id.as_deref(), Some("subnet-0a"));
+    assert_eq!(run.tunnel.ec2_subnet_ids, ["subnet-0a", "subnet-0b"]);
 }
 
 #[test]

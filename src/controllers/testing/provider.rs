@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use providers::hosts::TAG_MOVED_ADDRESS;
 use providers::{
     Address, AddressBinding, AddressRequest, Capabilities, ExitServer, Host, HostError, HostProvider, HostRequest,
-    HostState, Limiter, MovedAddress,
+    HostState, Limiter, MovedAddress, Spread,
 };
 
 #[derive(Default)]
@@ -38,6 +38,8 @@ struct Hosts {
     /// As EC2: a pair's hosts made to take the moved address (tagged so) take it on a secondary
     /// private address and keep their own public one.
     secondary: bool,
+    /// As EC2 given subnets in two zones: a host goes to zone `zone-<its failure domain>`.
+    zones: bool,
     /// The addresses reserved as movable.
     movable: Vec<String>,
     /// The user data each host was created with.
@@ -167,6 +169,10 @@ impl FakeProvider {
 
     /// Addresses behave as on EC2 from now on: assigned to running hosts, a pair's onto a
     /// secondary private address (see `Hosts::secondary`).
+    pub fn spread_over_zones(&self) {
+        self.hosts.lock().unwrap().zones = true;
+    }
+
     pub fn move_to_secondary_addresses(&self) {
         self.hosts.lock().unwrap().secondary = true;
     }
@@ -244,6 +250,7 @@ impl HostProvider for FakeProvider {
             public_ipv4: (state == HostState::Running).then(|| format!("203.0.113.{}", h.next_id)),
             state,
             tags: request.tags.clone(),
+            zone: request.failure_domain.filter(|_| h.zones).map(|d| format!("zone-{d}")),
         };
         h.by_id.insert(host.id.clone(), host.clone());
         h.keys.insert(host.id.clone(), request.server.noise_private_key.clone());
@@ -298,6 +305,7 @@ impl HostProvider for FakeProvider {
             moves_addresses: h.floating || h.binding() != AddressBinding::AtCreate,
             moved_address,
             host_enforces_source_ranges: h.enforce_ranges,
+            spread: if h.zones { Spread::Zones } else { Spread::No("all fake hosts share one machine") },
         }
     }
     async fn reserve_address(&self, request: &AddressRequest) -> Result<Address, HostError> {

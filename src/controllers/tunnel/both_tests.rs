@@ -62,6 +62,7 @@ async fn both_servers_own_addresses_are_the_services_addresses_and_nothing_is_re
     for slot in ["a", "b"] {
         assert!(h.api.get(&format!("/apis/apps/v1/namespaces/ns/deployments/web-tunnel-client-{slot}")).is_some());
     }
+    assert_eq!(ha(&h).spread.as_deref(), Some("all fake hosts share one machine"), "said in this mode too");
 }
 
 #[tokio::test]

@@ -124,3 +124,34 @@ async fn without_a_read_budget_a_pair_reads_at_every_pass() {
     pass(&h).await;
     assert!(reads(&h) > before, "a provider on this machine is read at every pass");
 }
+
+#[tokio::test]
+async fn a_pairs_servers_go_to_different_failure_domains_and_status_shows_the_zones_reported() {
+    // Where the provider places hosts apart (EC2 given subnets in two zones), each slot asks for
+    // its own failure domain, also for a replacement; status shows the zones the provider
+    // reports, not what was asked.
+    let (h, t) = pair();
+    h.provider.spread_over_zones();
+    h.reconcile(t).await.unwrap();
+    let status = ha(&h);
+    let zones: Vec<_> = status.servers.iter().map(|s| (s.slot.as_str(), s.zone.as_deref())).collect();
+    assert_eq!(zones, [("a", Some("zone-0")), ("b", Some("zone-1"))]);
+    assert_eq!(status.spread.as_deref(), Some("in different zones: zone-0 and zone-1"));
+
+    // Slot a's server goes: its replacement is asked for slot a's domain again.
+    fail_checks(&h, "203.0.113.1", 3).await;
+    providers::HostProvider::delete(h.provider.as_ref(), "h-1").await.unwrap();
+    pass(&h).await;
+    pass(&h).await;
+    let by_slot: Vec<_> =
+        h.provider.hosts().iter().map(|h| (h.tags[TAG_TUNNEL_SLOT].clone(), h.zone.clone().unwrap())).collect();
+    assert_eq!(by_slot, [("b".into(), "zone-1".into()), ("a".into(), "zone-0".into())]);
+    assert_eq!(ha(&h).spread.as_deref(), Some("in different zones: zone-0 and zone-1"));
+
+    // Where it does not, status says why.
+    let (h, t) = pair();
+    h.reconcile(t).await.unwrap();
+    let status = ha(&h);
+    assert!(status.servers.iter().all(|s| s.zone.is_none()), "{status:?}");
+    assert_eq!(status.spread.as_deref(), Some("all fake hosts share one machine"));
+}

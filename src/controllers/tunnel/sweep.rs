@@ -234,7 +234,7 @@ mod tests {
         if let Some(c) = cluster {
             tags.insert(TAG_CLUSTER.into(), c.into());
         }
-        Host { id: "h".into(), name: "n".into(), public_ipv4: None, state: HostState::Running, tags }
+        Host { id: "h".into(), name: "n".into(), public_ipv4: None, state: HostState::Running, tags, zone: None }
     }
 
     #[tokio::test(start_paused = true)]
@@ -288,6 +288,7 @@ mod tests {
             server,
             tags,
             address: None,
+            failure_domain: None,
         };
         let tunnels = std::sync::Mutex::new(HashSet::new());
         // The Tunnel reaches the cache and its host is created just as the sweep reads the cache.

@@ -9,6 +9,7 @@ use providers::hosts::TAG_TUNNEL_SLOT;
 use providers::{Address, Host, HostProvider, HostRequest};
 use tracing::{info, warn};
 
+use super::super::placement::SLOTS;
 use super::super::status::describe;
 use super::super::{Context, desired};
 use super::delete_unpublished;
@@ -135,7 +136,9 @@ pub async fn create(
     // (a pair's servers keep their own, the address moves between them).
     let address = address.filter(|_| slot.is_none()).map(|a| a.id.clone());
     let (size, server) = (tunnel.spec.size.clone(), server.clone());
-    let request = HostRequest { name, region, size, user_data, server, tags, address };
+    // A pair's slots go to different failure domains where the provider has them.
+    let failure_domain = slot.and_then(|s| SLOTS.iter().position(|known| *known == s));
+    let request = HostRequest { name, region, size, user_data, server, tags, address, failure_domain };
     let created = provider.create(&request).await?;
     info!(host = %created.id, provider = provider.name(), "created exit server");
     Ok(created)

@@ -33,7 +33,7 @@ mod clients;
 mod slot;
 mod standby;
 
-use slot::{Slot, checked_at, standby_note};
+use slot::{Slot, checked_at, spread, standby_note};
 
 /// What a pass writes into status, after its writes to the cloud and the cluster.
 struct PairRecord {
@@ -240,7 +240,15 @@ impl Pass<'_> {
             }
         };
         let host_ip = address.as_ref().filter(|_| active.is_some()).map(|a| a.ip.clone());
-        let ha = HighAvailabilityStatus { active: active.clone(), servers, failovers, last_failover, limitation: None };
+        let spread = Some(spread(provider.capabilities().spread, &slots));
+        let ha = HighAvailabilityStatus {
+            active: active.clone(),
+            servers,
+            failovers,
+            last_failover,
+            limitation: None,
+            spread,
+        };
         self.record_pair(want, keys, PairRecord { host: (active, host_ip), ports_current, ha, ready, condition }).await
     }
 
