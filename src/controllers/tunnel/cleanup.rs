@@ -143,14 +143,15 @@ async fn addresses(
 ) -> Result<()> {
     let at = (tunnel.namespace().unwrap_or_default(), tunnel.name_any());
     let named = service.and_then(crate::controllers::service::desired::named_address);
-    let found = match super::observe::find_address(provider, status, uid, (&at.0, &at.1), named).await {
-        Ok(found) => found,
-        // A provider without reserved addresses never reserved one: it must not keep the Tunnel.
-        Err(Error::Host(providers::HostError::Invalid { .. })) if status.address_id.is_none() => {
-            return Ok(());
-        }
-        Err(e) => return Err(e),
-    };
+    let found =
+        match super::observe::find_address(provider, status, uid, (&at.0, &at.1), (named, &ctx.cluster_id)).await {
+            Ok(found) => found,
+            // A provider without reserved addresses never reserved one: it must not keep the Tunnel.
+            Err(Error::Host(providers::HostError::Invalid { .. })) if status.address_id.is_none() => {
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
     let all: Vec<_> = found.address.into_iter().chain(found.extras).collect();
     if all.is_empty() {
         return Ok(());

@@ -122,3 +122,28 @@ async fn a_named_address_is_refused_unless_retained_here_and_free_and_nothing_el
     assert!(e.to_string().contains("carry no tags"), "{e}");
     assert_eq!(h.provider.count("create"), 0);
 }
+
+#[tokio::test]
+async fn an_id_written_into_status_hands_over_nothing_the_first_take_would_refuse() {
+    // A token that may write tunnels/status records another cluster's retained address (of a
+    // namespace with the same name), which this namespace's Service names: the address's tags
+    // refuse it as they refuse the first take, so it is never put on an exit server.
+    let (h, t) = named(AddressBinding::Assign, "b-kept");
+    h.provider.insert_address(kept("b-kept", "198.51.100.10", ("ns", "cluster-2"), "gone-uid", "Retain"));
+    let mut t = (*t).clone();
+    let recorded = crate::crd::tunnel::TunnelStatus {
+        provider: Some("fake".into()),
+        address_id: Some("b-kept".into()),
+        address_ip: Some("198.51.100.10".into()),
+        ..Default::default()
+    };
+    t.status = Some(recorded);
+    h.put_tunnel(&t);
+    for _ in 0..3 {
+        let _ = h.reconcile(Arc::new(h.current())).await;
+    }
+    let address = h.provider.addresses().into_iter().find(|a| a.id == "b-kept").unwrap();
+    assert_eq!(address.host_id, None, "another cluster's address went onto an exit server");
+    assert!(h.provider.hosts().is_empty(), "{:?}", h.provider.hosts());
+    assert_ne!(ingress_ip(&h), json!("198.51.100.10"));
+}

@@ -69,15 +69,13 @@ fn taken_over(tags: &BTreeMap<String, String>, (namespace, name): (&str, &str)) 
         && tags.get(providers::hosts::TAG_TUNNEL_NAME).is_some_and(|n| n == name)
 }
 
-/// Whether `address` is the retained address of this namespace that the Service names
-/// (`skyport.dev/reserved-address`, id or IP): handed over to its Tunnel, whose UID and name its
-/// tags do not carry. Only the Service's annotation, which skyport's token cannot write, makes an
-/// id in status this proof.
-fn handed(address: &Address, namespace: &str, named: &str) -> bool {
-    let tag = |k: &str| address.tags.get(k).map(String::as_str);
-    (address.id == named || address.ip == named)
-        && tag(providers::hosts::TAG_TUNNEL_NAMESPACE) == Some(namespace)
-        && tag(providers::hosts::TAG_DELETION_POLICY) == Some("Retain")
+/// Whether `address` is the retained address of this namespace and cluster (`at`) that the
+/// Service names (`skyport.dev/reserved-address`, id or IP): handed over to its Tunnel, whose
+/// UID and name its tags do not carry. Only the Service's annotation, which skyport's token
+/// cannot write, makes an id in status this proof, and only for an address the first take would
+/// accept by its tags ([`super::plan::address::retained_here`]).
+fn handed(address: &Address, at: (&str, &str), named: &str) -> bool {
+    (address.id == named || address.ip == named) && super::plan::address::retained_here(address, at).is_ok()
 }
 
 pub fn tagged_for(tags: &BTreeMap<String, String>, uid: &str) -> bool {
@@ -169,13 +167,14 @@ pub struct FoundAddress {
 /// Looks for the Tunnel's reserved address (see [`FoundAddress`]). The recorded id is read
 /// directly too: a DigitalOcean reserved IP between two droplets carries no tags to list it by,
 /// and one taken over from this Service's previous Tunnel still carries that Tunnel's UID, with
-/// this Tunnel's namespace and name (`tunnel` is (namespace, name)).
+/// this Tunnel's namespace and name (`tunnel` is (namespace, name)); one handed over by the
+/// Service's annotation (`named`) carries this namespace's and `cluster`'s tags.
 pub async fn find_address(
     provider: &dyn HostProvider,
     status: &TunnelStatus,
     uid: &str,
     tunnel: (&str, &str),
-    named: Option<&str>,
+    (named, cluster): (Option<&str>, &str),
 ) -> Result<FoundAddress> {
     let mut addresses = provider.list_addresses_by_tag(TAG_TUNNEL_UID, uid).await?;
     let recorded = status.address_id.clone().filter(|_| status.provider.as_deref() == Some(provider.name()));
@@ -184,7 +183,7 @@ pub async fn find_address(
         && let Some(address) = provider.get_address(id).await?
         && (!address.tags.contains_key(TAG_TUNNEL_UID)
             || taken_over(&address.tags, tunnel)
-            || named.is_some_and(|n| handed(&address, tunnel.0, n))
+            || named.is_some_and(|n| handed(&address, (tunnel.0, cluster), n))
             || tagged_for(&address.tags, uid))
     {
         // Untagged: a DigitalOcean reserved IP between droplets has no tags to prove it by.

@@ -160,8 +160,14 @@ impl Pass<'_> {
         let at = (tunnel.namespace().unwrap_or_default(), tunnel.name_any());
         let named = want.publishes().and_then(named_address).map(str::to_string);
         let tunnel_at = (at.0.as_str(), at.1.as_str());
-        let found =
-            observe::find_address(provider.as_ref(), self.status(), &want.uid, tunnel_at, named.as_deref()).await?;
+        let found = observe::find_address(
+            provider.as_ref(),
+            self.status(),
+            &want.uid,
+            tunnel_at,
+            (named.as_deref(), &ctx.cluster_id),
+        )
+        .await?;
         act::address::release_extras(provider.as_ref(), &found.extras).await?;
         if address_plan::lost(self.status().address_id.as_deref(), found.address.as_ref()) {
             let old = self.status().address_ip.clone().unwrap_or_default();

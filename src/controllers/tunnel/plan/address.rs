@@ -97,18 +97,10 @@ pub fn kept_for(address: &Address, namespace: &str, cluster_id: &str, live: &Has
         && tag(TAG_TUNNEL_UID).is_some_and(|uid| !live.contains(uid))
 }
 
-/// Whether `address`, named by a Service's `skyport.dev/reserved-address`, may become Tunnel
-/// `mine`'s: kept on purpose (`Retain`) by a Tunnel of this namespace (`at.0`) and cluster
-/// (`at.1`) that no live Tunnel is (`live`), and recorded by no other live Tunnel (`others`).
-/// `Err` says why not; the caller lists only addresses tagged with this namespace, so nothing
-/// of another namespace is ever seen, let alone named.
-pub fn handed_over(
-    address: &Address,
-    at: (&str, &str),
-    mine: &str,
-    live: &HashSet<String>,
-    others: &HashSet<String>,
-) -> Result<(), String> {
+/// Whether `address` was kept on purpose (`Retain`) by a Tunnel of this namespace (`at.0`) and
+/// cluster (`at.1`): what its tags alone prove of a handover ([`handed_over`]), and all that an
+/// address id already recorded in status must still show to be taken as handed over.
+pub fn retained_here(address: &Address, at: (&str, &str)) -> Result<(), String> {
     let tag = |k: &str| address.tags.get(k).map(String::as_str);
     let (ip, id) = (&address.ip, &address.id);
     if tag(TAG_CLUSTER) != Some(at.1) || tag(TAG_TUNNEL_NAMESPACE) != Some(at.0) {
@@ -121,6 +113,24 @@ pub fn handed_over(
             "reserved address {ip} ({id}) was not kept with deletionPolicy Retain; only a retained address is handed over"
         ));
     }
+    Ok(())
+}
+
+/// Whether `address`, named by a Service's `skyport.dev/reserved-address`, may become Tunnel
+/// `mine`'s: kept on purpose (`Retain`) by a Tunnel of this namespace (`at.0`) and cluster
+/// (`at.1`) that no live Tunnel is (`live`), and recorded by no other live Tunnel (`others`).
+/// `Err` says why not; the caller lists only addresses tagged with this namespace, so nothing
+/// of another namespace is ever seen, let alone named.
+pub fn handed_over(
+    address: &Address,
+    at: (&str, &str),
+    mine: &str,
+    live: &HashSet<String>,
+    others: &HashSet<String>,
+) -> Result<(), String> {
+    retained_here(address, at)?;
+    let tag = |k: &str| address.tags.get(k).map(String::as_str);
+    let (ip, id) = (&address.ip, &address.id);
     let holder = tag(TAG_TUNNEL_UID).unwrap_or_default();
     if (holder != mine && live.contains(holder)) || others.contains(id) {
         let name = tag(TAG_TUNNEL_NAME).unwrap_or("another Tunnel");
