@@ -47,7 +47,7 @@ async fn a_highly_available_tunnel_on_ec2_gets_two_instances_with_secondary_addr
     let ha = status.high_availability.clone().unwrap();
     assert_eq!(ha.limitation, None, "EC2 moves the address");
     assert_eq!(ha.active, None, "no server passed its check, so none holds the address");
-    let zones: Vec<Option<&str>> = ha.servers.iter().map(|s| s.zone.as_deref()).collect();
+    let zones: Vec<Option<&str>> = ha.servers.iter().map(|s| s.placement.as_deref()).collect();
     assert!(zones.iter().all(Option::is_some) && zones[0] != zones[1], "{zones:?}");
     assert!(ha.spread.as_deref().is_some_and(|s| s.starts_with("in different zones")), "{:?}", ha.spread);
     let uid = tunnel.metadata.uid.clone().unwrap();
@@ -65,7 +65,7 @@ async fn a_highly_available_tunnel_on_ec2_gets_two_instances_with_secondary_addr
         assert_eq!(secondary, 1, "{id}: one secondary private IPv4");
         assert_eq!(instance.public_ip_address(), server.host_ip.as_deref(), "its own public IPv4, for its client");
         let zone = instance.placement().and_then(|p| p.availability_zone());
-        assert_eq!(zone, server.zone.as_deref(), "{id}: the zone EC2 reports");
+        assert_eq!(zone, server.placement.as_deref(), "{id}: the zone EC2 reports");
     }
     let addresses = ec2.list_addresses_by_tag(TAG_TUNNEL_UID, &uid).await.unwrap();
     let [address] = addresses.as_slice() else { panic!("one Elastic IP: {addresses:?}") };

@@ -161,7 +161,7 @@ impl GuestProvider {
             public_ipv4: Some(record.machine.ip.to_string()),
             state,
             tags: record.tags.clone(),
-            zone: None,
+            placement: None,
         }
     }
 

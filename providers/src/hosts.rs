@@ -100,8 +100,9 @@ pub struct HostRequest {
     /// tag, so a taken-over address is not missed; others bind it after creation and ignore it.
     pub address: Option<String>,
     /// Which failure domain the host goes to, where the provider places hosts apart
-    /// ([`Capabilities::spread`]): hosts with different indexes go to different zones (a pair's
-    /// slots are 0 and 1). `None`: wherever the provider puts it (a single exit server).
+    /// ([`Capabilities::spread`]): a pair's slots are 0 and 1, and go to different zones (EC2),
+    /// or both into the Tunnel's spread placement group (Hetzner). `None`: wherever the provider
+    /// puts it (a single exit server).
     pub failure_domain: Option<usize>,
 }
 
@@ -145,9 +146,11 @@ pub struct Host {
     /// with their provider spelling as key and an empty value (DigitalOcean) or unchanged
     /// (Hetzner).
     pub tags: BTreeMap<String, String>,
-    /// The failure domain the provider reports the host in (an EC2 availability zone); `None`
-    /// where it reports none that keeps two hosts apart.
-    pub zone: Option<String>,
+    /// Where the provider reports the host placed, as far as that keeps hosts apart
+    /// ([`Capabilities::spread`]): an EC2 availability zone, or a Hetzner spread placement group
+    /// (`placement group <id>`, whose servers run on different physical hosts); `None` where it
+    /// reports nothing of the kind.
+    pub placement: Option<String>,
 }
 
 /// Exit-server VMs. Implementations are idempotent where it matters for reconciling:
@@ -236,6 +239,13 @@ pub trait HostProvider: Send + Sync {
         Ok(None)
     }
     /// What this provider can do: the controller branches on this value, not on the provider.
+    /// Deletes what the provider made to keep Tunnel `uid`'s hosts apart (Hetzner's spread
+    /// placement group), once its hosts are deleted: `Unavailable` while one is still going.
+    /// Idempotent. The default: nothing was made.
+    async fn delete_placement(&self, _uid: &str) -> Result<(), HostError> {
+        Ok(())
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::default()
     }

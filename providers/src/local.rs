@@ -149,7 +149,7 @@ impl LocalProvider {
             public_ipv4: Some(record.serving.unwrap_or(record.address).to_string()),
             state,
             tags: record.tags.clone(),
-            zone: None,
+            placement: None,
         }
     }
 

@@ -132,8 +132,8 @@ async fn a_pairs_instances_go_to_subnets_in_different_zones_and_say_which() {
         slot.failure_domain = domain;
         let host = contract::create(&p, &slot).await;
         assert_eq!(&placement(&client, &host.id).await.0, subnet, "failure domain {domain:?}");
-        assert_eq!(host.zone.as_deref(), Some(zone.as_str()), "as created");
-        assert_eq!(p.get(&host.id).await.unwrap().unwrap().zone.as_deref(), Some(zone.as_str()), "as read back");
+        assert_eq!(host.placement.as_deref(), Some(zone.as_str()), "as created");
+        assert_eq!(p.get(&host.id).await.unwrap().unwrap().placement.as_deref(), Some(zone.as_str()), "as read back");
         made.push(host.id);
     }
     for id in made {

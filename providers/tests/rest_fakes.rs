@@ -16,6 +16,8 @@ mod fake_digitalocean;
 mod fake_hetzner;
 #[path = "rest_fakes/fake_hetzner_floating.rs"]
 mod fake_hetzner_floating;
+#[path = "rest_fakes/fake_hetzner_placement.rs"]
+mod fake_hetzner_placement;
 #[path = "rest_fakes/fake_server.rs"]
 mod fake_server;
 

@@ -384,9 +384,9 @@ pub struct HighAvailabilityStatus {
     /// provider moves it; a provider that gives addresses to servers only at creation would not).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limitation: Option<String>,
-    /// Whether the two exit servers run in different failure domains, from the zones the
-    /// provider reports for them (for example `in different zones: eu-west-1a and eu-west-1b`),
-    /// or why they may share one and what would change that (EC2: subnets in two zones).
+    /// Whether the two exit servers run in different failure domains, from where the provider
+    /// reports them placed (`servers[].placement`: for example `in different zones: eu-west-1a
+    /// and eu-west-1b`), or why they may share one and what would change that.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spread: Option<String>,
 }
@@ -419,10 +419,10 @@ pub struct ServerStatus {
     /// the exit-server binary), or the slot's replacements are spent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kept_because: Option<String>,
-    /// The failure domain the provider reports the server in (an EC2 availability zone); unset
-    /// where it reports none.
+    /// Where the provider reports the server placed, as far as that keeps servers apart: an EC2
+    /// availability zone, or a Hetzner spread placement group; unset where it reports neither.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub zone: Option<String>,
+    pub placement: Option<String>,
 }
 
 /// A move of the reserved address from one exit server to the other.

@@ -165,7 +165,7 @@ impl From<Droplet> for Host {
         };
         let public_ipv4 = d.networks.v4.into_iter().find(|n| n.kind == "public").map(|n| n.ip_address);
         let tags = d.tags.iter().map(|t| TagSyntax::DigitalOcean.decode(t, "")).collect();
-        Host { id: d.id.to_string(), name: d.name, public_ipv4, state, tags, zone: None }
+        Host { id: d.id.to_string(), name: d.name, public_ipv4, state, tags, placement: None }
     }
 }
 

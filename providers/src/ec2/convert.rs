@@ -31,7 +31,7 @@ pub(super) fn host(instance: &Instance) -> Option<Host> {
         public_ipv4: instance.public_ip_address().map(str::to_string),
         state,
         tags,
-        zone: instance.placement().and_then(|p| p.availability_zone()).map(str::to_string),
+        placement: instance.placement().and_then(|p| p.availability_zone()).map(str::to_string),
     })
 }
 

@@ -23,6 +23,7 @@
 //! [`default_budget`] stays under it with room for other clients of the same project.
 
 mod floating_ips;
+mod placement;
 mod primary_ips;
 
 use std::collections::BTreeMap;
@@ -166,6 +167,14 @@ struct Server {
     public_net: PublicNet,
     #[serde(default)]
     labels: BTreeMap<String, String>,
+    #[serde(default)]
+    placement_group: Option<GroupRef>,
+}
+
+/// A server's spread placement group ([`placement`]).
+#[derive(Debug, Deserialize)]
+struct GroupRef {
+    id: u64,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -212,7 +221,7 @@ impl From<Server> for Host {
             public_ipv4: s.public_net.ipv4.map(|v| v.ip),
             state,
             tags,
-            zone: None,
+            placement: s.placement_group.map(|g| placement::describe(g.id)),
         }
     }
 }
@@ -277,6 +286,10 @@ impl HostProvider for HetznerProvider {
         if let Some(location) = location {
             body["location"] = json!(location);
         }
+        // A pair's servers share their Tunnel's spread placement group: different physical hosts.
+        if let Some(group) = self.group_for(request).await? {
+            body["placement_group"] = json!(group);
+        }
         let response = self.rest.send("CreateServer", Method::POST, "/servers", &[], Some(&body)).await?;
         let created: ServerBody = self.rest.decode("CreateServer", &response)?;
         Ok(created.server.into())
@@ -313,11 +326,13 @@ impl HostProvider for HetznerProvider {
             address_binding: AddressBinding::AtCreate,
             moves_addresses: true,
             moved_address: MovedAddress::OnInterface,
-            spread: Spread::No(
-                "skyport does not put Hetzner servers in a spread placement group yet, so both exit servers may share a physical host",
-            ),
+            spread: Spread::Group,
             ..Capabilities::default()
         }
+    }
+
+    async fn delete_placement(&self, uid: &str) -> Result<(), HostError> {
+        self.delete_groups(uid).await
     }
 
     async fn reserve_address(&self, request: &AddressRequest) -> Result<Address, HostError> {

@@ -72,8 +72,13 @@ impl MovedAddress {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Spread {
     /// Hosts requested with different [`super::HostRequest::failure_domain`]s go to different
-    /// zones, and each host reports its zone ([`Host::zone`]), so status shows what was checked.
+    /// zones, and each host reports its zone ([`Host::placement`]), so status shows what was
+    /// checked.
     Zones,
+    /// Hosts requested with a failure domain go into one spread placement group per Tunnel,
+    /// whose members run on different physical hosts, and each reports its group
+    /// ([`Host::placement`]): apart when both report the same one.
+    Group,
     /// Placed wherever the provider puts them: why, and what would change it, for the status.
     No(&'static str),
 }
@@ -94,6 +99,8 @@ impl Spread {
             (Spread::Zones, [Some(a), Some(b)]) if a != b => format!("in different zones: {a} and {b}"),
             (Spread::Zones, [Some(a), Some(_)]) => format!("both in zone {a}, where the provider placed them"),
             (Spread::Zones, _) => "placed in different zones; not both reported yet".into(),
+            (Spread::Group, [Some(a), Some(b)]) if a == b => format!("on different physical hosts: both in {a}"),
+            (Spread::Group, _) => "placed in one spread placement group; not both reported in it yet".into(),
         }
     }
 }
@@ -219,6 +226,10 @@ mod tests {
         );
         assert!(Spread::Zones.describe([Some("eu-west-1a"), None]).contains("not both reported"));
         assert_eq!(Spread::No("same machine").describe([Some("x"), Some("y")]), "same machine");
+        let group = Some("placement group 7");
+        assert_eq!(Spread::Group.describe([group, group]), "on different physical hosts: both in placement group 7");
+        assert!(Spread::Group.describe([group, Some("placement group 8")]).contains("not both"));
+        assert!(Spread::Group.describe([group, None]).contains("not both"));
     }
 
     #[test]
@@ -228,7 +239,7 @@ mod tests {
             name: "h".into(),
             public_ipv4: None,
             state: super::super::HostState::Running,
-            zone: None,
+            placement: None,
             tags: tags.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         };
         let made_with = host(&[(TAG_BOUND_ADDRESS, "198.51.100.7")]);

@@ -68,6 +68,7 @@ impl Fake {
                     labels: BTreeMap::new(),
                     primary_ip: None,
                     location,
+                    placement_group: None,
                 };
                 let out = json!({
                     "droplet": droplet(id, &host, false),

@@ -41,7 +41,8 @@ impl Fake {
                 "iso": null, "rescue_enabled": false, "locked": false, "backup_window": null,
                 "outgoing_traffic": 0, "ingoing_traffic": 0, "included_traffic": 21_990_232_555_520_u64,
                 "protection": {"delete": false, "rebuild": false},
-                "labels": h.labels, "volumes": [], "load_balancers": [], "primary_disk_size": 40
+                "labels": h.labels, "volumes": [], "load_balancers": [], "primary_disk_size": 40,
+                "placement_group": h.placement_group.map(|g| json!({"id": g, "type": "spread"}))
             })
         };
         let action = |id: u64, command: &str| {
@@ -82,6 +83,16 @@ impl Fake {
                     location = a.location.clone();
                     primary_ip = Some((pid, a.ip.clone()));
                 }
+                let placement_group = body["placement_group"].as_u64();
+                if let Some(group) = placement_group {
+                    if !state.groups.contains_key(&group) {
+                        return self.error(404, "not_found", &format!("placement_group with ID '{group}' not found"));
+                    }
+                    // "Spread Placement Groups can contain up to 10 servers."
+                    if state.hosts.values().filter(|h| h.placement_group == Some(group)).count() >= 10 {
+                        return self.error(422, "placement_error", "placement group is full");
+                    }
+                }
                 state.create_bodies.push(body.clone());
                 state.next_id += 1;
                 let id = state.next_id;
@@ -94,7 +105,8 @@ impl Fake {
                     .flatten()
                     .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
                     .collect();
-                let host = FakeHost { name: name.into(), reads: 0, tags: vec![], labels, primary_ip, location };
+                let (reads, tags) = (0, vec![]);
+                let host = FakeHost { name: name.into(), reads, tags, labels, primary_ip, location, placement_group };
                 let out = json!({
                     "server": server(id, &host, false),
                     "action": action(id, "create_server"),
@@ -159,6 +171,7 @@ impl Fake {
             }
             (_, ["v1", "primary_ips", ..]) => self.primary_ips(state, method, &segments, query, body),
             (_, ["v1", "floating_ips", ..]) => self.floating_ips(state, method, &segments, query, body),
+            (_, ["v1", "placement_groups", ..]) => self.placement_groups(state, method, &segments, query, body),
             _ => self.error(404, "not_found", "not found"),
         }
     }

@@ -34,6 +34,15 @@ pub struct FakeHost {
     pub primary_ip: Option<(u64, String)>,
     /// Hetzner: the server's location.
     pub location: String,
+    /// Hetzner: the spread placement group it was created in.
+    pub placement_group: Option<u64>,
+}
+
+/// A Hetzner placement group.
+#[derive(Debug)]
+pub struct FakeGroup {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
 }
 
 /// A DigitalOcean reserved IP or a Hetzner primary IP.
@@ -89,6 +98,8 @@ pub struct State {
     pub create_bodies: Vec<Value>,
     /// Hetzner floating IPs and the actions on them.
     pub floating: BTreeMap<u64, FakeFloating>,
+    /// Hetzner placement groups (their servers are the hosts naming them).
+    pub groups: BTreeMap<u64, FakeGroup>,
     pub actions: BTreeMap<u64, FakeAction>,
     /// How long a Hetzner action runs.
     pub action_time: std::time::Duration,

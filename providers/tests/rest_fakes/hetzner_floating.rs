@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use providers::hosts::{HostProvider, TAG_CLUSTER, TAG_TUNNEL_SLOT, TAG_TUNNEL_UID};
+use providers::hosts::{HostProvider, Spread, TAG_CLUSTER, TAG_TUNNEL_SLOT, TAG_TUNNEL_UID, TagSyntax};
 use providers::{AddressRequest, ErrorClass, HostError, HostRequest};
 use serde_json::Value;
 
@@ -183,4 +183,41 @@ async fn hetzner_reserves_a_floating_ip_onto_a_running_server_and_waits_for_it()
     assert!(body.get("home_location").is_none(), "{body}");
     assert_eq!(provider.get_address(&address.id).await.unwrap().unwrap().host_id, Some(a.id.clone()));
     assert!(provider.limiter().counters.snapshot()["GetFloatingIpAction"] >= 1, "the assign action was waited for");
+}
+
+#[tokio::test]
+async fn a_pairs_servers_share_one_spread_placement_group_that_goes_after_them() {
+    let (fake, base) = Fake::start(Kind::Hetzner).await;
+    let provider = hz_provider(&base, TOKEN, 50);
+    assert_eq!(provider.capabilities().spread, Spread::Group);
+    let in_domain = |name: &str, domain: usize| HostRequest { failure_domain: Some(domain), ..slot(name) };
+    let a = provider.create(&in_domain("a", 0)).await.unwrap();
+    let b = provider.create(&in_domain("b", 1)).await.unwrap();
+    let groups: Vec<u64> = fake.state().groups.keys().copied().collect();
+    let [group] = groups[..] else { panic!("one group for the pair: {groups:?}") };
+    let placed = Some(format!("placement group {group}"));
+    for host in [&a, &b] {
+        assert_eq!(host.placement, placed, "as created");
+        assert_eq!(provider.get(&host.id).await.unwrap().unwrap().placement, placed, "as read back");
+    }
+    let (key, value) = TagSyntax::Hetzner.encode(TAG_TUNNEL_UID, UID);
+    let labels = fake.state().groups[&group].labels.clone();
+    assert_eq!(labels.get(&key), Some(&value), "found by the Tunnel's label: {labels:?}");
+    assert!(!labels.contains_key(&TagSyntax::Hetzner.encode(TAG_TUNNEL_SLOT, "a").0), "the Tunnel's, not a slot's");
+    // A single server goes into none.
+    let single = provider.create(&request("skyport-single", "another-uid")).await.unwrap();
+    assert_eq!((single.placement, fake.state().groups.len()), (None, 1));
+
+    // Not while a server is in it; a replacement joins the same one.
+    let e = provider.delete_placement(UID).await.unwrap_err();
+    assert_eq!(e.class(), ErrorClass::Transient, "{e}");
+    provider.delete(&a.id).await.unwrap();
+    let again = provider.create(&in_domain("a", 0)).await.unwrap();
+    assert_eq!((again.placement, fake.state().groups.len()), (placed, 1));
+    for id in [&again.id, &b.id] {
+        provider.delete(id).await.unwrap();
+    }
+    provider.delete_placement(UID).await.unwrap();
+    assert!(fake.state().groups.is_empty());
+    provider.delete_placement(UID).await.unwrap();
 }

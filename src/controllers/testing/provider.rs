@@ -250,7 +250,7 @@ impl HostProvider for FakeProvider {
             public_ipv4: (state == HostState::Running).then(|| format!("203.0.113.{}", h.next_id)),
             state,
             tags: request.tags.clone(),
-            zone: request.failure_domain.filter(|_| h.zones).map(|d| format!("zone-{d}")),
+            placement: request.failure_domain.filter(|_| h.zones).map(|d| format!("zone-{d}")),
         };
         h.by_id.insert(host.id.clone(), host.clone());
         h.keys.insert(host.id.clone(), request.server.noise_private_key.clone());
@@ -288,6 +288,9 @@ impl HostProvider for FakeProvider {
         }
         h.keys.insert(id.to_string(), server.noise_private_key.clone());
         Ok(true)
+    }
+    async fn delete_placement(&self, _uid: &str) -> Result<(), HostError> {
+        self.call("delete_placement").map(drop)
     }
     /// Addresses move as a cloud's assigned to running hosts do (or Hetzner's floating IPs);
     /// its hosts download nothing: no artifact check (tests/tunnel/artifact.rs has one).

@@ -105,6 +105,11 @@ pub async fn cleanup(tunnel: &Tunnel, api: &Api<Tunnel>, ctx: &Context) -> Resul
             let note = format!("deleted exit server {}", ids.join(", "));
             ctx.publish(tunnel, Reason::Deleted, note).await;
         }
+        // What kept a pair's servers apart (a spread placement group) goes after them; retried
+        // while a server is still being deleted.
+        if tunnel.spec.high_availability.is_some() {
+            provider.delete_placement(&uid).await?;
+        }
     }
     // The client has nothing left to connect to; in the clients' namespace nothing else
     // would delete it.

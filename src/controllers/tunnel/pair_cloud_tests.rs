@@ -7,7 +7,7 @@ use std::sync::Arc;
 use providers::hosts::TAG_TUNNEL_SLOT;
 
 use super::pair_tests::{fail_checks, ha, pair, pass};
-use super::tests::Harness;
+use super::tests::{Harness, SERVICE};
 
 #[tokio::test]
 async fn where_the_address_moves_onto_secondary_addresses_each_server_is_checked_at_its_own() {
@@ -134,7 +134,7 @@ async fn a_pairs_servers_go_to_different_failure_domains_and_status_shows_the_zo
     h.provider.spread_over_zones();
     h.reconcile(t).await.unwrap();
     let status = ha(&h);
-    let zones: Vec<_> = status.servers.iter().map(|s| (s.slot.as_str(), s.zone.as_deref())).collect();
+    let zones: Vec<_> = status.servers.iter().map(|s| (s.slot.as_str(), s.placement.as_deref())).collect();
     assert_eq!(zones, [("a", Some("zone-0")), ("b", Some("zone-1"))]);
     assert_eq!(status.spread.as_deref(), Some("in different zones: zone-0 and zone-1"));
 
@@ -144,7 +144,7 @@ async fn a_pairs_servers_go_to_different_failure_domains_and_status_shows_the_zo
     pass(&h).await;
     pass(&h).await;
     let by_slot: Vec<_> =
-        h.provider.hosts().iter().map(|h| (h.tags[TAG_TUNNEL_SLOT].clone(), h.zone.clone().unwrap())).collect();
+        h.provider.hosts().iter().map(|h| (h.tags[TAG_TUNNEL_SLOT].clone(), h.placement.clone().unwrap())).collect();
     assert_eq!(by_slot, [("b".into(), "zone-1".into()), ("a".into(), "zone-0".into())]);
     assert_eq!(ha(&h).spread.as_deref(), Some("in different zones: zone-0 and zone-1"));
 
@@ -152,6 +152,33 @@ async fn a_pairs_servers_go_to_different_failure_domains_and_status_shows_the_zo
     let (h, t) = pair();
     h.reconcile(t).await.unwrap();
     let status = ha(&h);
-    assert!(status.servers.iter().all(|s| s.zone.is_none()), "{status:?}");
+    assert!(status.servers.iter().all(|s| s.placement.is_none()), "{status:?}");
     assert_eq!(status.spread.as_deref(), Some("all fake hosts share one machine"));
+}
+
+#[tokio::test]
+async fn what_kept_the_pair_apart_goes_after_both_servers_and_keeps_the_finalizer_until_it_has() {
+    let (mut h, t) = pair();
+    h.provider.spread_over_zones();
+    h.reconcile(t).await.unwrap();
+    let mut t = h.current();
+    t.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
+    let mut svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(h.api.get(SERVICE).unwrap()).unwrap();
+    svc.metadata.deletion_timestamp = t.metadata.deletion_timestamp.clone();
+    h.services.apply_watcher_event(&kube::runtime::watcher::Event::Apply(svc));
+    // A server still being deleted keeps it (Hetzner's placement group): retried, Tunnel kept.
+    let busy = providers::HostError::Unavailable { provider: "fake", message: "still holds a server".into() };
+    h.provider.fail_next("delete_placement", busy);
+    assert!(h.reconcile(h.put_tunnel(&t)).await.is_err());
+    assert_eq!(h.current().metadata.finalizers, Some(vec![super::FINALIZER.to_string()]));
+    assert!(h.provider.hosts().is_empty(), "the servers went first");
+    h.reconcile(Arc::new(h.current())).await.unwrap();
+    assert_eq!(h.current().metadata.finalizers, Some(vec![]));
+    let calls = h.provider.calls();
+    let deletes: Vec<usize> = calls.iter().enumerate().filter(|(_, c)| **c == "delete").map(|(i, _)| i).collect();
+    let placements: Vec<usize> =
+        calls.iter().enumerate().filter(|(_, c)| **c == "delete_placement").map(|(i, _)| i).collect();
+    assert_eq!((deletes.len(), placements.len()), (2, 2), "{calls:?}");
+    assert!(deletes[1] < placements[0], "after both servers: {calls:?}");
 }

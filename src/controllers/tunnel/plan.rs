@@ -242,7 +242,7 @@ mod tests {
             public_ipv4: ip.map(String::from),
             state,
             tags: BTreeMap::new(),
-            zone: None,
+            placement: None,
         }
     }
 

@@ -15,7 +15,7 @@ fn theirs() -> Host {
         public_ipv4: Some("203.0.113.60".into()),
         state: HostState::Running,
         tags: providers::owner_tags("other-uid", "other", "db-tunnel"),
-        zone: None,
+        placement: None,
     }
 }
 

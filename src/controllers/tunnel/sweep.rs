@@ -11,7 +11,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
-use providers::hosts::{TAG_CLUSTER, TAG_DELETION_POLICY, TAG_TUNNEL_NAMESPACE, TAG_TUNNEL_UID};
+use providers::hosts::{TAG_CLUSTER, TAG_DELETION_POLICY, TAG_TUNNEL_NAMESPACE, TAG_TUNNEL_SLOT, TAG_TUNNEL_UID};
 use providers::{Address, Host, HostProvider};
 use tracing::{Instrument, info, info_span, warn};
 
@@ -211,6 +211,14 @@ async fn delete(provider: &dyn HostProvider, host: &Host, ctx: &Context) -> usiz
                 tunnel_uid = host.tags.get(TAG_TUNNEL_UID).map(String::as_str).unwrap_or_default(),
                 "deleted orphaned exit server"
             );
+            // A pair's spread placement group, best effort: refused while the server is still
+            // being deleted, and tried again while a later sweep still lists it.
+            if host.tags.contains_key(TAG_TUNNEL_SLOT)
+                && let Some(uid) = host.tags.get(TAG_TUNNEL_UID)
+                && let Err(e) = provider.delete_placement(uid).await
+            {
+                info!(provider = provider.name(), tunnel_uid = %uid, error = %e, "left an orphaned pair's placement for a later sweep");
+            }
             1
         }
         Err(e) => {
@@ -234,7 +242,7 @@ mod tests {
         if let Some(c) = cluster {
             tags.insert(TAG_CLUSTER.into(), c.into());
         }
-        Host { id: "h".into(), name: "n".into(), public_ipv4: None, state: HostState::Running, tags, zone: None }
+        Host { id: "h".into(), name: "n".into(), public_ipv4: None, state: HostState::Running, tags, placement: None }
     }
 
     #[tokio::test(start_paused = true)]

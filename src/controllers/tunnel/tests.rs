@@ -246,7 +246,7 @@ async fn a_second_host_with_the_tunnels_uid_is_deleted() {
             public_ipv4: Some("203.0.113.50".into()),
             state: HostState::Running,
             tags: tags.clone(),
-            zone: None,
+            placement: None,
         });
     }
     h.reconcile(h.new_tunnel()).await.unwrap();
@@ -315,7 +315,7 @@ async fn the_sweep_deletes_only_this_clusters_hosts_whose_tunnel_is_gone() {
     let host = |id: &str, uid: &str, cluster: &str| {
         let mut tags = providers::owner_tags(uid, "ns", "old");
         tags.insert(providers::hosts::TAG_CLUSTER.into(), cluster.into());
-        Host { id: id.into(), name: id.into(), public_ipv4: None, state: HostState::Running, tags, zone: None }
+        Host { id: id.into(), name: id.into(), public_ipv4: None, state: HostState::Running, tags, placement: None }
     };
     h.provider.insert(host("orphan", "gone-uid", "cluster-1"));
     h.provider.insert(host("foreign", "gone-uid", "cluster-2"));

@@ -43,13 +43,13 @@ impl Slot {
             healthy: passing,
             replacements: Some(self.replaced).filter(|n| *n > 0 && !passing),
             kept_because: self.kept.clone().filter(|_| !passing && self.host.is_some()),
-            zone: self.zone().map(str::to_string),
+            placement: self.placement().map(str::to_string),
         }
     }
 
     /// The failure domain its server runs in, as the provider reports it.
-    pub(super) fn zone(&self) -> Option<&str> {
-        self.host.as_ref().and_then(|h| h.zone.as_deref())
+    pub(super) fn placement(&self) -> Option<&str> {
+        self.host.as_ref().and_then(|h| h.placement.as_deref())
     }
 
     /// How long its server may fail while the other holds the address before it is replaced:
@@ -85,7 +85,7 @@ impl Slot {
 /// Where the pair's servers run, for `status.highAvailability.spread`: as the provider's
 /// capabilities and the zones it reports say ([`providers::Spread::describe`]).
 pub(super) fn spread(spread: providers::Spread, slots: &[Slot]) -> String {
-    spread.describe([0, 1].map(|i| slots.get(i).and_then(Slot::zone)))
+    spread.describe([0, 1].map(|i| slots.get(i).and_then(Slot::placement)))
 }
 
 /// Where the holder's check went, for the Ready message: through the reserved address where it
