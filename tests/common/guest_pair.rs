@@ -131,12 +131,24 @@ impl GuestPair {
     /// reserved address every 100 ms; waits until the address is on the other guest and requests
     /// are answered again, then 3 s.
     pub async fn power_off(&self, holder: &str) -> PowerOff {
+        self.stop(holder, Duration::from_secs(30)).await
+    }
+
+    /// Like [`GuestPair::power_off`], but guest `holder` is killed: every process of it gets
+    /// SIGKILL at once, with no shutdown (its exit server never closes a connection), as when
+    /// its host dies.
+    pub async fn kill(&self, holder: &str) -> PowerOff {
+        self.stop(holder, Duration::ZERO).await
+    }
+
+    /// Stops guest `holder`, in order for up to `grace`, then by SIGKILL.
+    async fn stop(&self, holder: &str, grace: Duration) -> PowerOff {
         let requests = Requests::start(self.ip.clone(), PORT);
         tokio::time::sleep(Duration::from_secs(2)).await;
         let machine = self.guests.machine(holder).expect("the active guest");
         let fault = Instant::now();
         // Powering off blocks until nspawn is gone: off the runtime's threads, so requests go on.
-        let off = tokio::task::spawn_blocking(move || machine.stop(Duration::from_secs(30)));
+        let off = tokio::task::spawn_blocking(move || machine.stop(grace));
         let moved = eventually("the address on the other guest", Duration::from_secs(60), || async {
             let t = self.tunnels.get("web-tunnel").await.ok()?;
             ha(&t).active.filter(|a| a != holder).map(|_| t)

@@ -122,7 +122,7 @@ async fn a_region_without_a_default_vpc_fails_the_tunnel_with_what_to_set_and_bu
     })
     .await;
     assert_eq!(tunnel.status.as_ref().unwrap().phase, Some(TunnelPhase::Failed));
-    assert!(message.contains("has no default VPC") && message.contains("--ec2-subnet-id"), "{message}");
+    assert!(message.contains("has no default VPC") && message.contains("--ec2-subnet-ids"), "{message}");
     for involved in ["web-tunnel", "web"] {
         let seen = events(&ns.client, &ns.name, involved).await;
         assert!(seen.iter().any(|(r, _)| r == "ProviderNoDefaultVpc"), "{involved}: {seen:?}");
