@@ -18,6 +18,8 @@ mod fake_hetzner;
 mod fake_hetzner_floating;
 #[path = "rest_fakes/fake_hetzner_placement.rs"]
 mod fake_hetzner_placement;
+#[path = "rest_fakes/fake_hetzner_rules.rs"]
+mod fake_hetzner_rules;
 #[path = "rest_fakes/fake_server.rs"]
 mod fake_server;
 

@@ -7,6 +7,7 @@ use hyper::Method;
 use serde_json::{Value, json};
 
 use crate::POLLS_UNTIL_RUNNING;
+use crate::fake_hetzner_rules::{labels_in, paged, selected};
 use crate::fake_server::{Fake, FakeAddress, FakeHost, State};
 
 impl Fake {
@@ -57,6 +58,9 @@ impl Fake {
                 let Some(name) = body["name"].as_str() else {
                     return self.error(400, "invalid_input", "invalid input in field 'name': is required");
                 };
+                let Some(labels) = labels_in(&body) else {
+                    return self.error(400, "invalid_input", "invalid input in field 'labels'");
+                };
                 let server_type = body["server_type"].as_str().unwrap_or_default();
                 if !["cx23", "cpx11"].contains(&server_type) {
                     return self.error(
@@ -99,12 +103,6 @@ impl Fake {
                 if let Some((pid, _)) = &primary_ip {
                     state.addresses.get_mut(pid).unwrap().host = Some(id);
                 }
-                let labels: BTreeMap<String, String> = body["labels"]
-                    .as_object()
-                    .into_iter()
-                    .flatten()
-                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
-                    .collect();
                 let (reads, tags) = (0, vec![]);
                 let host = FakeHost { name: name.into(), reads, tags, labels, primary_ip, location, placement_group };
                 let out = json!({
@@ -143,31 +141,9 @@ impl Fake {
                 }
             }
             (&Method::GET, ["v1", "servers"]) => {
-                let selector = query.get("label_selector").cloned().unwrap_or_default();
-                let wanted = selector.split_once("==").or_else(|| selector.split_once('='));
-                let per_page: usize = query.get("per_page").and_then(|p| p.parse().ok()).unwrap_or(25);
-                let page: usize = query.get("page").and_then(|p| p.parse().ok()).unwrap_or(1);
-                let matching: Vec<Value> = state
-                    .hosts
-                    .iter()
-                    .filter(|(_, h)| wanted.is_none_or(|(k, v)| h.labels.get(k).map(String::as_str) == Some(v)))
-                    .map(|(id, h)| server(*id, h, h.reads > POLLS_UNTIL_RUNNING))
-                    .collect();
-                let last = matching.len().div_ceil(per_page).max(1);
-                let items: Vec<Value> = matching.iter().skip((page - 1) * per_page).take(per_page).cloned().collect();
-                let some = |cond: bool, p: usize| if cond { json!(p) } else { Value::Null };
-                (
-                    200,
-                    json!({
-                        "servers": items,
-                        "meta": {"pagination": {
-                            "page": page, "per_page": per_page,
-                            "previous_page": some(page > 1, page.saturating_sub(1)),
-                            "next_page": some(page < last, page + 1),
-                            "last_page": last, "total_entries": matching.len()
-                        }}
-                    }),
-                )
+                let matching = state.hosts.iter().filter(|(_, h)| selected(&h.labels, query));
+                let listed = matching.map(|(id, h)| server(*id, h, h.reads > POLLS_UNTIL_RUNNING)).collect();
+                paged("servers", listed, query)
             }
             (_, ["v1", "primary_ips", ..]) => self.primary_ips(state, method, &segments, query, body),
             (_, ["v1", "floating_ips", ..]) => self.floating_ips(state, method, &segments, query, body),
@@ -225,12 +201,9 @@ impl Fake {
                 }
                 state.next_id += 1;
                 let id = state.next_id;
-                let labels = body["labels"]
-                    .as_object()
-                    .into_iter()
-                    .flatten()
-                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
-                    .collect();
+                let Some(labels) = labels_in(&body) else {
+                    return self.error(400, "invalid_input", "invalid input in field 'labels'");
+                };
                 let address = FakeAddress {
                     id,
                     name: name.to_string(),
@@ -245,20 +218,8 @@ impl Fake {
                 (201, out)
             }
             (&Method::GET, ["v1", "primary_ips"]) => {
-                let selector = query.get("label_selector").cloned().unwrap_or_default();
-                let wanted = selector.split_once("==");
-                let matching: Vec<Value> = state
-                    .addresses
-                    .values()
-                    .filter(|a| wanted.is_none_or(|(k, v)| a.labels.get(k).map(String::as_str) == Some(v)))
-                    .map(view)
-                    .collect();
-                let n = matching.len();
-                (
-                    200,
-                    json!({"primary_ips": matching, "meta": {"pagination": {"page": 1, "per_page": 50,
-                    "previous_page": null, "next_page": null, "last_page": 1, "total_entries": n}}}),
-                )
+                let matching = state.addresses.values().filter(|a| selected(&a.labels, query));
+                paged("primary_ips", matching.map(view).collect(), query)
             }
             (&Method::GET, ["v1", "primary_ips", id]) => {
                 match id.parse().ok().and_then(|n: u64| state.addresses.get(&n)) {

@@ -12,31 +12,8 @@ use std::time::Instant;
 use hyper::Method;
 use serde_json::{Value, json};
 
+use crate::fake_hetzner_rules::{labels_in, paged, selected};
 use crate::fake_server::{Fake, FakeAction, FakeFloating, State};
-
-/// Hetzner's label rules ("Labels"): keys an optional DNS-subdomain prefix and `/`, then a name
-/// of at most 63 characters; values at most 63; both alphanumeric at the ends with `-_.` inside
-/// (a value may be empty).
-fn label_ok(key: &str, value: &str) -> bool {
-    let part = |s: &str, empty: bool| {
-        (s.is_empty() && empty)
-            || (s.len() <= 63
-                && s.starts_with(|c: char| c.is_ascii_alphanumeric())
-                && s.ends_with(|c: char| c.is_ascii_alphanumeric())
-                && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)))
-    };
-    let (prefix, name) = key.rsplit_once('/').unwrap_or(("", key));
-    let prefix_ok = prefix.is_empty() || (prefix.len() <= 253 && prefix.split('.').all(|p| part(p, false)));
-    prefix_ok && part(name, false) && part(value, true)
-}
-
-/// `k==v` or `k=v`, as "Label Selector" allows.
-fn selected(labels: &BTreeMap<String, String>, selector: &str) -> bool {
-    match selector.split_once("==").or_else(|| selector.split_once('=')) {
-        Some((k, v)) => labels.get(k).map(String::as_str) == Some(v),
-        None => selector.is_empty() || labels.contains_key(selector),
-    }
-}
 
 impl Fake {
     /// Finishes the actions whose time has come, applying what they do.
@@ -128,15 +105,9 @@ impl Fake {
                 if !name.is_empty() && state.floating.values().any(|f| f.name == name) {
                     return self.error(409, "uniqueness_error", "name is already used");
                 }
-                let labels: BTreeMap<String, String> = body["labels"]
-                    .as_object()
-                    .into_iter()
-                    .flatten()
-                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("\u{0}").to_string()))
-                    .collect();
-                if !labels.iter().all(|(k, v)| label_ok(k, v)) {
+                let Some(labels) = labels_in(&body) else {
                     return self.error(400, "invalid_input", "invalid input in field 'labels'");
-                }
+                };
                 let home_location = match (server, home) {
                     (Some(s), _) => match state.hosts.get(&s) {
                         Some(h) => h.location.clone(),
@@ -156,22 +127,8 @@ impl Fake {
                 (201, json!({"floating_ip": view(id, &state.floating[&id]), "action": action}))
             }
             (&Method::GET, ["v1", "floating_ips"]) => {
-                let selector = query.get("label_selector").cloned().unwrap_or_default();
-                let per_page: usize = query.get("per_page").and_then(|p| p.parse().ok()).unwrap_or(25);
-                let page: usize = query.get("page").and_then(|p| p.parse().ok()).unwrap_or(1).max(1);
-                let matching: Vec<Value> = state
-                    .floating
-                    .iter()
-                    .filter(|(_, f)| selected(&f.labels, &selector))
-                    .map(|(id, f)| view(*id, f))
-                    .collect();
-                let last = matching.len().div_ceil(per_page).max(1);
-                let items: Vec<Value> = matching.iter().skip((page - 1) * per_page).take(per_page).cloned().collect();
-                let some = |cond: bool, p: usize| if cond { json!(p) } else { Value::Null };
-                let pagination = json!({"page": page, "per_page": per_page,
-                    "previous_page": some(page > 1, page.saturating_sub(1)), "next_page": some(page < last, page + 1),
-                    "last_page": last, "total_entries": matching.len()});
-                (200, json!({"floating_ips": items, "meta": {"pagination": pagination}}))
+                let matching = state.floating.iter().filter(|(_, f)| selected(&f.labels, query));
+                paged("floating_ips", matching.map(|(id, f)| view(*id, f)).collect(), query)
             }
             (&Method::GET, ["v1", "floating_ips", id]) => {
                 match parse(id).and_then(|n| state.floating.get(&n).map(|f| (n, f))) {

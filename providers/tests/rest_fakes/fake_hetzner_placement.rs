@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use hyper::Method;
 use serde_json::{Value, json};
 
+use crate::fake_hetzner_rules::{labels_in, paged, selected};
 use crate::fake_server::{Fake, FakeGroup, State};
 
 impl Fake {
@@ -39,12 +40,9 @@ impl Fake {
                 if state.groups.values().any(|g| g.name == name) {
                     return self.error(409, "uniqueness_error", "placement group name is already used");
                 }
-                let labels = body["labels"]
-                    .as_object()
-                    .into_iter()
-                    .flatten()
-                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
-                    .collect();
+                let Some(labels) = labels_in(&body) else {
+                    return self.error(400, "invalid_input", "invalid input in field 'labels'");
+                };
                 state.create_bodies.push(body.clone());
                 state.next_id += 1;
                 let id = state.next_id;
@@ -54,20 +52,8 @@ impl Fake {
                 (201, out)
             }
             (&Method::GET, ["v1", "placement_groups"]) => {
-                let selector = query.get("label_selector").cloned().unwrap_or_default();
-                let wanted = selector.split_once("==");
-                let matching: Vec<Value> = state
-                    .groups
-                    .iter()
-                    .filter(|(_, g)| wanted.is_none_or(|(k, v)| g.labels.get(k).map(String::as_str) == Some(v)))
-                    .map(|(id, g)| view(state, *id, g))
-                    .collect();
-                let n = matching.len();
-                (
-                    200,
-                    json!({"placement_groups": matching, "meta": {"pagination": {"page": 1, "per_page": 50,
-                    "previous_page": null, "next_page": null, "last_page": 1, "total_entries": n}}}),
-                )
+                let matching = state.groups.iter().filter(|(_, g)| selected(&g.labels, query));
+                paged("placement_groups", matching.map(|(id, g)| view(state, *id, g)).collect(), query)
             }
             (&Method::DELETE, ["v1", "placement_groups", id]) => match id.parse::<u64>() {
                 Ok(n) if state.groups.contains_key(&n) && !servers(state, n).is_empty() => {

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use providers::hosts::TAG_TUNNEL_SLOT;
 
-use super::pair_tests::{fail_checks, ha, pair, pass};
-use super::tests::{Harness, SERVICE};
+use super::pair_tests::{deleted_with_service, fail_checks, ha, pair, pass};
+use super::tests::Harness;
 
 #[tokio::test]
 async fn where_the_address_moves_onto_secondary_addresses_each_server_is_checked_at_its_own() {
@@ -161,16 +161,11 @@ async fn what_kept_the_pair_apart_goes_after_both_servers_and_keeps_the_finalize
     let (mut h, t) = pair();
     h.provider.spread_over_zones();
     h.reconcile(t).await.unwrap();
-    let mut t = h.current();
-    t.metadata.deletion_timestamp =
-        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
-    let mut svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(h.api.get(SERVICE).unwrap()).unwrap();
-    svc.metadata.deletion_timestamp = t.metadata.deletion_timestamp.clone();
-    h.services.apply_watcher_event(&kube::runtime::watcher::Event::Apply(svc));
+    let t = deleted_with_service(&mut h);
     // A server still being deleted keeps it (Hetzner's placement group): retried, Tunnel kept.
     let busy = providers::HostError::Unavailable { provider: "fake", message: "still holds a server".into() };
     h.provider.fail_next("delete_placement", busy);
-    assert!(h.reconcile(h.put_tunnel(&t)).await.is_err());
+    assert!(h.reconcile(t).await.is_err());
     assert_eq!(h.current().metadata.finalizers, Some(vec![super::FINALIZER.to_string()]));
     assert!(h.provider.hosts().is_empty(), "the servers went first");
     h.reconcile(Arc::new(h.current())).await.unwrap();

@@ -28,6 +28,18 @@ pub(super) fn pair() -> (Harness, Arc<Tunnel>) {
     (h, t)
 }
 
+/// The Tunnel marked deleted, and its Service too (a Tunnel deleted while its Service asks for
+/// one keeps the address for the next).
+pub(super) fn deleted_with_service(h: &mut Harness) -> Arc<Tunnel> {
+    let mut t = h.current();
+    t.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
+    let mut svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(h.api.get(SERVICE).unwrap()).unwrap();
+    svc.metadata.deletion_timestamp = t.metadata.deletion_timestamp.clone();
+    h.services.apply_watcher_event(&kube::runtime::watcher::Event::Apply(svc));
+    h.put_tunnel(&t)
+}
+
 pub(super) fn ha(h: &Harness) -> HighAvailabilityStatus {
     h.current().status.unwrap().high_availability.expect("highAvailability status")
 }
@@ -205,14 +217,8 @@ async fn in_the_operators_namespace_both_clients_go_with_the_tunnel_and_so_do_bo
         assert_eq!(d["metadata"]["labels"][placement::LABEL_TUNNEL_UID], json!("tunnel-uid"), "{path}");
     }
 
-    let mut t = h.current();
-    t.metadata.deletion_timestamp =
-        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
-    // The Service goes too (a Tunnel deleted while its Service asks for one keeps the address).
-    let mut svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(h.api.get(SERVICE).unwrap()).unwrap();
-    svc.metadata.deletion_timestamp = t.metadata.deletion_timestamp.clone();
-    h.services.apply_watcher_event(&kube::runtime::watcher::Event::Apply(svc));
-    h.reconcile(h.put_tunnel(&t)).await.unwrap();
+    let t = deleted_with_service(&mut h);
+    h.reconcile(t).await.unwrap();
     assert_eq!(h.current().metadata.finalizers, Some(vec![]));
     for path in &paths {
         assert!(h.api.get(path).is_none(), "{path} deleted with its Tunnel");
