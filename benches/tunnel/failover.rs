@@ -8,7 +8,12 @@
 //!   find it;
 //! - **client Pod gone**: the active server's client Pod is deleted and kept from starting again
 //!   (the namespace's Pod quota), as when its node dies;
-//! - **planned roll**: a port added to the Service, so both clients roll for the new config.
+//! - **planned roll**: a port added to the Service, so both clients roll for the new config;
+//! - **operator and client Pod gone together**: the operator (holding its leader Lease) is killed
+//!   and the active server's client Pod goes with it, as when the node running both dies. A warm
+//!   standby (watches running, acting gated on the Lease, as `skyport run --leader-elect` waits)
+//!   takes the Lease once it expires (`--lease-duration`, 15 s by default) and moves the address
+//!   as any leader does: after the active server failed its checks.
 //!
 //! Per fault: when the address was on the other server, the longest time between two answered
 //! requests, and the requests not answered. The peer a user would pick instead, the tailscale
@@ -17,18 +22,31 @@
 //!
 //! Figures only: the exit status is non-zero only when the Tunnel never recovers.
 
+use std::time::Duration;
+
 use anyhow::bail;
+use skyport::leader::Lease;
+use tokio::task::JoinHandle;
 
 use super::median;
-use crate::common::tunnels;
+use crate::common::tunnels::{self, TunnelOperator};
 use crate::node::pair::Pair;
 
-const FAULTS: [&str; 4] =
-    ["exit server killed", "exit server hung (SIGSTOP)", "client Pod gone", "planned roll of both clients"];
+const FAULTS: [&str; 5] = [
+    "exit server killed",
+    "exit server hung (SIGSTOP)",
+    "client Pod gone",
+    "planned roll of both clients",
+    "operator and client Pod gone together",
+];
 /// The hung server's fault.
 const HUNG: usize = 1;
 /// The planned one: no failed request is the target.
 const PLANNED: usize = 3;
+/// The operator killed with the client Pod.
+const OPERATOR: usize = 4;
+/// `skyport run`'s default `--lease-duration`: how long a killed leader's Lease keeps a standby out.
+const LEASE_DURATION: Duration = Duration::from_secs(15);
 /// About ten minutes: the traffic loss users report for the tailscale operator's HA proxies.
 const PEER_GAP: f64 = 600.0;
 
@@ -44,13 +62,22 @@ async fn once(fault: usize) -> anyhow::Result<Sample> {
     let Some(pair) = Pair::start("bench-ha").await else {
         bail!("the failover benchmark needs the test node (tests/env.sh up as root, without SKYPORT_NODE=0)")
     };
+    let standby = match fault {
+        OPERATOR => Some(Standby::start(&pair).await?),
+        _ => None,
+    };
     let m = pair
         .measure(
             async |p| match fault {
                 0 => tunnels::kill_exit_server(&p.op, &p.active),
                 HUNG => tunnels::signal_exit_server(&p.op, &p.active, "STOP"),
                 2 => p.stop_client(p.active_slot().await).await,
-                _ => p.add_port().await,
+                PLANNED => p.add_port().await,
+                _ => {
+                    standby.as_ref().expect("the standby").leader.abort();
+                    p.op.kill();
+                    p.stop_client(p.active_slot().await).await;
+                }
             },
             fault == PLANNED,
         )
@@ -60,9 +87,46 @@ async fn once(fault: usize) -> anyhow::Result<Sample> {
     }
     // The node stays this benchmark's until the pair is gone (its guard drops with it).
     let Pair { ns, op, .. } = pair;
-    tunnels::finish_tunnels(op, ns).await;
+    match standby {
+        Some(standby) => {
+            standby.taking.abort();
+            tunnels::finish_tunnels(standby.op, ns).await;
+            op.stop().await;
+        }
+        None => tunnels::finish_tunnels(op, ns).await,
+    }
     let (moved, gap) = (m.moved_after.as_secs_f64(), m.gap.as_secs_f64());
     Ok(Sample { moved, gap, failed: m.sent - m.answered, sent: m.sent })
+}
+
+/// A warm standby beside a pair's operator, which holds the leader Lease meanwhile.
+struct Standby {
+    op: TunnelOperator,
+    /// The active operator renewing its Lease: aborted when it is killed.
+    leader: JoinHandle<()>,
+    /// The standby waiting for the Lease, then holding it.
+    taking: JoinHandle<()>,
+}
+
+impl Standby {
+    async fn start(pair: &Pair) -> anyhow::Result<Standby> {
+        let lease = async |identity: &str| {
+            Lease::new(pair.ns.client.clone(), &pair.ns.name, "skyport", LEASE_DURATION, identity.into()).await
+        };
+        let active = lease("active").await?;
+        active.acquire().await;
+        let leader = tokio::spawn(async move {
+            active.hold().await;
+        });
+        let (gate, op) = TunnelOperator::start_standby(&pair.ns, pair.op.ctx.settings.clone()).await;
+        let waiting = lease("standby").await?;
+        let taking = tokio::spawn(async move {
+            waiting.acquire().await;
+            gate.open();
+            waiting.hold().await;
+        });
+        Ok(Standby { op, leader, taking })
+    }
 }
 
 /// `hung_only`: the hung exit server alone.

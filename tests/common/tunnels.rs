@@ -8,6 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Event, Service};
 use kube::Client;
 use kube::api::{Api, DeleteParams};
+use skyport::controllers::{Acting, Gate};
 use skyport::crd::{ConditionStatus, Tunnel, TunnelPhase};
 use tokio::sync::oneshot;
 
@@ -79,7 +80,7 @@ impl TunnelOperator {
 
     /// Like [`TunnelOperator::start`], talking to the API server as `client` (another identity).
     pub async fn start_as(client: kube::Client, ns: &TestNs, settings: skyport::config::TunnelArgs) -> Self {
-        Self::start_full(client, ns, settings, Vec::new(), kubelet::skyport_exe(), None).await
+        Self::start_full(client, ns, settings, Vec::new(), kubelet::skyport_exe(), (None, Acting::always())).await
     }
 
     /// Like [`TunnelOperator::start`], with more providers next to the local one.
@@ -88,7 +89,7 @@ impl TunnelOperator {
         settings: skyport::config::TunnelArgs,
         extra: Vec<Arc<dyn providers::HostProvider>>,
     ) -> Self {
-        Self::start_full(ns.client.clone(), ns, settings, extra, kubelet::skyport_exe(), None).await
+        Self::start_full(ns.client.clone(), ns, settings, extra, kubelet::skyport_exe(), (None, Acting::always())).await
     }
 
     /// Like [`TunnelOperator::start_with`], checking tunnels with `probe` instead of the real
@@ -99,7 +100,7 @@ impl TunnelOperator {
         extra: Vec<Arc<dyn providers::HostProvider>>,
         probe: Arc<dyn skyport::controllers::tunnel::observe::Probe>,
     ) -> Self {
-        Self::start_full(ns.client.clone(), ns, settings, extra, kubelet::skyport_exe(), Some(probe)).await
+        Self::start_full(ns.client.clone(), ns, settings, extra, kubelet::skyport_exe(), (Some(probe), Acting::always())).await
     }
 
     /// Like [`TunnelOperator::start_with`], with `exe` as the operator's own executable: the
@@ -110,7 +111,7 @@ impl TunnelOperator {
         extra: Vec<Arc<dyn providers::HostProvider>>,
         exe: std::path::PathBuf,
     ) -> Self {
-        Self::start_full(ns.client.clone(), ns, settings, extra, exe, None).await
+        Self::start_full(ns.client.clone(), ns, settings, extra, exe, (None, Acting::always())).await
     }
 
     async fn start_full(
@@ -119,7 +120,7 @@ impl TunnelOperator {
         settings: skyport::config::TunnelArgs,
         extra: Vec<Arc<dyn providers::HostProvider>>,
         own_exe: std::path::PathBuf,
-        probe: Option<Arc<dyn skyport::controllers::tunnel::observe::Probe>>,
+        (probe, acting): (Option<Arc<dyn skyport::controllers::tunnel::observe::Probe>>, Acting),
     ) -> Self {
         use futures::FutureExt;
         if std::env::var_os("RUST_LOG").is_some() {
@@ -158,7 +159,7 @@ impl TunnelOperator {
             backoff,
             Some(ns.name.clone()),
             cluster_id,
-            skyport::controllers::Acting::always(),
+            acting.clone(),
             shutdown.clone(),
         );
         let (services, svc_run) = skyport::controllers::service::controller(
@@ -166,13 +167,31 @@ impl TunnelOperator {
             settings,
             ctx.tunnels.clone(),
             Some(ns.name.clone()),
-            skyport::controllers::Acting::always(),
+            acting,
             shutdown,
         );
         let task = tokio::spawn(async move {
             tokio::join!(tunnels, svc_run);
         });
         TunnelOperator { ctx, services, local, stop: Some(tx), task, state }
+    }
+
+    /// A warm standby for `ns` with `settings` (an active operator's, `ctx.settings`): its
+    /// controllers watch and keep their caches, and act only once the returned gate opens, as
+    /// `skyport run --leader-elect` does while it waits for the Lease. It shares the active one's
+    /// local provider state, as replicas share a cloud.
+    pub async fn start_standby(ns: &TestNs, settings: skyport::config::TunnelArgs) -> (Gate, Self) {
+        let (gate, acting) = Gate::shut();
+        let exe = settings.self_exe.clone();
+        let op = Self::start_full(ns.client.clone(), ns, settings, Vec::new(), exe, (None, acting)).await;
+        (gate, op)
+    }
+
+    /// Ends the controllers at once, as SIGKILL ends the operator's process: nothing in flight
+    /// finishes. Its exit servers run on, as VMs outlive the operator that ordered them (and
+    /// [`TunnelOperator::stop`] afterwards leaves them to the next operator).
+    pub fn kill(&self) {
+        self.task.abort();
     }
 
     /// Stops the controllers, letting reconciles in flight finish.
