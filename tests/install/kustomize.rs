@@ -130,6 +130,9 @@ patches:
       - {{op: replace, path: /metadata/labels/pod-security.kubernetes.io~1enforce, value: privileged}}
   - target: {{kind: Deployment, name: skyport}}
     patch: |
+      # The local provider's exit servers live on the operator's node and network: one replica
+      # (two would share the node's ports).
+      - {{op: replace, path: /spec/replicas, value: 1}}
       - {{op: add, path: /spec/template/spec/hostNetwork, value: true}}
       - {{op: add, path: /spec/template/spec/dnsPolicy, value: ClusterFirstWithHostNet}}
       # On the node's network 8080 is a port the tunnel tests' exit servers publish.
