@@ -100,7 +100,15 @@ impl TunnelOperator {
         extra: Vec<Arc<dyn providers::HostProvider>>,
         probe: Arc<dyn skyport::controllers::tunnel::observe::Probe>,
     ) -> Self {
-        Self::start_full(ns.client.clone(), ns, settings, extra, kubelet::skyport_exe(), (Some(probe), Acting::always())).await
+        Self::start_full(
+            ns.client.clone(),
+            ns,
+            settings,
+            extra,
+            kubelet::skyport_exe(),
+            (Some(probe), Acting::always()),
+        )
+        .await
     }
 
     /// Like [`TunnelOperator::start_with`], with `exe` as the operator's own executable: the
