@@ -7,7 +7,7 @@
 //! `status.highAvailability.lastFailover`; the powered-off guest is replaced by a standby that
 //! takes the address when the other is killed in turn (SIGKILL to all its processes, no
 //! shutdown), and nothing is left once the Service goes. benches/tunnel.rs `--guest --failover`
-//! measures both faults.
+//! measures these faults and three more (a hung server, a lost client, the operator with it).
 //!
 //! Needs root, the guest root file system and the static build (tests/run.sh provides them).
 //! Where guests cannot boot the test fails, unless `SKYPORT_SKIP_GUEST_TESTS=1` opts out.

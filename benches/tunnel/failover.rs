@@ -22,14 +22,11 @@
 //!
 //! Figures only: the exit status is non-zero only when the Tunnel never recovers.
 
-use std::time::Duration;
-
 use anyhow::bail;
-use skyport::leader::Lease;
-use tokio::task::JoinHandle;
 
 use super::median;
-use crate::common::tunnels::{self, TunnelOperator};
+use crate::common::standby::Standby;
+use crate::common::tunnels;
 use crate::node::pair::Pair;
 
 const FAULTS: [&str; 5] = [
@@ -45,8 +42,6 @@ const HUNG: usize = 1;
 const PLANNED: usize = 3;
 /// The operator killed with the client Pod.
 const OPERATOR: usize = 4;
-/// `skyport run`'s default `--lease-duration`: how long a killed leader's Lease keeps a standby out.
-const LEASE_DURATION: Duration = Duration::from_secs(15);
 /// About ten minutes: the traffic loss users report for the tailscale operator's HA proxies.
 const PEER_GAP: f64 = 600.0;
 
@@ -63,7 +58,7 @@ async fn once(fault: usize) -> anyhow::Result<Sample> {
         bail!("the failover benchmark needs the test node (tests/env.sh up as root, without SKYPORT_NODE=0)")
     };
     let standby = match fault {
-        OPERATOR => Some(Standby::start(&pair).await?),
+        OPERATOR => Some(Standby::start(&pair.ns, &pair.op, Vec::new()).await?),
         _ => None,
     };
     let m = pair
@@ -74,7 +69,7 @@ async fn once(fault: usize) -> anyhow::Result<Sample> {
                 2 => p.stop_client(p.active_slot().await).await,
                 PLANNED => p.add_port().await,
                 _ => {
-                    standby.as_ref().expect("the standby").leader.abort();
+                    standby.as_ref().expect("the standby").lose_leader();
                     p.op.kill();
                     p.stop_client(p.active_slot().await).await;
                 }
@@ -89,44 +84,13 @@ async fn once(fault: usize) -> anyhow::Result<Sample> {
     let Pair { ns, op, .. } = pair;
     match standby {
         Some(standby) => {
-            standby.taking.abort();
-            tunnels::finish_tunnels(standby.op, ns).await;
+            tunnels::finish_tunnels(standby.into_operator(), ns).await;
             op.stop().await;
         }
         None => tunnels::finish_tunnels(op, ns).await,
     }
     let (moved, gap) = (m.moved_after.as_secs_f64(), m.gap.as_secs_f64());
     Ok(Sample { moved, gap, failed: m.sent - m.answered, sent: m.sent })
-}
-
-/// A warm standby beside a pair's operator, which holds the leader Lease meanwhile.
-struct Standby {
-    op: TunnelOperator,
-    /// The active operator renewing its Lease: aborted when it is killed.
-    leader: JoinHandle<()>,
-    /// The standby waiting for the Lease, then holding it.
-    taking: JoinHandle<()>,
-}
-
-impl Standby {
-    async fn start(pair: &Pair) -> anyhow::Result<Standby> {
-        let lease = async |identity: &str| {
-            Lease::new(pair.ns.client.clone(), &pair.ns.name, "skyport", LEASE_DURATION, identity.into()).await
-        };
-        let active = lease("active").await?;
-        active.acquire().await;
-        let leader = tokio::spawn(async move {
-            active.hold().await;
-        });
-        let (gate, op) = TunnelOperator::start_standby(&pair.ns, pair.op.ctx.settings.clone()).await;
-        let waiting = lease("standby").await?;
-        let taking = tokio::spawn(async move {
-            waiting.acquire().await;
-            gate.open();
-            waiting.hold().await;
-        });
-        Ok(Standby { op, leader, taking })
-    }
 }
 
 /// `hung_only`: the hung exit server alone.

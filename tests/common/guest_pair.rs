@@ -41,7 +41,7 @@ pub struct GuestPair {
     pub active: String,
     /// From creating the Service to bytes through the reserved address.
     pub first_bytes: Duration,
-    _clients: [ClientRunner; 2],
+    clients: [ClientRunner; 2],
     _guests: Removes,
 }
 
@@ -109,7 +109,7 @@ impl GuestPair {
             ip,
             active: holder,
             first_bytes,
-            _clients: clients,
+            clients,
             _guests: Removes(guests, state),
         };
         pair.both_passing(None, Duration::from_secs(120)).await;
@@ -143,26 +143,60 @@ impl GuestPair {
 
     /// Stops guest `holder`, in order for up to `grace`, then by SIGKILL.
     async fn stop(&self, holder: &str, grace: Duration) -> PowerOff {
+        let machine = self.guests.machine(holder).expect("the active guest");
+        // Powering off blocks until nspawn is gone: off the runtime's threads, so requests go on.
+        let off = std::sync::Mutex::new(None);
+        let m = self
+            .measure(holder, async |_| {
+                *off.lock().unwrap() = Some(tokio::task::spawn_blocking(move || machine.stop(grace)));
+            })
+            .await;
+        if let Some(off) = off.into_inner().unwrap() {
+            off.await.unwrap();
+        }
+        m
+    }
+
+    /// Runs `fault` while a request goes to the reserved address every 100 ms; waits until the
+    /// address is on another guest than `holder` and requests are answered again, then 3 s.
+    pub async fn measure(&self, holder: &str, fault: impl AsyncFnOnce(&GuestPair)) -> PowerOff {
         let requests = Requests::start(self.ip.clone(), PORT);
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let machine = self.guests.machine(holder).expect("the active guest");
-        let fault = Instant::now();
-        // Powering off blocks until nspawn is gone: off the runtime's threads, so requests go on.
-        let off = tokio::task::spawn_blocking(move || machine.stop(grace));
-        let moved = eventually("the address on the other guest", Duration::from_secs(60), || async {
+        let started = Instant::now();
+        fault(self).await;
+        let moved = eventually("the address on the other guest", Duration::from_secs(120), || async {
             let t = self.tunnels.get("web-tunnel").await.ok()?;
             ha(&t).active.filter(|a| a != holder).map(|_| t)
         })
         .await;
-        let moved_after = fault.elapsed();
-        off.await.unwrap();
+        let moved_after = started.elapsed();
         eventually("requests through the same address again", Duration::from_secs(60), || async {
-            requests.last_answered().filter(|last| *last > fault).map(drop)
+            requests.last_answered().filter(|last| *last > started).map(drop)
         })
         .await;
         tokio::time::sleep(Duration::from_secs(3)).await;
         let (answered, sent) = requests.tally();
         PowerOff { moved, moved_after, gap: requests.longest_gap(), answered, sent }
+    }
+
+    /// Sends `signal` (`kill -s` spelling) to the exit server running in guest `id`: `STOP`
+    /// hangs it (its sockets stay open, nothing answers), `CONT` lets it go on.
+    pub fn signal_server(&self, id: &str, signal: &str) {
+        let machine = self.guests.machine(id).expect("the guest");
+        let server = machine.processes().into_iter().find(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            String::from_utf8_lossy(&cmdline).contains("tunnel\0server")
+        });
+        let pid = server.expect("the guest's exit server process").to_string();
+        assert!(std::process::Command::new("kill").args(["-s", signal, &pid]).status().unwrap().success());
+    }
+
+    /// The client of the server holding the address gone for good, as when its node dies.
+    pub async fn stop_active_client(&self) {
+        let t = self.tunnels.get("web-tunnel").await.unwrap();
+        let slot = ha(&t).servers.iter().find(|s| s.host_id.as_deref() == Some(&self.active)).map(|s| s.slot.clone());
+        let index = ["a", "b"].iter().position(|s| Some(s.to_string()) == slot).expect("the active server's slot");
+        self.clients[index].stop();
     }
 
     /// Deletes the Service (if it is still there), waits for its Tunnel to go and stops the
@@ -171,5 +205,13 @@ impl GuestPair {
         let _ = self.services.delete("web", &DeleteParams::default()).await;
         tunnels::gone(&self.tunnels, "web-tunnel").await;
         tunnels::finish_tunnels(self.op, self.ns).await;
+    }
+
+    /// [`GuestPair::finish`] with `op` (a standby that took over) in place of the killed operator.
+    pub async fn finish_with(self, op: TunnelOperator) {
+        let _ = self.services.delete("web", &DeleteParams::default()).await;
+        tunnels::gone(&self.tunnels, "web-tunnel").await;
+        tunnels::finish_tunnels(op, self.ns).await;
+        self.op.stop().await;
     }
 }

@@ -142,6 +142,16 @@ impl Drop for ClientRunner {
 }
 
 impl ClientRunner {
+    /// The Pod gone for good, as when its node dies: the client process killed, never started
+    /// again.
+    pub fn stop(&self) {
+        self.task.abort();
+        let pid = self.pid.load(std::sync::atomic::Ordering::Relaxed);
+        if pid != 0 {
+            let _ = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+    }
+
     pub fn start(client: Client, namespace: &str, name: &str, backends: Backends) -> Self {
         let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
         let secrets: Api<Secret> = Api::namespaced(client, namespace);

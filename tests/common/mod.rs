@@ -33,6 +33,7 @@ pub mod proxy;
 pub mod requests;
 pub mod shards;
 pub mod sqs_faults;
+pub mod standby;
 pub mod sts;
 pub mod tunnels;
 

@@ -184,14 +184,19 @@ impl TunnelOperator {
         TunnelOperator { ctx, services, local, stop: Some(tx), task, state }
     }
 
-    /// A warm standby for `ns` with `settings` (an active operator's, `ctx.settings`): its
+    /// A warm standby for `ns` with `settings` (an active operator's, `ctx.settings`) and the
+    /// active one's `extra` providers: its
     /// controllers watch and keep their caches, and act only once the returned gate opens, as
     /// `skyport run --leader-elect` does while it waits for the Lease. It shares the active one's
     /// local provider state, as replicas share a cloud.
-    pub async fn start_standby(ns: &TestNs, settings: skyport::config::TunnelArgs) -> (Gate, Self) {
+    pub async fn start_standby(
+        ns: &TestNs,
+        settings: skyport::config::TunnelArgs,
+        extra: Vec<Arc<dyn providers::HostProvider>>,
+    ) -> (Gate, Self) {
         let (gate, acting) = Gate::shut();
         let exe = settings.self_exe.clone();
-        let op = Self::start_full(ns.client.clone(), ns, settings, Vec::new(), exe, (None, acting)).await;
+        let op = Self::start_full(ns.client.clone(), ns, settings, extra, exe, (None, acting)).await;
         (gate, op)
     }
 
