@@ -217,7 +217,6 @@ async fn a_guest_booted_with_the_user_data_carries_tcp_and_udp_to_the_cluster() 
     assert_eq!(tag, 9090);
     assert!(echoed == payload, "the TCP payload came back changed");
     eprintln!("guest: Service port change -> bytes on the new port, same address: {took:?}");
-    assert!(took < Duration::from_secs(10), "the new port carried bytes after {took:?}, not within 10 s");
     let nft = guest.read("/etc/nftables.conf");
     assert!(nft.contains("9090") && !nft.contains("8080"), "{nft}");
     let removed = tokio::time::timeout(Duration::from_secs(3), tokio::net::TcpStream::connect((ip, 8080))).await;

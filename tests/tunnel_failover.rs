@@ -38,7 +38,7 @@ async fn failover(pair: &Pair, what: &str, fault: impl AsyncFnOnce(&Pair)) -> (T
     assert_eq!(status.failovers, Some(1));
     let service = pair.services.get("web").await.unwrap();
     assert_eq!(ingress_ip(&service).as_deref(), Some(pair.ip.as_str()), "the same address");
-    let events = tunnels::events(&pair.ns.client, &pair.ns.name, "web-tunnel").await;
+    let events = tunnels::events_with(&pair.ns.client, &pair.ns.name, "web-tunnel", "Failover").await;
     assert!(events.iter().any(|(reason, note)| reason == "Failover" && note.contains(&pair.active)), "{events:?}");
     carries(&pair.ip, PORT, None).await;
     (moved, moved_after)
@@ -145,7 +145,7 @@ async fn a_config_change_rolls_the_clients_one_at_a_time_through_a_handover() {
         roll.sent
     );
     assert_eq!(ha(&handed).failovers, None, "a planned handover is no failover");
-    let events = tunnels::events(&pair.ns.client, &pair.ns.name, "web-tunnel").await;
+    let events = tunnels::events_with(&pair.ns.client, &pair.ns.name, "web-tunnel", "Handover").await;
     assert!(events.iter().any(|(reason, _)| reason == "Handover"), "{events:?}");
     finish_tunnels(pair.op, pair.ns).await;
 }
@@ -192,7 +192,7 @@ async fn with_both_addresses_a_killed_server_leaves_the_service_and_the_other_ca
         (ingress_ips(&services).await? == [survivor.clone()]).then_some(())
     })
     .await;
-    let events = tunnels::events(&ns.client, &ns.name, "web-tunnel").await;
+    let events = tunnels::events_with(&ns.client, &ns.name, "web-tunnel", "AddressWithdrawn").await;
     assert!(events.iter().any(|(reason, note)| reason == "AddressWithdrawn" && note.contains(doomed)), "{events:?}");
     // The killed server's slot is filled again, on a new address, which joins the Service.
     let fresh = eventually("the replacement's address on the Service", ACTIVE, || async {

@@ -27,7 +27,7 @@ use providers::guest::{GuestProvider, GuestSettings};
 use providers::hosts::{MANAGED_BY_VALUE, TAG_MANAGED_BY, TAG_TUNNEL_UID};
 use sha2::{Digest, Sha256};
 use skyport::crd::{Tunnel, TunnelPhase};
-use tunnels::{TunnelOperator, active, carries, events, host_id, host_ip, ingress_ip, service};
+use tunnels::{TunnelOperator, active, carries, events, events_with, host_id, host_ip, ingress_ip, service};
 
 /// Removes every guest the test's provider made, whatever happened to the test.
 pub(crate) struct Guests(Arc<GuestProvider>, std::path::PathBuf);
@@ -157,8 +157,7 @@ async fn a_tunnel_on_booted_guests_carries_bytes_follows_ports_outlives_a_stoppe
     assert!(traces(&id).is_empty(), "the stopped guest left {:?}", traces(&id));
     assert!(!machine.dir.exists(), "the stopped guest's folder is gone");
     assert_eq!(mirror.downloads(), 2);
-    let reasons: Vec<String> = events(&ns.client, &ns.name, "web-tunnel").await.into_iter().map(|e| e.0).collect();
-    assert!(reasons.contains(&"ExitServerLost".to_string()), "{reasons:?}");
+    events_with(&ns.client, &ns.name, "web-tunnel", "ExitServerLost").await;
     ingress_is(&services, &ip).await;
 
     // `kubectl delete tunnel`: its guest goes; the Service, which still asks for a Tunnel, gets a
@@ -242,13 +241,9 @@ async fn a_guest_that_refuses_the_binary_is_named_as_such_and_never_replaced() {
     // operator hears of it where the provider keeps no console (DigitalOcean, Hetzner).
     let served = common::guest::served_on(&host_ip(&tunnel), op.ctx.settings.control_port).await;
     assert!(served.contains("skyport-exit-server-install: refused digest-mismatch"), "{served:?}");
-    let reasons: Vec<String> = events(&ns.client, &ns.name, "web-tunnel").await.into_iter().map(|e| e.0).collect();
-    assert!(reasons.contains(&"ExitServerArtifactRefused".to_string()), "{reasons:?}");
-    let for_service: Vec<String> = events(&ns.client, &ns.name, "web").await.into_iter().map(|e| e.0).collect();
-    assert!(
-        for_service.contains(&"ExitServerArtifactRefused".to_string()),
-        "the Service's owner is told: {for_service:?}"
-    );
+    events_with(&ns.client, &ns.name, "web-tunnel", "ExitServerArtifactRefused").await;
+    // The Service's owner is told too.
+    events_with(&ns.client, &ns.name, "web", "ExitServerArtifactRefused").await;
 
     // Well past the replacement wait: the same guest, no new VM, no second download.
     tokio::time::sleep(replace_after + Duration::from_secs(10)).await;

@@ -23,7 +23,7 @@ use kube::ResourceExt;
 use kube::api::DeleteParams;
 use providers::HostProvider;
 use providers::hosts::{MANAGED_BY_VALUE, TAG_MANAGED_BY, TAG_TUNNEL_UID};
-use tunnels::{carries, events};
+use tunnels::{carries, events_with};
 
 use crate::tunnel_guest::{ingress_is, traces};
 
@@ -79,7 +79,7 @@ async fn a_highly_available_tunnel_on_booted_guests_moves_its_address_off_a_powe
     assert_eq!((last.from.as_str(), last.to.as_str()), (holder.as_str(), to.as_str()));
     assert_eq!(ha(&moved).failovers, Some(1));
     assert!(routes(&ip).contains(&format!("dev {to}h")), "routed to {to}: {}", routes(&ip));
-    let failover = events(&pair.ns.client, &pair.ns.name, "web-tunnel").await;
+    let failover = events_with(&pair.ns.client, &pair.ns.name, "web-tunnel", "Failover").await;
     assert!(failover.iter().any(|(r, note)| r == "Failover" && note.contains(&holder)), "{failover:?}");
     ingress_is(&pair.services, &ip).await;
     carries(&ip, PORT, None).await;

@@ -79,7 +79,9 @@ async fn moving_the_address_between_running_servers_refuses_no_connection() {
         "net.ipv4.tcp_migrate_req must be 1, or a connection queued on the listener the old holder closes is reset \
          (tests/env.sh up sets it, as root)"
     );
-    let (p, _dir) = provider("handover");
+    // A connection every 10 ms through tunnels that must keep up: the shipped build.
+    let exe = data_plane_exe();
+    let (p, _dir) = provider_with("handover", exe.clone(), |_| {});
     let keys = NoiseKeypair::generate();
     let server = ExitServer {
         control_port: 2333,
@@ -121,7 +123,7 @@ async fn moving_the_address_between_running_servers_refuses_no_connection() {
                 },
             ],
         };
-        clients.push(start_client(slot, &client));
+        clients.push(start_client_with(exe.clone(), slot, &client));
         hosts.push(host);
     }
     let (tcp, udp) = (format!("{}:{TCP}", address.ip), format!("{}:{UDP}", address.ip));

@@ -96,6 +96,17 @@ where
     }
 }
 
+/// The Events in `ns` once one of them has reason `reason`: an Event is published after the change
+/// it reports, so a test that has just seen the change may list the Events before it is there.
+pub async fn events_with_reason(client: &Client, ns: &str, reason: &str) -> Vec<k8s_openapi::api::core::v1::Event> {
+    let api: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), ns);
+    eventually(&format!("a {reason} Event"), Duration::from_secs(30), || async {
+        let all = api.list(&Default::default()).await.ok()?.items;
+        all.iter().any(|e| e.reason.as_deref() == Some(reason)).then_some(all)
+    })
+    .await
+}
+
 /// A fresh namespace, deleted by [`TestNs::cleanup`] (left in place when a test fails, for
 /// inspection, unless the whole environment is torn down).
 pub struct TestNs {

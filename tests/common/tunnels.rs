@@ -327,6 +327,16 @@ pub async fn events(client: &Client, ns: &str, involved: &str) -> Vec<(String, S
         .collect()
 }
 
+/// [`events`] on `involved` once one of them has reason `reason`: an Event is published after the
+/// change it reports, so a test that has just seen the change may list the Events before it is.
+pub async fn events_with(client: &Client, ns: &str, involved: &str, reason: &str) -> Vec<(String, String)> {
+    eventually(&format!("a {reason} Event on {involved}"), Duration::from_secs(30), || async {
+        let all = events(client, ns, involved).await;
+        all.iter().any(|(r, _)| r == reason).then_some(all)
+    })
+    .await
+}
+
 /// Real bytes through the real tunnel, 1 MiB over TCP (checked by content) and a datagram over
 /// UDP, until they arrive (the client connects a moment after it starts).
 pub async fn carries(ip: &str, tcp: u16, udp: Option<u16>) {

@@ -20,6 +20,23 @@ pub fn skyport() -> PathBuf {
     path
 }
 
+/// What the exit servers and clients of a test that floods the tunnel with connections run: the
+/// shipped static build (`SKYPORT_STATIC_EXE`, which tests/run.sh builds), optimised as what exit
+/// servers run is, else the debug build. On two loaded cores the debug build's tunnel sets up
+/// fewer new connections a second than such a test opens, so its backlog grows until nothing is
+/// answered in time: the machine's limit, not the behaviour under test.
+pub fn data_plane_exe() -> PathBuf {
+    match std::env::var_os("SKYPORT_STATIC_EXE").map(PathBuf::from).filter(|p| p.exists()) {
+        Some(path) => path,
+        None => {
+            eprintln!(
+                "SKYPORT_STATIC_EXE unset: the tunnel runs the debug build, which a loaded machine may not keep up with"
+            );
+            skyport()
+        }
+    }
+}
+
 /// A provider over a fresh state directory; dropping the guard (also when the test panics) kills
 /// the servers left in it and removes it, so a failed run leaves no process holding an address.
 pub fn provider(test: &str) -> (LocalProvider, StateDir) {
@@ -104,9 +121,14 @@ pub async fn tcp_roundtrip(addr: String) -> Option<(String, bool)> {
 
 /// `skyport tunnel client` with `client`'s config, killed when the handle drops.
 pub fn start_client(name: &str, client: &TunnelClient) -> (tokio::process::Child, PathBuf) {
+    start_client_with(skyport(), name, client)
+}
+
+/// [`start_client`] running `exe`.
+pub fn start_client_with(exe: PathBuf, name: &str, client: &TunnelClient) -> (tokio::process::Child, PathBuf) {
     let config = std::env::temp_dir().join(format!("skyport-local-client-{name}-{:08x}.toml", rand::random::<u32>()));
     std::fs::write(&config, render_client_toml(client).unwrap()).unwrap();
-    let child = tokio::process::Command::new(skyport())
+    let child = tokio::process::Command::new(exe)
         .args(["tunnel", "client", "--config"])
         .arg(&config)
         .stdin(std::process::Stdio::null())
