@@ -44,7 +44,7 @@ use std::time::Duration;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
-use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::info::Info;
@@ -290,6 +290,15 @@ impl Collector for SourcesCollector {
     }
 }
 
+/// The metrics a sharded replica keeps ([`crate::shards`]).
+#[derive(Clone, Debug, Default)]
+pub struct ShardMetrics {
+    /// Shards this replica acts on now.
+    pub held: Gauge,
+    /// Shard Leases this replica took.
+    pub takeovers: Counter,
+}
+
 /// The operator's metrics registry. Controllers and providers are added when they start (a
 /// standby replica starts them too, and keeps their caches, but acts only once it is leader).
 pub struct Metrics {
@@ -300,7 +309,7 @@ pub struct Metrics {
     /// 1 once the controllers' caches have listed everything, a standby's included.
     pub caches_synced: Gauge,
     /// With sharding: the shards this replica acts on, and the shard Leases it took.
-    pub shards: crate::shards::ShardMetrics,
+    pub shards: ShardMetrics,
 }
 
 impl Default for Metrics {
@@ -320,7 +329,7 @@ impl Default for Metrics {
             "1 once the controllers' caches have listed everything (a standby keeps them too, so it acts at once when it becomes leader)",
             caches_synced.clone(),
         );
-        let shards = crate::shards::ShardMetrics::default();
+        let shards = ShardMetrics::default();
         registry.register(
             "shards_held",
             "Shards whose Lease this replica holds and whose objects it acts on (with --sharding)",

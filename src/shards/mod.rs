@@ -27,14 +27,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams, Preconditions};
 use kube::{Client, ResourceExt};
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::controllers::Gate;
 use crate::controllers::acting::Held;
 use crate::leader::renew_margin;
+use crate::metrics::ShardMetrics;
 use plan::{Holding, View, lease_name, live_replicas};
 
 /// Label naming the group (`--lease-name`) of every shard and replica Lease.
@@ -46,15 +45,6 @@ pub const ANNOTATION_SHARD: &str = "skyport.dev/shard";
 
 /// What the shards exist: read each round from the controllers' caches.
 pub type Existing = Box<dyn Fn() -> BTreeSet<String> + Send + Sync>;
-
-/// The metrics a sharded replica keeps.
-#[derive(Clone, Debug, Default)]
-pub struct ShardMetrics {
-    /// Shards this replica acts on now.
-    pub held: Gauge,
-    /// Shard Leases this replica took.
-    pub takeovers: Counter,
-}
 
 /// Where the Leases of one group live and how long they last.
 #[derive(Debug, Clone)]

@@ -80,7 +80,7 @@ impl Server {
         });
         let mut staged = self.derived.as_os_str().to_owned();
         staged.push(".tmp");
-        super::push::write_private(Path::new(&staged), text.as_bytes())
+        super::options::write_private(Path::new(&staged), text.as_bytes())
             .and_then(|()| std::fs::rename(&staged, &self.derived))
             .with_context(|| format!("writing {}", self.derived.display()))?;
         self.missing = want.iter().filter(|f| !self.running.contains_key(f)).copied().collect();

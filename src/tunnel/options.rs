@@ -157,11 +157,20 @@ pub async fn load(path: &Path) -> anyhow::Result<(rathole::Config, Document)> {
     let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
     name.push(format!(".check-{}-{}", std::process::id(), rand::random::<u32>()));
     let check = path.with_file_name(name);
-    super::push::write_private(&check, document.rathole_text()?.as_bytes())
+    write_private(&check, document.rathole_text()?.as_bytes())
         .with_context(|| format!("writing {}", check.display()))?;
     let parsed = rathole::Config::from_file(&check).await;
     let _ = std::fs::remove_file(&check);
     Ok((parsed.with_context(|| format!("reading {}", path.display()))?, document))
+}
+
+/// Writes a file only its owner can read, flushed to disk: the configuration carries the Noise key.
+pub(super) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::options::write_private;
 use anyhow::Context as _;
 use providers::exit::push::{ANSWER_LEN, Answer, Frame, PushKey, greeting, now_generation, seal_answer};
 use tokio::io::AsyncWriteExt;
@@ -191,15 +192,6 @@ fn suffixed(path: &Path, suffix: &str) -> PathBuf {
     let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
     name.push(suffix);
     path.with_file_name(name)
-}
-
-/// Writes a file only its owner can read, flushed to disk.
-pub(super) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
-    f.write_all(bytes)?;
-    f.sync_all()
 }
 
 /// Starts taking pushes on `port` next to the control channel of the server running `config`.

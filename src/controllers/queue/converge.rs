@@ -56,7 +56,7 @@ pub async fn converge(queue: &Queue, ctx: &Context, sqs: &dyn QueueBackend) -> R
         adopted,
         recheck: jittered(ctx.resync(queue)),
     };
-    let verified = proof(ctx, queue, &uid);
+    let verified = sealed::proof(ctx, queue, &uid);
     let tags_due = verified
         .as_ref()
         .is_none_or(|v| v.generation != queue.metadata.generation || v.at.elapsed() >= ctx.tag_resync(queue));
@@ -108,13 +108,6 @@ fn plan_created(plan: &Plan) -> bool {
     matches!(plan, Plan::Apply { steps, .. } if steps.iter().any(|s| matches!(s, Step::Create { .. })))
 }
 
-/// The proof this process made for the Queue, else the one its status carries sealed
-/// ([`sealed`]).
-pub(super) fn proof(ctx: &Context, queue: &Queue, uid: &str) -> Option<observe::Verified> {
-    let key = ctx.settings.ownership_key.as_ref();
-    ctx.verified.get(uid).or_else(|| key.and_then(|key| sealed::restore(key, queue)))
-}
-
 /// Records that `ready` is ours: proven now when `proven`, else as proven before. Returns the
 /// sealed record for status when the operator has an ownership key.
 fn remember(
@@ -156,7 +149,7 @@ async fn observe_only(
     let uid = queue.uid().ok_or(Error::MissingObjectKey("uid"))?;
     let created = attributes.get("CreatedTimestamp").cloned();
     // Whose queue it is was read once for this very queue (same URL and creation time).
-    if !proof(ctx, queue, &uid).is_some_and(|v| v.covers(&url, &attributes)) {
+    if !sealed::proof(ctx, queue, &uid).is_some_and(|v| v.covers(&url, &attributes)) {
         let ns = namespace_of(queue)?;
         match tenancy::holder(&sqs.tags(&url).await?, &ns, &ctx.settings.cluster_id) {
             tenancy::Holder::Untagged | tenancy::Holder::SameNamespace { .. } => {}

@@ -88,7 +88,7 @@ pub async fn unresolved(
         return Ok(wait);
     }
     let uid = queue.uid().unwrap_or_default();
-    let verified = super::converge::proof(ctx, queue, &uid);
+    let verified = super::sealed::proof(ctx, queue, &uid);
     let cluster = ctx.settings.cluster_id.as_str();
     let observed = observe::observe(queue, desired, sqs, &ctx.client, cluster, verified.as_ref(), false).await?;
     let Observed::Present(existing) = &observed else { return Ok(wait) };

@@ -16,10 +16,17 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use super::Context;
 use super::observe::Verified;
 use crate::config::OwnershipKey;
 use crate::crd::queue::{OwnershipProof, Queue};
 use crate::mac::hmac_sha256;
+
+/// The proof this process made for the Queue, else the one its status carries sealed.
+pub(super) fn proof(ctx: &Context, queue: &Queue, uid: &str) -> Option<Verified> {
+    let key = ctx.settings.ownership_key.as_ref();
+    ctx.verified.get(uid).or_else(|| key.and_then(|key| restore(key, queue)))
+}
 
 /// Domain separation: a seal is no other MAC skyport makes with the same bytes.
 const CONTEXT: &[u8] = b"skyport-queue-ownership-v1";
