@@ -3,6 +3,7 @@
 pub mod address;
 pub mod budget;
 pub mod failover;
+pub mod fill;
 pub mod replace;
 
 use std::sync::Arc;

@@ -1,11 +1,14 @@
 //! One slot of a highly available Tunnel's pair as a pass found it, and how the Ready message
 //! describes the pair.
 
-use providers::{Host, HostState};
+use providers::{Address, Host, HostState};
 
 use super::super::super::plan::failover::Health;
 use super::super::super::plan::replace::replace_wait;
-use crate::crd::tunnel::ServerStatus;
+use super::super::super::status::describe;
+use crate::crd::condition::{Condition, ConditionStatus};
+use crate::crd::tunnel::{ServerStatus, TunnelPort};
+use crate::reasons::Reason;
 
 /// One slot's exit server as this pass found it.
 pub(super) struct Slot {
@@ -97,6 +100,25 @@ pub(super) fn checked_at(holder_checked_at: Option<&str>, reserved: &str) -> Str
         Some(ip) => format!("its own address {ip} (not through the reserved address)"),
         None => "no address".into(),
     }
+}
+
+/// The Ready condition of a pair whose holder `active` passes, with the reserved address `a` on
+/// it, forwarding `ports` to Service `service`; `checked` says where ([`checked_at`]), `waiting`
+/// what a client roll waits for, if anything.
+pub(super) fn ready_condition(
+    (service, ports): (&str, &[TunnelPort]),
+    (a, active): (&Address, Option<&str>),
+    slots: &[Slot],
+    (checked, waiting): (String, String),
+) -> Condition {
+    let message = format!(
+        "reserved address {} on exit server {} forwards {} to Service {service}; its tunnel passed its health check at {checked}; standby: {}{waiting}",
+        a.ip,
+        active.unwrap_or_default(),
+        describe(ports),
+        standby_note(slots, active),
+    );
+    Condition::new("Ready", ConditionStatus::True, Reason::Active.as_str(), message)
 }
 
 /// How the server without the address stands, for the Ready message.
