@@ -238,7 +238,6 @@ pub trait HostProvider: Send + Sync {
     async fn list_untagged_addresses(&self) -> Result<Option<Vec<Address>>, HostError> {
         Ok(None)
     }
-    /// What this provider can do: the controller branches on this value, not on the provider.
     /// Deletes what the provider made to keep Tunnel `uid`'s hosts apart (Hetzner's spread
     /// placement group), once its hosts are deleted: `Unavailable` while one is still going.
     /// Idempotent. The default: nothing was made.
@@ -246,8 +245,25 @@ pub trait HostProvider: Send + Sync {
         Ok(())
     }
 
+    /// The canonical tags of each thing the provider made to keep a pair's hosts apart (Hetzner's
+    /// spread placement groups) that carries tag `key=value`, across every page: the orphan sweep
+    /// finds those of Tunnels gone without their finalizer by them. The default: none is made.
+    async fn list_placements_by_tag(
+        &self,
+        _key: &str,
+        _value: &str,
+    ) -> Result<Vec<BTreeMap<String, String>>, HostError> {
+        Ok(Vec::new())
+    }
+
+    /// What this provider can do: the controller branches on this value, not on the provider.
     fn capabilities(&self) -> Capabilities {
         Capabilities::default()
+    }
+    /// Whether a pair's hosts in `region` (`None`: the provider's default) go to different
+    /// failure domains: [`Capabilities::spread`], unless that holds in some regions only.
+    fn spread_in(&self, _region: Option<&str>) -> crate::hosts::Spread {
+        self.capabilities().spread
     }
     /// Short provider name for messages, metrics and config (`digitalocean`, `hetzner`).
     fn name(&self) -> &'static str;

@@ -126,6 +126,10 @@ async fn a_pairs_instances_go_to_subnets_in_different_zones_and_say_which() {
 
     let p = provider_with(None, vec![a.clone(), b.clone()]).await;
     assert_eq!(p.capabilities().spread, Spread::Zones);
+    // The subnets are the default region's: a Tunnel elsewhere is not spread, and says so.
+    assert_eq!(p.spread_in(None), Spread::Zones);
+    let elsewhere = if p.default_region() == Some("eu-central-1") { "eu-west-1" } else { "eu-central-1" };
+    assert!(matches!(p.spread_in(Some(elsewhere)), Spread::No(why) if why.contains("default region")));
     let mut made = Vec::new();
     for (domain, subnet, zone) in [(Some(0), &a, &zone_a), (Some(1), &b, &zone_b), (None, &a, &zone_a)] {
         let mut slot = request("zone");

@@ -19,6 +19,9 @@ use crate::limiter::Limiter;
 /// Why a pair's two instances may share a zone, where fewer than two subnets are configured.
 const SPREAD_NEEDS_SUBNETS: &str = "both instances may run in one availability zone: give --ec2-subnet-ids (Helm \
      tunnel.ec2SubnetIds) subnets in two or more zones, and a pair's instances go to different ones";
+/// Why a pair's two instances may share a zone outside the region the subnets are in.
+const SPREAD_DEFAULT_REGION_ONLY: &str = "both instances may run in one availability zone: the subnets of \
+     --ec2-subnet-ids are in the operator's default region, not this Tunnel's, so EC2 picks the zones here";
 
 impl Ec2Provider {
     async fn console(
@@ -300,6 +303,15 @@ impl HostProvider for Ec2Provider {
                 _ => Spread::Zones,
             },
             ..Capabilities::default()
+        }
+    }
+
+    /// The subnets of `--ec2-subnet-ids` are the default region's: elsewhere EC2 picks the zones.
+    fn spread_in(&self, region: Option<&str>) -> Spread {
+        let elsewhere = region.is_some_and(|r| !r.is_empty() && Some(r) != self.default_region.as_deref());
+        match self.capabilities().spread {
+            Spread::Zones if elsewhere => Spread::No(SPREAD_DEFAULT_REGION_ONLY),
+            spread => spread,
         }
     }
 

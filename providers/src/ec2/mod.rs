@@ -220,6 +220,11 @@ impl Ec2Provider {
         &self.default.client
     }
 
+    /// The region calls go to when a Tunnel names none.
+    pub fn default_region(&self) -> Option<&str> {
+        self.default_region.as_deref()
+    }
+
     /// How many security groups wait to be deleted by a later call.
     pub fn groups_pending_deletion(&self) -> usize {
         self.pending.len()

@@ -39,7 +39,7 @@ use serde_json::json;
 use crate::error::HostError;
 use crate::hosts::{
     Address, AddressBinding, AddressRequest, Capabilities, Host, HostProvider, HostRequest, HostState, MovedAddress,
-    Spread, TAG_TUNNEL_SLOT, TAG_TUNNEL_UID, TagSyntax, fnv1a32,
+    Spread, TAG_TUNNEL_UID, TagSyntax, fnv1a32,
 };
 use crate::limiter::Limiter;
 use crate::rest::{ApiToken, Budget, RefillModel, RestClient, RestSettings};
@@ -270,9 +270,10 @@ impl HostProvider for HetznerProvider {
         });
         let mut location = request.region.as_ref().or(self.settings.default_location.as_ref()).cloned();
         // The Tunnel's reserved address, if it has one and no server holds it: the new server
-        // gets it, in its location (a primary IP is bound to one). Not a pair's server: it keeps
-        // its own address, and the pair's floating IP is moved onto it while it runs.
-        let single = !request.tags.contains_key(TAG_TUNNEL_SLOT);
+        // gets it, in its location (a primary IP is bound to one). Not a pair's server (one asked
+        // for in a failure domain, as for the placement group below): it keeps its own address,
+        // and the pair's floating IP is moved onto it while it runs.
+        let single = request.failure_domain.is_none();
         if let Some(id) = request.address.as_deref().filter(|_| single) {
             let not_found = || HostError::NotFound { provider: PROVIDER, message: format!("primary IP {id}") };
             let ip = self.primary_ip(id).await?.ok_or_else(not_found)?;
@@ -333,6 +334,10 @@ impl HostProvider for HetznerProvider {
 
     async fn delete_placement(&self, uid: &str) -> Result<(), HostError> {
         self.delete_groups(uid).await
+    }
+
+    async fn list_placements_by_tag(&self, key: &str, value: &str) -> Result<Vec<BTreeMap<String, String>>, HostError> {
+        self.group_tags(key, value).await
     }
 
     async fn reserve_address(&self, request: &AddressRequest) -> Result<Address, HostError> {

@@ -26,6 +26,8 @@ struct Group {
     id: u64,
     #[serde(default)]
     servers: Vec<u64>,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -63,6 +65,14 @@ impl HetznerProvider {
         let response =
             self.rest.send("CreatePlacementGroup", Method::POST, "/placement_groups", &[], Some(&body)).await?;
         Ok(Some(self.rest.decode::<GroupBody>("CreatePlacementGroup", &response)?.placement_group.id))
+    }
+
+    /// The canonical tags of every placement group labelled `key=value`.
+    pub(super) async fn group_tags(&self, key: &str, value: &str) -> Result<Vec<BTreeMap<String, String>>, HostError> {
+        let groups: Vec<Group> =
+            self.labelled("ListPlacementGroups", "/placement_groups", "placement_groups", (key, value)).await?;
+        let decode = |g: Group| g.labels.iter().map(|(k, v)| TagSyntax::Hetzner.decode(k, v)).collect();
+        Ok(groups.into_iter().map(decode).collect())
     }
 
     /// Deletes Tunnel `uid`'s placement groups, once no server is in them.

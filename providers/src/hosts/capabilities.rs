@@ -98,9 +98,9 @@ impl Spread {
             (Spread::No(why), _) => why.to_string(),
             (Spread::Zones, [Some(a), Some(b)]) if a != b => format!("in different zones: {a} and {b}"),
             (Spread::Zones, [Some(a), Some(_)]) => format!("both in zone {a}, where the provider placed them"),
-            (Spread::Zones, _) => "placed in different zones; not both reported yet".into(),
+            (Spread::Zones, _) => "asked for in different zones; not both reported yet".into(),
             (Spread::Group, [Some(a), Some(b)]) if a == b => format!("on different physical hosts: both in {a}"),
-            (Spread::Group, _) => "placed in one spread placement group; not both reported in it yet".into(),
+            (Spread::Group, _) => "asked for in one spread placement group; not both reported in it yet".into(),
         }
     }
 }
@@ -224,12 +224,14 @@ mod tests {
         assert!(
             Spread::Zones.describe([Some("eu-west-1a"), Some("eu-west-1a")]).starts_with("both in zone eu-west-1a")
         );
-        assert!(Spread::Zones.describe([Some("eu-west-1a"), None]).contains("not both reported"));
+        // Not both reported: what was asked for, never a claim of where they run.
+        let pending = Spread::Zones.describe([Some("eu-west-1a"), None]);
+        assert!(pending.starts_with("asked for in different zones") && pending.contains("not both reported"));
         assert_eq!(Spread::No("same machine").describe([Some("x"), Some("y")]), "same machine");
         let group = Some("placement group 7");
         assert_eq!(Spread::Group.describe([group, group]), "on different physical hosts: both in placement group 7");
         assert!(Spread::Group.describe([group, Some("placement group 8")]).contains("not both"));
-        assert!(Spread::Group.describe([group, None]).contains("not both"));
+        assert!(Spread::Group.describe([group, None]).starts_with("asked for in one spread placement group"));
     }
 
     #[test]

@@ -221,3 +221,19 @@ async fn a_pairs_servers_share_one_spread_placement_group_that_goes_after_them()
     assert!(fake.state().groups.is_empty());
     provider.delete_placement(UID).await.unwrap();
 }
+
+/// A server asked for in a failure domain is one of a pair, whatever its tags say: it keeps its
+/// own address, as it joins the placement group, even when the request names a primary IP.
+#[tokio::test]
+async fn a_server_asked_for_in_a_failure_domain_takes_no_primary_ip() {
+    let (fake, base) = Fake::start(Kind::Hetzner).await;
+    let provider = hz_provider(&base, TOKEN, 50);
+    let primary = provider.reserve_address(&AddressRequest { movable: false, ..movable() }).await.unwrap();
+    let asked = HostRequest { failure_domain: Some(0), address: Some(primary.id.clone()), ..request("skyport-p", UID) };
+    let host = provider.create(&asked).await.unwrap();
+    let body = fake.state().create_bodies.iter().rfind(|b| b.get("server_type").is_some()).cloned().unwrap();
+    assert!(body.get("public_net").is_none(), "{body}");
+    assert!(body.get("placement_group").is_some(), "{body}");
+    assert_eq!(provider.get_address(&primary.id).await.unwrap().unwrap().host_id, None);
+    provider.delete(&host.id).await.unwrap();
+}

@@ -5,7 +5,7 @@ use std::num::NonZeroU32;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use providers::hosts::TAG_MOVED_ADDRESS;
+use providers::hosts::{TAG_MOVED_ADDRESS, TAG_TUNNEL_SLOT, TAG_TUNNEL_UID};
 use providers::{
     Address, AddressBinding, AddressRequest, Capabilities, ExitServer, Host, HostError, HostProvider, HostRequest,
     HostState, Limiter, MovedAddress, Spread,
@@ -48,6 +48,9 @@ struct Hosts {
     lose_reserve_answer: bool,
     /// Whether reads count against a budget, as at a cloud ([`FakeProvider::charge_reads`]).
     charged_reads: bool,
+    /// As Hetzner's spread placement groups: per Tunnel UID, the tags of what keeps its pair's
+    /// hosts apart, made with its first host asked for in a failure domain.
+    placements: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 impl Hosts {
@@ -213,6 +216,16 @@ impl FakeProvider {
         self.hosts.lock().unwrap().addresses.values().cloned().collect()
     }
 
+    /// The tags of each placement made to keep a pair apart.
+    pub fn placements(&self) -> Vec<BTreeMap<String, String>> {
+        self.hosts.lock().unwrap().placements.values().cloned().collect()
+    }
+
+    /// Stores a placement with `tags` for Tunnel UID `uid` (for orphans the sweep should find).
+    pub fn insert_placement(&self, uid: &str, tags: BTreeMap<String, String>) {
+        self.hosts.lock().unwrap().placements.insert(uid.to_string(), tags);
+    }
+
     /// Stores an address as it is (for orphans the sweep should find).
     pub fn insert_address(&self, address: Address) {
         self.hosts.lock().unwrap().addresses.insert(address.id.clone(), address);
@@ -253,6 +266,10 @@ impl HostProvider for FakeProvider {
             placement: request.failure_domain.filter(|_| h.zones).map(|d| format!("zone-{d}")),
         };
         h.by_id.insert(host.id.clone(), host.clone());
+        if let Some(uid) = request.tags.get(TAG_TUNNEL_UID).filter(|_| request.failure_domain.is_some()) {
+            let tags = request.tags.iter().filter(|(k, _)| *k != TAG_TUNNEL_SLOT).map(|(k, v)| (k.clone(), v.clone()));
+            h.placements.entry(uid.clone()).or_insert_with(|| tags.collect());
+        }
         h.keys.insert(host.id.clone(), request.server.noise_private_key.clone());
         h.user_data.insert(host.id.clone(), request.user_data.clone());
         if h.enforce_ranges {
@@ -289,8 +306,21 @@ impl HostProvider for FakeProvider {
         h.keys.insert(id.to_string(), server.noise_private_key.clone());
         Ok(true)
     }
-    async fn delete_placement(&self, _uid: &str) -> Result<(), HostError> {
-        self.call("delete_placement").map(drop)
+    /// As Hetzner's: refused while one of the Tunnel's hosts is left.
+    async fn delete_placement(&self, uid: &str) -> Result<(), HostError> {
+        let mut h = self.call("delete_placement")?;
+        if h.by_id.values().any(|host| host.tags.get(TAG_TUNNEL_UID).map(String::as_str) == Some(uid)) {
+            return Err(HostError::Unavailable {
+                provider: NAME,
+                message: format!("the placement of {uid} holds hosts"),
+            });
+        }
+        h.placements.remove(uid);
+        Ok(())
+    }
+    async fn list_placements_by_tag(&self, key: &str, value: &str) -> Result<Vec<BTreeMap<String, String>>, HostError> {
+        let h = self.call("list_placements_by_tag")?;
+        Ok(h.placements.values().filter(|tags| tags.get(key).map(String::as_str) == Some(value)).cloned().collect())
     }
     /// Addresses move as a cloud's assigned to running hosts do (or Hetzner's floating IPs);
     /// its hosts download nothing: no artifact check (tests/tunnel/artifact.rs has one).

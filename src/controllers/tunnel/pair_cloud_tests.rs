@@ -4,7 +4,8 @@
 
 use std::sync::Arc;
 
-use providers::hosts::TAG_TUNNEL_SLOT;
+use kube::runtime::watcher;
+use providers::hosts::{TAG_CLUSTER, TAG_TUNNEL_SLOT, TAG_TUNNEL_UID};
 
 use super::pair_tests::{deleted_with_service, fail_checks, ha, pair, pass};
 use super::tests::Harness;
@@ -176,4 +177,30 @@ async fn what_kept_the_pair_apart_goes_after_both_servers_and_keeps_the_finalize
         calls.iter().enumerate().filter(|(_, c)| **c == "delete_placement").map(|(i, _)| i).collect();
     assert_eq!((deletes.len(), placements.len()), (2, 2), "{calls:?}");
     assert!(deletes[1] < placements[0], "after both servers: {calls:?}");
+}
+
+/// The placement of a pair whose Tunnel went without its finalizer (nothing deleted it, and its
+/// servers may be gone already) is found by this cluster's tag and deleted by the sweep; a live
+/// Tunnel's and another cluster's stay.
+#[tokio::test]
+async fn the_sweep_deletes_the_placement_of_a_pair_gone_without_its_finalizer() {
+    let (mut h, t) = pair();
+    h.reconcile(t).await.unwrap();
+    let [live] = <[_; 1]>::try_from(h.provider.placements()).expect("one placement for the pair");
+    h.tunnels.apply_watcher_event(&watcher::Event::Apply(h.current()));
+    let tagged = |uid: &str, cluster: &str| {
+        let mut tags = live.clone();
+        tags.insert(TAG_TUNNEL_UID.into(), uid.into());
+        tags.insert(TAG_CLUSTER.into(), cluster.into());
+        tags
+    };
+    let cluster = live[TAG_CLUSTER].clone();
+    h.provider.insert_placement("gone-uid", tagged("gone-uid", &cluster));
+    h.provider.insert_placement("foreign-uid", tagged("foreign-uid", "another-cluster"));
+    super::sweep::sweep_once(&h.ctx).await;
+    let mut left: Vec<String> = h.provider.placements().iter().map(|tags| tags[TAG_TUNNEL_UID].clone()).collect();
+    left.sort();
+    let mut expected = vec!["foreign-uid".to_string(), live[TAG_TUNNEL_UID].clone()];
+    expected.sort();
+    assert_eq!(left, expected);
 }

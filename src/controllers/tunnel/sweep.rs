@@ -11,7 +11,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
-use providers::hosts::{TAG_CLUSTER, TAG_DELETION_POLICY, TAG_TUNNEL_NAMESPACE, TAG_TUNNEL_SLOT, TAG_TUNNEL_UID};
+use providers::hosts::{TAG_CLUSTER, TAG_DELETION_POLICY, TAG_TUNNEL_NAMESPACE, TAG_TUNNEL_UID};
 use providers::{Address, Host, HostProvider};
 use tracing::{Instrument, info, info_span, warn};
 
@@ -67,6 +67,7 @@ pub async fn sweep_once(ctx: &Context) -> usize {
         for host in &orphans {
             deleted += delete(provider.as_ref(), host, ctx).await;
         }
+        delete_orphaned_placements(provider.as_ref(), ctx).await;
     }
     delete_orphaned_clients(ctx).await;
     ctx.sweeps.fetch_add(1, Ordering::Relaxed);
@@ -163,6 +164,33 @@ fn orphan_tags(
         && tag(TAG_TUNNEL_UID).is_some_and(|uid| !live.contains(uid))
 }
 
+/// Deletes what kept the pair of a Tunnel that is gone apart (Hetzner's spread placement
+/// groups), listed by this cluster's tag as hosts are ([`find_orphans`]), so one whose Tunnel went
+/// without its finalizer is found even once its servers are gone. Refused while a server is still
+/// being deleted: the next sweep lists it again.
+async fn delete_orphaned_placements(provider: &dyn HostProvider, ctx: &Context) {
+    let listed = match provider.list_placements_by_tag(TAG_CLUSTER, &ctx.cluster_id).await {
+        Ok(listed) => listed,
+        Err(e) => {
+            warn!(provider = provider.name(), error = %e, "orphan sweep could not list placements");
+            return;
+        }
+    };
+    let live: HashSet<String> = ctx.tunnels.state().iter().filter_map(|t| t.uid()).collect();
+    let namespace = ctx.namespace.as_deref();
+    let orphaned = listed.iter().filter(|tags| orphan_tags(tags, &live, &ctx.cluster_id, namespace));
+    let uids: std::collections::BTreeSet<&str> =
+        orphaned.filter_map(|tags| tags.get(TAG_TUNNEL_UID)).map(String::as_str).collect();
+    for uid in uids {
+        match provider.delete_placement(uid).await {
+            Ok(()) => info!(provider = provider.name(), tunnel_uid = %uid, "deleted an orphaned pair's placement"),
+            Err(e) => {
+                info!(provider = provider.name(), tunnel_uid = %uid, error = %e, "left an orphaned pair's placement for a later sweep")
+            }
+        }
+    }
+}
+
 /// Releases this cluster's reserved addresses whose Tunnel is gone, by the same list-then-read
 /// order as hosts ([`find_orphans`]). A provider without reserved addresses is skipped quietly.
 async fn release_orphaned_addresses(provider: &dyn HostProvider, ctx: &Context) {
@@ -211,14 +239,6 @@ async fn delete(provider: &dyn HostProvider, host: &Host, ctx: &Context) -> usiz
                 tunnel_uid = host.tags.get(TAG_TUNNEL_UID).map(String::as_str).unwrap_or_default(),
                 "deleted orphaned exit server"
             );
-            // A pair's spread placement group, best effort: refused while the server is still
-            // being deleted, and tried again while a later sweep still lists it.
-            if host.tags.contains_key(TAG_TUNNEL_SLOT)
-                && let Some(uid) = host.tags.get(TAG_TUNNEL_UID)
-                && let Err(e) = provider.delete_placement(uid).await
-            {
-                info!(provider = provider.name(), tunnel_uid = %uid, error = %e, "left an orphaned pair's placement for a later sweep");
-            }
             1
         }
         Err(e) => {

@@ -110,7 +110,7 @@ impl Pass<'_> {
             failovers: moved.failovers,
             last_failover: moved.last_failover,
             limitation: None,
-            spread: Some(spread(caps.spread, &slots)),
+            spread: Some(spread(want.provider.spread_in(self.tunnel.spec.region.as_deref()), &slots)),
         };
         self.record_pair(want, keys, PairRecord { host: (active, host_ip), ports_current, ha, ready, condition }).await
     }

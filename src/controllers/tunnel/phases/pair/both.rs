@@ -131,7 +131,7 @@ impl Pass<'_> {
             not_ready(Reason::WaitingForTunnel, &why).remove(0)
         };
         let host = published.first().map(|s| (s.id().map(str::to_string), s.own_ip.clone())).unwrap_or_default();
-        let spread = Some(super::spread(provider.capabilities().spread, &slots));
+        let spread = Some(super::spread(provider.spread_in(tunnel.spec.region.as_deref()), &slots));
         let ha = HighAvailabilityStatus { active: None, servers, limitation: None, spread, ..recorded };
         self.record_pair(want, keys, PairRecord { host, ports_current, ha, ready, condition }).await
     }
