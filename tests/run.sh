@@ -22,7 +22,7 @@ cleanup() {
   # harness prints it once per failure, among the captured output of every failed test.
   if grep -q "panicked at" "$test_log"; then
     echo "run.sh: the failed tests' panics (the first lines of each; the whole output is above):" >&2
-    grep -A2 "panicked at" "$test_log" | cut -c1-400 | head -80 >&2
+    grep -A3 "panicked at" "$test_log" | cut -c1-400 | head -80 >&2
   fi
   rm -f "$test_log"
 }
