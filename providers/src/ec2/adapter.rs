@@ -308,9 +308,8 @@ impl HostProvider for Ec2Provider {
 
     /// The subnets of `--ec2-subnet-ids` are the default region's: elsewhere EC2 picks the zones.
     fn spread_in(&self, region: Option<&str>) -> Spread {
-        let elsewhere = region.is_some_and(|r| !r.is_empty() && Some(r) != self.default_region.as_deref());
         match self.capabilities().spread {
-            Spread::Zones if elsewhere => Spread::No(SPREAD_DEFAULT_REGION_ONLY),
+            Spread::Zones if !self.is_default_region(region) => Spread::No(SPREAD_DEFAULT_REGION_ONLY),
             spread => spread,
         }
     }

@@ -232,7 +232,7 @@ impl Ec2Provider {
 
     /// The client and budget of `region` (`None` or the default region's name: the default).
     fn regional(&self, region: Option<&str>) -> Result<Arc<Regional>, HostError> {
-        let Some(region) = region.filter(|r| !r.is_empty() && Some(*r) != self.default_region.as_deref()) else {
+        let Some(region) = region.filter(|r| !self.is_default_region(Some(r))) else {
             return Ok(self.default.clone());
         };
         check_region(region)?;
@@ -247,6 +247,11 @@ impl Ec2Provider {
             })
         });
         Ok(regional.clone())
+    }
+
+    /// Whether `region` names the default one: none, empty, or the default's name.
+    pub(super) fn is_default_region(&self, region: Option<&str>) -> bool {
+        region.is_none_or(|r| r.is_empty() || Some(r) == self.default_region.as_deref())
     }
 
     /// The region and instance id a host id names.

@@ -41,8 +41,12 @@ pub(super) fn describe(id: u64) -> String {
 }
 
 impl HetznerProvider {
+    async fn groups_labelled(&self, key: &str, value: &str) -> Result<Vec<Group>, HostError> {
+        self.labelled("ListPlacementGroups", "/placement_groups", "placement_groups", (key, value)).await
+    }
+
     async fn groups_of(&self, uid: &str) -> Result<Vec<Group>, HostError> {
-        self.labelled("ListPlacementGroups", "/placement_groups", "placement_groups", (TAG_TUNNEL_UID, uid)).await
+        self.groups_labelled(TAG_TUNNEL_UID, uid).await
     }
 
     /// The spread placement group a pair's server (`request` with a failure domain) goes into:
@@ -69,8 +73,7 @@ impl HetznerProvider {
 
     /// The canonical tags of every placement group labelled `key=value`.
     pub(super) async fn group_tags(&self, key: &str, value: &str) -> Result<Vec<BTreeMap<String, String>>, HostError> {
-        let groups: Vec<Group> =
-            self.labelled("ListPlacementGroups", "/placement_groups", "placement_groups", (key, value)).await?;
+        let groups = self.groups_labelled(key, value).await?;
         let decode = |g: Group| g.labels.iter().map(|(k, v)| TagSyntax::Hetzner.decode(k, v)).collect();
         Ok(groups.into_iter().map(decode).collect())
     }
