@@ -1,6 +1,7 @@
 //! What to do, from what was observed: pure, so every branch is unit tested.
 
 pub mod address;
+pub mod both;
 pub mod budget;
 pub mod failover;
 pub mod fill;

@@ -3,12 +3,14 @@
 //! move an address between running servers (and for anyone who prefers two addresses to one
 //! that moves): nothing is reserved or moved; a server whose check fails leaves the ingress at
 //! once, and is replaced once it has failed for `--tunnel-replace-after` while the other passes
-//! (if a new server can help: [`Pass::replace_failing`]).
+//! (if a new server can help: [`Pass::replace_failing`]). [`both::steps`] and [`both::publish`]
+//! decide; this file acts on them and records the outcome.
 
 use kube::runtime::controller::Action;
 use providers::HostState;
 
 use super::super::super::placement::SLOTS;
+use super::super::super::plan::both::{self, Step};
 use super::super::super::status::not_ready;
 use super::super::super::{act, desired, observe};
 use super::super::{Desired, Failure, Keys, Pass};
@@ -39,67 +41,43 @@ impl Pass<'_> {
         self.check_pair(keys, &mut slots, false).await;
 
         // A stopped server goes at once; a failing one while the other carries the traffic, once
-        // it is due ([`Slot::replace_after`]) and a new server can help (both failing points at
-        // the clients, not the servers, as with a single exit server). Its slot is filled next
-        // pass, on a new address.
+        // it is due and a new server can help. Its slot is filled next pass, on a new address.
         let (replace_after, max) = (ctx.settings.replace_after, ctx.settings.max_replacements);
-        let other_passes = [slots[1].passing(), slots[0].passing()];
-        for (i, slot) in slots.iter_mut().enumerate() {
-            let Some(id) = slot.id().map(str::to_string) else { continue };
-            if slot.host.as_ref().is_some_and(|h| h.state == HostState::Stopped) {
-                let why = format!("exit server {id} (slot {}) is no longer running", slot.slot);
-                act::host::replace_lost(tunnel, provider.as_ref(), (&id, &why), None, ctx).await?;
-                ctx.health.forget(&id);
-                slot.host = None;
-                continue;
-            }
-            let due = slot.replace_after(replace_after, max).zip(slot.check.as_ref());
-            match due.is_some_and(|(after, (h, _))| !h.passing() && h.failing_for >= after) {
-                true if other_passes[i] => _ = self.replace_failing(want, slot, false).await?,
-                _ if other_passes[i] => self.spent(slot),
-                _ => {}
+        let steps = both::steps([0, 1].map(|i| slots[i].checked(replace_after, max)));
+        for (slot, step) in slots.iter_mut().zip(steps) {
+            match step {
+                Step::Keep => {}
+                Step::Gone(why) => {
+                    let id = slot.id().unwrap_or_default().to_string();
+                    act::host::replace_lost(tunnel, provider.as_ref(), (&id, &why), None, ctx).await?;
+                    ctx.health.forget(&id);
+                    slot.host = None;
+                }
+                Step::ReplaceFailing => _ = self.replace_failing(want, slot, false).await?,
+                Step::Spent => self.spent(slot),
             }
         }
 
         let clients = self.pair_clients(want, keys, &slots, &mut None, true).await?;
-        let restarted = &clients.restarted;
-        // A server whose client is being restarted leaves the ingress first, like a failing one.
-        let published: Vec<&Slot> =
-            slots.iter().enumerate().filter(|(i, s)| s.passing() && !restarted.contains(i)).map(|(_, s)| s).collect();
-        // An Event for each address that leaves the Service, with the reason.
-        for was in recorded.servers.iter().filter(|r| r.healthy) {
-            if published.iter().any(|p| p.id().is_some() && p.id() == was.host_id.as_deref()) {
-                continue;
-            }
-            let now = slots.iter().enumerate().find(|(_, s)| s.id().is_some() && s.id() == was.host_id.as_deref());
-            let why = match now {
-                Some((_, s)) if s.check.as_ref().is_some_and(|(_, e)| !e.is_empty()) => {
-                    s.check.as_ref().map(|(_, e)| e.clone()).unwrap_or_default()
-                }
-                Some((i, _)) if restarted.contains(&i) => "its client is being restarted".into(),
-                _ => "it is no longer running".into(),
-            };
-            let note = format!(
-                "exit server {} ({}) left the Service's addresses: {why}",
-                was.host_id.as_deref().unwrap_or_default(),
-                was.host_ip.as_deref().unwrap_or_default(),
-            );
+        let checked = [0, 1].map(|i| slots[i].checked(replace_after, max));
+        let carried = both::publish(checked, &clients.restarted, &recorded.servers, ctx.settings.withdraw_after);
+        for gone in &carried.withdrawn {
+            let note = format!("exit server {} ({}) left the Service's addresses: {}", gone.host_id, gone.ip, gone.why);
             ctx.publish(tunnel, Reason::AddressWithdrawn, note).await;
         }
-        let ready = !published.is_empty();
+        let published: Vec<&Slot> = carried.slots.iter().map(|i| &slots[*i]).collect();
+        let ready = carried.ready;
         let was_active = self.status().observed_generation.is_some() || ready;
         let at = (
             tunnel.metadata.namespace.as_deref().unwrap_or_default(),
             tunnel.metadata.name.as_deref().unwrap_or_default(),
         );
         ctx.unserved.record(&want.uid, at, was_active.then_some(ready));
-        let failing_for = slots.iter().filter_map(|s| s.check.as_ref()).map(|(h, _)| h.failing_for).min();
-        let withdraw = !ready && failing_for.is_none_or(|f| f >= ctx.settings.withdraw_after);
         if let Some(service) = want.publishes() {
             let ips: Vec<&str> = published.iter().filter_map(|s| s.own_ip.as_deref()).collect();
             if ready {
                 act::set_ingress(service, Some(desired::ingress_all(&ips, &want.ports)), ctx).await?;
-            } else if withdraw {
+            } else if carried.withdraw {
                 act::set_ingress(service, None, ctx).await?;
             }
         }

@@ -3,6 +3,7 @@
 
 use providers::{Address, Host, HostState};
 
+use super::super::super::plan::both::Checked;
 use super::super::super::plan::failover::Health;
 use super::super::super::plan::replace::replace_wait;
 use super::super::super::status::describe;
@@ -59,6 +60,16 @@ impl Slot {
     /// `None` once its slot's replacements are spent.
     pub(super) fn replace_after(&self, replace_after: std::time::Duration, max: u32) -> Option<std::time::Duration> {
         (self.replaced < max).then(|| replace_wait(replace_after, self.replaced))
+    }
+
+    /// The slot as [`both`](super::super::super::plan::both) plans from it.
+    pub(super) fn checked(&self, replace_after: std::time::Duration, max: u32) -> Checked<'_> {
+        Checked {
+            id: self.id(),
+            stopped: self.host.as_ref().is_some_and(|h| h.state == HostState::Stopped),
+            check: self.check.as_ref().map(|(h, e)| (*h, e.as_str())),
+            replace_after: self.replace_after(replace_after, max),
+        }
     }
 
     /// Whether a server fills the slot and its last check passed.
