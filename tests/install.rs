@@ -23,7 +23,8 @@ use crate::deploy::harness::helm;
 use common::eventually;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use skyport::crd::{ConditionStatus, Queue};
 
@@ -40,6 +41,9 @@ const CLIENT_MEMORY_LIMIT: u64 = 128 * 1024 * 1024;
 /// The operator's health and metrics port when it runs on the node's network (the local
 /// provider): not 8080, which Services of the tunnel tests publish on the same host.
 pub const HOST_NETWORK_HTTP_PORT: u16 = 18381;
+/// The Tunnel install's `tunnel.maxHostsPerHour`: one exit server before the operator's container
+/// restarts, one after, none for a third Service.
+const PER_HOUR: u32 = 2;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the test environment's node: tests/env.sh up"]
@@ -173,6 +177,8 @@ async fn helm_install_on_the_node_runs_the_operator_as_users_get_it_and_uninstal
         "--set",
         "tunnel.provider=local",
         "--set",
+        &format!("tunnel.maxHostsPerHour={PER_HOUR}"),
+        "--set",
         &format!("tunnel.local.addresses={}", node.exit_addresses),
         "--wait",
         "--timeout",
@@ -180,7 +186,13 @@ async fn helm_install_on_the_node_runs_the_operator_as_users_get_it_and_uninstal
     ]);
     let operator = ready_pods(&pods, 1).await.remove(0);
     hardened(&node, &operator, "skyport", MEMORY_LIMIT);
+    // One of the hour's PER_HOUR exit servers bought before a thief ends the process.
+    tunnel::one_server_bought(&node, APP_NS, "first").await;
+    lease_stolen_and_container_restarted(&leases, &pods, &name(&operator)).await;
     let address = tunnel::web_through_a_tunnel(&node, APP_NS, CLIENT_NS).await;
+    // The restarted container resumed the hour from its record (--tunnel-creations-file on the
+    // chart's emptyDir), so `web` took the last of it: a third Service's Tunnel waits.
+    tunnel::budget_spent(&node, APP_NS, "third", &format!("--tunnel-max-hosts-per-hour {PER_HOUR}")).await;
     // The client runs in the tunnel clients' namespace; the tenant's holds only its own Pods.
     let client_pods: Api<Pod> = Api::namespaced(node.client.clone(), CLIENT_NS);
     let client = client_pods.get(&tunnel::client_pod(&node, CLIENT_NS).await).await.expect("client Pod");
@@ -191,7 +203,7 @@ async fn helm_install_on_the_node_runs_the_operator_as_users_get_it_and_uninstal
 
     // Uninstall as docs/uninstall.md says: LoadBalancer Services and Queues first, while the
     // operator runs; the exit server goes with the Service.
-    node.kubectl(&["-n", APP_NS, "delete", "service", "web"], None);
+    node.kubectl(&["-n", APP_NS, "delete", "service", "web", "third"], None);
     eventually("the exit server gone", TIMEOUT, || async { tunnel::get(&address).await.is_none().then_some(()) }).await;
     eventually("the tunnel client Pod gone", TIMEOUT, || async {
         client_pods.list(&clients).await.ok()?.items.is_empty().then_some(())
@@ -214,6 +226,21 @@ async fn helm_install_on_the_node_runs_the_operator_as_users_get_it_and_uninstal
     nothing_of_the_release_left(&node);
     node.kubectl(&["delete", "-f", "deploy/helm/skyport/crds/"], None);
     node.kubectl(&["delete", "namespace", APP_NS, NS, "--wait=false"], None);
+}
+
+/// Takes the leader Lease, as anyone holding skyport's token can (it may patch that Lease): the
+/// holder finds it lost at its next renewal and exits, and the kubelet restarts its container in
+/// the same Pod.
+async fn lease_stolen_and_container_restarted(leases: &Api<Lease>, pods: &Api<Pod>, pod: &str) {
+    let before = restarts(&pods.get(pod).await.expect("the operator Pod"));
+    let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+    let stolen = json!({"spec": {"holderIdentity": "thief", "renewTime": now, "leaseDurationSeconds": 15}});
+    leases.patch("skyport", &PatchParams::default(), &Patch::Merge(&stolen)).await.expect("take the Lease");
+    eventually("the operator's container restarted after losing its Lease, and Ready", TIMEOUT, || async {
+        let pod = pods.get(pod).await.ok()?;
+        (is_ready(&pod) && restarts(&pod) > before).then_some(())
+    })
+    .await;
 }
 
 async fn holder(leases: &Api<Lease>) -> Option<String> {

@@ -190,6 +190,14 @@ pub struct TunnelArgs {
     #[arg(long = "tunnel-max-hosts-per-hour", env = "SKYPORT_TUNNEL_MAX_HOSTS_PER_HOUR", default_value_t = 60, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_hosts_per_hour: u32,
 
+    /// A file where this process appends the time of each exit server it creates, and reads at
+    /// start, so that a restarted process (one that lost its Lease, say) resumes the hourly
+    /// budget above instead of starting a fresh hour. Keep it on a volume no Kubernetes API
+    /// reaches (the manifests use an emptyDir, which outlives the container); unset, the hourly
+    /// budget lives in the process only.
+    #[arg(long = "tunnel-creations-file", env = "SKYPORT_TUNNEL_CREATIONS_FILE", value_name = "PATH")]
+    pub creations_file: Option<std::path::PathBuf>,
+
     /// How long an exit server must fail the health check before its address is taken off the
     /// Service, so that a single failed probe does not flap the address (and DNS built on it);
     /// 0 withdraws it at the first failure. A replaced host's address always goes first.
@@ -308,6 +316,7 @@ impl Default for TunnelArgs {
             max_replacements: 3,
             max_hosts_per_day: 10,
             max_hosts_per_hour: 60,
+            creations_file: None,
             local_state_dir: "/tmp/skyport-local-hosts".into(),
             local_addresses: (std::net::Ipv4Addr::new(127, 77, 0, 1), std::net::Ipv4Addr::new(127, 77, 255, 254)),
             guest_rootfs: None,

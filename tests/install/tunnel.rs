@@ -6,8 +6,10 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, Service};
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
+use skyport::controllers::status::ObjectStatus;
+use skyport::crd::Tunnel;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::common::eventually;
@@ -71,6 +73,55 @@ pub async fn web_through_a_tunnel(node: &Node, ns: &str, client_ns: &str) -> Str
     .await;
     assert!(reply.starts_with("HTTP/1.") && reply.contains(" 200 "), "{reply}");
     format!("{address}:9080")
+}
+
+/// A LoadBalancer Service `name` in `ns` (no backend), whose Tunnel bought an exit server; the
+/// Service is then deleted, and its Tunnel gone.
+pub async fn one_server_bought(node: &Node, ns: &str, name: &str) {
+    let services: Api<Service> = Api::namespaced(node.client.clone(), ns);
+    services.create(&PostParams::default(), &load_balancer(name)).await.expect("create the Service");
+    let tunnels: Api<Tunnel> = Api::namespaced(node.client.clone(), ns);
+    let tunnel = format!("{name}-tunnel");
+    eventually("the Tunnel's exit server created", TIMEOUT, || async {
+        let status = tunnels.get(&tunnel).await.ok()?.status?;
+        (!status.hosts_created.is_empty() && status.host_id.is_some()).then_some(())
+    })
+    .await;
+    services.delete(name, &DeleteParams::default()).await.expect("delete the Service");
+    eventually("the Tunnel gone with its Service", TIMEOUT, || async {
+        matches!(tunnels.get(&tunnel).await, Err(kube::Error::Api(e)) if e.code == 404).then_some(())
+    })
+    .await;
+}
+
+/// A LoadBalancer Service `name` in `ns` whose Tunnel reports `HostBudgetSpent`, naming `flag`,
+/// and bought no exit server.
+pub async fn budget_spent(node: &Node, ns: &str, name: &str, flag: &str) {
+    let services: Api<Service> = Api::namespaced(node.client.clone(), ns);
+    services.create(&PostParams::default(), &load_balancer(name)).await.expect("create the Service");
+    let tunnels: Api<Tunnel> = Api::namespaced(node.client.clone(), ns);
+    let tunnel = format!("{name}-tunnel");
+    let status = eventually("the Tunnel reporting HostBudgetSpent", TIMEOUT, || async {
+        let status = tunnels.get(&tunnel).await.ok()?.status?;
+        (status.not_ready_reason() == Some("HostBudgetSpent")).then_some(status)
+    })
+    .await;
+    let message = status.ready().map(|c| c.message.clone()).unwrap_or_default();
+    assert!(message.contains(flag), "{message}");
+    assert!(status.host_id.is_none() && status.hosts_created.is_empty(), "{status:?}");
+}
+
+fn load_balancer(name: &str) -> Service {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "type": "LoadBalancer",
+            "loadBalancerClass": "skyport.dev/tunnel",
+            "selector": {"app": name},
+            "ports": [{"name": "http", "port": 9081, "targetPort": 8080, "protocol": "TCP"}],
+        },
+    }))
+    .unwrap()
 }
 
 /// The tunnel client Pod's name.

@@ -160,7 +160,10 @@ pub fn controller(
         .predicate_filter(deployment_hash, Default::default());
     let concurrency = settings.concurrency;
     let state = State {
-        creations: hourly::HourlyBudget::new(settings.max_hosts_per_hour),
+        creations: match settings.creations_file.as_deref() {
+            Some(path) => hourly::HourlyBudget::recorded(settings.max_hosts_per_hour, path),
+            None => hourly::HourlyBudget::new(settings.max_hosts_per_hour),
+        },
         providers,
         cluster_id,
         namespace,
