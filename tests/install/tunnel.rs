@@ -42,17 +42,7 @@ pub async fn web_through_a_tunnel(node: &Node, ns: &str, client_ns: &str) -> Str
     .unwrap();
     pods.create(&PostParams::default(), &backend).await.expect("create the backend Pod");
     let services: Api<Service> = Api::namespaced(node.client.clone(), ns);
-    let service: Service = serde_json::from_value(json!({
-        "metadata": {"name": "web"},
-        "spec": {
-            "type": "LoadBalancer",
-            "loadBalancerClass": "skyport.dev/tunnel",
-            "selector": {"app": "web"},
-            "ports": [{"name": "http", "port": 9080, "targetPort": 8080, "protocol": "TCP"}],
-        },
-    }))
-    .unwrap();
-    services.create(&PostParams::default(), &service).await.expect("create the Service");
+    services.create(&PostParams::default(), &load_balancer("web", 9080)).await.expect("create the Service");
 
     let address = eventually("an address in the Service's status", TIMEOUT, || async {
         let s = services.get("web").await.ok()?;
@@ -79,7 +69,7 @@ pub async fn web_through_a_tunnel(node: &Node, ns: &str, client_ns: &str) -> Str
 /// Service is then deleted, and its Tunnel gone.
 pub async fn one_server_bought(node: &Node, ns: &str, name: &str) {
     let services: Api<Service> = Api::namespaced(node.client.clone(), ns);
-    services.create(&PostParams::default(), &load_balancer(name)).await.expect("create the Service");
+    services.create(&PostParams::default(), &load_balancer(name, 9081)).await.expect("create the Service");
     let tunnels: Api<Tunnel> = Api::namespaced(node.client.clone(), ns);
     let tunnel = format!("{name}-tunnel");
     eventually("the Tunnel's exit server created", TIMEOUT, || async {
@@ -98,7 +88,7 @@ pub async fn one_server_bought(node: &Node, ns: &str, name: &str) {
 /// and bought no exit server.
 pub async fn budget_spent(node: &Node, ns: &str, name: &str, flag: &str) {
     let services: Api<Service> = Api::namespaced(node.client.clone(), ns);
-    services.create(&PostParams::default(), &load_balancer(name)).await.expect("create the Service");
+    services.create(&PostParams::default(), &load_balancer(name, 9081)).await.expect("create the Service");
     let tunnels: Api<Tunnel> = Api::namespaced(node.client.clone(), ns);
     let tunnel = format!("{name}-tunnel");
     let status = eventually("the Tunnel reporting HostBudgetSpent", TIMEOUT, || async {
@@ -111,14 +101,15 @@ pub async fn budget_spent(node: &Node, ns: &str, name: &str, flag: &str) {
     assert!(status.host_id.is_none() && status.hosts_created.is_empty(), "{status:?}");
 }
 
-fn load_balancer(name: &str) -> Service {
+/// A LoadBalancer Service of skyport's class, port `port` → 8080 of the Pods labelled `app: name`.
+fn load_balancer(name: &str, port: u16) -> Service {
     serde_json::from_value(json!({
         "metadata": {"name": name},
         "spec": {
             "type": "LoadBalancer",
             "loadBalancerClass": "skyport.dev/tunnel",
             "selector": {"app": name},
-            "ports": [{"name": "http", "port": 9081, "targetPort": 8080, "protocol": "TCP"}],
+            "ports": [{"name": "http", "port": port, "targetPort": 8080, "protocol": "TCP"}],
         },
     }))
     .unwrap()
