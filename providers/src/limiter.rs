@@ -43,6 +43,13 @@ impl CallCounters {
         self.outcomes.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// Successful calls per operation: unlike [`Self::snapshot`], a call that failed and was
+    /// retried counts once, so it states what was done rather than what was tried.
+    pub fn succeeded(&self) -> BTreeMap<&'static str, u64> {
+        let outcomes = self.outcomes.lock().unwrap_or_else(|p| p.into_inner());
+        outcomes.iter().filter(|((_, outcome), _)| *outcome == SUCCESS).map(|((op, _), n)| (*op, *n)).collect()
+    }
+
     /// A copy of the per-operation call counts.
     pub fn snapshot(&self) -> BTreeMap<&'static str, u64> {
         self.calls.lock().unwrap_or_else(|p| p.into_inner()).clone()
@@ -217,5 +224,9 @@ mod tests {
         let outcomes = counters.outcomes();
         assert_eq!(outcomes[&("CreateQueue", SUCCESS)], 2);
         assert_eq!(outcomes[&("CreateQueue", "throttled")], 1);
+        counters.record_outcome("ListQueueTags", "timeout");
+        let succeeded = counters.succeeded();
+        assert_eq!(succeeded.get("CreateQueue"), Some(&2), "the throttled attempt is not among them");
+        assert_eq!(succeeded.get("ListQueueTags"), None, "an operation that never succeeded");
     }
 }

@@ -233,6 +233,12 @@ impl Operator {
         self.ctx.sqs.limiter().counters.snapshot()
     }
 
+    /// SQS calls that succeeded so far, per operation: what a test may count exactly, since an
+    /// attempt that failed (a timeout on a loaded machine) is retried and counted again.
+    pub fn sqs_succeeded(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        self.ctx.sqs.limiter().counters.succeeded()
+    }
+
     /// Stops the controller, letting reconciles in flight finish.
     pub async fn stop(mut self) {
         if let Some(tx) = self.stop.take() {

@@ -46,12 +46,12 @@ async fn a_sealed_ownership_proof_spares_the_tag_read_after_a_restart_and_a_forg
 
     let op = Operator::start(&ns, settings()).await;
     eventually("both tampered Queues proven again from their tags", READY_TIMEOUT, || async {
-        (op.sqs_calls().get("ListQueueTags").copied().unwrap_or(0) >= 2).then_some(())
+        (op.sqs_succeeded().get("ListQueueTags").copied().unwrap_or(0) >= 2).then_some(())
     })
     .await;
     // Several resyncs of all three: the kept proof still spares the read.
     tokio::time::sleep(Duration::from_secs(4)).await;
-    assert_eq!(op.sqs_calls().get("ListQueueTags").copied(), Some(2), "only the two tampered Queues read tags");
+    assert_eq!(op.sqs_succeeded().get("ListQueueTags").copied(), Some(2), "only the two tampered Queues read tags");
     for name in ["forged", "moved"] {
         let q = queues.get(name).await.unwrap();
         let proof = status_of(&q).ownership_proof.expect("a fresh proof");
