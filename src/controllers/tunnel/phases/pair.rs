@@ -20,7 +20,7 @@ use providers::{Address, AddressBinding, Host, HostState};
 use super::super::placement::SLOTS;
 use super::super::plan::Blocked;
 use super::super::plan::failover::{FailoverStep, failover_step};
-use super::super::plan::fill::{Fill, FillPlan, Found, fill};
+use super::super::plan::fill::{After, Fill, FillPlan, Found, fill};
 use super::super::status::not_ready;
 use super::super::{act, desired, observe};
 use super::{Desired, Failure, Keys, Pass};
@@ -177,9 +177,9 @@ impl Pass<'_> {
         Ok(slots)
     }
 
-    /// After the failover step: a failing server whose slot spent its replacements says why it
-    /// is kept; stopped hosts go (the address is off them now; their slots are filled next
-    /// pass); the slot that lost the holder is filled.
+    /// After the failover step, as [`FillPlan::after_failover_steps`] plans it: a failing server
+    /// whose slot spent its replacements says why it is kept; stopped hosts go (the address is off
+    /// them now; their slots are filled next pass); the slot that lost the holder is filled.
     async fn after_failover(
         &mut self,
         want: &Desired,
@@ -188,22 +188,25 @@ impl Pass<'_> {
         (plan, address): (&FillPlan, Option<&Address>),
     ) -> Result<()> {
         let (tunnel, ctx, provider) = (self.tunnel, self.ctx, want.provider.clone());
-        for slot in slots.iter_mut().filter(|s| s.id().is_some() && s.id() != plan.holder.as_deref()) {
-            self.spent(slot);
-        }
-        for slot in slots.iter_mut().filter(|s| s.host.as_ref().is_some_and(|h| h.state == HostState::Stopped)) {
-            let id = slot.id().unwrap_or_default().to_string();
-            let why = format!("exit server {id} (slot {}) is no longer running", slot.slot);
-            act::host::replace_lost(tunnel, provider.as_ref(), (&id, &why), None, ctx).await?;
-            ctx.health.forget(&id);
-            slot.host = None;
-        }
+        let standing = [0, 1].map(|i| slots.get(i).map(Slot::standing).unwrap_or_default());
+        let steps = plan.after_failover_steps(standing, ctx.settings.max_replacements);
         let reserved_ip = address.map(|a| a.ip.as_str());
-        for name in plan.after_failover() {
-            let Some(slot) = slots.iter_mut().find(|s| s.slot == name) else { continue };
-            let host = self.create_slot(want, keys, (slot.slot, address)).await?;
-            slot.own_ip = first_own_ip(&host, reserved_ip);
-            slot.host = Some(host);
+        for (slot, step) in slots.iter_mut().zip(steps) {
+            match step {
+                After::Keep => {}
+                After::Spent => self.spent(slot),
+                After::Gone(why) => {
+                    let id = slot.id().unwrap_or_default().to_string();
+                    act::host::replace_lost(tunnel, provider.as_ref(), (&id, &why), None, ctx).await?;
+                    ctx.health.forget(&id);
+                    slot.host = None;
+                }
+                After::Create => {
+                    let host = self.create_slot(want, keys, (slot.slot, address)).await?;
+                    slot.own_ip = first_own_ip(&host, reserved_ip);
+                    slot.host = Some(host);
+                }
+            }
         }
         Ok(())
     }

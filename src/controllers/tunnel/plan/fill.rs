@@ -53,10 +53,48 @@ pub struct FillPlan {
     pub slots: [Fill; 2],
 }
 
+/// One slot after the failover step, as much as [`after_failover`] reads.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Standing<'a> {
+    /// Its server, if one fills the slot (a standby replaced in the failover step left it empty).
+    pub id: Option<&'a str>,
+    /// Whether the provider reports that server stopped.
+    pub stopped: bool,
+    /// Whether its server's last check failed.
+    pub failing: bool,
+    /// Servers of this slot replaced in a row for failing.
+    pub replaced: u32,
+}
+
+/// What a pass does with one slot after the failover step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum After {
+    Keep,
+    /// Failing without the address, its replacements spent (`--tunnel-max-replacements`): kept,
+    /// and status says why.
+    Spent,
+    /// Its server stopped (the address is off it now): deleted, for the reason given; the slot is
+    /// filled next pass, drawing on its budget like any creation.
+    Gone(String),
+    /// It lost the holder ([`Fill::AfterFailover`]): a server is created now.
+    Create,
+}
+
 impl FillPlan {
-    /// The slots filled only after the failover step.
-    pub fn after_failover(&self) -> impl Iterator<Item = &'static str> + '_ {
-        SLOTS.into_iter().zip(&self.slots).filter(|(_, f)| **f == Fill::AfterFailover).map(|(s, _)| s)
+    /// Each slot's step after the failover step, in [`SLOTS`] order, where `max` is
+    /// `--tunnel-max-replacements`.
+    pub fn after_failover_steps(&self, slots: [Standing; 2], max: u32) -> [After; 2] {
+        [0, 1].map(|i| {
+            let s = slots[i];
+            match s.id {
+                Some(id) if s.stopped => {
+                    After::Gone(format!("exit server {id} (slot {}) is no longer running", SLOTS[i]))
+                }
+                Some(id) if Some(id) != self.holder.as_deref() && s.failing && s.replaced >= max => After::Spent,
+                None if self.slots[i] == Fill::AfterFailover => After::Create,
+                _ => After::Keep,
+            }
+        })
     }
 }
 
@@ -131,12 +169,14 @@ mod tests {
         let b = host("i-b", None);
         let plan = fill(&Found { reserved_on: Some("i-a"), ..found([None, Some(&b)]) });
         assert_eq!(plan.slots, [Fill::AfterFailover, Fill::Keep]);
-        assert_eq!(plan.after_failover().collect::<Vec<_>>(), [SLOTS[0]]);
+        let standing = [Standing::default(), Standing { id: Some("i-b"), ..Standing::default() }];
+        assert_eq!(plan.after_failover_steps(standing, 3), [After::Create, After::Keep]);
         // A holder still found: an empty slot is an ordinary one.
         let a = host("i-a", None);
         let plan = fill(&Found { reserved_on: Some("i-a"), ..found([Some(&a), None]) });
         assert_eq!(plan.slots, [Fill::Keep, Fill::Create]);
-        assert_eq!(plan.after_failover().count(), 0);
+        let standing = [Standing { id: Some("i-a"), ..Standing::default() }, Standing::default()];
+        assert_eq!(plan.after_failover_steps(standing, 3), [After::Keep, After::Keep]);
     }
 
     #[test]
@@ -156,5 +196,24 @@ mod tests {
         assert!(why.contains("i-b") && why.contains("slot b") && why.contains("203.0.113.9"), "{why}");
         // Where the provider translates the address, any host answers on it.
         assert_eq!(fill(&found([Some(&a), Some(&b)])).slots, [Fill::Keep, Fill::Keep]);
+    }
+
+    #[test]
+    fn after_the_failover_stopped_servers_go_and_a_spent_standby_is_kept() {
+        let (a, b) = (host("i-a", None), host("i-b", None));
+        let plan = fill(&Found { reserved_on: Some("i-a"), ..found([Some(&a), Some(&b)]) });
+        let standing = |id, stopped, failing, replaced| Standing { id: Some(id), stopped, failing, replaced };
+        let steps = plan.after_failover_steps([standing("i-a", true, true, 0), standing("i-b", false, false, 0)], 3);
+        let After::Gone(why) = &steps[0] else { panic!("{steps:?}") };
+        assert!(why.contains("i-a") && why.contains("slot a"), "{why}");
+        assert_eq!(steps[1], After::Keep);
+        // Failing without the address and spent: kept; the holder's fate is the failover step's.
+        let spent = [standing("i-a", false, true, 3), standing("i-b", false, true, 3)];
+        assert_eq!(plan.after_failover_steps(spent, 3), [After::Keep, After::Spent]);
+        let left = [standing("i-a", false, true, 3), standing("i-b", false, true, 2)];
+        assert_eq!(plan.after_failover_steps(left, 3), [After::Keep, After::Keep], "one replacement left");
+        // Stopped goes even when spent: it serves nothing, and its successor draws on the budget.
+        let stopped_spent = [standing("i-a", false, false, 0), standing("i-b", true, true, 3)];
+        assert!(matches!(plan.after_failover_steps(stopped_spent, 3)[1], After::Gone(_)));
     }
 }

@@ -5,6 +5,7 @@ use providers::{Address, Host, HostState};
 
 use super::super::super::plan::both::Checked;
 use super::super::super::plan::failover::Health;
+use super::super::super::plan::fill::Standing;
 use super::super::super::plan::replace::replace_wait;
 use super::super::super::status::describe;
 use crate::crd::condition::{Condition, ConditionStatus};
@@ -69,6 +70,17 @@ impl Slot {
             stopped: self.host.as_ref().is_some_and(|h| h.state == HostState::Stopped),
             check: self.check.as_ref().map(|(h, e)| (*h, e.as_str())),
             replace_after: self.replace_after(replace_after, max),
+        }
+    }
+
+    /// The slot as [`FillPlan::after_failover_steps`](super::super::super::plan::fill::FillPlan::after_failover_steps)
+    /// plans from it.
+    pub(super) fn standing(&self) -> Standing<'_> {
+        Standing {
+            id: self.id(),
+            stopped: self.host.as_ref().is_some_and(|h| h.state == HostState::Stopped),
+            failing: self.host.is_some() && self.check.as_ref().is_some_and(|(h, _)| !h.passing()),
+            replaced: self.replaced,
         }
     }
 

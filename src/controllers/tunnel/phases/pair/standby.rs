@@ -51,11 +51,12 @@ impl Pass<'_> {
         }
     }
 
-    /// Records, for a failing server whose slot has spent its replacements, why it is kept.
+    /// Records, for a failing server whose slot has spent its replacements
+    /// ([`After::Spent`](super::super::super::plan::fill::After::Spent)), why it is kept, unless
+    /// this pass already said why.
     pub(super) fn spent(&self, slot: &mut Slot) {
         let max = self.ctx.settings.max_replacements;
-        let failing = slot.host.is_some() && slot.check.as_ref().is_some_and(|(h, _)| !h.passing());
-        if failing && slot.replaced >= max && slot.kept.is_none() {
+        if slot.kept.is_none() {
             slot.kept = Some(format!(
                 "skyport stopped replacing the exit server of slot {} after {} replacement(s) (--tunnel-max-replacements {max}); fix the cause, then delete the server (or the Tunnel) to try again",
                 slot.slot, slot.replaced
