@@ -189,15 +189,25 @@ impl Bench {
 
         let off = self.log.offset();
         let t1 = Instant::now();
-        api.delete_collection(&DeleteParams::default(), &ListParams::default()).await?;
         let deadline = t1 + Duration::from_secs(300) + Duration::from_millis(500 * n as u64);
+        // The API server may close a connection while it deletes 10,000 objects: a failed call
+        // is made again (the delete is idempotent) until the deadline, not the end of the arm.
+        let mut deleting = api.delete_collection(&DeleteParams::default(), &ListParams::default()).await.map(drop);
         loop {
-            let left = api.list_metadata(&ListParams::default()).await?.items.len();
-            if left == 0 {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("{left} Queue objects still there {:?} after the delete", deadline - t1);
+            let left = match std::mem::replace(&mut deleting, Ok(())) {
+                Ok(()) => api.list_metadata(&ListParams::default()).await.map(|l| l.items.len()),
+                Err(e) => Err(e),
+            };
+            match left {
+                Ok(0) => break,
+                _ if Instant::now() > deadline => {
+                    bail!("Queue objects still there {:?} after the delete: {left:?}", deadline - t1)
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    progress(&format!("{}: {e}; asking again", arm.label));
+                    deleting = api.delete_collection(&DeleteParams::default(), &ListParams::default()).await.map(drop);
+                }
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
