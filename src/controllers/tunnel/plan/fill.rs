@@ -53,7 +53,7 @@ pub struct FillPlan {
     pub slots: [Fill; 2],
 }
 
-/// One slot after the failover step, as much as [`after_failover`] reads.
+/// One slot after the failover step, as much as [`FillPlan::after_failover_steps`] reads.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Standing<'a> {
     /// Its server, if one fills the slot (a standby replaced in the failover step left it empty).
