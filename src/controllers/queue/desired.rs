@@ -197,7 +197,12 @@ pub fn queue_arn(url: &str, region: &str) -> Option<String> {
 
 /// Name of the ConfigMap apps load with `envFrom`.
 pub fn configmap_name(queue: &Queue) -> String {
-    format!("{}-sqs", queue.name_any())
+    configmap_name_of(&queue.name_any())
+}
+
+/// Name of the ConfigMap of the Queue named `queue`.
+pub fn configmap_name_of(queue: &str) -> String {
+    format!("{queue}-sqs")
 }
 
 /// The ConfigMap publishing the queue's `url`, `arn` and `name`, owned by the Queue.

@@ -84,6 +84,8 @@ pub struct State {
     /// ConfigMaps skyport manages (what it decides with, see [`configmaps`]), to skip writes that
     /// would change nothing.
     pub configmaps: Store<configmaps::CachedConfigMap>,
+    /// The ConfigMaps each Queue controls besides its own, by the Queue's UID.
+    pub exported: Arc<configmaps::Exported>,
     /// Per Queue and export Secret: the UID and a hash of the data last written (Secrets are
     /// never read, see [`secret_exports`]).
     pub secrets: crate::controllers::memory::OwnWrites<secret_exports::Written>,
@@ -138,9 +140,11 @@ pub fn controller(
     let queue_stream =
         primary_stream(scoped_api::<Queue>(&client, namespace.as_deref()), queue_writer, trim, spec_trigger);
     let (cm_reader, cm_writer) = reflector::store();
+    let exported = Arc::new(configmaps::Exported::default());
+    let cm_feed = configmaps::Feed::new(cm_writer, exported.clone());
     // A ConfigMap's change wakes its controlling Queue, as `owns` would.
     let cm_changes =
-        configmaps::watch(scoped_api::<ConfigMap>(&client, namespace.as_deref()), &managed_selector(), cm_writer);
+        configmaps::watch(scoped_api::<ConfigMap>(&client, namespace.as_deref()), &managed_selector(), cm_feed);
     // AwsAccounts have a reconciler of their own (account_use), which wakes the Queues that use
     // one when it changes.
     let (account_reader, account_writer) = reflector::store();
@@ -165,6 +169,7 @@ pub fn controller(
         settings,
         queues: queue_reader.clone(),
         configmaps: cm_reader,
+        exported,
         secrets,
         verified: Default::default(),
         redrives: Default::default(),

@@ -18,6 +18,7 @@ use crate::controllers::testing::{FakeApi, ready_store};
 use crate::crd::condition::ConditionStatus;
 use crate::crd::queue::{DeletionPolicy, QueueSpec};
 
+mod exports;
 mod pacing;
 
 const PATH: &str = "/apis/skyport.dev/v1alpha1/namespaces/ns/queues/orders";
@@ -26,7 +27,7 @@ struct Harness {
     ctx: Arc<Context>,
     api: FakeApi,
     sqs: Arc<FakeSqs>,
-    configmaps: Writer<configmaps::CachedConfigMap>,
+    configmaps: configmaps::Feed,
     queues: Writer<Queue>,
     accounts: Writer<AwsAccount>,
 }
@@ -40,6 +41,7 @@ fn harness_with(sqs: FakeSqs) -> Harness {
     let sqs = Arc::new(sqs);
     let (queues, queue_writer) = ready_store();
     let (configmaps, cm_writer) = ready_store();
+    let exported = Arc::new(configmaps::Exported::default());
     let (tx, _rx) = unbounded();
     let settings = QueueArgs::default();
     let backoff = Backoff::new(settings.backoff_min, settings.backoff_max);
@@ -50,6 +52,7 @@ fn harness_with(sqs: FakeSqs) -> Harness {
         settings,
         queues,
         configmaps,
+        exported: exported.clone(),
         secrets: Default::default(),
         verified: Default::default(),
         redrives: Default::default(),
@@ -63,7 +66,7 @@ fn harness_with(sqs: FakeSqs) -> Harness {
         ctx: Arc::new(Context::new(client, backoff, state)),
         api,
         sqs,
-        configmaps: cm_writer,
+        configmaps: configmaps::Feed::new(cm_writer, exported),
         queues: queue_writer,
         accounts: account_writer,
     }
