@@ -331,13 +331,18 @@ mod tests {
         names
     }
 
-    #[test]
-    fn a_queue_finds_the_other_configmaps_it_controls_in_its_namespace_only() {
+    /// An empty cache, its index and their feed, and the Queue `orders` (`uid-1`) in `ns`.
+    fn fed() -> (Store<CachedConfigMap>, Arc<Exported>, Feed, Queue) {
         let (cache, writer) = crate::controllers::testing::ready_store();
         let exported = Arc::new(Exported::default());
-        let mut feed = Feed::new(writer, exported.clone());
         let mut orders = queue("uid-1");
         orders.metadata.namespace = Some("ns".into());
+        (cache, exported.clone(), Feed::new(writer, exported), orders)
+    }
+
+    #[test]
+    fn a_queue_finds_the_other_configmaps_it_controls_in_its_namespace_only() {
+        let (cache, exported, mut feed, orders) = fed();
         for cm in [
             controlled("ns", "orders-sqs", "orders", "uid-1"),
             controlled("ns", "orders-env", "orders", "uid-1"),
@@ -358,11 +363,7 @@ mod tests {
 
     #[test]
     fn a_relist_replaces_the_index_and_never_hides_what_the_cache_holds() {
-        let (cache, writer) = crate::controllers::testing::ready_store();
-        let exported = Arc::new(Exported::default());
-        let mut feed = Feed::new(writer, exported.clone());
-        let mut orders = queue("uid-1");
-        orders.metadata.namespace = Some("ns".into());
+        let (cache, exported, mut feed, orders) = fed();
         feed.apply_watcher_event(&watcher::Event::Apply(controlled("ns", "gone-env", "orders", "uid-1")));
 
         feed.apply_watcher_event(&watcher::Event::Init);
