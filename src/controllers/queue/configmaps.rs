@@ -160,6 +160,8 @@ impl Exported {
         let (Some(uid), Some(ns)) = (queue.metadata.uid.as_deref(), queue.metadata.namespace.as_deref()) else {
             return Vec::new();
         };
+        // A ConfigMap whose owner reference names another Queue than this UID's is indexed even
+        // under this Queue's own name: that one is never an export to drop.
         let own = configmap_name(queue);
         // Copied out, so the lock is not held while the cache is read.
         let names: Vec<String> = match self.lock().live.get(&compact_key(uid)) {

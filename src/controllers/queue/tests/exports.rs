@@ -25,15 +25,11 @@ async fn a_dropped_export_that_status_never_recorded_is_found_and_deleted() {
     h.reconcile(h.put(&queue(QueueSpec::default()))).await.unwrap();
     let ours = configmap(&mut h, "orders-env", "orders", "uid-1");
     let theirs = configmap(&mut h, "billing-env", "billing", "uid-2");
-    assert!(exports_status(&h.current()).is_empty(), "status records no export");
+    assert!(h.current().status.as_ref().is_none_or(|s| s.exports.is_empty()), "status records no export");
 
     h.ctx.written.forget(&object_key(&h.current()));
     h.reconcile(Arc::new(h.current())).await.unwrap();
     assert!(h.api.get(&ours).is_none(), "the Queue's dropped export is deleted");
     assert!(h.api.get(&theirs).is_some(), "another Queue's is left");
     assert!(h.api.get("/api/v1/namespaces/ns/configmaps/orders-sqs").is_some(), "its own stays");
-}
-
-fn exports_status(q: &Queue) -> Vec<crate::crd::export::ExportRef> {
-    q.status.as_ref().map(|s| s.exports.clone()).unwrap_or_default()
 }
