@@ -4,7 +4,6 @@
 use futures::FutureExt;
 use kube::Resource;
 use kube::api::Api;
-use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{Lookup, Store};
 use serde::de::DeserializeOwned;
 
@@ -34,12 +33,13 @@ pub fn slim<K: Resource>(obj: &mut K) {
     }
 }
 
-/// The watch of a controller's primary objects: a cache fed through `writer` with what `trim`
-/// leaves of each object (at least [`slim`]), and a stream that wakes a reconcile only when
-/// `trigger` changes (skyport's own status writes do not).
+/// The watch of a controller's primary objects: a cache fed through `cache` (its writer, or a
+/// [`Feed`](super::index::Feed) that keeps an index beside it) with what `trim` leaves of each
+/// object (at least [`slim`]), and a stream that wakes a reconcile only when `trigger` changes
+/// (skyport's own status writes do not).
 pub fn primary_stream<K>(
     api: Api<K>,
-    writer: Writer<K>,
+    mut cache: impl super::index::Reflect<K>,
     trim: fn(&mut K),
     trigger: fn(&K) -> Option<u64>,
 ) -> impl futures::Stream<Item = Result<K, kube::runtime::watcher::Error>> + Send + 'static
@@ -53,7 +53,8 @@ where
     kube::runtime::watcher(api, kube::runtime::watcher::Config::default())
         .default_backoff()
         .modify(trim)
-        .reflect(writer)
+        // As `.reflect(writer)` does, through whatever index is kept beside the cache.
+        .inspect_ok(move |event| cache.apply_watcher_event(event))
         .map_ok(move |event| changes.woken(event).map(unversioned))
         .try_filter_map(futures::future::ok)
 }

@@ -18,6 +18,7 @@ pub mod caches;
 pub mod changes;
 pub mod context;
 pub mod events;
+pub mod index;
 pub mod memory;
 pub mod owned;
 pub mod queue;

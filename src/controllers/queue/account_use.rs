@@ -100,7 +100,7 @@ pub fn released(queue: &Queue, ctx: &Context) {
     let (ns, name) = super::accounts::target(&queue_ns, r);
     let usage = &ctx.accounts.usage;
     if let Some(uid) = queue.uid() {
-        usage.released.lock().unwrap_or_else(|p| p.into_inner()).insert(uid);
+        usage.released.lock().unwrap_or_else(|p| p.into_inner()).insert(uid, ObjectRef::from_obj(queue));
     }
     let _ = usage.wakes.unbounded_send(ObjectRef::new(name).within(ns));
 }
@@ -128,7 +128,7 @@ async fn reconcile(account: Arc<AwsAccount>, ctx: Arc<Context>) -> Result<Action
 
 async fn reconcile_inner(account: Arc<AwsAccount>, ctx: Arc<Context>) -> Result<Action> {
     let usage = &ctx.accounts.usage;
-    let users = usage.users(&account, &ctx.queues);
+    let users = usage.users(&account, (&ctx.refs, &ctx.queues));
     if usage.changed(&account) {
         for queue in &users.named {
             let _ = ctx.dependents.unbounded_send(queue.clone());
@@ -191,30 +191,40 @@ fn api(ctx: &Context, account: &AwsAccount) -> Api<AwsAccount> {
 
 #[cfg(test)]
 mod tests {
-    use kube::runtime::{reflector, watcher};
+    use kube::runtime::reflector::Store;
+    use kube::runtime::watcher;
 
     use super::*;
     use crate::controllers::queue::accounts::Usage;
-    use crate::controllers::testing::FakeApi;
+    use crate::controllers::queue::refs::{self, Refs};
+    use crate::controllers::testing::{FakeApi, ready_store};
+
+    /// The Queue cache holding `queue`, and the index of what Queues name.
+    fn cached(queue: Queue) -> (Arc<Refs>, Store<Queue>) {
+        let (queues, writer) = ready_store();
+        let index = Arc::new(Refs::default());
+        refs::feed(writer, index.clone()).apply_watcher_event(&watcher::Event::Apply(queue));
+        (index, queues)
+    }
 
     #[test]
     fn a_queue_holds_its_account_until_its_cleanup_released_it() {
-        let (queues, mut writer) = reflector::store::<Queue>();
         let queue: Queue = serde_json::from_value(json!({"apiVersion": "skyport.dev/v1alpha1", "kind": "Queue",
             "metadata": {"name": "q", "namespace": "a", "uid": "queue-1"},
             "spec": {"accountRef": {"name": "team"}}}))
         .unwrap();
-        writer.apply_watcher_event(&watcher::Event::Apply(queue));
+        let (index, queues) = cached(queue.clone());
+        let queues = (&*index, &queues);
         let mut account = AwsAccount::new("team", Default::default());
         account.metadata.namespace = Some("a".into());
         account.metadata.uid = Some("account-1".into());
         let mut other = account.clone();
         other.metadata.name = Some("other".into());
         let (usage, _wakes) = Usage::new();
-        assert_eq!(usage.users(&account, &queues).holders.len(), 1);
-        assert!(usage.users(&other, &queues).named.is_empty(), "only the account it names");
-        usage.released.lock().unwrap().insert("queue-1".into());
-        assert!(usage.users(&account, &queues).named.is_empty(), "released, though still cached");
+        assert_eq!(usage.users(&account, queues).holders.len(), 1);
+        assert!(usage.users(&other, queues).named.is_empty(), "only the account it names");
+        usage.released.lock().unwrap().insert("queue-1".into(), ObjectRef::from_obj(&queue));
+        assert!(usage.users(&account, queues).named.is_empty(), "released, though still cached");
         assert!(usage.changed(&account), "new");
         assert!(!usage.changed(&account), "the same");
         account.metadata.generation = Some(2);
@@ -223,20 +233,20 @@ mod tests {
 
     #[test]
     fn a_queue_the_account_does_not_allow_never_holds_it() {
-        let (queues, mut writer) = reflector::store::<Queue>();
         let foreign: Queue = serde_json::from_value(json!({"apiVersion": "skyport.dev/v1alpha1", "kind": "Queue",
             "metadata": {"name": "pin", "namespace": "b", "uid": "queue-b"},
             "spec": {"accountRef": {"name": "team", "namespace": "a"}}}))
         .unwrap();
-        writer.apply_watcher_event(&watcher::Event::Apply(foreign));
+        let (index, queues) = cached(foreign);
+        let queues = (&*index, &queues);
         let mut account = AwsAccount::new("team", Default::default());
         account.metadata.namespace = Some("a".into());
         let (usage, _wakes) = Usage::new();
-        let users = usage.users(&account, &queues);
+        let users = usage.users(&account, queues);
         assert!(users.holders.is_empty(), "namespace b is not allowed: no finalizer for it");
         assert_eq!(users.named.len(), 1, "still woken when the account changes");
         account.spec.allowed_namespaces = vec!["b".into()];
-        assert_eq!(usage.users(&account, &queues).holders.len(), 1, "allowed now");
+        assert_eq!(usage.users(&account, queues).holders.len(), 1, "allowed now");
     }
 
     const PATH: &str = "/apis/skyport.dev/v1alpha1/namespaces/a/awsaccounts/team";

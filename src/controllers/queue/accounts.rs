@@ -10,7 +10,7 @@
 //! and session name are derived from the cluster and the AwsAccount's namespace ([`external_id`],
 //! [`session_name`]), never read from the spec.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender, unbounded};
@@ -19,6 +19,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use providers::{AssumeRole, Limiter, QueueBackend, SqsProvider, SqsSettings};
 
+use super::refs::Refs;
 use crate::controllers::hash_of;
 use crate::crd::account::{AccountRef, AwsAccount, AwsAccountSpec, account_id, external_id, session_name};
 use crate::crd::queue::Queue;
@@ -323,8 +324,8 @@ pub struct Users {
 /// What the AwsAccount reconciler ([`super::account_use`]) remembers between its runs.
 pub struct Usage {
     pub(super) wakes: UnboundedSender<ObjectRef<AwsAccount>>,
-    /// UIDs of Queues whose cleanup finished, until the Queue cache drops them.
-    pub(super) released: Mutex<HashSet<String>>,
+    /// Queues whose cleanup finished (by UID), until the Queue cache drops them.
+    pub(super) released: Mutex<HashMap<String, ObjectRef<Queue>>>,
     /// Per AwsAccount UID: its generation and whether it is being deleted, when last reconciled.
     pub(super) seen: Mutex<HashMap<String, u64>>,
 }
@@ -342,27 +343,24 @@ impl Usage {
     /// use it now), and those that may use it (`holders`, which keep its finalizer). A Queue the
     /// account does not allow never holds it: a tenant could otherwise keep another namespace's
     /// AwsAccount, and that namespace, from ever being deleted.
-    pub(super) fn users(&self, account: &AwsAccount, queues: &Store<Queue>) -> Users {
+    pub(super) fn users(&self, account: &AwsAccount, (refs, queues): (&Refs, &Store<Queue>)) -> Users {
         let (ns, name) = (account.namespace().unwrap_or_default(), account.name_any());
         let mut released = self.released.lock().unwrap_or_else(|p| p.into_inner());
-        let mut users = Users::default();
-        let mut cached = HashSet::new();
-        for q in queues.state() {
-            let uid = q.uid().unwrap_or_default();
-            let queue_ns = q.namespace().unwrap_or_default();
-            let named = q.spec.account_ref.as_deref().filter(|r| target(&queue_ns, r) == (ns.as_str(), name.as_str()));
-            if let Some(r) = named
-                && !released.contains(&uid)
-            {
-                if check(&queue_ns, r, Some(account)).is_ok() {
-                    users.holders.push(ObjectRef::from_obj(&*q));
-                }
-                users.named.push(ObjectRef::from_obj(&*q));
-            }
-            cached.insert(uid);
-        }
         // A release is needed only while the cache still shows the Queue.
-        released.retain(|uid| cached.contains(uid));
+        released.retain(|uid, at| queues.get(at).is_some_and(|q| q.metadata.uid.as_ref() == Some(uid)));
+        let mut users = Users::default();
+        for q in super::refs::account_users(refs, queues, (&ns, &name)) {
+            let (Some(r), Some(queue_ns)) = (q.spec.account_ref.as_deref(), q.metadata.namespace.as_deref()) else {
+                continue;
+            };
+            if released.contains_key(q.metadata.uid.as_deref().unwrap_or_default()) {
+                continue;
+            }
+            if check(queue_ns, r, Some(account)).is_ok() {
+                users.holders.push(ObjectRef::from_obj(&*q));
+            }
+            users.named.push(ObjectRef::from_obj(&*q));
+        }
         users
     }
 

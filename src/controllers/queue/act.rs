@@ -1,10 +1,9 @@
-//! Writes: the planned SQS steps, the owned ConfigMaps, waking Queues that depend on this one.
+//! Writes: the planned SQS steps and the owned ConfigMaps.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use providers::{QueueBackend, QueueError};
 use tracing::info;
@@ -199,25 +198,5 @@ pub fn data_patch<K: Resource, V: serde::Serialize>(
     serde_json::json!({
         "metadata": {"resourceVersion": existing.meta().resource_version, "labels": labels},
         "data": data,
-    })
-}
-
-/// Queues in the same namespace whose deadLetter names `queue` (by queueRef, or by targetArn its
-/// recorded ARN) are reconciled now instead of at their next resync: when it becomes Ready, and
-/// when it is deleted ([`super::cleanup`]).
-pub fn wake_dependents(queue: &Queue, ctx: &Context) {
-    for q in dependents(queue, ctx) {
-        let _ = ctx.dependents.unbounded_send(ObjectRef::from_obj(&*q));
-    }
-}
-
-/// The Queues of `queue`'s namespace whose deadLetter names it. This runs for every Queue that
-/// becomes Ready, so the scan of the cache compares in place rather than copying names.
-pub fn dependents(queue: &Queue, ctx: &Context) -> Vec<std::sync::Arc<Queue>> {
-    let (ns, name) = (&queue.metadata.namespace, queue.metadata.name.as_deref());
-    let arn = queue.status.as_ref().and_then(|s| s.queue_arn.as_deref());
-    ctx.queues.state_filter(|q| {
-        let Some(d) = q.spec.dead_letter.as_ref().filter(|_| &q.metadata.namespace == ns) else { return false };
-        d.queue_ref.as_ref().map(|r| r.name.as_str()) == name || (arn.is_some() && d.target_arn.as_deref() == arn)
     })
 }

@@ -45,7 +45,7 @@ pub async fn cleanup(queue: &Queue, api: &Api<Queue>, ctx: &Context) -> Result<A
     }
     // Queues sending their dead letters here prove their redrive again now (its target may be
     // gone), not at the next owner-tag cadence: a proof made before this deletion is void.
-    for q in super::act::dependents(queue, ctx) {
+    for q in super::refs::sources(queue, ctx) {
         ctx.redrives.forget(&q.uid().unwrap_or_default());
         let _ = ctx.dependents.unbounded_send(kube::runtime::reflector::ObjectRef::from_obj(&*q));
     }

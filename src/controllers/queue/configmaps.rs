@@ -10,8 +10,8 @@
 
 use crate::controllers::hash_of;
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -21,6 +21,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 
 use super::desired::{configmap_name, configmap_name_of};
+use crate::controllers::index;
 use crate::controllers::memory::compact_key;
 use crate::crd::queue::Queue;
 
@@ -120,116 +121,40 @@ fn project(event: watcher::Event<ConfigMap>) -> watcher::Event<CachedConfigMap> 
     }
 }
 
-/// Names (namespace, name) of ConfigMaps, by their controlling Queue's UID ([`compact_key`]).
-type ByQueue = HashMap<u128, BTreeSet<(String, String)>>;
-
 /// The ConfigMaps each Queue controls besides its own `<name>-sqs`: those of its `spec.exports`,
-/// and any it wrote under a name since dropped from them. Each reconcile asks for them, and
-/// finding them by a pass over every managed ConfigMap made every reconcile cost a compare per
-/// Queue: half the operator's CPU at 5,000 Queues, and growing with the square of their number
-/// (BENCHMARKS.md). Most Queues have none, so the index is mostly empty.
-///
-/// It may name a ConfigMap that is gone or has another owner now (each is read back through the
-/// cache, which decides), but it never misses one the cache holds: [`Feed`] adds to it before
-/// the cache shows a ConfigMap and removes from it after.
-#[derive(Debug, Default)]
-pub struct Exported(Mutex<Index>);
+/// and any it wrote under a name since dropped from them, as (namespace, name) by the Queue's UID
+/// ([`compact_key`]). Each reconcile asks for them; most Queues have none, so the index is mostly
+/// empty. It may name more than the cache holds, never less ([`index`]).
+pub type Exported = index::Index<u128, (String, String)>;
 
-#[derive(Debug, Default)]
-struct Index {
-    live: ByQueue,
-    /// While the watch lists again: what the new list holds, which replaces `live` when the
-    /// cache is replaced by it.
-    relist: Option<ByQueue>,
+/// The ConfigMap cache's writer and its [`Exported`] index, kept in step.
+pub type Feed = index::Feed<CachedConfigMap, u128, (String, String)>;
+
+/// The feed of `writer` and `exported`.
+pub fn feed(writer: Writer<CachedConfigMap>, exported: Arc<Exported>) -> Feed {
+    Feed::new(writer, exported, entry)
 }
 
 /// The index entry of `cm`, if a Queue controls it under another name than its own ConfigMap's.
-fn entry(cm: &CachedConfigMap) -> Option<(u128, (String, String))> {
-    let (owner, uid) = cm.queue.as_ref()?;
-    (cm.name != configmap_name_of(owner)).then(|| (compact_key(uid), (cm.namespace.clone(), cm.name.clone())))
+fn entry(cm: &CachedConfigMap) -> Vec<(u128, (String, String))> {
+    let Some((owner, uid)) = cm.queue.as_ref() else { return Vec::new() };
+    if cm.name == configmap_name_of(owner) {
+        return Vec::new();
+    }
+    vec![(compact_key(uid), (cm.namespace.clone(), cm.name.clone()))]
 }
 
-impl Exported {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Index> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The ConfigMaps of `queue`'s namespace it controls, other than its own, as `cache` holds
-    /// them.
-    pub fn of(&self, queue: &Queue, cache: &Store<CachedConfigMap>) -> Vec<Arc<CachedConfigMap>> {
-        let (Some(uid), Some(ns)) = (queue.metadata.uid.as_deref(), queue.metadata.namespace.as_deref()) else {
-            return Vec::new();
-        };
-        // A ConfigMap whose owner reference names another Queue than this UID's is indexed even
-        // under this Queue's own name: that one is never an export to drop.
-        let own = configmap_name(queue);
-        // Copied out, so the lock is not held while the cache is read.
-        let names: Vec<String> = match self.lock().live.get(&compact_key(uid)) {
-            Some(names) => names.iter().filter(|(n, name)| n == ns && *name != own).map(|(_, name)| name.clone()),
-            None => return Vec::new(),
-        }
-        .collect();
-        names.iter().filter_map(|name| cache.get(&key(name, ns))).filter(|cm| cm.controlled_by(queue)).collect()
-    }
-
-    fn add(&self, cm: &CachedConfigMap) {
-        let Some((uid, name)) = entry(cm) else { return };
-        let mut index = self.lock();
-        if let Some(relist) = index.relist.as_mut() {
-            relist.entry(uid).or_default().insert(name.clone());
-        }
-        index.live.entry(uid).or_default().insert(name);
-    }
-
-    fn remove(&self, cm: &CachedConfigMap) {
-        let Some((uid, name)) = entry(cm) else { return };
-        let mut index = self.lock();
-        if let Some(names) = index.live.get_mut(&uid) {
-            names.remove(&name);
-            if names.is_empty() {
-                index.live.remove(&uid);
-            }
-        }
-    }
-}
-
-/// The ConfigMap cache's writer and its [`Exported`] index, kept in step.
-pub struct Feed {
-    writer: Writer<CachedConfigMap>,
-    exported: Arc<Exported>,
-}
-
-impl Feed {
-    pub fn new(writer: Writer<CachedConfigMap>, exported: Arc<Exported>) -> Feed {
-        Feed { writer, exported }
-    }
-
-    /// Applies `event` to the cache and the index, in the order that keeps the index naming at
-    /// least what the cache holds: a ConfigMap enters the index first and leaves it last.
-    pub fn apply_watcher_event(&mut self, event: &watcher::Event<CachedConfigMap>) {
-        use watcher::Event::*;
-        match event {
-            Apply(cm) | InitApply(cm) => {
-                self.exported.add(cm);
-                self.writer.apply_watcher_event(event);
-            }
-            Delete(cm) => {
-                self.writer.apply_watcher_event(event);
-                self.exported.remove(cm);
-            }
-            Init => {
-                self.writer.apply_watcher_event(event);
-                self.exported.lock().relist = Some(ByQueue::new());
-            }
-            InitDone => {
-                self.writer.apply_watcher_event(event);
-                let mut index = self.exported.lock();
-                if let Some(relist) = index.relist.take() {
-                    index.live = relist;
-                }
-            }
-        }
-    }
+/// The ConfigMaps of `queue`'s namespace it controls, other than its own, as `cache` holds them.
+pub fn exported_by(queue: &Queue, exported: &Exported, cache: &Store<CachedConfigMap>) -> Vec<Arc<CachedConfigMap>> {
+    let (Some(uid), Some(ns)) = (queue.metadata.uid.as_deref(), queue.metadata.namespace.as_deref()) else {
+        return Vec::new();
+    };
+    // A ConfigMap whose owner reference names another Queue than this UID's is indexed even
+    // under this Queue's own name: that one is never an export to drop.
+    let own = configmap_name(queue);
+    let names = exported.get(&compact_key(uid));
+    let names = names.iter().filter(|(n, name)| n == ns && *name != own);
+    names.filter_map(|(_, name)| cache.get(&key(name, ns))).filter(|cm| cm.controlled_by(queue)).collect()
 }
 
 /// Watches the managed ConfigMaps (`selector`) into `feed` and yields the Queue each change
@@ -339,7 +264,7 @@ mod tests {
         let exported = Arc::new(Exported::default());
         let mut orders = queue("uid-1");
         orders.metadata.namespace = Some("ns".into());
-        (cache, exported.clone(), Feed::new(writer, exported), orders)
+        (cache, exported.clone(), feed(writer, exported), orders)
     }
 
     #[test]
@@ -353,27 +278,17 @@ mod tests {
         ] {
             feed.apply_watcher_event(&watcher::Event::Apply(cm));
         }
-        assert_eq!(names(exported.of(&orders, &cache)), ["orders-env"], "not its own, not another namespace's");
-        assert_eq!(exported.lock().live.len(), 2, "own ConfigMaps are not indexed");
+        assert_eq!(
+            names(exported_by(&orders, &exported, &cache)),
+            ["orders-env"],
+            "not its own, not another namespace's"
+        );
+        assert_eq!(exported.len(), 3, "the Queue's own ConfigMap is not indexed");
 
-        // Another Queue takes it over: the cache decides, and the stale entry names nothing.
+        // Another Queue takes it over: its entry moves to that Queue.
         feed.apply_watcher_event(&watcher::Event::Apply(controlled("ns", "orders-env", "billing", "uid-2")));
-        assert!(exported.of(&orders, &cache).is_empty());
+        assert!(exported_by(&orders, &exported, &cache).is_empty());
         feed.apply_watcher_event(&watcher::Event::Delete(controlled("ns", "orders-env", "billing", "uid-2")));
-        assert!(exported.of(&orders, &cache).is_empty());
-    }
-
-    #[test]
-    fn a_relist_replaces_the_index_and_never_hides_what_the_cache_holds() {
-        let (cache, exported, mut feed, orders) = fed();
-        feed.apply_watcher_event(&watcher::Event::Apply(controlled("ns", "gone-env", "orders", "uid-1")));
-
-        feed.apply_watcher_event(&watcher::Event::Init);
-        feed.apply_watcher_event(&watcher::Event::InitApply(controlled("ns", "new-env", "orders", "uid-1")));
-        assert_eq!(names(exported.of(&orders, &cache)), ["gone-env"], "the cache holds the old list until done");
-        feed.apply_watcher_event(&watcher::Event::InitDone);
-        assert_eq!(names(exported.of(&orders, &cache)), ["new-env"]);
-        let live = &exported.lock().live;
-        assert_eq!(live.values().flatten().count(), 1, "what the new list lacks leaves the index: {live:?}");
+        assert!(exported_by(&orders, &exported, &cache).is_empty());
     }
 }

@@ -151,7 +151,7 @@ fn recorded_uid<'a>(queue: &'a Queue, name: &str) -> Option<&'a str> {
 /// a write whose status update was lost).
 fn recorded(queue: &Queue, ctx: &Context) -> Vec<ExportRef> {
     let mut all = queue.status.as_ref().map(|s| s.exports.clone()).unwrap_or_default();
-    let controlled = ctx.exported.of(queue, &ctx.configmaps);
+    let controlled = configmaps::exported_by(queue, &ctx.exported, &ctx.configmaps);
     all.extend(controlled.iter().map(|cm| ExportRef { kind: ExportKind::ConfigMap, name: cm.name.clone(), uid: None }));
     all
 }

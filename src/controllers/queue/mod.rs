@@ -32,6 +32,7 @@ pub mod fair;
 pub mod observe;
 pub mod pace;
 pub mod plan;
+pub mod refs;
 pub mod sealed;
 pub mod secret_exports;
 pub mod status;
@@ -99,6 +100,8 @@ pub struct State {
     pacing: pace::Tally,
     /// Reconciles in flight per SQS budget: one account cannot hold every worker ([`fair`]).
     pub gate: fair::Gate,
+    /// The Queues that name a dead-letter target or an AwsAccount, by what they name ([`refs`]).
+    pub refs: Arc<refs::Refs>,
     /// Wakes Queues that use a queue as their dead-letter queue when it changes.
     dependents: UnboundedSender<ObjectRef<Queue>>,
     /// The not-Ready reason last reported per Queue: the follow-up of a new Queue's finalizer
@@ -137,11 +140,13 @@ pub fn controller(
     let (queue_reader, queue_writer) = reflector::store();
     // Status writes (ours) must not trigger reconciles: only spec (generation), finalizers and
     // deletion do. Periodic resync comes from the requeue each reconcile returns.
+    let refs = Arc::new(refs::Refs::default());
+    let queue_feed = refs::feed(queue_writer, refs.clone());
     let queue_stream =
-        primary_stream(scoped_api::<Queue>(&client, namespace.as_deref()), queue_writer, trim, spec_trigger);
+        primary_stream(scoped_api::<Queue>(&client, namespace.as_deref()), queue_feed, trim, spec_trigger);
     let (cm_reader, cm_writer) = reflector::store();
     let exported = Arc::new(configmaps::Exported::default());
-    let cm_feed = configmaps::Feed::new(cm_writer, exported.clone());
+    let cm_feed = configmaps::feed(cm_writer, exported.clone());
     // A ConfigMap's change wakes its controlling Queue, as `owns` would.
     let cm_changes =
         configmaps::watch(scoped_api::<ConfigMap>(&client, namespace.as_deref()), &managed_selector(), cm_feed);
@@ -170,6 +175,7 @@ pub fn controller(
         queues: queue_reader.clone(),
         configmaps: cm_reader,
         exported,
+        refs,
         secrets,
         verified: Default::default(),
         redrives: Default::default(),
@@ -297,7 +303,7 @@ async fn apply(queue: Arc<Queue>, ctx: &Context, added_finalizer: bool) -> Resul
             // redrive waited for it to exist look now, not at their next resync.
             let recreated = ready.events.iter().any(|(reason, _)| *reason == Reason::Recreated);
             if became_ready || recreated {
-                act::wake_dependents(&queue, ctx);
+                refs::wake_sources(&queue, ctx);
             }
             ctx.reported.forget(&key);
             if became_ready || added_finalizer {

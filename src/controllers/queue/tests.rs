@@ -20,6 +20,7 @@ use crate::crd::queue::{DeletionPolicy, QueueSpec};
 
 mod exports;
 mod pacing;
+mod wakes;
 
 const PATH: &str = "/apis/skyport.dev/v1alpha1/namespaces/ns/queues/orders";
 
@@ -28,7 +29,9 @@ struct Harness {
     api: FakeApi,
     sqs: Arc<FakeSqs>,
     configmaps: configmaps::Feed,
-    queues: Writer<Queue>,
+    queues: refs::Feed,
+    /// The Queues woken as dead-letter sources ([`refs::wake_sources`]).
+    woken: futures::channel::mpsc::UnboundedReceiver<ObjectRef<Queue>>,
     accounts: Writer<AwsAccount>,
 }
 
@@ -42,7 +45,8 @@ fn harness_with(sqs: FakeSqs) -> Harness {
     let (queues, queue_writer) = ready_store();
     let (configmaps, cm_writer) = ready_store();
     let exported = Arc::new(configmaps::Exported::default());
-    let (tx, _rx) = unbounded();
+    let refs = Arc::new(refs::Refs::default());
+    let (tx, woken) = unbounded();
     let settings = QueueArgs::default();
     let backoff = Backoff::new(settings.backoff_min, settings.backoff_max);
     let (accounts, account_writer) = ready_store();
@@ -53,6 +57,7 @@ fn harness_with(sqs: FakeSqs) -> Harness {
         queues,
         configmaps,
         exported: exported.clone(),
+        refs: refs.clone(),
         secrets: Default::default(),
         verified: Default::default(),
         redrives: Default::default(),
@@ -66,8 +71,9 @@ fn harness_with(sqs: FakeSqs) -> Harness {
         ctx: Arc::new(Context::new(client, backoff, state)),
         api,
         sqs,
-        configmaps: configmaps::Feed::new(cm_writer, exported),
-        queues: queue_writer,
+        configmaps: configmaps::feed(cm_writer, exported),
+        queues: refs::feed(queue_writer, refs),
+        woken,
         accounts: account_writer,
     }
 }
