@@ -14,6 +14,7 @@ use tracing::info;
 use super::phases::Pass;
 use super::placement::Placement;
 use super::plan::address::keep_for_successor;
+use super::plan::policy::Policy;
 use super::plan::{Blocked, provider_for};
 use super::status::not_ready;
 use super::{Context, FINALIZER, act, desired};
@@ -107,7 +108,7 @@ pub async fn cleanup(tunnel: &Tunnel, api: &Api<Tunnel>, ctx: &Context) -> Resul
         }
         // What kept a pair's servers apart (a spread placement group) goes after them; retried
         // while a server is still being deleted.
-        if tunnel.spec.high_availability.is_some() {
+        if Policy::of(&tunnel.spec).spreads() {
             provider.delete_placement(&uid).await?;
         }
     }

@@ -10,9 +10,10 @@
 //! 6. [`Pass::traffic`]: the end-to-end probe decides Ready and the Service's ingress, or a
 //!    replacement.
 //!
-//! A highly available Tunnel (`spec.highAvailability`) leaves after the credentials for
-//! [`Pass::pair`] (`pair.rs`): two exit servers, two clients, the reserved address moved between
-//! them.
+//! The phases from 3 on are those of the Tunnel's [`Policy`]'s: a highly available Tunnel
+//! (`spec.highAvailability`) leaves after the credentials for [`Pass::pair`] (`pair.rs`): two
+//! exit servers, two clients, the reserved address moved between them; or for `Pass::both`, both
+//! servers' own addresses published.
 //!
 //! Each phase decides with `plan`, writes with `act` and records what it reached through
 //! [`Pass::record`], the one place that writes a Tunnel's status (deletion and failure reports
@@ -37,6 +38,7 @@ use providers::exit::userdata::{ExitServer, render_client_toml};
 use super::observe::SecretState;
 use super::placement::Placement;
 use super::plan::failover::PROBE_TIMEOUT;
+use super::plan::policy::Policy;
 use super::plan::replace::Unhealthy;
 use super::plan::{self, Blocked, TrafficStep};
 use super::status::{self, Writer, describe};
@@ -166,14 +168,20 @@ impl<'a> Pass<'a> {
     async fn phases(&mut self) -> Result<Action, Failure> {
         let desired = self.desired()?;
         let keys = self.credentials(&desired).await?;
-        if self.tunnel.spec.high_availability() {
-            return self.pair(&desired, &keys).await;
+        match Policy::of(&self.tunnel.spec) {
+            Policy::Single => self.single(&desired, &keys).await,
+            Policy::ActiveStandby => self.pair(&desired, &keys).await,
+            Policy::BothAddresses => self.both(&desired, &keys).await,
         }
-        let Some(running) = self.host(&desired, &keys).await? else { return Ok(Action::requeue(BOOT_POLL)) };
-        let Some(ip) = self.address(&desired, &running).await? else { return Ok(Action::requeue(BOOT_POLL)) };
-        let enforced = self.source_ranges(&desired, &keys, running.id.as_deref()).await?;
-        let client_available = self.client(&desired, &keys, &ip).await?;
-        Ok(self.traffic(&desired, &keys, (ip, running.id, enforced), client_available).await?)
+    }
+
+    /// The phases after the credentials, for the one server of [`Policy::Single`].
+    async fn single(&mut self, desired: &Desired, keys: &Keys) -> Result<Action, Failure> {
+        let Some(running) = self.host(desired, keys).await? else { return Ok(Action::requeue(BOOT_POLL)) };
+        let Some(ip) = self.address(desired, &running).await? else { return Ok(Action::requeue(BOOT_POLL)) };
+        let enforced = self.source_ranges(desired, keys, running.id.as_deref()).await?;
+        let client_available = self.client(desired, keys, &ip).await?;
+        Ok(self.traffic(desired, keys, (ip, running.id, enforced), client_available).await?)
     }
 
     /// The Service, its ports and the provider, checked before any cloud call.

@@ -5,6 +5,7 @@ pub mod both;
 pub mod budget;
 pub mod failover;
 pub mod fill;
+pub mod policy;
 pub mod replace;
 
 use std::sync::Arc;

@@ -7,6 +7,7 @@ use kube::ResourceExt;
 use providers::{Address, AddressRequest, HostProvider};
 use tracing::{info, warn};
 
+use super::super::plan::policy::Policy;
 use super::super::{Context, desired};
 use super::{delete_unpublished, unpublish_before_delete};
 use crate::crd::tunnel::Tunnel;
@@ -47,9 +48,7 @@ pub async fn reserve(
         region: tunnel.spec.region.clone(),
         tags: desired::tags(tunnel, &ctx.cluster_id)?,
         host_id: onto,
-        // A pair's address moves between running servers (Hetzner: a floating IP, not a
-        // primary IP).
-        movable: tunnel.spec.high_availability(),
+        movable: Policy::of(&tunnel.spec).moves_address(),
     };
     let address = provider.reserve_address(&request).await?;
     info!(address = %address.id, ip = %address.ip, provider = provider.name(), "reserved an address");

@@ -51,11 +51,8 @@ struct PairRecord {
 }
 
 impl Pass<'_> {
-    /// The phases after the credentials, for a highly available Tunnel.
+    /// The phases after the credentials, for the pair of [`Policy::ActiveStandby`](super::super::plan::policy::Policy).
     pub(super) async fn pair(&mut self, want: &Desired, keys: &Keys) -> Result<Action, Failure> {
-        if self.tunnel.spec.both_addresses() {
-            return self.both(want, keys).await;
-        }
         self.may_move(want).await?;
         let caps = want.provider.capabilities();
         let (mut address, found, fresh) = self.observe_pair(want).await?;

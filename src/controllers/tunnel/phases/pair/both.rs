@@ -20,7 +20,7 @@ use crate::crd::tunnel::{HighAvailabilityStatus, ServerStatus};
 use crate::reasons::Reason;
 
 impl Pass<'_> {
-    pub(super) async fn both(&mut self, want: &Desired, keys: &Keys) -> Result<Action, Failure> {
+    pub(in super::super) async fn both(&mut self, want: &Desired, keys: &Keys) -> Result<Action, Failure> {
         let (tunnel, ctx, provider) = (self.tunnel, self.ctx, want.provider.clone());
         let found = observe::find_pair(provider.as_ref(), self.status(), &want.uid).await?;
         act::host::delete_extras(provider.as_ref(), &found.extras, None, ctx).await?;
