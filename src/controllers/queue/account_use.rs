@@ -8,10 +8,11 @@
 //! Queue cache may still show that Queue when the wake arrives. It also writes the account's
 //! status and wakes the Queues using an account whose spec changed or whose deletion began.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
-use futures::channel::mpsc::UnboundedReceiver;
+use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender, unbounded};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -19,10 +20,11 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::Context;
-use super::accounts::{Placement, budget_key, unusable};
+use super::accounts::{Placement, budget_key, check, unusable};
 use super::pace;
+use super::refs::Refs;
 use crate::controllers::status::StatusWriter;
-use crate::controllers::{error_policy, has_finalizer, jittered, reconcile_with, remove_finalizer};
+use crate::controllers::{error_policy, has_finalizer, hash_of, jittered, reconcile_with, remove_finalizer};
 use crate::crd::account::{AwsAccount, session_name};
 use crate::crd::condition::{Condition, ConditionStatus};
 use crate::crd::queue::Queue;
@@ -189,13 +191,73 @@ fn api(ctx: &Context, account: &AwsAccount) -> Api<AwsAccount> {
     Api::namespaced(ctx.client.clone(), &account.namespace().unwrap_or_default())
 }
 
+/// The Queues naming one AwsAccount ([`Usage::users`]).
+#[derive(Debug, Default)]
+pub struct Users {
+    /// Every Queue naming it.
+    pub named: Vec<ObjectRef<Queue>>,
+    /// Those it allows: they keep its finalizer.
+    pub holders: Vec<ObjectRef<Queue>>,
+}
+
+/// What the AwsAccount reconciler ([`controller`]) remembers between its runs.
+pub struct Usage {
+    pub(super) wakes: UnboundedSender<ObjectRef<AwsAccount>>,
+    /// Queues whose cleanup finished (by UID), until the Queue cache drops them.
+    pub(super) released: Mutex<HashMap<String, ObjectRef<Queue>>>,
+    /// Per AwsAccount UID: its generation and whether it is being deleted, when last reconciled.
+    pub(super) seen: Mutex<HashMap<String, u64>>,
+}
+
+impl Usage {
+    /// A memory, and the wakes its [`released`] sends, for
+    /// [`super::account_use::controller`].
+    pub fn new() -> (Self, UnboundedReceiver<ObjectRef<AwsAccount>>) {
+        let (wakes, rx) = unbounded();
+        (Usage { wakes, released: Mutex::default(), seen: Mutex::default() }, rx)
+    }
+
+    /// The Queues that name `account`, except those whose cleanup has finished: all of them
+    /// (`named`, woken when the account changes: a namespace added to `allowedNamespaces` may
+    /// use it now), and those that may use it (`holders`, which keep its finalizer). A Queue the
+    /// account does not allow never holds it: a tenant could otherwise keep another namespace's
+    /// AwsAccount, and that namespace, from ever being deleted.
+    pub(super) fn users(&self, account: &AwsAccount, (refs, queues): (&Refs, &Store<Queue>)) -> Users {
+        let (ns, name) = (account.namespace().unwrap_or_default(), account.name_any());
+        let mut released = self.released.lock().unwrap_or_else(|p| p.into_inner());
+        // A release is needed only while the cache still shows the Queue.
+        released.retain(|uid, at| queues.get(at).is_some_and(|q| q.metadata.uid.as_ref() == Some(uid)));
+        let mut users = Users::default();
+        for q in super::refs::account_users(refs, queues, (&ns, &name)) {
+            let (Some(r), Some(queue_ns)) = (q.spec.account_ref.as_deref(), q.metadata.namespace.as_deref()) else {
+                continue;
+            };
+            if released.contains_key(q.metadata.uid.as_deref().unwrap_or_default()) {
+                continue;
+            }
+            if check(queue_ns, r, Some(account)).is_ok() {
+                users.holders.push(ObjectRef::from_obj(&*q));
+            }
+            users.named.push(ObjectRef::from_obj(&*q));
+        }
+        users
+    }
+
+    /// Whether `account`'s spec or deletion changed since it was last looked at (or it is new):
+    /// then the Queues using it look again.
+    pub(super) fn changed(&self, account: &AwsAccount) -> bool {
+        let seen = hash_of((account.meta().generation, account.meta().deletion_timestamp.is_some()));
+        let uid = account.uid().unwrap_or_default();
+        self.seen.lock().unwrap_or_else(|p| p.into_inner()).insert(uid, seen) != Some(seen)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use kube::runtime::reflector::Store;
     use kube::runtime::watcher;
 
     use super::*;
-    use crate::controllers::queue::accounts::Usage;
     use crate::controllers::queue::refs::{self, Refs};
     use crate::controllers::testing::{FakeApi, ready_store};
 

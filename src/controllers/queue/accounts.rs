@@ -13,14 +13,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender, unbounded};
-
+use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Resource, ResourceExt};
 use providers::{AssumeRole, Limiter, QueueBackend, SqsProvider, SqsSettings};
 
-use super::refs::Refs;
-use crate::controllers::hash_of;
 use crate::crd::account::{AccountRef, AwsAccount, AwsAccountSpec, account_id, external_id, session_name};
 use crate::crd::queue::Queue;
 use crate::reasons::Reason;
@@ -69,7 +65,7 @@ pub struct Accounts {
     /// This cluster's id, part of every external id.
     cluster: String,
     /// Which Queues still hold which AwsAccounts.
-    pub usage: Usage,
+    pub usage: super::account_use::Usage,
     clients: Mutex<HashMap<String, (AwsAccountSpec, Arc<SqsProvider>)>>,
     budgets: Mutex<HashMap<(String, String), Arc<Limiter>>>,
 }
@@ -156,13 +152,13 @@ pub fn moved(queue: &Queue, spec: &AwsAccountSpec) -> Option<Refusal> {
 
 impl Accounts {
     pub fn new(store: Store<AwsAccount>, settings: SqsSettings) -> Self {
-        let (usage, _) = Usage::new();
+        let (usage, _) = super::account_use::Usage::new();
         let (clients, budgets) = (Mutex::default(), Mutex::default());
         Accounts { store, settings, cluster: String::new(), usage, clients, budgets }
     }
 
     /// In the cluster `cluster`, with `usage` (whose wakes reach the AwsAccount reconciler).
-    pub fn within(self, cluster: String, usage: Usage) -> Self {
+    pub fn within(self, cluster: String, usage: super::account_use::Usage) -> Self {
         Accounts { cluster, usage, ..self }
     }
 
@@ -309,67 +305,6 @@ fn own(default: &Arc<dyn QueueBackend>) -> Placement {
         endpoint_url: None,
         holder: None,
         budget: default_budget(&**default),
-    }
-}
-
-/// The Queues naming one AwsAccount ([`Usage::users`]).
-#[derive(Debug, Default)]
-pub struct Users {
-    /// Every Queue naming it.
-    pub named: Vec<ObjectRef<Queue>>,
-    /// Those it allows: they keep its finalizer.
-    pub holders: Vec<ObjectRef<Queue>>,
-}
-
-/// What the AwsAccount reconciler ([`super::account_use`]) remembers between its runs.
-pub struct Usage {
-    pub(super) wakes: UnboundedSender<ObjectRef<AwsAccount>>,
-    /// Queues whose cleanup finished (by UID), until the Queue cache drops them.
-    pub(super) released: Mutex<HashMap<String, ObjectRef<Queue>>>,
-    /// Per AwsAccount UID: its generation and whether it is being deleted, when last reconciled.
-    pub(super) seen: Mutex<HashMap<String, u64>>,
-}
-
-impl Usage {
-    /// A memory, and the wakes its [`super::account_use::released`] sends, for
-    /// [`super::account_use::controller`].
-    pub fn new() -> (Self, UnboundedReceiver<ObjectRef<AwsAccount>>) {
-        let (wakes, rx) = unbounded();
-        (Usage { wakes, released: Mutex::default(), seen: Mutex::default() }, rx)
-    }
-
-    /// The Queues that name `account`, except those whose cleanup has finished: all of them
-    /// (`named`, woken when the account changes: a namespace added to `allowedNamespaces` may
-    /// use it now), and those that may use it (`holders`, which keep its finalizer). A Queue the
-    /// account does not allow never holds it: a tenant could otherwise keep another namespace's
-    /// AwsAccount, and that namespace, from ever being deleted.
-    pub(super) fn users(&self, account: &AwsAccount, (refs, queues): (&Refs, &Store<Queue>)) -> Users {
-        let (ns, name) = (account.namespace().unwrap_or_default(), account.name_any());
-        let mut released = self.released.lock().unwrap_or_else(|p| p.into_inner());
-        // A release is needed only while the cache still shows the Queue.
-        released.retain(|uid, at| queues.get(at).is_some_and(|q| q.metadata.uid.as_ref() == Some(uid)));
-        let mut users = Users::default();
-        for q in super::refs::account_users(refs, queues, (&ns, &name)) {
-            let (Some(r), Some(queue_ns)) = (q.spec.account_ref.as_deref(), q.metadata.namespace.as_deref()) else {
-                continue;
-            };
-            if released.contains_key(q.metadata.uid.as_deref().unwrap_or_default()) {
-                continue;
-            }
-            if check(queue_ns, r, Some(account)).is_ok() {
-                users.holders.push(ObjectRef::from_obj(&*q));
-            }
-            users.named.push(ObjectRef::from_obj(&*q));
-        }
-        users
-    }
-
-    /// Whether `account`'s spec or deletion changed since it was last looked at (or it is new):
-    /// then the Queues using it look again.
-    pub(super) fn changed(&self, account: &AwsAccount) -> bool {
-        let seen = hash_of((account.meta().generation, account.meta().deletion_timestamp.is_some()));
-        let uid = account.uid().unwrap_or_default();
-        self.seen.lock().unwrap_or_else(|p| p.into_inner()).insert(uid, seen) != Some(seen)
     }
 }
 

@@ -158,7 +158,7 @@ pub fn controller(
         .modify(slim)
         .reflect(account_writer)
         .touched_objects();
-    let (usage, account_wakes) = accounts::Usage::new();
+    let (usage, account_wakes) = account_use::Usage::new();
     let (tx, rx) = unbounded();
     // Refused credentials heal with a token refresh or key rotation: retried once per resync.
     let backoff = Backoff::new(settings.backoff_min, settings.backoff_max).with_slow_floor(settings.resync);
