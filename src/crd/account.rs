@@ -154,6 +154,13 @@ pub struct AccountRef {
     pub namespace: Option<String>,
 }
 
+impl AccountRef {
+    /// The namespace and name it points at, from a Queue in `queue_ns`.
+    pub fn target<'a>(&'a self, queue_ns: &'a str) -> (&'a str, &'a str) {
+        (self.namespace.as_deref().unwrap_or(queue_ns), &self.name)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

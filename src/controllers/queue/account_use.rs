@@ -99,8 +99,8 @@ pub async fn unless_never_trusted<T>(queue: &Queue, owned: Result<Option<T>>, ct
 pub fn released(queue: &Queue, ctx: &Context) {
     let Some(r) = &queue.spec.account_ref else { return };
     let queue_ns = queue.namespace().unwrap_or_default();
-    let (ns, name) = super::accounts::target(&queue_ns, r);
-    let usage = &ctx.accounts.usage;
+    let (ns, name) = r.target(&queue_ns);
+    let usage = &ctx.usage;
     if let Some(uid) = queue.uid() {
         usage.released.lock().unwrap_or_else(|p| p.into_inner()).insert(uid, ObjectRef::from_obj(queue));
     }
@@ -129,7 +129,7 @@ async fn reconcile(account: Arc<AwsAccount>, ctx: Arc<Context>) -> Result<Action
 }
 
 async fn reconcile_inner(account: Arc<AwsAccount>, ctx: Arc<Context>) -> Result<Action> {
-    let usage = &ctx.accounts.usage;
+    let usage = &ctx.usage;
     let users = usage.users(&account, (&ctx.refs, &ctx.queues));
     if usage.changed(&account) {
         for queue in &users.named {

@@ -64,15 +64,8 @@ pub struct Accounts {
     settings: SqsSettings,
     /// This cluster's id, part of every external id.
     cluster: String,
-    /// Which Queues still hold which AwsAccounts.
-    pub usage: super::account_use::Usage,
     clients: Mutex<HashMap<String, (AwsAccountSpec, Arc<SqsProvider>)>>,
     budgets: Mutex<HashMap<(String, String), Arc<Limiter>>>,
-}
-
-/// The namespace and name an accountRef points at, from a Queue in `queue_ns`.
-pub fn target<'a>(queue_ns: &'a str, r: &'a AccountRef) -> (&'a str, &'a str) {
-    (r.namespace.as_deref().unwrap_or(queue_ns), &r.name)
 }
 
 /// Whether a Queue in `queue_ns` may use `account` (found or not) through `r` (pure). An
@@ -80,7 +73,7 @@ pub fn target<'a>(queue_ns: &'a str, r: &'a AccountRef) -> (&'a str, &'a str) {
 /// refused alike (`AccountNotAllowed`, one message): a tenant learns nothing about which names
 /// exist in namespaces it cannot read.
 pub fn check(queue_ns: &str, r: &AccountRef, account: Option<&AwsAccount>) -> Result<(), Refusal> {
-    let (ns, name) = target(queue_ns, r);
+    let (ns, name) = r.target(queue_ns);
     if ns != queue_ns && !account.is_some_and(|a| a.spec.allowed_namespaces.iter().any(|n| n == queue_ns)) {
         return Err((
             Reason::AccountNotAllowed,
@@ -152,14 +145,13 @@ pub fn moved(queue: &Queue, spec: &AwsAccountSpec) -> Option<Refusal> {
 
 impl Accounts {
     pub fn new(store: Store<AwsAccount>, settings: SqsSettings) -> Self {
-        let (usage, _) = super::account_use::Usage::new();
         let (clients, budgets) = (Mutex::default(), Mutex::default());
-        Accounts { store, settings, cluster: String::new(), usage, clients, budgets }
+        Accounts { store, settings, cluster: String::new(), clients, budgets }
     }
 
-    /// In the cluster `cluster`, with `usage` (whose wakes reach the AwsAccount reconciler).
-    pub fn within(self, cluster: String, usage: super::account_use::Usage) -> Self {
-        Accounts { cluster, usage, ..self }
+    /// In the cluster `cluster`.
+    pub fn within(self, cluster: String) -> Self {
+        Accounts { cluster, ..self }
     }
 
     /// The external id AwsAccounts of `namespace` send.
@@ -183,7 +175,7 @@ impl Accounts {
     }
 
     fn get(&self, queue_ns: &str, r: &AccountRef) -> Option<Arc<AwsAccount>> {
-        let (ns, name) = target(queue_ns, r);
+        let (ns, name) = r.target(queue_ns);
         self.store.get(&ObjectRef::new(name).within(ns))
     }
 

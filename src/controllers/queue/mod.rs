@@ -102,6 +102,8 @@ pub struct State {
     pub gate: fair::Gate,
     /// The Queues that name a dead-letter target or an AwsAccount, by what they name ([`refs`]).
     pub refs: Arc<refs::Refs>,
+    /// Which Queues still hold which AwsAccounts ([`account_use`]).
+    pub usage: account_use::Usage,
     /// Wakes Queues that use a queue as their dead-letter queue when it changes.
     dependents: UnboundedSender<ObjectRef<Queue>>,
     /// The not-Ready reason last reported per Queue: the follow-up of a new Queue's finalizer
@@ -170,7 +172,8 @@ pub fn controller(
     let secrets = crate::controllers::memory::OwnWrites::expiring(settings.tag_resync * 2);
     let state = State {
         sqs,
-        accounts: accounts::Accounts::new(account_reader.clone(), aws).within(settings.cluster_id.clone(), usage),
+        accounts: accounts::Accounts::new(account_reader.clone(), aws).within(settings.cluster_id.clone()),
+        usage,
         settings,
         queues: queue_reader.clone(),
         configmaps: cm_reader,

@@ -14,7 +14,6 @@ use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::Context;
-use super::accounts::target;
 use crate::controllers::hash_of;
 use crate::controllers::index::{self, Index};
 use crate::crd::queue::Queue;
@@ -56,7 +55,7 @@ fn entries(queue: &Queue) -> Vec<(u64, (String, String))> {
     let d = queue.spec.dead_letter.as_deref();
     let named = d.and_then(|d| d.queue_ref.as_ref()).map(|r| Named::DeadLetter(ns, &r.name));
     let by_arn = d.and_then(|d| d.target_arn.as_deref()).map(|arn| Named::DeadLetterArn(ns, arn));
-    let account = queue.spec.account_ref.as_deref().map(|r| target(ns, r)).map(|(n, a)| Named::Account(n, a));
+    let account = queue.spec.account_ref.as_deref().map(|r| r.target(ns)).map(|(n, a)| Named::Account(n, a));
     let keys = named.into_iter().chain(by_arn).chain(account).map(|n| n.key());
     keys.map(|key| (key, (ns.to_string(), name.clone()))).collect()
 }
@@ -102,7 +101,7 @@ pub fn wake_sources(queue: &Queue, ctx: &Context) {
 pub fn account_users(refs: &Refs, queues: &Store<Queue>, (ns, name): (&str, &str)) -> Vec<Arc<Queue>> {
     let names = |q: &Queue| {
         let queue_ns = q.metadata.namespace.as_deref().unwrap_or_default();
-        q.spec.account_ref.as_deref().is_some_and(|r| target(queue_ns, r) == (ns, name))
+        q.spec.account_ref.as_deref().is_some_and(|r| r.target(queue_ns) == (ns, name))
     };
     lookup(refs, queues, Named::Account(ns, name), names)
 }

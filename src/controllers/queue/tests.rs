@@ -58,6 +58,7 @@ fn harness_with(sqs: FakeSqs) -> Harness {
         configmaps,
         exported: exported.clone(),
         refs: refs.clone(),
+        usage: account_use::Usage::new().0,
         secrets: Default::default(),
         verified: Default::default(),
         redrives: Default::default(),
