@@ -210,8 +210,7 @@ pub struct Usage {
 }
 
 impl Usage {
-    /// A memory, and the wakes its [`released`] sends, for
-    /// [`super::account_use::controller`].
+    /// A memory, and the wakes its [`released`] sends, for [`controller`].
     pub fn new() -> (Self, UnboundedReceiver<ObjectRef<AwsAccount>>) {
         let (wakes, rx) = unbounded();
         (Usage { wakes, released: Mutex::default(), seen: Mutex::default() }, rx)
