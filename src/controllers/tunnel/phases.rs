@@ -10,10 +10,10 @@
 //! 6. [`Pass::traffic`]: the end-to-end probe decides Ready and the Service's ingress, or a
 //!    replacement.
 //!
-//! The phases from 3 on are those of the Tunnel's [`Policy`]'s: a highly available Tunnel
-//! (`spec.highAvailability`) leaves after the credentials for [`Pass::pair`] (`pair.rs`): two
-//! exit servers, two clients, the reserved address moved between them; or for `Pass::both`, both
-//! servers' own addresses published.
+//! Phases 3 to 6 are those of [`Policy::Single`]. After the credentials, a highly available
+//! Tunnel (`spec.highAvailability`) leaves for its policy's own: [`Pass::pair`] (`pair.rs`) for
+//! `ActiveStandby`, two exit servers and two clients with the reserved address moved between
+//! them; `Pass::both` (`pair/both.rs`) for `BothAddresses`, both servers' own addresses published.
 //!
 //! Each phase decides with `plan`, writes with `act` and records what it reached through
 //! [`Pass::record`], the one place that writes a Tunnel's status (deletion and failure reports

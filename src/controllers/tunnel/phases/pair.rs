@@ -51,7 +51,8 @@ struct PairRecord {
 }
 
 impl Pass<'_> {
-    /// The phases after the credentials, for the pair of [`Policy::ActiveStandby`](super::super::plan::policy::Policy).
+    /// The phases after the credentials, for the pair of
+    /// [`Policy::ActiveStandby`](super::super::plan::policy::Policy).
     pub(super) async fn pair(&mut self, want: &Desired, keys: &Keys) -> Result<Action, Failure> {
         self.may_move(want).await?;
         let caps = want.provider.capabilities();
