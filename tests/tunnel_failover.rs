@@ -212,6 +212,9 @@ async fn with_both_addresses_a_killed_server_leaves_the_service_and_the_other_ca
     let still = ha(&after).servers.iter().find(|s| s.slot == kept.slot).and_then(|s| s.host_id.clone());
     assert_eq!(still, kept.host_id, "the other server is kept");
     assert_eq!(client_pods(&ns, &kept.slot).await, survivor_pods, "its client Pod ran on, never restarted");
+    // A request counts once its 5 s of patience are over; on a quiet machine the failover and the
+    // replacement take less than that, and none sent since the kill would count yet.
+    tokio::time::sleep(Duration::from_secs(5)).await;
     let (answered, sent) = requests.tally();
     println!("one of both addresses lost: {answered} of {sent} requests to the other answered meanwhile");
     assert!(answered * 2 > sent, "the other server's address kept answering: {answered} of {sent}");
@@ -251,8 +254,15 @@ async fn a_client_image_that_cannot_be_pulled_halts_the_roll_while_the_address_k
     let t = tunnels.get("web-tunnel").await.unwrap();
     assert_eq!(ha(&t).active.as_deref(), Some(active.as_str()), "the address stays on the holder");
     assert_eq!(image_of(holder).await, good, "the holder's client is not rolled onto an image that cannot run");
-    let (_, reason, message) = tunnels::ready(&t).unwrap();
-    assert_eq!(reason, "Active");
+    // Ready follows the holder's last check: under the whole suite's load on two cores one check
+    // can fail now and then, and the next passes. What must hold is that the pair is Active with
+    // the halted roll named, which a few passes show.
+    let message = eventually("Ready, with the halted roll named", Duration::from_secs(30), || async {
+        let t = tunnels.get("web-tunnel").await.ok()?;
+        let (_, reason, message) = tunnels::ready(&t)?;
+        (reason == "Active").then_some(message)
+    })
+    .await;
     assert!(message.contains("client roll:") && message.contains("to roll out"), "{message}");
     assert_eq!(client_pods(&ns, holder).await, before, "the holder's client Pod ran on, never replaced or restarted");
     // Figures, not the verdict: under the whole suite's load on two cores a request through the
