@@ -1,5 +1,5 @@
-//! A Queue's dead-letter sources, found through the index of what Queues name ([`refs::Refs`]) and woken
-//! when it becomes Ready.
+//! A Queue's dead-letter sources, found through the index of what Queues name ([`refs::Refs`]),
+//! and woken when it becomes Ready.
 
 use super::*;
 use crate::crd::queue::{DeadLetter, LocalQueueRef};
