@@ -3,26 +3,30 @@
 //! 1. [`Pass::desired`]: the Service exists and is one skyport serves, its ports, the
 //!    allow-lists, the provider; all before any cloud call;
 //! 2. [`Pass::credentials`]: the Secret's keys (created once; an earlier Tunnel's replaced);
-//! 3. [`Pass::host`] ([`host`]): the exit server found, created, replaced or reconfigured until
-//!    it runs with the Service's ports;
-//! 4. [`Pass::address`]: with a reserved address, that address on the running host;
-//! 5. [`Pass::client`]: the client config and Deployment;
-//! 6. [`Pass::traffic`]: the end-to-end probe decides Ready and the Service's ingress, or a
-//!    replacement.
+//! 3. the phases of the Tunnel's [`Policy`] over its slots ([`slot::Slot`]), each the same
+//!    stages: fill each slot (its server found, created, replaced or reconfigured until it runs
+//!    with the Service's ports), check every slot end to end ([`Pass::check_slots`], one health
+//!    tracker), take the policy's step after the checks (a pure plan), write the clients,
+//!    publish, and record status from what was done:
+//!    - [`Pass::single`] (`single.rs`, with `host.rs`) for [`Policy::Single`]'s one slot;
+//!    - [`Pass::pair`] (`pair.rs`) for `ActiveStandby`: two slots, the reserved address moved
+//!      between them by [`failover_step`](super::plan::failover::failover_step);
+//!    - `Pass::both` (`pair/both.rs`) for `BothAddresses`: both servers' own addresses
+//!      published, [`both::steps`](super::plan::both::steps) after the checks.
 //!
-//! Phases 3 to 6 are those of [`Policy::Single`]. After the credentials, a highly available
-//! Tunnel (`spec.highAvailability`) leaves for its policy's own: [`Pass::pair`] (`pair.rs`) for
-//! `ActiveStandby`, two exit servers and two clients with the reserved address moved between
-//! them; `Pass::both` (`pair/both.rs`) for `BothAddresses`, both servers' own addresses published.
-//!
-//! Each phase decides with `plan`, writes with `act` and records what it reached through
-//! [`Pass::record`], the one place that writes a Tunnel's status (deletion and failure reports
-//! included). A phase that must wait returns `None` or a [`Blocked`].
+//! A failing slot's server is judged the same way under every policy ([`console::judge`]), and
+//! every creation draws on its slot's daily budget ([`Pass::charge_host`]). Each phase decides
+//! with `plan`, writes with `act` and records what it reached through [`Pass::record`], the one
+//! place that writes a Tunnel's status (deletion and failure reports included). A phase that
+//! must wait returns `None` or a [`Blocked`].
 
+mod checks;
 mod console;
 mod host;
 mod pair;
 mod reservation;
+mod single;
+mod slot;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,19 +37,15 @@ use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use providers::HostProvider;
-use providers::exit::userdata::{ExitServer, render_client_toml};
+use providers::exit::userdata::ExitServer;
 
 use super::observe::SecretState;
 use super::placement::Placement;
-use super::plan::failover::PROBE_TIMEOUT;
 use super::plan::policy::Policy;
-use super::plan::replace::Unhealthy;
-use super::plan::{self, Blocked, TrafficStep};
-use super::status::{self, Writer, describe};
+use super::plan::{self, Blocked};
+use super::status::{self, Writer};
 use super::{Context, act, desired, observe, ranges};
-use crate::controllers::jittered;
 use crate::controllers::status::ObjectStatus;
-use crate::crd::condition::{Condition, ConditionStatus};
 use crate::crd::tunnel::{Tunnel, TunnelPhase, TunnelPort, TunnelStatus};
 use crate::error::{Error, Result};
 use crate::reasons::Reason;
@@ -96,14 +96,6 @@ pub struct Keys {
     server: ExitServer,
     /// `spec.sourceRanges`, canonical ([`ranges::restrict`]).
     source_ranges: Vec<String>,
-}
-
-/// The running exit server, once the host phase is through.
-pub struct Running {
-    ip: String,
-    id: Option<String>,
-    /// The reserved address as the host phase found it (`None` without one).
-    address: Option<providers::Address>,
 }
 
 /// Why the phases stopped: waiting for a change ([`Blocked`]) or an error.
@@ -173,15 +165,6 @@ impl<'a> Pass<'a> {
             Policy::ActiveStandby => self.pair(&desired, &keys).await,
             Policy::BothAddresses => self.both(&desired, &keys).await,
         }
-    }
-
-    /// The phases after the credentials, for the one server of [`Policy::Single`].
-    async fn single(&mut self, desired: &Desired, keys: &Keys) -> Result<Action, Failure> {
-        let Some(running) = self.host(desired, keys).await? else { return Ok(Action::requeue(BOOT_POLL)) };
-        let Some(ip) = self.address(desired, &running).await? else { return Ok(Action::requeue(BOOT_POLL)) };
-        let enforced = self.source_ranges(desired, keys, running.id.as_deref()).await?;
-        let client_available = self.client(desired, keys, &ip).await?;
-        Ok(self.traffic(desired, keys, (ip, running.id, enforced), client_available).await?)
     }
 
     /// The Service, its ports and the provider, checked before any cloud call.
@@ -277,113 +260,5 @@ impl<'a> Pass<'a> {
                 format!("Service {svc_name} has no cluster IP (headless); the tunnel client forwards to it"),
             ))
         })
-    }
-
-    /// The client config in the Secret and the client Deployment, pointed at `ip`. Returns
-    /// whether the Deployment has an available replica.
-    async fn client(&mut self, want: &Desired, keys: &Keys, ip: &str) -> Result<bool, Failure> {
-        let (tunnel, ctx) = (self.tunnel, self.ctx);
-        let cluster_ip = self.cluster_ip(want)?;
-        let ports = (ctx.settings.control_port, ctx.settings.health_port);
-        let client = desired::client(&want.ports, &keys.credentials, ip, ports, &cluster_ip);
-        let client_toml = render_client_toml(&client).map_err(|e| Error::Internal(format!("client config: {e}")))?;
-        if keys.stored_client.as_deref() != Some(client_toml.as_str()) {
-            act::write_client_config(tunnel, &want.at, &client_toml, ctx).await?;
-        }
-        let checksum = desired::checksum(&client_toml);
-        Ok(act::ensure_deployment(tunnel, &want.at, &ctx.settings.client_image, &checksum, ctx).await?)
-    }
-
-    /// Ready means traffic can flow: only a tunnel that passed the end-to-end check gets the
-    /// address published; any other state takes it off the Service first. Past the boot
-    /// timeout, the side at fault decides whether the host is replaced ([`replace::unhealthy`]).
-    async fn traffic(
-        &mut self,
-        want: &Desired,
-        keys: &Keys,
-        (ip, host_id, enforced): (String, Option<String>, bool),
-        client_available: bool,
-    ) -> Result<Action> {
-        let (tunnel, ctx, settings) = (self.tunnel, self.ctx, &self.ctx.settings);
-        let probed = ctx.probe.check(&ip, settings.health_port, &keys.credentials.token, PROBE_TIMEOUT).await;
-        let error = probed.as_ref().err().cloned().unwrap_or_default();
-        let clock = host_id.clone().unwrap_or_else(|| ip.clone());
-        let failing_for = ctx.health.record(&clock, probed.is_ok()).failing_for;
-        let step = plan::traffic_step(probed, failing_for, settings.boot_timeout, settings.replace_after);
-        if want.publishes && plan::withdraws(&step, failing_for, settings.withdraw_after) {
-            act::set_ingress(&want.service, None, ctx).await?;
-        }
-        let provider_name = want.provider.name().to_string();
-        let record = |s: &mut TunnelStatus| {
-            s.provider = Some(provider_name.clone());
-            s.host_id = host_id.clone();
-            s.host_ip = Some(ip.clone());
-            s.ports = want.ports.clone();
-            // Reached means the host runs with these credentials (created or reconfigured with them).
-            s.credentials_digest = Some(keys.digest.clone());
-        };
-        match step {
-            TrafficStep::Ready => {}
-            TrafficStep::Waiting { message } => {
-                self.record(|s| {
-                    record(s);
-                    s.phase = Some(TunnelPhase::Provisioning);
-                    s.conditions = status::not_ready(Reason::WaitingForTunnel, &message);
-                })
-                .await?;
-                return Ok(Action::requeue(jittered(plan::health_poll(failing_for, HEALTH_POLL))));
-            }
-            TrafficStep::NotEstablished { .. } | TrafficStep::Replace { .. } => {
-                let replaced = self.status().replacements.unwrap_or(0);
-                let failing =
-                    console::Failing { host: (host_id.as_deref(), &ip), error: &error, failing_for, replaced };
-                let provider = want.provider.as_ref();
-                match console::judge(failing, client_available, &want.at, provider, ctx).await {
-                    (_, Unhealthy::Report { reason, message }) => {
-                        self.record(record).await?;
-                        self.report(TunnelPhase::Provisioning, reason, &message).await?;
-                        return Ok(Action::requeue(jittered(HEALTH_POLL)));
-                    }
-                    (cause, Unhealthy::Replace { why, count, next_after }) => {
-                        let host = (host_id.as_deref(), cause.reason(), why.as_str());
-                        act::host::replace_unhealthy(tunnel, &want.service, want.publishes, provider, host, ctx)
-                            .await?;
-                        ctx.health.forget(&clock);
-                        let message = format!("{why}; provisioning a new exit server");
-                        self.record(|s| {
-                            s.phase = Some(TunnelPhase::Provisioning);
-                            s.host_id = None;
-                            s.host_ip = None;
-                            s.replacements = Some(count);
-                            s.next_replacement_after = Some(next_after.to_string());
-                            s.conditions = status::not_ready(Reason::Replacing, &message);
-                        })
-                        .await?;
-                        return Ok(Action::requeue(BOOT_POLL));
-                    }
-                }
-            }
-        }
-        if want.publishes {
-            act::set_ingress(&want.service, Some(desired::ingress(&ip, &want.ports)), ctx).await?;
-        }
-        let generation = tunnel.metadata.generation;
-        let message = format!(
-            "exit server {ip} forwards {} to Service {}; the tunnel passed its health check{}",
-            describe(&want.ports),
-            tunnel.spec.service_ref.name,
-            ranges::note(enforced, &keys.source_ranges, want.provider.as_ref()),
-        );
-        self.record(|s| {
-            record(s);
-            // Working again: a later failure gets the whole replacement budget.
-            s.replacements = None;
-            s.next_replacement_after = None;
-            s.phase = Some(TunnelPhase::Active);
-            s.observed_generation = generation;
-            s.conditions = vec![Condition::new("Ready", ConditionStatus::True, Reason::Active.as_str(), message)];
-        })
-        .await?;
-        Ok(Action::requeue(jittered(ctx.settings.resync)))
     }
 }

@@ -11,7 +11,8 @@ use super::super::plan::address::{self as address_plan, AddressStep, address_ste
 use super::super::plan::{self, HostStep, budget};
 use super::super::status::not_ready;
 use super::super::{act, observe};
-use super::{Desired, Keys, Pass, Running};
+use super::single::Running;
+use super::{Desired, Keys, Pass};
 use crate::controllers::service::desired::{ANNOTATION_RESERVED_ADDRESS, named_address};
 use crate::crd::tunnel::TunnelPhase;
 use crate::error::{Error, Result};
@@ -34,10 +35,7 @@ impl Pass<'_> {
         let mut configured = keys.configured.clone();
         for _ in 0..MAX_HOST_STEPS {
             match plan::host_step(host.as_ref(), &configured, &want.ports) {
-                HostStep::Ready { ip } => {
-                    let id = host.map(|h| h.id);
-                    return Ok(Some(Running { ip, id, address }));
-                }
+                HostStep::Ready { ip } => return Ok(host.map(|host| Running { ip, host, address })),
                 HostStep::Wait { why } => {
                     self.unpublish(want).await?;
                     let (provider_name, id) = (provider.name().to_string(), host.map(|h| h.id));
@@ -286,7 +284,7 @@ impl Pass<'_> {
         if !tunnel.spec.reserves_address() {
             return Ok(Some(running.ip.clone()));
         }
-        let host_id = running.id.as_deref().unwrap_or_default();
+        let host_id = running.host.id.as_str();
         let mut address = running.address.clone();
         // Read before the host was created or replaced: where a new host takes the address at
         // creation, only a fresh read shows it there.

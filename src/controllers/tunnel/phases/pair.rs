@@ -21,6 +21,7 @@ use super::super::placement::SLOTS;
 use super::super::plan::Blocked;
 use super::super::plan::failover::{FailoverStep, failover_step};
 use super::super::plan::fill::{After, Fill, FillPlan, Found, fill};
+use super::super::plan::policy::Policy;
 use super::super::status::not_ready;
 use super::super::{act, desired, observe};
 use super::{Desired, Failure, Keys, Pass};
@@ -31,13 +32,13 @@ use crate::error::Result;
 use crate::reasons::Reason;
 
 mod both;
-mod checks;
 mod clients;
 mod failover;
-mod slot;
+mod ready;
 mod standby;
 
-use slot::{Slot, checked_at, ready_condition, spread};
+use super::slot::Slot;
+use ready::{checked_at, ready_condition, spread};
 
 /// What a pass writes into status, after its writes to the cloud and the cluster.
 struct PairRecord {
@@ -70,7 +71,7 @@ impl Pass<'_> {
         let ports_current = self.reconfigure_pair(want, keys, &mut slots).await?;
         // Where each server is checked ([`Slot::check_ip`]).
         let beside = caps.moves_to_secondary_ip();
-        self.check_pair(keys, &mut slots, beside).await;
+        self.check_slots(keys, &mut slots, Policy::ActiveStandby, |s| s.check_ip(beside)).await;
         let step = failover_step(&self.servers(&slots), plan.holder.as_deref(), &self.hysteresis());
         let steady = step == FailoverStep::Keep { degraded: None } && slots.iter().all(Slot::passing) && ports_current;
         let moved = self.apply_failover(want, (&mut address, &mut slots), step, &recorded, beside).await?;
@@ -200,7 +201,8 @@ impl Pass<'_> {
                     slot.host = None;
                 }
                 After::Create => {
-                    let host = self.create_slot(want, keys, (slot.slot, address)).await?;
+                    let Some(name) = slot.slot else { continue };
+                    let host = self.create_slot(want, keys, (name, address)).await?;
                     slot.own_ip = first_own_ip(&host, reserved_ip);
                     slot.host = Some(host);
                 }

@@ -2,7 +2,10 @@
 //! slots, each holding at most one exit server at a time, and a policy over them: which slots it
 //! fills and which address the Service publishes from them.
 
+use std::time::Duration;
+
 use super::super::placement::SLOTS;
+use super::failover::{PROBE_TIMEOUT, probe_timeout};
 use crate::crd::tunnel::{HighAvailabilityMode, TunnelSpec};
 
 /// The policy over a Tunnel's slots, from its spec.
@@ -45,6 +48,16 @@ impl Policy {
         self.slots().len() > 1
     }
 
+    /// How long one end-to-end check of a slot's server may take, where a pair's checks come
+    /// every `interval`: a single server has nothing to move to, so a slow answer only ever
+    /// withdraws or replaces; a pair's hung server must fail in time for the failover.
+    pub fn probe_timeout(self, interval: Duration) -> Duration {
+        match self {
+            Policy::Single => PROBE_TIMEOUT,
+            Policy::ActiveStandby | Policy::BothAddresses => probe_timeout(interval),
+        }
+    }
+
     /// Whether its reserved address moves between running servers (Hetzner: a floating IP, not
     /// a primary IP).
     pub fn moves_address(self) -> bool {
@@ -77,5 +90,9 @@ mod tests {
         let both = Policy::of(&spec(Some(HighAvailabilityMode::BothAddresses)));
         assert_eq!((both, both.spreads(), both.moves_address()), (Policy::BothAddresses, true, false));
         assert_eq!(PAIR, [Some("a"), Some("b")]);
+        let fast = Duration::from_millis(500);
+        assert_eq!(single.probe_timeout(fast), PROBE_TIMEOUT, "a single server is given the whole timeout");
+        assert_eq!(pair.probe_timeout(fast), probe_timeout(fast));
+        assert_eq!(both.probe_timeout(fast), probe_timeout(fast));
     }
 }

@@ -57,7 +57,7 @@ impl Pass<'_> {
             let Some(ip) = slot.own_ip.as_deref().filter(|_| slot.host.is_some()) else { continue };
             let client = desired::client(&want.ports, &keys.credentials, ip, ports, &cluster_ip);
             let toml = render_client_toml(&client).map_err(|e| Error::Internal(format!("client config: {e}")))?;
-            let at = want.at.for_slot(slot.slot);
+            let at = slot.client_at(&want.at);
             let checksum = desired::checksum(&toml);
             clients[i] = Some(match act::deployed(&at, image, &checksum, ctx).await? {
                 act::Deployed::Missing => Client::Missing,

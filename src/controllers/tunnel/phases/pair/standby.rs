@@ -16,32 +16,24 @@ impl Pass<'_> {
     /// is kept (with a Warning Event once per `--tunnel-resync`). Whether it was replaced.
     pub(super) async fn replace_failing(&mut self, want: &Desired, slot: &mut Slot, beside: bool) -> Result<bool> {
         let (tunnel, ctx, provider) = (self.tunnel, self.ctx, want.provider.as_ref());
-        let (Some(id), Some((health, error))) = (slot.id().map(str::to_string), slot.check.clone()) else {
-            return Ok(false);
-        };
+        let Some(id) = slot.id().map(str::to_string) else { return Ok(false) };
         if let Some(kept) = ctx.health.kept(&id, ctx.settings.resync) {
             slot.kept = Some(kept);
             return Ok(false);
         }
-        let Some(ip) = slot.check_ip(beside) else { return Ok(false) };
-        let at = want.at.for_slot(slot.slot);
+        let Some(failing) = slot.check_ip(beside).and_then(|ip| slot.failing(ip)) else { return Ok(false) };
+        let at = slot.client_at(&want.at);
         let available = act::client_available(&at, ctx).await?;
-        let failing = console::Failing {
-            host: (Some(&id), ip),
-            error: &error,
-            failing_for: health.failing_for,
-            replaced: slot.replaced,
-        };
         match console::judge(failing, available, &at, provider, ctx).await.1 {
             Unhealthy::Report { reason, message } => {
-                let note = format!("exit server {id} (slot {}) is kept: {message}", slot.slot);
+                let note = format!("{} is kept: {message}", slot.server());
                 ctx.publish(tunnel, reason, note).await;
                 ctx.health.keep(&id, message.clone());
                 slot.kept = Some(message);
                 Ok(false)
             }
             Unhealthy::Replace { why, count, .. } => {
-                let why = format!("exit server {id} (slot {}): {why}", slot.slot);
+                let why = format!("{}: {why}", slot.server());
                 act::host::replace_lost(tunnel, provider, (&id, &why), None, ctx).await?;
                 ctx.health.forget(&id);
                 slot.host = None;
@@ -59,7 +51,8 @@ impl Pass<'_> {
         if slot.kept.is_none() {
             slot.kept = Some(format!(
                 "skyport stopped replacing the exit server of slot {} after {} replacement(s) (--tunnel-max-replacements {max}); fix the cause, then delete the server (or the Tunnel) to try again",
-                slot.slot, slot.replaced
+                slot.slot.unwrap_or_default(),
+                slot.replaced
             ));
         }
     }

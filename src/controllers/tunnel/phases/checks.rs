@@ -1,12 +1,13 @@
-//! A pass's writes to and reads of the pair's running servers before its failover step: the
-//! Service's ports pushed where a server lacks them, and every running server checked end to end.
+//! A pass's writes to and reads of a Tunnel's running servers before the step its policy takes
+//! after the checks: the Service's ports pushed where a pair's server lacks them, and every
+//! slot's running server checked end to end, whatever the policy.
 
 use tracing::warn;
 
-use super::super::super::act;
-use super::super::super::plan::failover::probe_timeout;
-use super::super::{Desired, Keys, Pass};
-use super::Slot;
+use super::super::act;
+use super::super::plan::policy::Policy;
+use super::slot::Slot;
+use super::{Desired, Keys, Pass};
 use crate::error::Result;
 
 impl Pass<'_> {
@@ -39,21 +40,25 @@ impl Pass<'_> {
         Ok(all)
     }
 
-    /// Checks every running host end to end ([`Slot::check_ip`]), both at once, each within
-    /// [`probe_timeout`]: a hung server fails its check at the next interval, not after the single
-    /// server's 3 s.
-    pub(super) async fn check_pair(&self, keys: &Keys, slots: &mut [Slot], beside: bool) {
+    /// Checks every slot's running server end to end at the address `at` gives, all at once, each
+    /// within its policy's [`Policy::probe_timeout`] (a hung server of a pair fails its check at
+    /// the next interval, not after the single server's 3 s), and records each streak in the one
+    /// health tracker.
+    pub(super) async fn check_slots(
+        &self,
+        keys: &Keys,
+        slots: &mut [Slot],
+        policy: Policy,
+        at: impl Fn(&Slot) -> Option<&str>,
+    ) {
         let (ctx, token) = (self.ctx, keys.credentials.token.as_str());
-        let timeout = probe_timeout(ctx.settings.failover_probe_interval);
-        let checks = slots.iter().map(|s| async move {
-            match (s.check_ip(beside), s.id()) {
-                (Some(ip), Some(id)) => {
-                    let result = ctx.probe.check(ip, ctx.settings.health_port, token, timeout).await;
-                    let error = result.as_ref().err().cloned().unwrap_or_default();
-                    Some((ctx.health.record(id, result.is_ok()), error))
-                }
-                _ => None,
-            }
+        let timeout = policy.probe_timeout(ctx.settings.failover_probe_interval);
+        let targets: Vec<Option<(&str, &str)>> = slots.iter().map(|s| Some((at(s)?, s.id()?))).collect();
+        let checks = targets.into_iter().map(|target| async move {
+            let (ip, id) = target?;
+            let result = ctx.probe.check(ip, ctx.settings.health_port, token, timeout).await;
+            let error = result.as_ref().err().cloned().unwrap_or_default();
+            Some((ctx.health.record(id, result.is_ok()), error))
         });
         let results = futures::future::join_all(checks).await;
         for (slot, check) in slots.iter_mut().zip(results) {
