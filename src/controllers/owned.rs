@@ -1,6 +1,6 @@
 //! The objects a controller owns in the cluster: how they are marked ([`meta`]: managed-by label
 //! and controller reference), created ([`create`]), and, for a Tunnel's credentials Secret in
-//! the tunnel clients' namespace, read only when skyport's ([`json_patch`]).
+//! the tunnel clients' namespace, read only when skyport's ([`json_patch`](fn@json_patch)).
 //!
 //! Reading a Secret only when it is skyport's, with no right to read Secrets at all:
 //! skyport is granted no `get` on Secrets: with it, a stolen token would read every Secret of the

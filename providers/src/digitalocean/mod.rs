@@ -1,7 +1,7 @@
 //! DigitalOcean Droplets as exit-server hosts.
 //!
 //! Follows the published API reference (read 2026-11-22):
-//! - API reference, https://docs.digitalocean.com/reference/api/api-reference/ — sections
+//! - API reference, <https://docs.digitalocean.com/reference/api/api-reference/> — sections
 //!   "Rate Limit", "Links & Pagination", and the operations `droplets_create`
 //!   (`POST /v2/droplets`, 202, body `{"droplet": …, "links": {"actions": …}}`), `droplets_get`
 //!   (`GET /v2/droplets/{id}`, 200 / 404), `droplets_destroy` (`DELETE /v2/droplets/{id}`, 204 /

@@ -9,7 +9,7 @@
 //! `{"type": "unassign"}` (201, `{"action"}`).
 //!
 //! Reserved IPs carry no tags. So skyport only ever reserves one already assigned to a tagged
-//! droplet ([`AddressBinding::WithHost`]): its tags are those of the droplet it points at, which
+//! droplet ([`AddressBinding::WithHost`](crate::AddressBinding::WithHost)): its tags are those of the droplet it points at, which
 //! is how a restarted operator finds it by the owner's UID. The Tunnel's status records it before
 //! a replacement droplet is made, so an address between two droplets is never lost track of
 //! while its Tunnel exists. Before the reservation the Tunnel's status records the intent, with

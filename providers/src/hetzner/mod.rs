@@ -1,6 +1,6 @@
 //! Hetzner Cloud Servers as exit-server hosts.
 //!
-//! Follows the published API reference, https://docs.hetzner.cloud/ (read 2026-11-22 through
+//! Follows the published API reference, <https://docs.hetzner.cloud/> (read 2026-11-22 through
 //! the text copy in github.com/smrezvani/Hetzner-Cloud-API-Document `llm.txt` @7a118fe7):
 //! - "Authentication" (`Authorization: Bearer`), "Errors" (`{"error": {"code", "message",
 //!   "details"}}` with codes such as `invalid_input`, `unauthorized`, `forbidden`, `not_found`,

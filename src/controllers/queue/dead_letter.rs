@@ -1,4 +1,4 @@
-//! Dead-letter targets proven this namespace's by their owner tags ([`plan::redrive`] decides
+//! Dead-letter targets proven this namespace's by their owner tags ([`plan::redrive`](super::plan::redrive) decides
 //! which and when): before a redrive policy is written, and again while one stays on the queue,
 //! at the owner tags' re-read cadence (`--queue-tag-resync`) and whenever the spec's target stops
 //! resolving (its Queue deleted or not Ready). A queue name is free once its queue is deleted, and

@@ -101,7 +101,7 @@ impl Slot {
         (self.replaced < max).then(|| replace_wait(replace_after, self.replaced))
     }
 
-    /// The slot as [`both`](super::super::super::plan::both) plans from it.
+    /// The slot as [`both`](super::super::plan::both) plans from it.
     pub(super) fn checked(&self, replace_after: std::time::Duration, max: u32) -> Checked<'_> {
         Checked {
             id: self.id(),
@@ -111,7 +111,7 @@ impl Slot {
         }
     }
 
-    /// The slot as [`FillPlan::after_failover_steps`](super::super::super::plan::fill::FillPlan::after_failover_steps)
+    /// The slot as [`FillPlan::after_failover_steps`](super::super::plan::fill::FillPlan::after_failover_steps)
     /// plans from it.
     pub(super) fn standing(&self) -> Standing<'_> {
         Standing {
