@@ -9,7 +9,7 @@
 //! `{"type": "unassign"}` (201, `{"action"}`).
 //!
 //! Reserved IPs carry no tags. So skyport only ever reserves one already assigned to a tagged
-//! droplet ([`AddressBinding::WithHost`](crate::AddressBinding::WithHost)): its tags are those of the droplet it points at, which
+//! droplet ([`AddressBinding::WithHost`]): its tags are those of the droplet it points at, which
 //! is how a restarted operator finds it by the owner's UID. The Tunnel's status records it before
 //! a replacement droplet is made, so an address between two droplets is never lost track of
 //! while its Tunnel exists. Before the reservation the Tunnel's status records the intent, with
@@ -17,6 +17,8 @@
 //! reservation the operator did not see answered is then the new unassigned one (see the
 //! controller's `plan::address::reserved_meanwhile`). One that is unassigned and recorded
 //! nowhere cannot be proven skyport's and is left alone.
+//!
+//! [`AddressBinding::WithHost`]: crate::AddressBinding::WithHost
 
 use std::net::Ipv4Addr;
 

@@ -9,8 +9,10 @@
 //! server powered off. A server is created with one through `public_net.ipv4`; deleting the
 //! server leaves a primary IP with `auto_delete: false` unassigned, for the next server.
 //!
-//! Because assigning needs a powered-off server, the binding is [`AddressBinding::AtCreate`](crate::AddressBinding::AtCreate):
+//! Because assigning needs a powered-off server, the binding is [`AddressBinding::AtCreate`]:
 //! `create` gives a new server the Tunnel's unassigned primary IP, found by the UID label.
+//!
+//! [`AddressBinding::AtCreate`]: crate::AddressBinding::AtCreate
 
 use std::collections::BTreeMap;
 

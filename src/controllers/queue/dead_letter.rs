@@ -1,9 +1,11 @@
-//! Dead-letter targets proven this namespace's by their owner tags ([`plan::redrive`](super::plan::redrive) decides
+//! Dead-letter targets proven this namespace's by their owner tags ([`plan::redrive`] decides
 //! which and when): before a redrive policy is written, and again while one stays on the queue,
 //! at the owner tags' re-read cadence (`--queue-tag-resync`) and whenever the spec's target stops
 //! resolving (its Queue deleted or not Ready). A queue name is free once its queue is deleted, and
 //! whoever creates a queue of that name next would receive this Queue's failed messages: a redrive
 //! whose target is gone or belongs to someone else is taken off the queue, never left.
+//!
+//! [`plan::redrive`]: super::plan::redrive
 
 use kube::ResourceExt;
 use providers::QueueBackend;

@@ -1,6 +1,6 @@
 //! The ownership proof kept across restarts. A Queue proves its SQS queue its own by the owner
 //! tag (ListQueueTags, the tightest SQS quota); the proof is remembered per process
-//! ([`observe::Proofs`](super::observe::Proofs)), so a restart or a takeover would read every queue's tags again. With an
+//! ([`observe::Proofs`]), so a restart or a takeover would read every queue's tags again. With an
 //! ownership key, the proof is also written to `status.ownershipProof`, sealed with
 //! HMAC-SHA256 over the Queue's UID, the queue's URL and creation time, when it was proven and
 //! for which generation. A fresh process takes a proof whose seal verifies as if it had made it
@@ -13,6 +13,8 @@
 //! API: a stolen token cannot forge a seal, and a seal cannot move to another Queue (the UID is
 //! sealed) or another queue (the URL and creation time are). Without a key nothing is written
 //! and every restart reads every queue's tags.
+//!
+//! [`observe::Proofs`]: super::observe::Proofs
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 

@@ -1,13 +1,15 @@
 //! Who may reach the Service's ports on the exit server: `spec.sourceRanges` (the Service's
 //! `loadBalancerSourceRanges`), enforced by the exit server's own firewall on VM providers (or,
 //! on EC2, by the host's security group), and said to be unenforced where the provider has
-//! neither ([`Capabilities::host_enforces_source_ranges`](providers::Capabilities::host_enforces_source_ranges): the local provider).
+//! neither ([`Capabilities::host_enforces_source_ranges`]: the local provider).
 //!
 //! The ranges travel in the exit server's description ([`providers::TunnelService`]) and so in
 //! its config, so a new host gets its firewall with them; a change reaches a running host through
 //! [`providers::HostProvider::sync_source_ranges`] (a config push, or EC2's group).
 //! `status.sourceRanges` records what the host enforces, so a host is only touched when the
 //! ranges differ from it.
+//!
+//! [`Capabilities::host_enforces_source_ranges`]: providers::Capabilities::host_enforces_source_ranges
 
 use std::sync::Arc;
 

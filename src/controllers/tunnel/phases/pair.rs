@@ -8,9 +8,11 @@
 //! Service's ports and is checked end to end; [`failover_step`] decides where the address goes
 //! (a stopped holder loses it at once, a failing one after the hysteresis, never to a server
 //! whose own check fails), which is acted on; stopped hosts are replaced after that and the slot
-//! that lost the holder is filled; the clients are written and rolled one at a time ([`roll`](super::super::plan::failover::roll));
+//! that lost the holder is filled; the clients are written and rolled one at a time ([`roll`]);
 //! the Service and status record the outcome. A pass is due every
 //! `--tunnel-failover-probe-interval`.
+//!
+//! [`roll`]: super::super::plan::failover::roll
 
 use std::time::Duration;
 

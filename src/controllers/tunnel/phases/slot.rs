@@ -64,8 +64,10 @@ impl Slot {
         }
     }
 
-    /// Its failing server as [`judge`](super::console::judge) reads it, probed at `ip`; `None` while it passes
-    /// or is not checked.
+    /// Its failing server as [`judge`] reads it, probed at `ip`; `None` while it passes or is not
+    /// checked.
+    ///
+    /// [`judge`]: super::console::judge
     pub(super) fn failing<'a>(&'a self, ip: &'a str) -> Option<Failing<'a>> {
         let (health, error) = self.check.as_ref().filter(|(h, _)| !h.passing())?;
         Some(Failing { host: (self.id(), ip), error, failing_for: health.failing_for, replaced: self.replaced })
@@ -111,8 +113,9 @@ impl Slot {
         }
     }
 
-    /// The slot as [`FillPlan::after_failover_steps`](super::super::plan::fill::FillPlan::after_failover_steps)
-    /// plans from it.
+    /// The slot as [`FillPlan::after_failover_steps`] plans from it.
+    ///
+    /// [`FillPlan::after_failover_steps`]: super::super::plan::fill::FillPlan::after_failover_steps
     pub(super) fn standing(&self) -> Standing<'_> {
         Standing {
             id: self.id(),

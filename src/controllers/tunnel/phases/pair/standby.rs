@@ -1,8 +1,10 @@
 //! A server of a highly available Tunnel's pair that keeps failing while the other serves is
-//! replaced the way a single exit server is ([`replace::unhealthy`](super::super::super::plan::replace::unhealthy)): only when a new VM can
+//! replaced the way a single exit server is ([`replace::unhealthy`]): only when a new VM can
 //! cure the failure, each replacement of its slot waiting twice as long as the one before, and
 //! at most `--tunnel-max-replacements` in a row. A standby whose client Pod cannot start (an
 //! image that cannot be pulled) would otherwise buy a new VM every `--tunnel-replace-after`.
+//!
+//! [`replace::unhealthy`]: super::super::super::plan::replace::unhealthy
 
 use super::super::super::act;
 use super::super::super::plan::replace::Unhealthy;
