@@ -1,9 +1,7 @@
 //! The phases of [`Policy::Single`]'s one slot, after the credentials:
 //!
-//! 1. its fill: [`Pass::host`] steps the exit server with
-//!    [`host_step`](super::super::plan::host_step) until it runs with
-//!    the Service's ports, and [`Pass::address`] puts a reserved address on it
-//!    ([`address_step`](super::super::plan::address::address_step));
+//! 1. its fill: [`Pass::host`] steps the exit server with [`host_step`] until it runs with the
+//!    Service's ports, and [`Pass::address`] puts a reserved address on it ([`address_step`]);
 //! 2. the host's cloud firewall brought to the source ranges, and the client config and
 //!    Deployment ([`Pass::client`]) pointed at the slot's address;
 //! 3. the slot checked end to end as a pair's slots are ([`Pass::check_slots`]);
@@ -11,6 +9,9 @@
 //!    Service, still coming up, or failing, where the failing server is judged as a pair's is
 //!    ([`Slot::failing`], [`console::judge`]) and replaced only if a new one can help;
 //! 5. status from what was done: `hostId`/`hostIp` and `replacements` are the slot's record.
+//!
+//! [`host_step`]: super::super::plan::host_step
+//! [`address_step`]: super::super::plan::address::address_step
 
 use kube::runtime::controller::Action;
 use providers::Host;

@@ -107,7 +107,7 @@ impl Slot {
     pub(super) fn checked(&self, replace_after: std::time::Duration, max: u32) -> Checked<'_> {
         Checked {
             id: self.id(),
-            stopped: self.host.as_ref().is_some_and(|h| h.state == HostState::Stopped),
+            stopped: self.stopped(),
             check: self.check.as_ref().map(|(h, e)| (*h, e.as_str())),
             replace_after: self.replace_after(replace_after, max),
         }
@@ -119,10 +119,15 @@ impl Slot {
     pub(super) fn standing(&self) -> Standing<'_> {
         Standing {
             id: self.id(),
-            stopped: self.host.as_ref().is_some_and(|h| h.state == HostState::Stopped),
+            stopped: self.stopped(),
             failing: self.host.is_some() && self.check.as_ref().is_some_and(|(h, _)| !h.passing()),
             replaced: self.replaced,
         }
+    }
+
+    /// Whether the provider reports its server stopped.
+    fn stopped(&self) -> bool {
+        self.host.as_ref().is_some_and(|h| h.state == HostState::Stopped)
     }
 
     /// Whether a server fills the slot and its last check passed.
