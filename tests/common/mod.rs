@@ -96,6 +96,22 @@ where
     }
 }
 
+/// Failed reconciles per reason, less those where the test environment itself did not answer for
+/// a moment (LocalStack or a provider fake, under the whole suite's load on two cores), which the
+/// controllers retry with backoff by design. What is left is skyport's own failure or a refusal (a
+/// permission, a bad request), which a test that expects no failure must not see.
+pub fn failures_beyond_the_environment(
+    metrics: &skyport::metrics::ReconcileMetrics,
+) -> std::collections::BTreeMap<&'static str, u64> {
+    use skyport::reasons::Reason;
+    let mut errors = metrics.errors();
+    for retried in [Reason::SqsUnavailable, Reason::Throttled, Reason::ProviderUnavailable, Reason::ProviderRateLimited]
+    {
+        errors.remove(retried.as_str());
+    }
+    errors
+}
+
 /// The Events in `ns` once one of them has reason `reason`: an Event is published after the change
 /// it reports, so a test that has just seen the change may list the Events before it is there.
 pub async fn events_with_reason(client: &Client, ns: &str, reason: &str) -> Vec<k8s_openapi::api::core::v1::Event> {
