@@ -151,11 +151,7 @@ async fn exports_get_the_chosen_keys_follow_edits_and_go_when_dropped() {
     })
     .await;
     events_with_reason(&ns.client, &ns.name, "ExportDeleted").await;
-    assert!(
-        failures_beyond_the_environment(&op.ctx.metrics).is_empty(),
-        "reconciles failed: {:?}",
-        failures_beyond_the_environment(&op.ctx.metrics)
-    );
+    assert_no_failures(&op.ctx.metrics, "reconciles failed");
     finish(op, ns).await;
 }
 
@@ -195,11 +191,7 @@ async fn a_queue_that_skips_its_configmap_has_none_and_gets_it_back_on_write() {
         .unwrap();
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(cms.get("quiet-sqs").await.is_ok(), "someone else's ConfigMap is left alone");
-    assert!(
-        failures_beyond_the_environment(&op.ctx.metrics).is_empty(),
-        "reconciles failed: {:?}",
-        failures_beyond_the_environment(&op.ctx.metrics)
-    );
+    assert_no_failures(&op.ctx.metrics, "reconciles failed");
     finish(op, ns).await;
 }
 

@@ -136,10 +136,6 @@ async fn a_secret_export_is_repaired_recreated_and_never_takes_over_a_replacemen
     wait_ready(&queues, "orders", ConditionStatus::True, "Available", TIMEOUT).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(secrets.get("env").await.unwrap().uid(), theirs.uid(), "someone else's Secret is not deleted");
-    assert!(
-        failures_beyond_the_environment(&op.ctx.metrics).is_empty(),
-        "reconciles failed: {:?}",
-        failures_beyond_the_environment(&op.ctx.metrics)
-    );
+    assert_no_failures(&op.ctx.metrics, "reconciles failed");
     finish(op, ns).await;
 }

@@ -101,11 +101,7 @@ async fn queue_controller_works_with_the_deploy_service_account_and_nothing_else
     queues.delete("orders", &DeleteParams::default()).await.unwrap();
     wait_gone(&queues, "orders", TIMEOUT).await;
     assert!(!queue_exists(&sqs().await, &sqs_name).await, "SQS queue {sqs_name} still exists");
-    assert!(
-        failures_beyond_the_environment(&ctx.metrics).is_empty(),
-        "reconciles failed under the ServiceAccount's identity: {:?}",
-        failures_beyond_the_environment(&ctx.metrics)
-    );
+    assert_no_failures(&ctx.metrics, "reconciles failed under the ServiceAccount's identity");
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
 
@@ -253,16 +249,8 @@ async fn tunnel_controllers_work_with_the_deploy_service_account() {
         (t.metadata.uid != tunnel.metadata.uid && t.status.as_ref()?.phase == Some(TunnelPhase::Active)).then_some(())
     })
     .await;
-    assert!(
-        failures_beyond_the_environment(&op.ctx.metrics).is_empty(),
-        "Tunnel reconciles failed as the SA: {:?}",
-        failures_beyond_the_environment(&op.ctx.metrics)
-    );
-    assert!(
-        failures_beyond_the_environment(&op.services.metrics).is_empty(),
-        "Service reconciles failed: {:?}",
-        failures_beyond_the_environment(&op.services.metrics)
-    );
+    assert_no_failures(&op.ctx.metrics, "Tunnel reconciles failed as the SA");
+    assert_no_failures(&op.services.metrics, "Service reconciles failed");
 
     // Secrets: read by name only, never listed; other kube-system namespaces' data stays closed.
     forbidden(Api::<Secret>::namespaced(sa.clone(), &ns.name).list(&ListParams::default()).await, "list Secrets");

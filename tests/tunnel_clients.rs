@@ -80,11 +80,7 @@ async fn a_tenants_tunnel_client_and_keys_live_in_the_operators_namespace_and_go
         (gone && secrets.get_opt(&secret).await.ok()?.is_none()).then_some(())
     })
     .await;
-    assert!(
-        failures_beyond_the_environment(&op.ctx.metrics).is_empty(),
-        "reconciles failed: {:?}",
-        failures_beyond_the_environment(&op.ctx.metrics)
-    );
+    assert_no_failures(&op.ctx.metrics, "reconciles failed");
     finish_tunnels(op, ns).await;
     operator.cleanup().await;
 }

@@ -112,6 +112,13 @@ pub fn failures_beyond_the_environment(
     errors
 }
 
+/// Asserts that no reconcile of `metrics`' controller failed beyond the environment
+/// ([`failures_beyond_the_environment`]); `what` opens the message that lists them.
+pub fn assert_no_failures(metrics: &skyport::metrics::ReconcileMetrics, what: &str) {
+    let failures = failures_beyond_the_environment(metrics);
+    assert!(failures.is_empty(), "{what}: {failures:?}");
+}
+
 /// The Events in `ns` once one of them has reason `reason`: an Event is published after the change
 /// it reports, so a test that has just seen the change may list the Events before it is there.
 pub async fn events_with_reason(client: &Client, ns: &str, reason: &str) -> Vec<k8s_openapi::api::core::v1::Event> {

@@ -57,10 +57,6 @@ async fn a_sealed_ownership_proof_spares_the_tag_read_after_a_restart_and_a_forg
         let proof = status_of(&q).ownership_proof.expect("a fresh proof");
         assert!(proof.proven_at >= proofs[name].proven_at, "{name}: proven again, sealed anew");
     }
-    assert!(
-        failures_beyond_the_environment(&op.ctx.metrics).is_empty(),
-        "reconciles failed: {:?}",
-        failures_beyond_the_environment(&op.ctx.metrics)
-    );
+    assert_no_failures(&op.ctx.metrics, "reconciles failed");
     finish(op, ns).await;
 }

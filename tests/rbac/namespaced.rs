@@ -36,11 +36,7 @@ async fn controllers_work_with_only_the_namespaced_role_of_a_watch_namespace_ins
     eventually("ConfigMap orders-sqs", TIMEOUT, || async { ns.api::<ConfigMap>().get("orders-sqs").await.ok() }).await;
     queues.delete("orders", &DeleteParams::default()).await.unwrap();
     wait_gone(&queues, "orders", TIMEOUT).await;
-    assert!(
-        failures_beyond_the_environment(&ctx.metrics).is_empty(),
-        "Queue reconciles failed with the Role: {:?}",
-        failures_beyond_the_environment(&ctx.metrics)
-    );
+    assert_no_failures(&ctx.metrics, "Queue reconciles failed with the Role");
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
     escalations::escalations_are_refused(&admin, &sa, &ns.name, (RELEASE_NS, "skyport-ns"), RELEASE_CLIENT_NS).await;
@@ -72,16 +68,8 @@ async fn controllers_work_with_only_the_namespaced_role_of_a_watch_namespace_ins
         (t.status?.phase == Some(TunnelPhase::Active)).then_some(())
     })
     .await;
-    assert!(
-        failures_beyond_the_environment(&op.ctx.metrics).is_empty(),
-        "Tunnel reconciles failed with the Role: {:?}",
-        failures_beyond_the_environment(&op.ctx.metrics)
-    );
-    assert!(
-        failures_beyond_the_environment(&op.services.metrics).is_empty(),
-        "Service reconciles failed: {:?}",
-        failures_beyond_the_environment(&op.services.metrics)
-    );
+    assert_no_failures(&op.ctx.metrics, "Tunnel reconciles failed with the Role");
+    assert_no_failures(&op.services.metrics, "Service reconciles failed");
 
     // Nothing outside the watched namespace, reads included.
     let elsewhere = TestNs::new("rbac-ns-other").await;
