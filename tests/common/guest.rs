@@ -114,10 +114,20 @@ pub fn guest_exe() -> PathBuf {
 }
 
 /// What `ip:port` sends unasked before it closes: a VM that refused the exit-server binary serves
-/// its install report on the control port, where no tunnel server runs.
+/// its install report on the control port, where no tunnel server runs. The report server is
+/// started by `systemd-run` without waiting for it to bind, so cloud-init may finish first:
+/// connections are retried for a while, as the operator's probes are.
 pub async fn served_on(ip: &str, port: u16) -> String {
     use tokio::io::AsyncReadExt;
-    let mut conn = tokio::net::TcpStream::connect((ip, port)).await.expect("the control port accepts");
+    let mut tries = 0;
+    let mut conn = loop {
+        match tokio::net::TcpStream::connect((ip, port)).await {
+            Ok(conn) => break conn,
+            Err(e) if tries < 100 && e.kind() == std::io::ErrorKind::ConnectionRefused => tries += 1,
+            Err(e) => panic!("the control port accepts within 20 s: {e}"),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
     let mut text = String::new();
     let read = conn.read_to_string(&mut text);
     tokio::time::timeout(std::time::Duration::from_secs(5), read).await.expect("closed").unwrap();
