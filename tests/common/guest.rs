@@ -119,15 +119,11 @@ pub fn guest_exe() -> PathBuf {
 /// connections are retried for a while, as the operator's probes are.
 pub async fn served_on(ip: &str, port: u16) -> String {
     use tokio::io::AsyncReadExt;
-    let mut tries = 0;
-    let mut conn = loop {
-        match tokio::net::TcpStream::connect((ip, port)).await {
-            Ok(conn) => break conn,
-            Err(e) if tries < 100 && e.kind() == std::io::ErrorKind::ConnectionRefused => tries += 1,
-            Err(e) => panic!("the control port accepts within 20 s: {e}"),
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    };
+    let mut conn =
+        crate::common::eventually("the control port accepting", std::time::Duration::from_secs(20), || async {
+            tokio::net::TcpStream::connect((ip, port)).await.ok()
+        })
+        .await;
     let mut text = String::new();
     let read = conn.read_to_string(&mut text);
     tokio::time::timeout(std::time::Duration::from_secs(5), read).await.expect("closed").unwrap();
