@@ -42,7 +42,9 @@ use super::Condition;
     validation = Rule::new("!has(self.sourceRanges) || self.sourceRanges.all(r, isCIDR(r))").message("sourceRanges must be CIDRs, like 203.0.113.0/24 or 2001:db8::/32"),
     validation = Rule::new("!has(self.highAvailability) || (has(self.highAvailability.mode) && self.highAvailability.mode == 'BothAddresses') || (has(self.address) && self.address.mode == 'Reserved')").message("highAvailability (mode ActiveStandby) needs address.mode: Reserved: the Service's address is a reserved address moved between the two exit servers; where the provider cannot move one, use mode: BothAddresses"),
     validation = Rule::new("!has(self.highAvailability) || !has(self.highAvailability.mode) || self.highAvailability.mode != 'BothAddresses' || !has(self.address) || self.address.mode != 'Reserved'").message("highAvailability mode BothAddresses publishes each exit server's own address, so address.mode: Reserved does not apply: leave address out"),
-    validation = Rule::new("has(self.highAvailability) == has(oldSelf.highAvailability) && (!has(self.highAvailability) || self.highAvailability == oldSelf.highAvailability)").message("highAvailability is immutable: delete the Tunnel and create another to change it")
+    validation = Rule::new("has(self.highAvailability) == has(oldSelf.highAvailability) && (!has(self.highAvailability) || self.highAvailability == oldSelf.highAvailability)").message("highAvailability is immutable: delete the Tunnel and create another to change it"),
+    validation = Rule::new("has(self.pool) == has(oldSelf.pool) && (!has(self.pool) || self.pool == oldSelf.pool)").message("pool is immutable: delete the Tunnel and create another to move the Service"),
+    validation = Rule::new("!has(self.pool) || !(has(self.provider) || has(self.region) || has(self.size) || has(self.address) || has(self.highAvailability))").message("a Tunnel on an ExitServerPool takes provider, region, size, address and highAvailability from the pool: leave them unset")
 )]
 pub struct TunnelSpec {
     /// The Service in this namespace whose ports the exit server exposes. Immutable.
@@ -107,6 +109,21 @@ pub struct TunnelSpec {
     /// Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub high_availability: Option<HighAvailability>,
+
+    /// The ExitServerPool whose shared exit server carries the Service, on the Service's own ports
+    /// of the pool's address, instead of an exit server of its own. The pool decides where that
+    /// server runs, so `provider`, `region`, `size`, `address` and `highAvailability` stay unset.
+    /// skyport copies the Service's `skyport.dev/exit-server-pool` annotation here. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<PoolRef>,
+}
+
+/// An ExitServerPool (cluster-scoped).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct PoolRef {
+    /// Name of the ExitServerPool.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
 }
 
 /// How a highly available Tunnel runs its exit servers.
