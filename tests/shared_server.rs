@@ -1,18 +1,22 @@
 //! One exit server carrying several tunnel clients, as a pool's shared server does: real
 //! `skyport tunnel server` and `skyport tunnel client` processes on loopback addresses. Each client
-//! has its own services and tokens; a client cannot claim another's service; and a configuration
-//! rewrite that moves one client's port leaves the other's open connection up.
+//! has its own services and tokens ([`skyport::controllers::pool::desired`]), its own health check,
+//! and cannot claim another's service; a configuration rewrite that moves one client's port, or
+//! drops that client, leaves the other's open connection up.
 
 use crate::common;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::eventually;
 use common::kubelet::skyport_exe;
-use providers::Protocol;
-use providers::exit::userdata::{
-    ClientService, ExitServer, NoiseKeypair, TunnelClient, TunnelService, render_client_toml, render_server_toml_on,
-};
+use providers::exit::userdata::{ExitServer, render_client_toml, render_server_toml_on};
+use skyport::controllers::pool::admit::Admission;
+use skyport::controllers::pool::desired::{MemberClient, member_client, member_services, member_token};
+use skyport::controllers::tunnel::desired::Credentials;
+use skyport::crd::tunnel::TunnelPort;
+use skyport::tunnel::{ProbeError, probe};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -32,10 +36,11 @@ fn spawn(args: &[&str], config: &std::path::Path, log: &std::path::Path) -> toki
         .unwrap()
 }
 
-/// An echo backend that prefixes every answer with `tag`, so a test sees whose backend answered.
-async fn backend(tag: &'static str) -> String {
+/// An echo backend on 127.0.0.1 that prefixes every answer with `tag`, so a test sees whose
+/// backend answered; its port is the public port too, as a Service's port is on the exit server.
+async fn backend(tag: &'static str) -> u16 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
+    let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move {
         loop {
             let Ok((mut conn, _)) = listener.accept().await else { return };
@@ -49,7 +54,7 @@ async fn backend(tag: &'static str) -> String {
             });
         }
     });
-    addr
+    port
 }
 
 /// Sends `line` on `conn` and reads the answer.
@@ -64,38 +69,12 @@ async fn answer(ip: &str, port: u16, line: &str) -> Option<String> {
     ask(&mut TcpStream::connect((ip, port)).await.ok()?, line).await
 }
 
-struct Member {
-    name: &'static str,
-    token: String,
-    port: u16,
-    backend: String,
+fn tcp(port: u16) -> TunnelPort {
+    TunnelPort { port: i32::from(port), protocol: "TCP".into(), proxy_protocol: None }
 }
 
-impl Member {
-    fn service(&self) -> String {
-        format!("{}-tcp-{}", self.name, self.port)
-    }
-
-    fn server_side(&self) -> TunnelService {
-        TunnelService {
-            name: self.service(),
-            protocol: Protocol::Tcp,
-            port: self.port,
-            token: self.token.clone(),
-            source_ranges: Vec::new(),
-            proxy_protocol: None,
-        }
-    }
-
-    fn client(&self, remote_addr: &str, key: &str) -> TunnelClient {
-        let service = ClientService {
-            name: self.service(),
-            protocol: Protocol::Tcp,
-            token: self.token.clone(),
-            local_addr: self.backend.clone(),
-        };
-        TunnelClient { remote_addr: remote_addr.into(), server_public_key: key.into(), services: vec![service] }
-    }
+fn carried(port: u16, health_port: u16) -> Admission {
+    Admission::Carried { ports: vec![tcp(port)], health_port, refused: None }
 }
 
 fn write_by_rename(path: &std::path::Path, text: &str) {
@@ -107,72 +86,91 @@ fn write_by_rename(path: &std::path::Path, text: &str) {
 #[tokio::test(flavor = "multi_thread")]
 async fn clients_sharing_an_exit_server_carry_only_their_own_ports_and_a_port_move_keeps_the_others_connections() {
     let ip = format!("127.81.{}.{}", rand::random::<u8>(), 1 + rand::random::<u8>() % 250);
-    let keys = NoiseKeypair::generate();
+    let carrier = Credentials::generate();
     let control = free_port(&ip);
     let dir = std::env::temp_dir().join(format!("skyport-shared-{}", rand::random::<u32>()));
     std::fs::create_dir_all(&dir).unwrap();
-    let token = || format!("{:032x}", rand::random::<u128>());
-    let a = Member { name: "a", token: token(), port: free_port(&ip), backend: backend("a:").await };
-    let mut b = Member { name: "b", token: token(), port: free_port(&ip), backend: backend("b:").await };
+    let (a, b) =
+        ("6f1c2a4e-0b7d-4c55-9a3e-2d8f7e1b9c01".to_string(), "0a9b8c7d-6e5f-4a3b-8c2d-1e0f9a8b7c6d".to_string());
+    let (a_port, b_port) = (backend("a:").await, backend("b:").await);
+    let (a_health, b_health) = (free_port(&ip), free_port(&ip));
+    let mut members = BTreeMap::from([(a.clone(), carried(a_port, a_health)), (b.clone(), carried(b_port, b_health))]);
 
-    let server = |members: &[&Member]| ExitServer {
-        control_port: control,
-        noise_private_key: keys.private_key.clone(),
-        services: members.iter().map(|m| m.server_side()).collect(),
-    };
     let config = dir.join("server.toml");
-    std::fs::write(&config, render_server_toml_on(&server(&[&a, &b]), &ip).unwrap()).unwrap();
+    let render = |members: &BTreeMap<String, Admission>| {
+        let services = member_services(&carrier, members);
+        let server =
+            ExitServer { control_port: control, noise_private_key: carrier.keypair.private_key.clone(), services };
+        render_server_toml_on(&server, &ip).unwrap()
+    };
+    std::fs::write(&config, render(&members)).unwrap();
     let _server = spawn(&["tunnel", "server", "--config"], &config, &dir.join("server.log"));
-    let remote = format!("{ip}:{control}");
-    let start_client = |m: &Member, file: &str| {
+    let client = |uid: &str, token: &str, ports: &[TunnelPort], health_port: u16, file: &str| {
+        let member = MemberClient {
+            uid,
+            ports,
+            health_port,
+            token,
+            server_public_key: &carrier.keypair.public_key,
+            remote_addr: format!("{ip}:{control}"),
+            cluster_ip: "127.0.0.1",
+        };
         let path = dir.join(file);
-        std::fs::write(&path, render_client_toml(&m.client(&remote, &keys.public_key)).unwrap()).unwrap();
+        std::fs::write(&path, render_client_toml(&member_client(&member)).unwrap()).unwrap();
         spawn(&["tunnel", "client", "--config"], &path, &dir.join(format!("{file}.log")))
     };
-    let _client_a = start_client(&a, "a.toml");
-    let mut client_b = start_client(&b, "b.toml");
+    let (a_token, b_token) = (member_token(&carrier, &a), member_token(&carrier, &b));
+    let _client_a = client(&a, &a_token, &[tcp(a_port)], a_health, "a.toml");
+    let mut client_b = client(&b, &b_token, &[tcp(b_port)], b_health, "b.toml");
 
     let mut held = eventually("a's port through a's client", Duration::from_secs(30), || async {
-        let mut conn = TcpStream::connect((ip.as_str(), a.port)).await.ok()?;
+        let mut conn = TcpStream::connect((ip.as_str(), a_port)).await.ok()?;
         (ask(&mut conn, "hello").await? == "a:hello").then_some(conn)
     })
     .await;
     eventually("b's port through b's client", Duration::from_secs(30), || async {
-        (answer(&ip, b.port, "hi").await? == "b:hi").then_some(())
+        (answer(&ip, b_port, "hi").await? == "b:hi").then_some(())
     })
     .await;
+    // Each member's health check passes through its own client, bound to its own token.
+    let health = |port: u16| format!("{ip}:{port}").parse::<std::net::SocketAddr>().unwrap();
+    probe(health(a_health), &a_token, Duration::from_secs(2)).await.unwrap();
+    probe(health(b_health), &b_token, Duration::from_secs(2)).await.unwrap();
+    let crossed = probe(health(a_health), &b_token, Duration::from_secs(2)).await.unwrap_err();
+    assert!(matches!(crossed, ProbeError::WrongAnswer(_)), "{crossed}");
 
-    // A client holding a's token cannot serve b's service: rathole checks each service's token.
-    let thief = Member { name: "b", token: a.token.clone(), port: b.port, backend: backend("thief:").await };
-    let _thief = start_client(&thief, "thief.toml");
+    // A client holding a's token cannot serve b's services: rathole checks each service's token.
+    let _thief = client(&b, &a_token, &[tcp(b_port)], b_health, "thief.toml");
     tokio::time::sleep(Duration::from_secs(3)).await;
     for _ in 0..5 {
-        assert_eq!(answer(&ip, b.port, "x").await.as_deref(), Some("b:x"), "b's traffic stays b's");
+        assert_eq!(answer(&ip, b_port, "x").await.as_deref(), Some("b:x"), "b's traffic stays b's");
     }
+    probe(health(b_health), &b_token, Duration::from_secs(2)).await.unwrap();
 
     // b moves to another port: the server's file is replaced whole, b's client rolls.
-    let old_port = b.port;
-    b.port = free_port(&ip);
-    write_by_rename(&config, &render_server_toml_on(&server(&[&a, &b]), &ip).unwrap());
+    let moved = backend("b:").await;
+    members.insert(b.clone(), carried(moved, b_health));
+    write_by_rename(&config, &render(&members));
     client_b.kill().await.unwrap();
-    let _client_b = start_client(&b, "b2.toml");
+    let _client_b = client(&b, &b_token, &[tcp(moved)], b_health, "b2.toml");
     eventually("b's new port", Duration::from_secs(30), || async {
-        (answer(&ip, b.port, "moved").await? == "b:moved").then_some(())
+        (answer(&ip, moved, "moved").await? == "b:moved").then_some(())
     })
     .await;
     eventually("b's old port closed", Duration::from_secs(30), || async {
-        TcpStream::connect((ip.as_str(), old_port)).await.is_err().then_some(())
+        TcpStream::connect((ip.as_str(), b_port)).await.is_err().then_some(())
     })
     .await;
-    // a's connection, open all along, still carries bytes.
     assert_eq!(ask(&mut held, "still").await.as_deref(), Some("a:still"), "a's open connection survived");
 
-    // b leaves the server: a's connection still carries bytes.
-    write_by_rename(&config, &render_server_toml_on(&server(&[&a]), &ip).unwrap());
+    // b leaves the server: a's connection, open all along, still carries bytes.
+    members.remove(&b);
+    write_by_rename(&config, &render(&members));
     eventually("b's port closed", Duration::from_secs(30), || async {
-        TcpStream::connect((ip.as_str(), b.port)).await.is_err().then_some(())
+        TcpStream::connect((ip.as_str(), moved)).await.is_err().then_some(())
     })
     .await;
     assert_eq!(ask(&mut held, "after").await.as_deref(), Some("a:after"), "a's open connection survived b leaving");
+    probe(health(a_health), &a_token, Duration::from_secs(2)).await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }

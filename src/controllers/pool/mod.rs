@@ -2,3 +2,4 @@
 //! namespaces, each on its own ports. [`admit`] decides which member gets which ports.
 
 pub mod admit;
+pub mod desired;
