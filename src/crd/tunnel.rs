@@ -34,7 +34,8 @@ use super::Condition;
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
-    validation = Rule::new("self.serviceRef == oldSelf.serviceRef").message("serviceRef is immutable: create another Tunnel for another Service"),
+    validation = Rule::new("has(self.serviceRef) == has(oldSelf.serviceRef) && (!has(self.serviceRef) || self.serviceRef == oldSelf.serviceRef)").message("serviceRef is immutable: create another Tunnel for another Service"),
+    validation = Rule::new("has(self.serviceRef) || has(self.pool)").message("serviceRef is required: the Service whose ports the exit server exposes"),
     validation = Rule::new("has(self.provider) == has(oldSelf.provider) && (!has(self.provider) || self.provider == oldSelf.provider)").message("provider is immutable: delete the Tunnel to move it (a new exit server with a new address is provisioned)"),
     validation = Rule::new("has(self.region) == has(oldSelf.region) && (!has(self.region) || self.region == oldSelf.region)").message("region is immutable: delete the Tunnel to move it (a new exit server with a new address is provisioned)"),
     validation = Rule::new("has(self.size) == has(oldSelf.size) && (!has(self.size) || self.size == oldSelf.size)").message("size is immutable: delete the Tunnel to resize it (a new exit server with a new address is provisioned)"),
@@ -47,8 +48,11 @@ use super::Condition;
     validation = Rule::new("!has(self.pool) || !(has(self.provider) || has(self.region) || has(self.size) || has(self.address) || has(self.highAvailability))").message("a Tunnel on an ExitServerPool takes provider, region, size, address and highAvailability from the pool: leave them unset")
 )]
 pub struct TunnelSpec {
-    /// The Service in this namespace whose ports the exit server exposes. Immutable.
-    pub service_ref: ServiceRef,
+    /// The Service in this namespace whose ports the exit server exposes. Immutable. Unset only
+    /// on the Tunnel that runs an ExitServerPool's shared exit server, which skyport makes in its
+    /// own namespace (`spec.pool` names the pool) and whose ports are its members'.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_ref: Option<ServiceRef>,
 
     /// Name of a provider configured in the operator: `local`, `guest`, `ec2`, `digitalocean` or
     /// `hetzner`. Unset uses the operator's default (`skyport run --provider`). Immutable.
@@ -195,6 +199,16 @@ impl TunnelSpec {
     /// Whether the Tunnel keeps a reserved address.
     pub fn reserves_address(&self) -> bool {
         self.address.as_ref().is_some_and(|a| a.mode == AddressMode::Reserved)
+    }
+
+    /// The name of the Service the Tunnel exposes; `None` on a pool's shared server.
+    pub fn service_name(&self) -> Option<&str> {
+        self.service_ref.as_ref().map(|r| r.name.as_str())
+    }
+
+    /// Whether this is an ExitServerPool's shared server rather than a Service's exit server.
+    pub fn carries_pool(&self) -> bool {
+        self.service_ref.is_none() && self.pool.is_some()
     }
 
     /// Whether the Tunnel runs two exit servers.

@@ -250,7 +250,7 @@ mod tests {
         let svc = service("LoadBalancer", Some(LOAD_BALANCER_CLASS), None);
         let t = tunnel_for(&svc).unwrap();
         assert_eq!(t.name_any(), "web-tunnel");
-        assert_eq!(t.spec.service_ref.name, "web");
+        assert_eq!(t.spec.service_name(), Some("web"));
         assert_eq!(t.spec.provider.as_deref(), Some("local"));
         assert_eq!(t.spec.region, None);
         assert_eq!(t.spec.address, None);

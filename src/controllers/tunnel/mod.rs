@@ -189,7 +189,7 @@ pub fn controller(
             by_service
                 .state()
                 .into_iter()
-                .filter(|t| t.namespace() == ns && t.spec.service_ref.name == name)
+                .filter(|t| t.namespace() == ns && t.spec.service_name() == Some(name.as_str()))
                 .map(|t| ObjectRef::from_obj(&*t))
                 .collect::<Vec<_>>()
         })

@@ -142,7 +142,7 @@ impl Pass<'_> {
         let message = format!(
             "exit server {ip} forwards {} to Service {}; the tunnel passed its health check{}",
             describe(&want.ports),
-            tunnel.spec.service_ref.name,
+            tunnel.spec.service_name().unwrap_or_default(),
             ranges::note(enforced, &keys.source_ranges, want.provider.as_ref()),
         );
         self.record(|s| {
