@@ -367,9 +367,30 @@ pub struct TunnelStatus {
     /// last failover.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub high_availability: Option<HighAvailabilityStatus>,
+    /// On a pool's shared server: what it does for each member Tunnel. The members read their
+    /// ports and health port here; a member keeps what it holds while another asks for it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pool_members: Vec<PoolMember>,
     /// `Ready`: the exit server runs, the client is deployed and the Service's ports are exposed.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+}
+
+/// One member of a pool, as its shared server carries it ([`TunnelStatus::pool_members`]).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolMember {
+    /// The member Tunnel's UID.
+    pub uid: String,
+    /// The ports the shared server carries for it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<TunnelPort>,
+    /// The port of its health check on the shared server; unset while it is not carried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_port: Option<u16>,
+    /// Why it is not carried, or not as its Service asks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 /// A reservation of an untagged address under way ([`TunnelStatus::address_reservation`]).

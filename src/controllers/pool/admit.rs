@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::RangeInclusive;
 
-use crate::crd::tunnel::TunnelPort;
+use crate::crd::tunnel::{PoolMember, Tunnel, TunnelPort};
 
 /// A port on the shared address: (number, protocol). The PROXY header is the member's own
 /// business and does not make a port another one.
@@ -191,6 +191,37 @@ impl HealthPorts {
         self.used.remove(&port);
         self.held.remove(&port);
     }
+}
+
+/// A member Tunnel as the plan reads it: its Service's ports, and what the shared server's
+/// status (`recorded`) says it carries.
+pub fn claim_of(member: &Tunnel, wants: Vec<TunnelPort>, recorded: &[PoolMember]) -> Option<Claim> {
+    let uid = member.metadata.uid.clone()?;
+    let held = recorded.iter().find(|m| m.uid == uid);
+    Some(Claim {
+        namespace: member.metadata.namespace.clone()?,
+        created: member.metadata.creation_timestamp.as_ref().map(|t| t.0.to_string()).unwrap_or_default(),
+        wants,
+        holds: held.map(|m| m.ports.clone()).unwrap_or_default(),
+        health_port: held.and_then(|m| m.health_port),
+        uid,
+    })
+}
+
+/// The admissions as the shared server's status records them.
+pub fn recorded(admissions: &BTreeMap<String, Admission>) -> Vec<PoolMember> {
+    let member = |(uid, admission): (&String, &Admission)| match admission {
+        Admission::Carried { ports, health_port, refused } => PoolMember {
+            uid: uid.clone(),
+            ports: ports.clone(),
+            health_port: Some(*health_port),
+            refused: refused.as_ref().map(ToString::to_string),
+        },
+        Admission::Refused(why) => {
+            PoolMember { uid: uid.clone(), refused: Some(why.to_string()), ..PoolMember::default() }
+        }
+    };
+    admissions.iter().map(member).collect()
 }
 
 #[cfg(test)]

@@ -158,3 +158,24 @@ fn a_member_that_drops_every_port_it_held_is_new_again() {
     assert_eq!(out["u1"], Admission::Refused(Refusal::Taken(vec![tcp(81)])));
     assert_eq!(out["u2"], carried(&[tcp(81)], 40001));
 }
+
+#[test]
+fn what_the_status_records_is_read_back_as_what_members_hold() {
+    let member: Tunnel = serde_json::from_value(serde_json::json!({
+        "apiVersion": "skyport.dev/v1alpha1", "kind": "Tunnel",
+        "metadata": {"name": "web-tunnel", "namespace": "a", "uid": "u1", "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"serviceRef": {"name": "web"}, "pool": {"name": "shared"}},
+    }))
+    .unwrap();
+    let first = admit(&rules(), &[claim_of(&member, vec![tcp(80)], &[]).unwrap()]);
+    let status = recorded(&first);
+    assert_eq!(
+        status,
+        [PoolMember { uid: "u1".into(), ports: vec![tcp(80)], health_port: Some(40000), refused: None }]
+    );
+    let again = claim_of(&member, vec![tcp(80), tcp(81)], &status).unwrap();
+    assert_eq!((again.holds.clone(), again.health_port), (vec![tcp(80)], Some(40000)));
+    let refused = recorded(&BTreeMap::from([("u2".to_string(), Admission::Refused(Refusal::Full))]));
+    assert_eq!(refused[0].health_port, None);
+    assert!(refused[0].refused.as_deref().is_some_and(|r| r.contains("health ports")));
+}
