@@ -45,7 +45,7 @@ use super::Condition;
     validation = Rule::new("!has(self.highAvailability) || !has(self.highAvailability.mode) || self.highAvailability.mode != 'BothAddresses' || !has(self.address) || self.address.mode != 'Reserved'").message("highAvailability mode BothAddresses publishes each exit server's own address, so address.mode: Reserved does not apply: leave address out"),
     validation = Rule::new("has(self.highAvailability) == has(oldSelf.highAvailability) && (!has(self.highAvailability) || self.highAvailability == oldSelf.highAvailability)").message("highAvailability is immutable: delete the Tunnel and create another to change it"),
     validation = Rule::new("has(self.pool) == has(oldSelf.pool) && (!has(self.pool) || self.pool == oldSelf.pool)").message("pool is immutable: delete the Tunnel and create another to move the Service"),
-    validation = Rule::new("!has(self.pool) || !(has(self.provider) || has(self.region) || has(self.size) || has(self.address) || has(self.highAvailability))").message("a Tunnel on an ExitServerPool takes provider, region, size, address and highAvailability from the pool: leave them unset")
+    validation = Rule::new("!has(self.pool) || !has(self.serviceRef) || !(has(self.provider) || has(self.region) || has(self.size) || has(self.address) || has(self.highAvailability))").message("a Tunnel on an ExitServerPool takes provider, region, size, address and highAvailability from the pool: leave them unset")
 )]
 pub struct TunnelSpec {
     /// The Service in this namespace whose ports the exit server exposes. Immutable. Unset only
@@ -117,7 +117,9 @@ pub struct TunnelSpec {
     /// The ExitServerPool whose shared exit server carries the Service, on the Service's own ports
     /// of the pool's address, instead of an exit server of its own. The pool decides where that
     /// server runs, so `provider`, `region`, `size`, `address` and `highAvailability` stay unset.
-    /// skyport copies the Service's `skyport.dev/exit-server-pool` annotation here. Immutable.
+    /// skyport copies the Service's `skyport.dev/exit-server-pool` annotation here. On the pool's
+    /// shared server itself (no `serviceRef`), the pool it serves, whose placement skyport copies
+    /// into the other fields. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<PoolRef>,
 }

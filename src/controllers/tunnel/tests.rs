@@ -64,6 +64,7 @@ fn harness_set(
         namespace: Some("ns".into()),
         tunnels,
         services,
+        pools: ready_store().0,
         orphans_deleted: Default::default(),
         orphan_addresses_released: Default::default(),
         sweeps: Default::default(),
