@@ -91,6 +91,12 @@ super::reasons! {
     ServiceNotServed: [Tunnel] Warning,
         "the Service is not one skyport serves (not a LoadBalancer, another class, not annotated under --annotated-only)",
         "make the Service one skyport serves, or delete the Tunnel";
+    PoolNotFound: [Tunnel] Warning,
+        "the ExitServerPool the Tunnel names (spec.pool, the Service's skyport.dev/exit-server-pool annotation) does not exist",
+        "create the pool, or name an existing one; the Tunnel waits for it";
+    NotAPoolServer: [Tunnel] Warning,
+        "a Tunnel without spec.serviceRef runs an ExitServerPool's shared server, which only skyport makes, in its own namespace and controlled by the pool",
+        "name the Service to expose in spec.serviceRef";
     InvalidService: [Tunnel, Service] Warning,
         "the Service's ports cannot be tunnelled (SCTP, none, the tunnel's control or health port, a UDP port with the PROXY protocol)",
         "change the Service's ports, or remove the skyport.dev/proxy-protocol annotation the message names";

@@ -95,6 +95,25 @@ pub fn member_client(member: &MemberClient) -> TunnelClient {
     }
 }
 
+/// The digest status keeps of what a shared server was configured with: the credentials', and
+/// on a pool's shared server its members' (UIDs and health ports), so a member that joins or
+/// leaves makes the server's configuration be pushed again. Without members, `credentials`.
+pub fn server_digest<'a>(credentials: &str, members: impl IntoIterator<Item = (&'a String, &'a Admission)>) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new().chain_update(credentials.as_bytes());
+    let mut any = false;
+    for (uid, admission) in members {
+        if let Admission::Carried { health_port, .. } = admission {
+            hash.update(format!("\0{uid}:{health_port}").as_bytes());
+            any = true;
+        }
+    }
+    if !any {
+        return credentials.to_string();
+    }
+    hash.finalize()[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
 #[cfg(test)]
 #[path = "desired_tests.rs"]
 mod tests;

@@ -20,6 +20,7 @@
 //! place that writes a Tunnel's status (deletion and failure reports included). A phase that
 //! must wait returns `None` or a [`Blocked`].
 
+mod carrier;
 mod checks;
 mod console;
 mod host;
@@ -28,6 +29,7 @@ mod reservation;
 mod single;
 mod slot;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,8 +45,10 @@ use super::observe::SecretState;
 use super::placement::Placement;
 use super::plan::policy::Policy;
 use super::plan::{self, Blocked};
-use super::status::{self, Writer};
+use super::status::{self, Writer, describe};
 use super::{Context, act, desired, observe, ranges};
+use crate::controllers::pool;
+use crate::controllers::pool::admit::Admission;
 use crate::controllers::status::ObjectStatus;
 use crate::crd::tunnel::{Tunnel, TunnelPhase, TunnelPort, TunnelStatus};
 use crate::error::{Error, Result};
@@ -66,19 +70,42 @@ pub struct Pass<'a> {
 
 /// What a live Tunnel must be, decided before the first cloud call.
 pub struct Desired {
-    service: Arc<Service>,
+    /// The Service it exposes; none on a pool's shared server.
+    service: Option<Arc<Service>>,
     /// Whether this Tunnel writes the Service's ingress ([`desired::controls_service_status`]).
     publishes: bool,
     provider: Arc<dyn HostProvider>,
     /// Where the client Deployment and credentials Secret live.
     at: Placement,
     uid: String,
+    /// The ports the exit server exposes: the Service's, or on a pool's shared server every
+    /// member's.
     ports: Vec<TunnelPort>,
+    /// On a pool's shared server, what it does for each member (by UID); empty otherwise.
+    members: BTreeMap<String, Admission>,
 }
 
 impl Desired {
     fn publishes(&self) -> Option<&Service> {
-        self.publishes.then_some(&*self.service)
+        self.service.as_deref().filter(|_| self.publishes)
+    }
+
+    /// What the exit server does, for the Ready condition: `forwards 80/TCP to Service web`, or
+    /// on a pool's shared server `carries 2 Services (80/TCP, 443/TCP)`.
+    fn carries(&self) -> String {
+        match &self.service {
+            Some(service) => format!("forwards {} to Service {}", describe(&self.ports), service.name_any()),
+            None => {
+                let carried = self.members.values().filter(|a| !a.ports().is_empty()).count();
+                format!("carries {carried} Services of its pool ({})", describe(&self.ports))
+            }
+        }
+    }
+
+    /// The ports the Tunnel's own client forwards: none on a pool's shared server, whose
+    /// members' clients carry their own.
+    fn forwarded(&self) -> &[TunnelPort] {
+        if self.service.is_some() { &self.ports } else { &[] }
     }
 }
 
@@ -159,6 +186,11 @@ impl<'a> Pass<'a> {
 
     async fn phases(&mut self) -> Result<Action, Failure> {
         let desired = self.desired()?;
+        if desired.service.is_none() {
+            // Members read what they get here, before the server is even up.
+            let members = pool::admit::recorded(&desired.members);
+            self.record(|s| s.pool_members = members).await?;
+        }
         let keys = self.credentials(&desired).await?;
         match Policy::of(&self.tunnel.spec) {
             Policy::Single => self.single(&desired, &keys).await,
@@ -174,9 +206,8 @@ impl<'a> Pass<'a> {
         let uid = tunnel.uid().ok_or(Error::MissingObjectKey("uid"))?;
         let blocked = |phase, reason, message| Failure::Blocked(Blocked(phase, reason, message));
         let Some(svc_name) = tunnel.spec.service_name() else {
-            // WIP: the pool's shared server is not run yet.
-            let message = "a Tunnel without serviceRef is an ExitServerPool's shared server".to_string();
-            return Err(blocked(TunnelPhase::Failed, Reason::InvalidService, message));
+            let pool = tunnel.spec.pool.as_ref().map(|p| p.name.as_str()).unwrap_or_default();
+            return self.carrier_desired(pool);
         };
         let Some(service) = self.service.clone() else {
             let message = format!("Service {ns}/{svc_name} does not exist; the Tunnel waits for it");
@@ -201,7 +232,7 @@ impl<'a> Pass<'a> {
         let provider = plan::provider_for(tunnel, self.status(), &ctx.providers).map_err(Failure::Blocked)?;
         let publishes = desired::controls_service_status(tunnel, &service);
         let at = Placement::of(tunnel, ctx.settings.client_namespace.as_deref())?;
-        Ok(Desired { service, publishes, provider, at, uid, ports })
+        Ok(Desired { service: Some(service), publishes, provider, at, uid, ports, members: BTreeMap::new() })
     }
 
     /// The credentials Secret: read, or created once (an earlier Tunnel's stale one deleted first).
@@ -230,12 +261,14 @@ impl<'a> Pass<'a> {
             }
         };
         let settings = &ctx.settings;
-        let server = desired::exit_server(&want.ports, &credentials, settings.control_port, settings.health_port);
-        let (server, source_ranges) =
+        let server = desired::exit_server(want.forwarded(), &credentials, settings.control_port, settings.health_port);
+        let (mut server, source_ranges) =
             ranges::restrict(server, &self.tunnel.spec.source_ranges).map_err(Failure::Blocked)?;
+        server.services.extend(pool::desired::member_services(&credentials, &want.members));
         // New keys (the Secret was re-created, now or in a reconcile that failed after) mean the
-        // running server must get the new configuration: status remembers the host's keys' digest.
-        let digest = plan::credentials_digest(&credentials);
+        // running server must get the new configuration: status remembers the host's keys' digest,
+        // which on a pool's shared server covers its members too.
+        let digest = pool::desired::server_digest(&plan::credentials_digest(&credentials), &want.members);
         let configured = plan::configured_ports(self.status(), fresh, &digest);
         Ok(Keys { credentials, stored_client, stored_pair, digest, configured, server, source_ranges })
     }
@@ -253,9 +286,11 @@ impl<'a> Pass<'a> {
         Ok(enforced)
     }
 
-    /// The Service's cluster IP, where the tunnel client forwards.
+    /// The Service's cluster IP, where the tunnel client forwards (nothing on a pool's shared
+    /// server: its client forwards no port).
     fn cluster_ip(&self, want: &Desired) -> Result<String, Failure> {
-        let cluster_ip = want.service.spec.as_ref().and_then(|s| s.cluster_ip.clone()).filter(|ip| ip != "None");
+        let Some(service) = &want.service else { return Ok(String::new()) };
+        let cluster_ip = service.spec.as_ref().and_then(|s| s.cluster_ip.clone()).filter(|ip| ip != "None");
         cluster_ip.ok_or_else(|| {
             let svc_name = self.tunnel.spec.service_name().unwrap_or_default();
             Failure::Blocked(Blocked(
