@@ -24,6 +24,7 @@ mod carrier;
 mod checks;
 mod console;
 mod host;
+mod member;
 mod pair;
 mod reservation;
 mod single;
@@ -192,6 +193,9 @@ impl<'a> Pass<'a> {
             self.record(|s| s.pool_members = members).await?;
         }
         let keys = self.credentials(&desired).await?;
+        if let Some(pool) = self.tunnel.spec.pool.as_ref().filter(|_| desired.service.is_some()) {
+            return self.member(&desired, &keys, &pool.name).await;
+        }
         match Policy::of(&self.tunnel.spec) {
             Policy::Single => self.single(&desired, &keys).await,
             Policy::ActiveStandby => self.pair(&desired, &keys).await,

@@ -1,0 +1,162 @@
+//! The phases of a Service on an ExitServerPool's shared server (`spec.pool` with a
+//! `serviceRef`), after the credentials. It buys nothing itself:
+//!
+//! 1. the pool allows its namespace, checked before anything is made;
+//! 2. the pool's shared server: its Tunnel ([`carrier`](super::carrier)) is made with the first
+//!    member, in skyport's own namespace, controlled by the pool;
+//! 3. what that server does for this member, as the server's status records it: its ports and
+//!    health port, or why not;
+//! 4. its own client, with its own token ([`member_token`]), pointed at the shared address;
+//! 5. checked end to end on its own health port, through its own client alone;
+//! 6. the shared address with its own ports on its Service, and status.
+
+use std::sync::Arc;
+
+use kube::ResourceExt;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use providers::exit::userdata::render_client_toml;
+
+use super::super::observe::{self, SecretState};
+use super::super::placement::{Placement, fit_label};
+use super::super::plan::Blocked;
+use super::super::{act, desired, status};
+use super::{BOOT_POLL, Desired, Failure, HEALTH_POLL, Keys, Pass};
+use crate::controllers::jittered;
+use crate::controllers::pool::desired::{MemberClient, member_client, member_token};
+use crate::crd::condition::{Condition, ConditionStatus};
+use crate::crd::pool::ExitServerPool;
+use crate::crd::tunnel::{PoolMember, Tunnel, TunnelPhase};
+use crate::error::{Error, Result};
+use crate::reasons::Reason;
+
+/// The name of `pool`'s shared-server Tunnel.
+pub fn carrier_name(pool: &str) -> String {
+    fit_label(&format!("pool-{pool}"))
+}
+
+impl Pass<'_> {
+    /// The phases after the credentials, for a Service on `pool`'s shared server.
+    pub(super) async fn member(&mut self, want: &Desired, keys: &Keys, pool: &str) -> Result<Action, Failure> {
+        let (tunnel, ctx) = (self.tunnel, self.ctx);
+        let blocked = |phase, reason, message: String| Failure::Blocked(Blocked(phase, reason, message));
+        let Some(found) = ctx.pools.get(&ObjectRef::new(pool)) else {
+            let message = format!("ExitServerPool {pool} does not exist");
+            return Err(blocked(TunnelPhase::Pending, Reason::PoolNotFound, message));
+        };
+        let ns = tunnel.namespace().unwrap_or_default();
+        if !found.spec.allowed_namespaces.contains(&ns) {
+            let message = format!("ExitServerPool {pool} does not allow namespace {ns} (its spec.allowedNamespaces)");
+            return Err(blocked(TunnelPhase::Failed, Reason::PoolNotAllowed, message));
+        }
+        let Some(carrier) = self.carrier(&found).await? else { return Ok(Action::requeue(BOOT_POLL)) };
+        let uid = want.uid.as_str();
+        let entry = carrier.status.as_ref().and_then(|s| s.pool_members.iter().find(|m| m.uid == uid).cloned());
+        let Some((ports, health_port)) = carried(entry, pool).map_err(Failure::Blocked)? else {
+            let message = format!("waiting for the shared exit server of ExitServerPool {pool} to take the Service");
+            self.report(TunnelPhase::Provisioning, Reason::Provisioning, &message).await?;
+            return Ok(Action::requeue(BOOT_POLL));
+        };
+        let carrier_status = carrier.status.clone().unwrap_or_default();
+        let Some(ip) = carrier_status.address_ip.clone().or(carrier_status.host_ip.clone()) else {
+            let message = format!("the shared exit server of ExitServerPool {pool} is not running yet");
+            self.report(TunnelPhase::Provisioning, Reason::Provisioning, &message).await?;
+            return Ok(Action::requeue(BOOT_POLL));
+        };
+        let token = self.client_on((want, keys), &carrier, (&ports, health_port), &ip).await?;
+        let check = ctx.probe.check(&ip, health_port, &token, std::time::Duration::from_secs(3)).await;
+        if let Err(why) = check {
+            let message = format!("the tunnel through the shared exit server {ip} does not answer yet: {why}");
+            self.report(TunnelPhase::Provisioning, Reason::Provisioning, &message).await?;
+            return Ok(Action::requeue(jittered(HEALTH_POLL)));
+        }
+        if let Some(service) = want.publishes() {
+            act::set_ingress(service, Some(desired::ingress(&ip, &ports)), ctx).await?;
+        }
+        let message = format!(
+            "the shared exit server {ip} of ExitServerPool {pool} forwards {} to Service {}; the tunnel passed its health check",
+            status::describe(&ports),
+            tunnel.spec.service_name().unwrap_or_default(),
+        );
+        let generation = tunnel.metadata.generation;
+        self.record(|s| {
+            s.phase = Some(TunnelPhase::Active);
+            s.host_ip = Some(ip);
+            s.ports = ports;
+            s.observed_generation = generation;
+            s.conditions = vec![Condition::new("Ready", ConditionStatus::True, Reason::Active.as_str(), message)];
+        })
+        .await?;
+        Ok(Action::requeue(jittered(ctx.settings.resync)))
+    }
+
+    /// The pool's shared-server Tunnel, made if there is none; `None` while it is being made or
+    /// replaced.
+    async fn carrier(&mut self, pool: &ExitServerPool) -> Result<Option<Arc<Tunnel>>, Failure> {
+        let ctx = self.ctx;
+        let Some(ns) = ctx.settings.pools_namespace() else {
+            let message =
+                "skyport knows no namespace of its own for pools' shared servers: set --tunnel-pool-namespace";
+            return Err(Failure::Blocked(Blocked(TunnelPhase::Failed, Reason::NotAPoolServer, message.into())));
+        };
+        let name = carrier_name(&pool.name_any());
+        match ctx.tunnels.get(&ObjectRef::new(&name).within(&ns)) {
+            Some(carrier) if carrier.metadata.deletion_timestamp.is_none() => Ok(Some(carrier)),
+            Some(_) => Ok(None),
+            None => {
+                act::create_carrier(pool, &ns, &name, ctx).await?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// The member's client, with its own token on the shared server, pointed at `ip`; its token.
+    async fn client_on(
+        &mut self,
+        (want, own): (&Desired, &Keys),
+        carrier: &Tunnel,
+        (ports, health_port): (&[crate::crd::tunnel::TunnelPort], u16),
+        ip: &str,
+    ) -> Result<String, Failure> {
+        let (tunnel, ctx) = (self.tunnel, self.ctx);
+        let at = Placement::of(carrier, ctx.settings.client_namespace.as_deref())?;
+        let SecretState::Stored(keys) = observe::credentials(&ctx.client, carrier, &at).await? else {
+            return Err(Error::Internal("the shared exit server's credentials are not stored yet".into()).into());
+        };
+        let token = member_token(&keys.credentials, &want.uid);
+        let cluster_ip = self.cluster_ip(want)?;
+        let member = MemberClient {
+            uid: &want.uid,
+            ports,
+            health_port,
+            token: &token,
+            server_public_key: &keys.credentials.keypair.public_key,
+            remote_addr: format!("{ip}:{}", ctx.settings.control_port),
+            cluster_ip: &cluster_ip,
+        };
+        let toml =
+            render_client_toml(&member_client(&member)).map_err(|e| Error::Internal(format!("client config: {e}")))?;
+        if own.stored_client.as_deref() != Some(toml.as_str()) {
+            act::write_client_config(tunnel, &want.at, &toml, ctx).await?;
+        }
+        act::ensure_deployment(tunnel, &want.at, &ctx.settings.client_image, &desired::checksum(&toml), ctx).await?;
+        Ok(token)
+    }
+}
+
+/// The member's ports and health port from its entry in the shared server's status; `None` while
+/// it has none; refused with the server's reason when it is not carried at all.
+fn carried(
+    entry: Option<PoolMember>,
+    pool: &str,
+) -> Result<Option<(Vec<crate::crd::tunnel::TunnelPort>, u16)>, Blocked> {
+    let Some(entry) = entry else { return Ok(None) };
+    match (entry.health_port, entry.refused) {
+        (Some(port), _) if !entry.ports.is_empty() => Ok(Some((entry.ports, port))),
+        (_, Some(why)) => {
+            let message = format!("ExitServerPool {pool}: {why}");
+            Err(Blocked(TunnelPhase::Failed, Reason::PoolRefused, message))
+        }
+        _ => Ok(None),
+    }
+}
