@@ -163,7 +163,10 @@ pub fn controller(
         .predicate_filter(deployment_hash, Default::default());
     // Pools are cluster-scoped: an install that watches one namespace serves none.
     let (pool_reader, pool_writer) = reflector::store();
-    let pool_stream = match scope {
+    // A test serving one namespace serves pools whose shared servers live there too.
+    let pool_scope =
+        if settings.pool_namespace.is_some() && settings.pool_namespace.as_deref() == scope { None } else { scope };
+    let pool_stream = match pool_scope {
         None => watcher(Api::<ExitServerPool>::all(client.clone()), watcher::Config::default())
             .default_backoff()
             .reflect(pool_writer)

@@ -188,6 +188,11 @@ impl<'a> Pass<'a> {
     async fn phases(&mut self) -> Result<Action, Failure> {
         let desired = self.desired()?;
         if desired.service.is_none() {
+            let allowed = |a: &Admission| !matches!(a, Admission::Refused(pool::admit::Refusal::NamespaceNotAllowed));
+            if !desired.members.values().any(allowed) {
+                act::retire_carrier(self.tunnel, self.ctx).await?;
+                return Ok(Action::await_change());
+            }
             // Members read what they get here, before the server is even up.
             let members = pool::admit::recorded(&desired.members);
             self.record(|s| s.pool_members = members).await?;

@@ -2,7 +2,7 @@
 //! made with the pool's first member.
 
 use kube::ResourceExt;
-use kube::api::Api;
+use kube::api::{Api, DeleteParams, Preconditions};
 use tracing::info;
 
 use super::super::Context;
@@ -33,4 +33,19 @@ pub async fn create_carrier(pool: &ExitServerPool, ns: &str, name: &str, ctx: &C
         info!(pool = %pool.name_any(), tunnel = %format!("{ns}/{name}"), "made the pool's shared exit server's Tunnel");
     }
     Ok(created)
+}
+
+/// Deletes the shared-server Tunnel `carrier` once no member is left (by UID precondition, so a
+/// new one made meanwhile stays); its finalizer then deletes the exit server.
+pub async fn retire_carrier(carrier: &Tunnel, ctx: &Context) -> Result<()> {
+    let ns = carrier.namespace().unwrap_or_default();
+    let uid = carrier.metadata.uid.clone();
+    let params =
+        DeleteParams { preconditions: Some(Preconditions { uid, resource_version: None }), ..Default::default() };
+    info!(tunnel = %format!("{ns}/{}", carrier.name_any()), "the pool has no member left: deleting its shared exit server");
+    match Api::<Tunnel>::namespaced(ctx.client.clone(), &ns).delete(&carrier.name_any(), &params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }

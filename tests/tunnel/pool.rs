@@ -1,0 +1,119 @@
+//! Services of one namespace on one ExitServerPool's shared exit server, on the test node: the
+//! clients are real Pods, the shared server the local provider's process. One VM carries both
+//! Services on their own ports; a port another Service serves is refused without naming it; one
+//! Service leaving keeps the other's open connection; the last one leaving takes the VM.
+
+use std::time::Duration;
+
+use kube::api::{Api, DeleteParams, PostParams};
+use providers::HostProvider;
+use skyport::crd::pool::{ExitServerPool, ExitServerPoolSpec};
+use skyport::crd::tunnel::TunnelPhase;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::common::eventually;
+use crate::common::kubelet::tcp_echo;
+use crate::common::tunnels::{active, carries, fast_tunnel_settings, host_ip, ready, service};
+use crate::node::tunnels::{ACTIVE, BACKEND_PORTS, NodeTunnel};
+
+/// A Service on the pool, selecting the backend Pod (`app: web`).
+fn member(name: &str, pool: &str, port: u16) -> k8s_openapi::api::core::v1::Service {
+    let mut svc = service(
+        name,
+        Some("skyport.dev/tunnel"),
+        serde_json::json!({"skyport.dev/exit-server-pool": pool}),
+        serde_json::json!([{"name": "tcp", "port": port, "protocol": "TCP"}]),
+    );
+    svc.spec.as_mut().unwrap().selector = Some([("app".to_string(), "web".to_string())].into());
+    svc
+}
+
+/// Sends `what` on `conn` (if anything) and reads the answer.
+async fn echo(conn: &mut tokio::net::TcpStream, what: &[u8]) -> Option<Vec<u8>> {
+    if !what.is_empty() {
+        conn.write_all(what).await.ok()?;
+    }
+    let mut buf = vec![0u8; 256];
+    let n = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf)).await.ok()?.ok()?;
+    Some(buf[..n].to_vec())
+}
+
+/// Deletes the cluster-scoped pool when the test ends, however it ends.
+struct PoolGuard(Api<ExitServerPool>, String);
+
+impl Drop for PoolGuard {
+    fn drop(&mut self) {
+        let (api, name) = (self.0.clone(), self.1.clone());
+        tokio::spawn(async move { api.delete(&name, &DeleteParams::default()).await });
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn services_share_one_exit_server_on_their_own_ports_and_leave_it_one_by_one() {
+    let pool = format!("pool-{:08x}", rand::random::<u32>());
+    let settings = |ns: &str| skyport::config::TunnelArgs { pool_namespace: Some(ns.into()), ..fast_tunnel_settings() };
+    let Some(NodeTunnel { ns, op, services, tunnels, turn: _turn, .. }) =
+        NodeTunnel::start_in("tun-pool", settings, BACKEND_PORTS, None, Vec::new()).await
+    else {
+        return;
+    };
+    let pools: Api<ExitServerPool> = Api::all(ns.client.clone());
+    let spec = ExitServerPoolSpec { allowed_namespaces: vec![ns.name.clone()], ..Default::default() };
+    pools.create(&PostParams::default(), &ExitServerPool::new(&pool, spec)).await.unwrap();
+    let _guard = PoolGuard(pools.clone(), pool.clone());
+    for (name, port) in [("web-a", 8080), ("web-b", 9090)] {
+        services.create(&PostParams::default(), &member(name, &pool, port)).await.unwrap();
+    }
+
+    let a = active(&tunnels, "web-a-tunnel", ACTIVE).await;
+    let b = active(&tunnels, "web-b-tunnel", ACTIVE).await;
+    assert_eq!(host_ip(&a), host_ip(&b), "one shared address");
+    let ip = host_ip(&a);
+    let hosts =
+        op.local.list_by_tag(providers::hosts::TAG_MANAGED_BY, providers::hosts::MANAGED_BY_VALUE).await.unwrap();
+    assert_eq!(hosts.len(), 1, "one exit server for both Services: {hosts:?}");
+    carries(&ip, 8080, None).await;
+    carries(&ip, 9090, None).await;
+
+    // A third Service asking for a port the pool already serves is refused, naming the port only.
+    services.create(&PostParams::default(), &member("web-c", &pool, 8080)).await.unwrap();
+    let refused = eventually("web-c refused", ACTIVE, || async {
+        let t = tunnels.get("web-c-tunnel").await.ok()?;
+        (t.status.as_ref()?.phase == Some(TunnelPhase::Failed)).then_some(t)
+    })
+    .await;
+    let (_, reason, message) = ready(&refused).unwrap();
+    assert_eq!(reason, "PoolRefused", "{message}");
+    assert!(message.contains("8080/TCP") && !message.contains("web-a"), "{message}");
+    services.delete("web-c", &DeleteParams::default()).await.unwrap();
+
+    // web-a leaves; a connection to web-b, open all along, keeps carrying bytes.
+    let mut held = tokio::net::TcpStream::connect((ip.as_str(), 9090)).await.unwrap();
+    // The backend names its port first, then echoes.
+    assert_eq!(echo(&mut held, b"").await.as_deref(), Some(&b"9090\n"[..]), "web-b's backend");
+    assert_eq!(echo(&mut held, b"before").await.as_deref(), Some(&b"before"[..]));
+    services.delete("web-a", &DeleteParams::default()).await.unwrap();
+    eventually("web-a's port closed on the shared address", Duration::from_secs(60), || async {
+        tcp_echo(&ip, 8080, b"x").await.is_none().then_some(())
+    })
+    .await;
+    let after = echo(&mut held, b"after").await;
+    assert_eq!(after.as_deref(), Some(&b"after"[..]), "the held connection to web-b still carries bytes");
+    assert!(tunnels.get("web-b-tunnel").await.unwrap().status.unwrap().phase == Some(TunnelPhase::Active));
+
+    // The last member leaves: the shared server's Tunnel goes, and with it the VM.
+    services.delete("web-b", &DeleteParams::default()).await.unwrap();
+    eventually("no Tunnel left, the shared server's included", Duration::from_secs(90), || async {
+        tunnels.list(&Default::default()).await.ok()?.items.is_empty().then_some(())
+    })
+    .await;
+    eventually("no exit server left", Duration::from_secs(60), || async {
+        let left =
+            op.local.list_by_tag(providers::hosts::TAG_MANAGED_BY, providers::hosts::MANAGED_BY_VALUE).await.ok()?;
+        left.is_empty().then_some(())
+    })
+    .await;
+    op.stop().await;
+    ns.cleanup().await;
+}
