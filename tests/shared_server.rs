@@ -98,7 +98,7 @@ async fn clients_sharing_an_exit_server_carry_only_their_own_ports_and_a_port_mo
 
     let config = dir.join("server.toml");
     let render = |members: &BTreeMap<String, Admission>| {
-        let services = member_services(&carrier, members);
+        let services = member_services(&carrier, members, &BTreeMap::new());
         let server =
             ExitServer { control_port: control, noise_private_key: carrier.keypair.private_key.clone(), services };
         render_server_toml_on(&server, &ip).unwrap()

@@ -7,6 +7,8 @@
 //! others'. Each member also has a health service of its own on its health port, so the
 //! operator's check of one member passes through that member's client alone.
 
+use std::collections::BTreeMap;
+
 use providers::exit::userdata::{ClientService, Protocol, TunnelClient, TunnelService};
 
 use super::admit::Admission;
@@ -31,10 +33,13 @@ fn protocol(port: &TunnelPort) -> Protocol {
     if port.protocol == "UDP" { Protocol::Udp } else { Protocol::Tcp }
 }
 
-/// The shared server's services for every carried member, by UID, with their own tokens.
+/// The shared server's services for every carried member, by UID, with their own tokens and
+/// their own source ranges (`ranges`, canonical, by UID; none: anywhere), which the server's
+/// firewall enforces per service.
 pub fn member_services<'a>(
     carrier: &Credentials,
     members: impl IntoIterator<Item = (&'a String, &'a Admission)>,
+    ranges: &BTreeMap<String, Vec<String>>,
 ) -> Vec<TunnelService> {
     let mut services = Vec::new();
     for (uid, admission) in members {
@@ -45,7 +50,7 @@ pub fn member_services<'a>(
             protocol: protocol(p),
             port: u16::try_from(p.port).unwrap_or_default(),
             token: token.clone(),
-            source_ranges: Vec::new(),
+            source_ranges: ranges.get(uid).cloned().unwrap_or_default(),
             proxy_protocol: p.proxy_protocol.map(Into::into),
         }));
         let mut health = crate::tunnel::health_server_service(*health_port, &token);
@@ -96,15 +101,21 @@ pub fn member_client(member: &MemberClient) -> TunnelClient {
 }
 
 /// The digest status keeps of what a shared server was configured with: the credentials', and
-/// on a pool's shared server its members' (UIDs and health ports), so a member that joins or
-/// leaves makes the server's configuration be pushed again. Without members, `credentials`.
-pub fn server_digest<'a>(credentials: &str, members: impl IntoIterator<Item = (&'a String, &'a Admission)>) -> String {
+/// on a pool's shared server its members' (UIDs, health ports and source ranges), so a member
+/// that joins, leaves or changes its ranges makes the server's configuration be pushed again.
+/// Without members, `credentials`.
+pub fn server_digest<'a>(
+    credentials: &str,
+    members: impl IntoIterator<Item = (&'a String, &'a Admission)>,
+    ranges: &BTreeMap<String, Vec<String>>,
+) -> String {
     use sha2::{Digest, Sha256};
     let mut hash = Sha256::new().chain_update(credentials.as_bytes());
     let mut any = false;
     for (uid, admission) in members {
         if let Admission::Carried { health_port, .. } = admission {
-            hash.update(format!("\0{uid}:{health_port}").as_bytes());
+            let ranges = ranges.get(uid).map(|r| r.join(",")).unwrap_or_default();
+            hash.update(format!("\0{uid}:{health_port}:{ranges}").as_bytes());
             any = true;
         }
     }

@@ -33,12 +33,16 @@ fn member_tokens_are_the_members_own_and_none_is_the_carriers() {
 #[test]
 fn the_shared_server_carries_each_carried_member_under_its_uid_with_its_own_health_service() {
     let carrier = Credentials::generate();
-    let services = member_services(&carrier, &admissions());
+    let ranges = BTreeMap::from([(U1.to_string(), vec!["203.0.113.0/24".to_string()])]);
+    let services = member_services(&carrier, &admissions(), &ranges);
     let names: Vec<&str> = services.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, [format!("{U1}.tcp-80"), format!("{U1}.tcp-443"), format!("{U1}.skyport-health")]);
     assert!(services.iter().all(|s| s.token == member_token(&carrier, U1)));
     assert_eq!(services.iter().map(|s| s.port).collect::<Vec<_>>(), [80, 443, 40000]);
     assert!(is_health_service(&services[2].name) && !is_health_service(&services[0].name));
+    // The member's own source ranges on its own ports; the health check stays open to the operator.
+    assert!(services[..2].iter().all(|s| s.source_ranges == ["203.0.113.0/24"]));
+    assert!(services[2].source_ranges.is_empty());
     // rathole takes the names (at most 63 characters) and the file renders.
     let server = ExitServer { control_port: 2333, noise_private_key: carrier.keypair.private_key.clone(), services };
     render_server_toml(&server).unwrap();
@@ -73,4 +77,18 @@ fn only_a_health_service_name_reads_as_one() {
     assert!(!is_health_service("u-skyport-health"));
     assert!(!is_health_service("tcp-80"));
     assert!(!is_health_service("skyport-health.tcp-80"));
+}
+
+#[test]
+fn the_servers_digest_follows_its_members_and_their_ranges_and_is_the_credentials_without_any() {
+    let none = BTreeMap::new();
+    assert_eq!(server_digest("abc", &BTreeMap::new(), &none), "abc");
+    let carried = admissions();
+    let with = server_digest("abc", &carried, &none);
+    assert_ne!(with, "abc");
+    let ranges = BTreeMap::from([(U1.to_string(), vec!["203.0.113.0/24".to_string()])]);
+    assert_ne!(server_digest("abc", &carried, &ranges), with, "new ranges are pushed");
+    // A refused member is not on the server: it changes nothing.
+    let only_refused: BTreeMap<String, Admission> = carried.into_iter().filter(|(u, _)| u == U2).collect();
+    assert_eq!(server_digest("abc", &only_refused, &none), "abc");
 }

@@ -84,6 +84,8 @@ pub struct Desired {
     ports: Vec<TunnelPort>,
     /// On a pool's shared server, what it does for each member (by UID); empty otherwise.
     members: BTreeMap<String, Admission>,
+    /// On a pool's shared server, each member's source ranges (canonical, by UID).
+    member_ranges: BTreeMap<String, Vec<String>>,
 }
 
 impl Desired {
@@ -241,7 +243,8 @@ impl<'a> Pass<'a> {
         let provider = plan::provider_for(tunnel, self.status(), &ctx.providers).map_err(Failure::Blocked)?;
         let publishes = desired::controls_service_status(tunnel, &service);
         let at = Placement::of(tunnel, ctx.settings.client_namespace.as_deref())?;
-        Ok(Desired { service: Some(service), publishes, provider, at, uid, ports, members: BTreeMap::new() })
+        let (members, member_ranges) = (BTreeMap::new(), BTreeMap::new());
+        Ok(Desired { service: Some(service), publishes, provider, at, uid, ports, members, member_ranges })
     }
 
     /// The credentials Secret: read, or created once (an earlier Tunnel's stale one deleted first).
@@ -273,11 +276,12 @@ impl<'a> Pass<'a> {
         let server = desired::exit_server(want.forwarded(), &credentials, settings.control_port, settings.health_port);
         let (mut server, source_ranges) =
             ranges::restrict(server, &self.tunnel.spec.source_ranges).map_err(Failure::Blocked)?;
-        server.services.extend(pool::desired::member_services(&credentials, &want.members));
+        server.services.extend(pool::desired::member_services(&credentials, &want.members, &want.member_ranges));
         // New keys (the Secret was re-created, now or in a reconcile that failed after) mean the
         // running server must get the new configuration: status remembers the host's keys' digest,
         // which on a pool's shared server covers its members too.
-        let digest = pool::desired::server_digest(&plan::credentials_digest(&credentials), &want.members);
+        let digest =
+            pool::desired::server_digest(&plan::credentials_digest(&credentials), &want.members, &want.member_ranges);
         let configured = plan::configured_ports(self.status(), fresh, &digest);
         Ok(Keys { credentials, stored_client, stored_pair, digest, configured, server, source_ranges })
     }

@@ -45,12 +45,13 @@ impl Pass<'_> {
             return Err(misplaced("not controlled by its ExitServerPool"));
         }
         let members = admissions(ctx, &pool, &self.status().pool_members);
+        let member_ranges = ranges(ctx, &members);
         let mut ports: Vec<TunnelPort> = members.values().flat_map(|a| a.ports().iter().cloned()).collect();
         ports.sort();
         ports.dedup();
         let provider = plan::provider_for(tunnel, self.status(), &ctx.providers).map_err(Failure::Blocked)?;
         let at = Placement::of(tunnel, ctx.settings.client_namespace.as_deref())?;
-        Ok(Desired { service: None, publishes: false, provider, at, uid, ports, members })
+        Ok(Desired { service: None, publishes: false, provider, at, uid, ports, members, member_ranges })
     }
 }
 
@@ -79,6 +80,21 @@ fn admissions(
         health_ports: pool.spec.health_ports.range(),
     };
     admit::admit(&rules, &claims)
+}
+
+/// Each carried member's source ranges (its `spec.sourceRanges`, canonical; the API server
+/// checked they are CIDRs), by UID.
+fn ranges(ctx: &Context, members: &BTreeMap<String, Admission>) -> BTreeMap<String, Vec<String>> {
+    let tunnels = ctx.tunnels.state();
+    let of = |uid: &String| {
+        let member = tunnels.iter().find(|t| t.metadata.uid.as_ref() == Some(uid))?;
+        let mut ranges: Vec<String> =
+            member.spec.source_ranges.iter().filter_map(|r| providers::cidr::canonical(r).ok()).collect();
+        ranges.sort();
+        ranges.dedup();
+        Some((uid.clone(), ranges))
+    };
+    members.keys().filter_map(of).collect()
 }
 
 /// The ports a member's Service asks for, as its own Tunnel would expose them.
