@@ -5,12 +5,12 @@
 //! drops that client, leaves the other's open connection up.
 
 use crate::common;
+use crate::health::{free_port, spawn};
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::eventually;
-use common::kubelet::skyport_exe;
 use providers::exit::userdata::{ExitServer, render_client_toml, render_server_toml_on};
 use skyport::controllers::pool::admit::Admission;
 use skyport::controllers::pool::desired::{MemberClient, member_client, member_services, member_token};
@@ -19,22 +19,6 @@ use skyport::crd::tunnel::TunnelPort;
 use skyport::tunnel::{ProbeError, probe};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-fn free_port(ip: &str) -> u16 {
-    std::net::TcpListener::bind((ip, 0)).unwrap().local_addr().unwrap().port()
-}
-
-fn spawn(args: &[&str], config: &std::path::Path, log: &std::path::Path) -> tokio::process::Child {
-    tokio::process::Command::new(skyport_exe())
-        .args(args)
-        .arg(config)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::fs::File::create(log).unwrap())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap()
-}
 
 /// An echo backend on 127.0.0.1 that prefixes every answer with `tag`, so a test sees whose
 /// backend answered; its port is the public port too, as a Service's port is on the exit server.
