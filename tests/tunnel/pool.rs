@@ -1,14 +1,16 @@
 //! Services of one namespace on one ExitServerPool's shared exit server, on the test node: the
 //! clients are real Pods, the shared server the local provider's process. One VM carries both
 //! Services on their own ports; a port another Service serves is refused without naming it; one
-//! Service leaving keeps the other's open connection; the last one leaving takes the VM.
+//! Service leaving keeps the other's open connection; the last one leaving takes the VM. The pool's
+//! status says where it serves and what, and only its own shared server writes it.
 
 use std::time::Duration;
 
 use kube::api::{Api, DeleteParams, PostParams};
 use providers::HostProvider;
+use skyport::crd::condition::ConditionStatus;
 use skyport::crd::pool::{ExitServerPool, ExitServerPoolSpec};
-use skyport::crd::tunnel::TunnelPhase;
+use skyport::crd::tunnel::{Tunnel, TunnelPhase};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::common::eventually;
@@ -75,6 +77,36 @@ async fn services_share_one_exit_server_on_their_own_ports_and_leave_it_one_by_o
     assert_eq!(hosts.len(), 1, "one exit server for both Services: {hosts:?}");
     carries(&ip, 8080, None).await;
     carries(&ip, 9090, None).await;
+    // The pool says where it serves and what, not for whom.
+    let status = eventually("the pool's status", Duration::from_secs(30), || async {
+        let status = pools.get(&pool).await.ok()?.status?;
+        (status.members == Some(2) && status.address.as_deref() == Some(ip.as_str())).then_some(status)
+    })
+    .await;
+    let ports: Vec<i32> = status.ports.iter().map(|p| p.port).collect();
+    assert_eq!(ports, [8080, 9090]);
+    assert!(status.conditions.iter().any(|c| c.type_ == "Ready" && c.status == ConditionStatus::True));
+
+    // A Tunnel naming the pool without a Service, which the pool does not control, is refused:
+    // it buys nothing and does not speak for the pool.
+    let forged: Tunnel = serde_json::from_value(serde_json::json!({
+        "apiVersion": "skyport.dev/v1alpha1", "kind": "Tunnel",
+        "metadata": {"name": "forged"}, "spec": {"pool": {"name": pool}},
+    }))
+    .unwrap();
+    tunnels.create(&PostParams::default(), &forged).await.unwrap();
+    let forged = eventually("the forged shared server refused", ACTIVE, || async {
+        let t = tunnels.get("forged").await.ok()?;
+        (t.status.as_ref()?.phase == Some(TunnelPhase::Failed)).then_some(t)
+    })
+    .await;
+    assert_eq!(ready(&forged).unwrap().1, "NotAPoolServer");
+    tunnels.delete("forged", &DeleteParams::default()).await.unwrap();
+    let hosts =
+        op.local.list_by_tag(providers::hosts::TAG_MANAGED_BY, providers::hosts::MANAGED_BY_VALUE).await.unwrap();
+    assert_eq!(hosts.len(), 1, "still one exit server: {hosts:?}");
+    let after = pools.get(&pool).await.unwrap().status.unwrap();
+    assert_eq!((after.members, after.address), (Some(2), Some(ip.clone())), "the pool's status is its own");
 
     // A third Service asking for a port the pool already serves is refused, naming the port only.
     services.create(&PostParams::default(), &member("web-c", &pool, 8080)).await.unwrap();

@@ -177,14 +177,21 @@ impl<'a> Pass<'a> {
 
     /// Runs the phases; a [`Blocked`] one is reported and waits for a change.
     pub async fn run(mut self) -> Result<Action> {
-        match self.phases().await {
+        let result = match self.phases().await {
             Ok(action) => Ok(action),
             Err(Failure::Blocked(Blocked(phase, reason, message))) => {
                 self.report(phase, reason, &message).await?;
                 Ok(Action::await_change())
             }
             Err(Failure::Error(e)) => Err(e),
+        };
+        // A pool's shared server says what it reached on its pool too.
+        if self.tunnel.spec.carries_pool()
+            && let Err(e) = act::publish_pool(self.tunnel, self.status(), self.ctx).await
+        {
+            tracing::warn!(error = %e, "writing the pool's status failed; written again next pass");
         }
+        result
     }
 
     async fn phases(&mut self) -> Result<Action, Failure> {

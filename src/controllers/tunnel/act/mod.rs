@@ -8,7 +8,7 @@ pub mod address;
 mod carrier;
 pub mod host;
 
-pub use carrier::{create_carrier, retire_carrier};
+pub use carrier::{create_carrier, publish_pool, retire_carrier, serves};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, Service};

@@ -15,7 +15,7 @@ use super::{Desired, Failure, Pass};
 use crate::controllers::pool::admit::{self, Admission, Rules};
 use crate::controllers::tunnel::placement::Placement;
 use crate::controllers::tunnel::plan::{self, Blocked};
-use crate::controllers::tunnel::{Context, desired};
+use crate::controllers::tunnel::{Context, act, desired};
 use crate::crd::pool::ExitServerPool;
 use crate::crd::tunnel::{Tunnel, TunnelPhase, TunnelPort};
 use crate::error::Error;
@@ -41,7 +41,7 @@ impl Pass<'_> {
             let message = format!("ExitServerPool {pool_name} does not exist");
             return Err(blocked(TunnelPhase::Pending, Reason::PoolNotFound, message));
         };
-        if !controlled_by(tunnel, &pool) {
+        if !act::serves(tunnel, &pool, Some(ns.as_str())) {
             return Err(misplaced("not controlled by its ExitServerPool"));
         }
         let members = admissions(ctx, &pool, &self.status().pool_members);
@@ -53,12 +53,6 @@ impl Pass<'_> {
         let at = Placement::of(tunnel, ctx.settings.client_namespace.as_deref())?;
         Ok(Desired { service: None, publishes: false, provider, at, uid, ports, members, member_ranges })
     }
-}
-
-/// Whether `pool` (this very object, by UID) controls `tunnel`.
-fn controlled_by(tunnel: &Tunnel, pool: &ExitServerPool) -> bool {
-    let Some(uid) = pool.metadata.uid.as_deref() else { return false };
-    tunnel.owner_references().iter().any(|r| r.kind == "ExitServerPool" && r.uid == uid && r.controller == Some(true))
 }
 
 /// What the shared server does for each live member of `pool`. A member whose Service is missing
