@@ -52,6 +52,7 @@ mod tests;
 use std::sync::Arc;
 
 use futures::StreamExt;
+use futures::channel::mpsc::{UnboundedSender, unbounded};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::Api;
@@ -93,6 +94,9 @@ pub struct State {
     pub services: Store<Service>,
     /// Every ExitServerPool; empty when one namespace is watched (pools are cluster-scoped).
     pub pools: Store<ExitServerPool>,
+    /// Tunnels to reconcile now: a pool's shared server when a member joins, changes or leaves,
+    /// and the members whose entry on it changed.
+    pub wakes: UnboundedSender<ObjectRef<Tunnel>>,
     /// Exit servers the orphan sweep deleted.
     pub orphans_deleted: std::sync::atomic::AtomicU64,
     /// Reserved addresses the orphan sweep released.
@@ -176,6 +180,7 @@ pub fn controller(
         Some(_) => futures::stream::empty().right_stream(),
     };
     let concurrency = settings.concurrency;
+    let (wakes, woken) = unbounded();
     let state = State {
         creations: match settings.creations_file.as_deref() {
             Some(path) => hourly::HourlyBudget::recorded(settings.max_hosts_per_hour, path),
@@ -188,6 +193,7 @@ pub fn controller(
         tunnels: tunnel_reader.clone(),
         services: service_reader,
         pools: pool_reader,
+        wakes,
         orphans_deleted: Default::default(),
         orphan_addresses_released: Default::default(),
         sweeps: Default::default(),
@@ -219,6 +225,7 @@ pub fn controller(
                 .map(|t| ObjectRef::from_obj(&*t))
                 .collect::<Vec<_>>()
         })
+        .reconcile_on(woken)
         .with_config(ControllerConfig::default().concurrency(concurrency))
         .graceful_shutdown_on(shutdown.clone())
         .run(reconcile, error_policy, ctx.clone())

@@ -25,6 +25,8 @@ mod checks;
 mod console;
 mod host;
 mod member;
+
+pub use member::wake_carrier;
 mod pair;
 mod reservation;
 mod single;
@@ -202,9 +204,15 @@ impl<'a> Pass<'a> {
                 act::retire_carrier(self.tunnel, self.ctx).await?;
                 return Ok(Action::await_change());
             }
-            // Members read what they get here, before the server is even up.
+            // Members read what they get here, before the server is even up; those whose entry
+            // changed look again now.
             let members = pool::admit::recorded(&desired.members);
+            let changed: Vec<String> =
+                members.iter().filter(|m| !self.status().pool_members.contains(m)).map(|m| m.uid.clone()).collect();
             self.record(|s| s.pool_members = members).await?;
+            for member in self.ctx.tunnels.state().iter().filter(|t| t.uid().is_some_and(|u| changed.contains(&u))) {
+                let _ = self.ctx.wakes.unbounded_send(ObjectRef::from_obj(&**member));
+            }
         }
         let keys = self.credentials(&desired).await?;
         if let Some(pool) = self.tunnel.spec.pool.as_ref().filter(|_| desired.service.is_some()) {

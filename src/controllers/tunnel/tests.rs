@@ -65,6 +65,7 @@ fn harness_set(
         tunnels,
         services,
         pools: ready_store().0,
+        wakes: futures::channel::mpsc::unbounded().0,
         orphans_deleted: Default::default(),
         orphan_addresses_released: Default::default(),
         sweeps: Default::default(),

@@ -35,6 +35,15 @@ pub fn carrier_name(pool: &str) -> String {
     fit_label(&format!("pool-{pool}"))
 }
 
+/// Has the shared server of the pool `member` names look at its members now: the member joined,
+/// changed its ports, or is leaving.
+pub fn wake_carrier(member: &Tunnel, ctx: &crate::controllers::tunnel::Context) {
+    let (Some(pool), Some(ns)) = (member.spec.pool.as_ref(), ctx.settings.pools_namespace()) else { return };
+    if member.spec.service_ref.is_some() {
+        let _ = ctx.wakes.unbounded_send(ObjectRef::new(&carrier_name(&pool.name)).within(&ns));
+    }
+}
+
 impl Pass<'_> {
     /// The phases after the credentials, for a Service on `pool`'s shared server.
     pub(super) async fn member(&mut self, want: &Desired, keys: &Keys, pool: &str) -> Result<Action, Failure> {
@@ -52,6 +61,9 @@ impl Pass<'_> {
         let Some(carrier) = self.carrier(&found).await? else { return Ok(Action::requeue(BOOT_POLL)) };
         let uid = want.uid.as_str();
         let entry = carrier.status.as_ref().and_then(|s| s.pool_members.iter().find(|m| m.uid == uid).cloned());
+        if entry.as_ref().is_none_or(|e| e.ports != want.ports && e.refused.is_none()) {
+            wake_carrier(tunnel, ctx);
+        }
         let Some((ports, health_port)) = carried(entry, pool).map_err(Failure::Blocked)? else {
             let message = format!("waiting for the shared exit server of ExitServerPool {pool} to take the Service");
             self.report(TunnelPhase::Provisioning, Reason::Provisioning, &message).await?;
