@@ -18,7 +18,7 @@ use kube::runtime::reflector::ObjectRef;
 use providers::exit::userdata::render_client_toml;
 
 use super::super::observe::{self, SecretState};
-use super::super::placement::{Placement, fit_label};
+use super::super::placement::{KEY_CLIENT, Placement, SLOTS, fit_label};
 use super::super::plan::Blocked;
 use super::super::{act, desired, status};
 use super::{BOOT_POLL, Desired, Failure, HEALTH_POLL, Keys, Pass};
@@ -26,7 +26,7 @@ use crate::controllers::jittered;
 use crate::controllers::pool::desired::{MemberClient, member_client, member_token};
 use crate::crd::condition::{Condition, ConditionStatus};
 use crate::crd::pool::ExitServerPool;
-use crate::crd::tunnel::{PoolMember, Tunnel, TunnelPhase};
+use crate::crd::tunnel::{HighAvailabilityMode, PoolMember, Tunnel, TunnelPhase};
 use crate::error::{Error, Result};
 use crate::reasons::Reason;
 
@@ -69,22 +69,30 @@ impl Pass<'_> {
             self.report(TunnelPhase::Provisioning, Reason::Provisioning, &message).await?;
             return Ok(Action::requeue(BOOT_POLL));
         };
-        let carrier_status = carrier.status.clone().unwrap_or_default();
-        let Some(ip) = carrier_status.address_ip.clone().or(carrier_status.host_ip.clone()) else {
+        let Some(route) = route(&carrier) else {
             let message = format!("the shared exit server of ExitServerPool {pool} is not running yet");
             self.report(TunnelPhase::Provisioning, Reason::Provisioning, &message).await?;
             return Ok(Action::requeue(BOOT_POLL));
         };
-        let token = self.client_on((want, keys), &carrier, (&ports, health_port), &ip).await?;
-        let check = ctx.probe.check(&ip, health_port, &token, std::time::Duration::from_secs(3)).await;
-        if let Err(why) = check {
-            let message = format!("the tunnel through the shared exit server {ip} does not answer yet: {why}");
+        let token = self.clients_on((want, keys), &carrier, (&ports, health_port), &route.dials).await?;
+        let mut passing = Vec::new();
+        let mut failing = Vec::new();
+        for ip in &route.published {
+            match ctx.probe.check(ip, health_port, &token, std::time::Duration::from_secs(3)).await {
+                Ok(()) => passing.push(ip.as_str()),
+                Err(why) => failing.push(format!("{ip}: {why}")),
+            }
+        }
+        if passing.is_empty() {
+            let message =
+                format!("the tunnel through the shared exit server does not answer yet: {}", failing.join("; "));
             self.report(TunnelPhase::Provisioning, Reason::Provisioning, &message).await?;
             return Ok(Action::requeue(jittered(HEALTH_POLL)));
         }
         if let Some(service) = want.publishes() {
-            act::set_ingress(service, Some(desired::ingress(&ip, &ports)), ctx).await?;
+            act::set_ingress(service, Some(desired::ingress_all(&passing, &ports)), ctx).await?;
         }
+        let ip = passing.join(", ");
         let message = format!(
             "the shared exit server {ip} of ExitServerPool {pool} forwards {} to Service {}; the tunnel passed its health check",
             status::describe(&ports),
@@ -93,7 +101,7 @@ impl Pass<'_> {
         let generation = tunnel.metadata.generation;
         self.record(|s| {
             s.phase = Some(TunnelPhase::Active);
-            s.host_ip = Some(ip);
+            s.host_ip = passing.first().map(|ip| ip.to_string());
             s.ports = ports;
             s.observed_generation = generation;
             s.conditions = vec![Condition::new("Ready", ConditionStatus::True, Reason::Active.as_str(), message)];
@@ -122,13 +130,14 @@ impl Pass<'_> {
         }
     }
 
-    /// The member's client, with its own token on the shared server, pointed at `ip`; its token.
-    async fn client_on(
+    /// The member's clients, one per server of the shared server (two for a pair, each dialing its
+    /// server's own address, as a pair's own clients do), with its own token; its token.
+    async fn clients_on(
         &mut self,
         (want, own): (&Desired, &Keys),
         carrier: &Tunnel,
         (ports, health_port): (&[crate::crd::tunnel::TunnelPort], u16),
-        ip: &str,
+        dials: &[(Option<&'static str>, String)],
     ) -> Result<String, Failure> {
         let (tunnel, ctx) = (self.tunnel, self.ctx);
         let at = Placement::of(carrier, ctx.settings.client_namespace.as_deref())?;
@@ -137,23 +146,69 @@ impl Pass<'_> {
         };
         let token = member_token(&keys.credentials, &want.uid);
         let cluster_ip = self.cluster_ip(want)?;
-        let member = MemberClient {
-            uid: &want.uid,
-            ports,
-            health_port,
-            token: &token,
-            server_public_key: &keys.credentials.keypair.public_key,
-            remote_addr: format!("{ip}:{}", ctx.settings.control_port),
-            cluster_ip: &cluster_ip,
-        };
-        let toml =
-            render_client_toml(&member_client(&member)).map_err(|e| Error::Internal(format!("client config: {e}")))?;
-        if own.stored_client.as_deref() != Some(toml.as_str()) {
-            act::write_client_config(tunnel, &want.at, &toml, ctx).await?;
+        let mut configs = std::collections::BTreeMap::new();
+        let mut deployments = Vec::new();
+        for (slot, ip) in dials {
+            let member = MemberClient {
+                uid: &want.uid,
+                ports,
+                health_port,
+                token: &token,
+                server_public_key: &keys.credentials.keypair.public_key,
+                remote_addr: format!("{ip}:{}", ctx.settings.control_port),
+                cluster_ip: &cluster_ip,
+            };
+            let toml = render_client_toml(&member_client(&member))
+                .map_err(|e| Error::Internal(format!("client config: {e}")))?;
+            let placed = slot.map_or_else(|| want.at.clone(), |slot| want.at.for_slot(slot));
+            deployments.push((desired::checksum(&toml), placed.clone()));
+            configs.insert(placed.client_key(), toml);
         }
-        act::ensure_deployment(tunnel, &want.at, &ctx.settings.client_image, &desired::checksum(&toml), ctx).await?;
+        match configs.remove(KEY_CLIENT) {
+            Some(toml) if own.stored_client.as_deref() != Some(toml.as_str()) => {
+                act::write_client_config(tunnel, &want.at, &toml, ctx).await?;
+            }
+            None if configs != own.stored_pair => {
+                act::write_pair_client_config(tunnel, &want.at, &configs, ctx).await?
+            }
+            _ => {}
+        }
+        for (checksum, placed) in deployments {
+            act::ensure_deployment(tunnel, &placed, &ctx.settings.client_image, &checksum, ctx).await?;
+        }
         Ok(token)
     }
+}
+
+/// Where a member's clients dial and what its Service publishes, from its shared server's status.
+struct Route {
+    /// Each server's slot (none for a single server) and own address.
+    dials: Vec<(Option<&'static str>, String)>,
+    /// The addresses the member is checked through and, those passing, published on its Service:
+    /// the shared address, or a `BothAddresses` pair's two own addresses.
+    published: Vec<String>,
+}
+
+/// The member's [`Route`] on `carrier`; `None` while no server of it has an address.
+fn route(carrier: &Tunnel) -> Option<Route> {
+    let status = carrier.status.clone().unwrap_or_default();
+    let Some(pair) = carrier.spec.high_availability.as_ref() else {
+        // The client dials the server's own address, as a Tunnel's own client does: a reserved
+        // address need not carry the control port (the local provider's carries service ports).
+        let own = status.host_ip.clone().or(status.address_ip.clone())?;
+        let published = status.address_ip.unwrap_or_else(|| own.clone());
+        return Some(Route { dials: vec![(None, own)], published: vec![published] });
+    };
+    let servers = status.high_availability.map(|h| h.servers).unwrap_or_default();
+    let dials: Vec<(Option<&'static str>, String)> = servers
+        .into_iter()
+        .filter_map(|s| Some((Some(*SLOTS.iter().find(|&&slot| slot == s.slot)?), s.host_ip?)))
+        .collect();
+    let published: Vec<String> = match pair.mode {
+        HighAvailabilityMode::BothAddresses => dials.iter().map(|(_, ip)| ip.clone()).collect(),
+        HighAvailabilityMode::ActiveStandby => status.address_ip.into_iter().collect(),
+    };
+    (!dials.is_empty() && !published.is_empty()).then_some(Route { dials, published })
 }
 
 /// The member's ports and health port from its entry in the shared server's status; `None` while
@@ -172,3 +227,7 @@ fn carried(
         _ => Ok(None),
     }
 }
+
+#[cfg(test)]
+#[path = "member_tests.rs"]
+mod tests;
