@@ -15,6 +15,7 @@ use crate::common;
 use crate::node;
 
 mod kustomize;
+mod pool;
 mod tunnel;
 
 use std::time::Duration;
