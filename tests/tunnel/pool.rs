@@ -2,7 +2,10 @@
 //! clients are real Pods, the shared server the local provider's process. One VM carries both
 //! Services on their own ports; a port another Service serves is refused without naming it; one
 //! Service leaving keeps the other's open connection; the last one leaving takes the VM. The pool's
-//! status says where it serves and what, and only its own shared server writes it.
+//! status says where it serves and what, and only its own shared server writes it. A pool of two
+//! exit servers serves its members as a pair serves its Service: each member gets a client per
+//! server, the address moves to the standby when the active server dies, and `BothAddresses`
+//! publishes both servers' own addresses.
 
 use std::time::Duration;
 
@@ -146,6 +149,109 @@ async fn services_share_one_exit_server_on_their_own_ports_and_leave_it_one_by_o
         left.is_empty().then_some(())
     })
     .await;
+    op.stop().await;
+    ns.cleanup().await;
+}
+
+/// Pool `name` allowing `ns`, with `address` and `highAvailability` as given (JSON).
+async fn pair_pool(pools: &Api<ExitServerPool>, name: &str, ns: &str, spec: serde_json::Value) {
+    let mut spec = spec;
+    spec["allowedNamespaces"] = serde_json::json!([ns]);
+    let pool: ExitServerPool =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "spec": spec})).unwrap();
+    pools.create(&PostParams::default(), &pool).await.unwrap();
+}
+
+/// The shared server's pair status, once both servers passed their checks.
+async fn pair_passing(tunnels: &Api<Tunnel>, pool: &str) -> skyport::crd::tunnel::HighAvailabilityStatus {
+    let carrier = format!("pool-{pool}");
+    eventually("both shared servers pass their checks", ACTIVE, || async {
+        let ha = tunnels.get(&carrier).await.ok()?.status?.high_availability?;
+        (ha.servers.iter().filter(|s| s.healthy).count() == 2).then_some(ha)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn an_active_standby_pool_moves_its_members_to_the_standby_when_the_active_server_dies() {
+    let pool = format!("pair-{:08x}", rand::random::<u32>());
+    let settings = |ns: &str| skyport::config::TunnelArgs { pool_namespace: Some(ns.into()), ..fast_tunnel_settings() };
+    let Some(NodeTunnel { ns, op, services, tunnels, turn: _turn, .. }) =
+        NodeTunnel::start_in("tun-pool-ha", settings, BACKEND_PORTS, None, Vec::new()).await
+    else {
+        return;
+    };
+    let pools: Api<ExitServerPool> = Api::all(ns.client.clone());
+    let spec = serde_json::json!({"address": {"mode": "Reserved"}, "highAvailability": {"mode": "ActiveStandby"}});
+    pair_pool(&pools, &pool, &ns.name, spec).await;
+    let _guard = PoolGuard(pools.clone(), pool.clone());
+    for (name, port) in [("web-a", 8080), ("web-b", 9090)] {
+        services.create(&PostParams::default(), &member(name, &pool, port)).await.unwrap();
+    }
+    let a = active(&tunnels, "web-a-tunnel", ACTIVE).await;
+    active(&tunnels, "web-b-tunnel", ACTIVE).await;
+    let ha = pair_passing(&tunnels, &pool).await;
+    let ip = host_ip(&a);
+    let carrier = tunnels.get(&format!("pool-{pool}")).await.unwrap();
+    assert_eq!(carrier.status.as_ref().and_then(|s| s.address_ip.clone()), Some(ip.clone()), "the reserved address");
+    assert!(ha.servers.iter().all(|s| s.host_ip.as_deref() != Some(ip.as_str())), "{ha:?}");
+    // A client per member and server, each dialing its own server.
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> = ns.api();
+    for name in ["web-a-tunnel-client-a", "web-a-tunnel-client-b", "web-b-tunnel-client-a", "web-b-tunnel-client-b"] {
+        deployments.get(name).await.unwrap_or_else(|e| panic!("client Deployment {name}: {e}"));
+    }
+    let hosts =
+        op.local.list_by_tag(providers::hosts::TAG_MANAGED_BY, providers::hosts::MANAGED_BY_VALUE).await.unwrap();
+    assert_eq!(hosts.len(), 2, "one pair for both Services: {hosts:?}");
+    carries(&ip, 8080, None).await;
+    carries(&ip, 9090, None).await;
+
+    let first = ha.active.clone().expect("an active server");
+    crate::common::tunnels::kill_exit_server(&op, &first);
+    eventually("the reserved address on the standby", ACTIVE, || async {
+        let ha = tunnels.get(&format!("pool-{pool}")).await.ok()?.status?.high_availability?;
+        ha.active.filter(|a| *a != first).map(drop)
+    })
+    .await;
+    // Both members answer at the same address, through their clients of the other server.
+    carries(&ip, 8080, None).await;
+    carries(&ip, 9090, None).await;
+    let moved = tunnels.get("web-b-tunnel").await.unwrap();
+    assert_eq!(host_ip(&moved), ip, "the member keeps the shared address");
+    op.stop().await;
+    ns.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn a_both_addresses_pool_publishes_both_servers_for_every_member() {
+    let pool = format!("both-{:08x}", rand::random::<u32>());
+    let settings = |ns: &str| skyport::config::TunnelArgs { pool_namespace: Some(ns.into()), ..fast_tunnel_settings() };
+    let Some(NodeTunnel { ns, op, services, tunnels, turn: _turn, .. }) =
+        NodeTunnel::start_in("tun-pool-both", settings, BACKEND_PORTS, None, Vec::new()).await
+    else {
+        return;
+    };
+    let pools: Api<ExitServerPool> = Api::all(ns.client.clone());
+    pair_pool(&pools, &pool, &ns.name, serde_json::json!({"highAvailability": {"mode": "BothAddresses"}})).await;
+    let _guard = PoolGuard(pools.clone(), pool.clone());
+    services.create(&PostParams::default(), &member("web-a", &pool, 8080)).await.unwrap();
+    active(&tunnels, "web-a-tunnel", ACTIVE).await;
+    let ha = pair_passing(&tunnels, &pool).await;
+    let mut own: Vec<String> = ha.servers.iter().filter_map(|s| s.host_ip.clone()).collect();
+    own.sort();
+    let published = eventually("both servers' addresses on the Service", ACTIVE, || async {
+        let ingress = services.get("web-a").await.ok()?.status?.load_balancer?.ingress?;
+        let mut ips: Vec<String> = ingress.into_iter().filter_map(|i| i.ip).collect();
+        ips.sort();
+        (ips.len() == 2).then_some(ips)
+    })
+    .await;
+    assert_eq!(published, own);
+    for ip in &published {
+        carries(ip, 8080, None).await;
+    }
     op.stop().await;
     ns.cleanup().await;
 }
