@@ -123,6 +123,30 @@ async fn services_share_one_exit_server_on_their_own_ports_and_leave_it_one_by_o
     assert!(message.contains("8080/TCP") && !message.contains("web-a"), "{message}");
     services.delete("web-c", &DeleteParams::default()).await.unwrap();
 
+    // web-b edits its Service to add web-a's port: the edit waits, named in its Ready condition,
+    // and web-b keeps what it had; web-a keeps its port.
+    let ports = |list: serde_json::Value| kube::api::Patch::Merge(serde_json::json!({"spec": {"ports": list}}));
+    let both = serde_json::json!([
+        {"name": "tcp", "port": 9090, "protocol": "TCP"},
+        {"name": "extra", "port": 8080, "protocol": "TCP"},
+    ]);
+    services.patch("web-b", &Default::default(), &ports(both)).await.unwrap();
+    let waiting = eventually("web-b's edit waiting", ACTIVE, || async {
+        let (status, _, message) = ready(&tunnels.get("web-b-tunnel").await.ok()?)?;
+        (status == ConditionStatus::True && message.contains("edit waits")).then_some(message)
+    })
+    .await;
+    assert!(waiting.contains("8080/TCP") && !waiting.contains("web-a"), "{waiting}");
+    carries(&ip, 8080, None).await;
+    carries(&ip, 9090, None).await;
+    let only = serde_json::json!([{"name": "tcp", "port": 9090, "protocol": "TCP"}]);
+    services.patch("web-b", &Default::default(), &ports(only)).await.unwrap();
+    eventually("web-b's edit withdrawn", ACTIVE, || async {
+        let (_, _, message) = ready(&tunnels.get("web-b-tunnel").await.ok()?)?;
+        (!message.contains("edit waits")).then_some(())
+    })
+    .await;
+
     // web-a leaves; a connection to web-b, open all along, keeps carrying bytes.
     let mut held = tokio::net::TcpStream::connect((ip.as_str(), 9090)).await.unwrap();
     // The backend names its port first, then echoes.

@@ -249,17 +249,27 @@ impl<'a> Pass<'a> {
         let ports = desired::service_ports(&service, ctx.settings.control_port, ctx.settings.health_port)
             .and_then(|ports| desired::proxied(ports, tunnel.spec.proxy_protocol))
             .map_err(|p| blocked(TunnelPhase::Failed, Reason::InvalidService, format!("Service {svc_name}: {p}")))?;
-        // Checked before any cloud call; an exit server made before the lists were narrowed keeps
-        // serving (a policy change must not cut traffic), only new ones are held to them.
-        if self.status().host_id.is_none() {
-            plan::allowed(tunnel, &ctx.settings.allowed_sizes, &ctx.settings.allowed_regions)
-                .map_err(Failure::Blocked)?;
+        let provider = match tunnel.spec.pool.as_ref().and_then(|p| ctx.pools.get(&ObjectRef::new(&p.name))) {
+            // A member buys nothing: the provider and its allow-lists are its shared server's.
+            Some(pool) => plan::provider_named(pool.spec.provider.clone(), &ctx.providers),
+            None => self.own_provider(),
         }
-        let provider = plan::provider_for(tunnel, self.status(), &ctx.providers).map_err(Failure::Blocked)?;
+        .map_err(Failure::Blocked)?;
         let publishes = desired::controls_service_status(tunnel, &service);
         let at = Placement::of(tunnel, ctx.settings.client_namespace.as_deref())?;
         let (members, member_ranges) = (BTreeMap::new(), BTreeMap::new());
         Ok(Desired { service: Some(service), publishes, provider, at, uid, ports, members, member_ranges })
+    }
+
+    /// The provider of a Tunnel that buys its own exit server, held to the operator's size and
+    /// region allow-lists before any cloud call. An exit server made before the lists were
+    /// narrowed keeps serving (a policy change must not cut traffic); only new ones are held to them.
+    fn own_provider(&self) -> Result<Arc<dyn HostProvider>, Blocked> {
+        let (tunnel, ctx) = (self.tunnel, self.ctx);
+        if self.status().host_id.is_none() {
+            plan::allowed(tunnel, &ctx.settings.allowed_sizes, &ctx.settings.allowed_regions)?;
+        }
+        plan::provider_for(tunnel, self.status(), &ctx.providers)
     }
 
     /// The credentials Secret: read, or created once (an earlier Tunnel's stale one deleted first).

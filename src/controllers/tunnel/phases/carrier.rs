@@ -14,7 +14,7 @@ use kube::runtime::reflector::ObjectRef;
 use super::{Desired, Failure, Pass};
 use crate::controllers::pool::admit::{self, Admission, Rules};
 use crate::controllers::tunnel::placement::Placement;
-use crate::controllers::tunnel::plan::{self, Blocked};
+use crate::controllers::tunnel::plan::Blocked;
 use crate::controllers::tunnel::{Context, act, desired};
 use crate::crd::pool::ExitServerPool;
 use crate::crd::tunnel::{Tunnel, TunnelPhase, TunnelPort};
@@ -49,7 +49,7 @@ impl Pass<'_> {
         let mut ports: Vec<TunnelPort> = members.values().flat_map(|a| a.ports().iter().cloned()).collect();
         ports.sort();
         ports.dedup();
-        let provider = plan::provider_for(tunnel, self.status(), &ctx.providers).map_err(Failure::Blocked)?;
+        let provider = self.own_provider().map_err(Failure::Blocked)?;
         let at = Placement::of(tunnel, ctx.settings.client_namespace.as_deref())?;
         Ok(Desired { service: None, publishes: false, provider, at, uid, ports, members, member_ranges })
     }

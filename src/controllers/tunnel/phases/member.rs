@@ -64,13 +64,15 @@ impl Pass<'_> {
         if entry.as_ref().is_none_or(|e| e.ports != want.ports && e.refused.is_none()) {
             wake_carrier(tunnel, ctx);
         }
+        let waiting = entry.as_ref().and_then(|e| e.refused.clone()).map(|why| format!("; the edit waits: {why}"));
         let Some((ports, health_port)) = carried(entry, pool).map_err(Failure::Blocked)? else {
             let message = format!("waiting for the shared exit server of ExitServerPool {pool} to take the Service");
             self.report(TunnelPhase::Provisioning, Reason::Provisioning, &message).await?;
             return Ok(Action::requeue(BOOT_POLL));
         };
         let Some(route) = route(&carrier) else {
-            let message = format!("the shared exit server of ExitServerPool {pool} is not running yet");
+            let message =
+                format!("the shared exit server of ExitServerPool {pool} is not running yet{}", why_not(&carrier));
             self.report(TunnelPhase::Provisioning, Reason::Provisioning, &message).await?;
             return Ok(Action::requeue(BOOT_POLL));
         };
@@ -94,9 +96,10 @@ impl Pass<'_> {
         }
         let ip = passing.join(", ");
         let message = format!(
-            "the shared exit server {ip} of ExitServerPool {pool} forwards {} to Service {}; the tunnel passed its health check",
+            "the shared exit server {ip} of ExitServerPool {pool} forwards {} to Service {}; the tunnel passed its health check{}",
             status::describe(&ports),
             tunnel.spec.service_name().unwrap_or_default(),
+            waiting.unwrap_or_default(),
         );
         let generation = tunnel.metadata.generation;
         self.record(|s| {
@@ -209,6 +212,15 @@ fn route(carrier: &Tunnel) -> Option<Route> {
         HighAvailabilityMode::ActiveStandby => status.address_ip.into_iter().collect(),
     };
     (!dials.is_empty() && !published.is_empty()).then_some(Route { dials, published })
+}
+
+/// What the shared server's Ready condition says while it does not run: why its members wait.
+fn why_not(carrier: &Tunnel) -> String {
+    let ready = carrier.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
+    ready
+        .filter(|c| c.status != ConditionStatus::True)
+        .map(|c| format!(" ({}: {})", c.reason, c.message))
+        .unwrap_or_default()
 }
 
 /// The member's ports and health port from its entry in the shared server's status; `None` while
