@@ -1,7 +1,8 @@
 //! Services of one namespace on one ExitServerPool's shared exit server, on the test node: the
 //! clients are real Pods, the shared server the local provider's process. One VM carries both
-//! Services on their own ports; a port another Service serves is refused without naming it; one
-//! Service leaving keeps the other's open connection; the last one leaving takes the VM. The pool's
+//! Services on their own ports; a port another Service serves is refused without naming it, and an
+//! edit asking for one waits while the Service keeps its ports; one Service's port change and its
+//! leaving keep the other's open connections; the last one leaving takes the VM. The pool's
 //! status says where it serves and what, and only its own shared server writes it. A pool of two
 //! exit servers serves its members as a pair serves its Service: each member gets a client per
 //! server, the address moves to the standby when the active server dies, and `BothAddresses`
@@ -123,9 +124,26 @@ async fn services_share_one_exit_server_on_their_own_ports_and_leave_it_one_by_o
     assert!(message.contains("8080/TCP") && !message.contains("web-a"), "{message}");
     services.delete("web-c", &DeleteParams::default()).await.unwrap();
 
+    // web-b adds a UDP port: pushed to the running server while a connection to web-a stays up.
+    let ports = |list: serde_json::Value| kube::api::Patch::Merge(serde_json::json!({"spec": {"ports": list}}));
+    let mut held_a = tokio::net::TcpStream::connect((ip.as_str(), 8080)).await.unwrap();
+    assert_eq!(echo(&mut held_a, b"").await.as_deref(), Some(&b"8080\n"[..]), "web-a's backend");
+    let with_udp = serde_json::json!([
+        {"name": "tcp", "port": 9090, "protocol": "TCP"},
+        {"name": "dns", "port": 5353, "protocol": "UDP"},
+    ]);
+    services.patch("web-b", &Default::default(), &ports(with_udp)).await.unwrap();
+    eventually("web-b carrying its new port", ACTIVE, || async {
+        let t = tunnels.get("web-b-tunnel").await.ok()?;
+        t.status?.ports.iter().any(|p| p.port == 5353).then_some(())
+    })
+    .await;
+    carries(&ip, 9090, Some(5353)).await;
+    let after = echo(&mut held_a, b"across").await;
+    assert_eq!(after.as_deref(), Some(&b"across"[..]), "web-a's held connection across web-b's port change");
+
     // web-b edits its Service to add web-a's port: the edit waits, named in its Ready condition,
     // and web-b keeps what it had; web-a keeps its port.
-    let ports = |list: serde_json::Value| kube::api::Patch::Merge(serde_json::json!({"spec": {"ports": list}}));
     let both = serde_json::json!([
         {"name": "tcp", "port": 9090, "protocol": "TCP"},
         {"name": "extra", "port": 8080, "protocol": "TCP"},
