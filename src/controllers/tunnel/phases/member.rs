@@ -48,16 +48,7 @@ impl Pass<'_> {
     /// The phases after the credentials, for a Service on `pool`'s shared server.
     pub(super) async fn member(&mut self, want: &Desired, keys: &Keys, pool: &str) -> Result<Action, Failure> {
         let (tunnel, ctx) = (self.tunnel, self.ctx);
-        let blocked = |phase, reason, message: String| Failure::Blocked(Blocked(phase, reason, message));
-        let Some(found) = ctx.pools.get(&ObjectRef::new(pool)) else {
-            let message = format!("ExitServerPool {pool} does not exist");
-            return Err(blocked(TunnelPhase::Pending, Reason::PoolNotFound, message));
-        };
-        let ns = tunnel.namespace().unwrap_or_default();
-        if !found.spec.allowed_namespaces.contains(&ns) {
-            let message = format!("ExitServerPool {pool} does not allow namespace {ns} (its spec.allowedNamespaces)");
-            return Err(blocked(TunnelPhase::Failed, Reason::PoolNotAllowed, message));
-        }
+        let found = self.pool_allowing(pool)?;
         let Some(carrier) = self.carrier(&found).await? else { return Ok(Action::requeue(BOOT_POLL)) };
         let uid = want.uid.as_str();
         let entry = carrier.status.as_ref().and_then(|s| s.pool_members.iter().find(|m| m.uid == uid).cloned());
@@ -77,14 +68,7 @@ impl Pass<'_> {
             return Ok(Action::requeue(BOOT_POLL));
         };
         let token = self.clients_on((want, keys), &carrier, (&ports, health_port), &route.dials).await?;
-        let mut passing = Vec::new();
-        let mut failing = Vec::new();
-        for ip in &route.published {
-            match ctx.probe.check(ip, health_port, &token, std::time::Duration::from_secs(3)).await {
-                Ok(()) => passing.push(ip.as_str()),
-                Err(why) => failing.push(format!("{ip}: {why}")),
-            }
-        }
+        let (passing, failing) = check(ctx, &route.published, health_port, &token).await;
         if passing.is_empty() {
             let message =
                 format!("the tunnel through the shared exit server does not answer yet: {}", failing.join("; "));
@@ -92,11 +76,12 @@ impl Pass<'_> {
             return Ok(Action::requeue(jittered(HEALTH_POLL)));
         }
         if let Some(service) = want.publishes() {
+            let passing: Vec<&str> = passing.iter().map(String::as_str).collect();
             act::set_ingress(service, Some(desired::ingress_all(&passing, &ports)), ctx).await?;
         }
-        let ip = passing.join(", ");
         let message = format!(
-            "the shared exit server {ip} of ExitServerPool {pool} forwards {} to Service {}; the tunnel passed its health check{}",
+            "the shared exit server {} of ExitServerPool {pool} forwards {} to Service {}; the tunnel passed its health check{}",
+            passing.join(", "),
             status::describe(&ports),
             tunnel.spec.service_name().unwrap_or_default(),
             waiting.unwrap_or_default(),
@@ -104,13 +89,28 @@ impl Pass<'_> {
         let generation = tunnel.metadata.generation;
         self.record(|s| {
             s.phase = Some(TunnelPhase::Active);
-            s.host_ip = passing.first().map(|ip| ip.to_string());
+            s.host_ip = passing.into_iter().next();
             s.ports = ports;
             s.observed_generation = generation;
             s.conditions = vec![Condition::new("Ready", ConditionStatus::True, Reason::Active.as_str(), message)];
         })
         .await?;
         Ok(Action::requeue(jittered(ctx.settings.resync)))
+    }
+
+    /// The pool, once it exists and allows the member's namespace; checked before anything is made.
+    fn pool_allowing(&self, pool: &str) -> Result<Arc<ExitServerPool>, Failure> {
+        let blocked = |phase, reason, message: String| Failure::Blocked(Blocked(phase, reason, message));
+        let Some(found) = self.ctx.pools.get(&ObjectRef::new(pool)) else {
+            let message = format!("ExitServerPool {pool} does not exist");
+            return Err(blocked(TunnelPhase::Pending, Reason::PoolNotFound, message));
+        };
+        let ns = self.tunnel.namespace().unwrap_or_default();
+        if !found.spec.allowed_namespaces.contains(&ns) {
+            let message = format!("ExitServerPool {pool} does not allow namespace {ns} (its spec.allowedNamespaces)");
+            return Err(blocked(TunnelPhase::Failed, Reason::PoolNotAllowed, message));
+        }
+        Ok(found)
     }
 
     /// The pool's shared-server Tunnel, made if there is none; `None` while it is being made or
@@ -212,6 +212,23 @@ fn route(carrier: &Tunnel) -> Option<Route> {
         HighAvailabilityMode::ActiveStandby => status.address_ip.into_iter().collect(),
     };
     (!dials.is_empty() && !published.is_empty()).then_some(Route { dials, published })
+}
+
+/// The member's health check through each of `addresses`: those passing, and why the others fail.
+async fn check(
+    ctx: &crate::controllers::tunnel::Context,
+    addresses: &[String],
+    health_port: u16,
+    token: &str,
+) -> (Vec<String>, Vec<String>) {
+    let (mut passing, mut failing) = (Vec::new(), Vec::new());
+    for ip in addresses {
+        match ctx.probe.check(ip, health_port, token, std::time::Duration::from_secs(3)).await {
+            Ok(()) => passing.push(ip.clone()),
+            Err(why) => failing.push(format!("{ip}: {why}")),
+        }
+    }
+    (passing, failing)
 }
 
 /// What the shared server's Ready condition says while it does not run: why its members wait.
