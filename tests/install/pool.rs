@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Service};
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 use skyport::crd::pool::{ExitServerPool, ExitServerPoolSpec};
@@ -33,7 +33,7 @@ pub async fn shared_across_namespaces(node: &Node) {
     pools.create(&PostParams::default(), &ExitServerPool::new(POOL, spec)).await.expect("create the pool");
     for (ns, port) in MEMBERS {
         namespace(node, ns).await;
-        backend(node, ns).await;
+        tunnel::httpd(node, ns, &format!("page of {ns}")).await;
         member(node, ns, "web", port).await;
     }
     namespace(node, STRANGER).await;
@@ -96,26 +96,6 @@ async fn namespace(node: &Node, ns: &str) {
     let namespaces: Api<Namespace> = Api::all(node.client.clone());
     let made = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
     namespaces.create(&PostParams::default(), &made).await.expect("create the namespace");
-}
-
-/// A busybox httpd Pod in `ns` (`app: web`, port 8080) whose page names `ns`.
-async fn backend(node: &Node, ns: &str) {
-    let pods: Api<Pod> = Api::namespaced(node.client.clone(), ns);
-    let script = format!(
-        "/bin/busybox mkdir -p /tmp/www && echo 'page of {ns}' > /tmp/www/index.html && exec /bin/busybox httpd -f -p 8080 -h /tmp/www"
-    );
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "web", "labels": {"app": "web"}},
-        "spec": {"containers": [{
-            "name": "httpd",
-            "image": "skyport.test/busybox:debian",
-            "imagePullPolicy": "Never",
-            "command": ["/bin/busybox", "sh", "-c", script],
-            "ports": [{"containerPort": 8080}],
-        }]},
-    }))
-    .unwrap();
-    pods.create(&PostParams::default(), &pod).await.expect("create the backend Pod");
 }
 
 /// A LoadBalancer Service `name` in `ns` on the pool, `port` → 8080 of the backend.

@@ -13,7 +13,7 @@ use std::time::Duration;
 use kube::api::{Api, DeleteParams, PostParams};
 use providers::HostProvider;
 use skyport::crd::condition::ConditionStatus;
-use skyport::crd::pool::{ExitServerPool, ExitServerPoolSpec};
+use skyport::crd::pool::ExitServerPool;
 use skyport::crd::tunnel::{Tunnel, TunnelPhase};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -54,20 +54,30 @@ impl Drop for PoolGuard {
     }
 }
 
+/// The test node with an operator whose pools' shared servers live in the test's namespace, and
+/// a pool (`spec`, JSON, allowing that namespace) named after `prefix`; the guard deletes it.
+async fn on_pool(prefix: &str, spec: serde_json::Value) -> Option<(NodeTunnel, String, PoolGuard)> {
+    let settings = |ns: &str| skyport::config::TunnelArgs { pool_namespace: Some(ns.into()), ..fast_tunnel_settings() };
+    let node = NodeTunnel::start_in(prefix, settings, BACKEND_PORTS, None, Vec::new()).await?;
+    let name = format!("{prefix}-{:08x}", rand::random::<u32>());
+    let mut spec = spec;
+    spec["allowedNamespaces"] = serde_json::json!([node.ns.name]);
+    let pool: ExitServerPool =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "spec": spec})).unwrap();
+    let pools: Api<ExitServerPool> = Api::all(node.ns.client.clone());
+    pools.create(&PostParams::default(), &pool).await.unwrap();
+    Some((node, name.clone(), PoolGuard(pools, name)))
+}
+
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn services_share_one_exit_server_on_their_own_ports_and_leave_it_one_by_one() {
-    let pool = format!("pool-{:08x}", rand::random::<u32>());
-    let settings = |ns: &str| skyport::config::TunnelArgs { pool_namespace: Some(ns.into()), ..fast_tunnel_settings() };
-    let Some(NodeTunnel { ns, op, services, tunnels, turn: _turn, .. }) =
-        NodeTunnel::start_in("tun-pool", settings, BACKEND_PORTS, None, Vec::new()).await
+    let Some((NodeTunnel { ns, op, services, tunnels, turn: _turn, .. }, pool, _guard)) =
+        on_pool("tun-pool", serde_json::json!({})).await
     else {
         return;
     };
     let pools: Api<ExitServerPool> = Api::all(ns.client.clone());
-    let spec = ExitServerPoolSpec { allowed_namespaces: vec![ns.name.clone()], ..Default::default() };
-    pools.create(&PostParams::default(), &ExitServerPool::new(&pool, spec)).await.unwrap();
-    let _guard = PoolGuard(pools.clone(), pool.clone());
     for (name, port) in [("web-a", 8080), ("web-b", 9090)] {
         services.create(&PostParams::default(), &member(name, &pool, port)).await.unwrap();
     }
@@ -195,15 +205,6 @@ async fn services_share_one_exit_server_on_their_own_ports_and_leave_it_one_by_o
     ns.cleanup().await;
 }
 
-/// Pool `name` allowing `ns`, with `address` and `highAvailability` as given (JSON).
-async fn pair_pool(pools: &Api<ExitServerPool>, name: &str, ns: &str, spec: serde_json::Value) {
-    let mut spec = spec;
-    spec["allowedNamespaces"] = serde_json::json!([ns]);
-    let pool: ExitServerPool =
-        serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "spec": spec})).unwrap();
-    pools.create(&PostParams::default(), &pool).await.unwrap();
-}
-
 /// The shared server's pair status, once both servers passed their checks.
 async fn pair_passing(tunnels: &Api<Tunnel>, pool: &str) -> skyport::crd::tunnel::HighAvailabilityStatus {
     let carrier = format!("pool-{pool}");
@@ -217,17 +218,12 @@ async fn pair_passing(tunnels: &Api<Tunnel>, pool: &str) -> skyport::crd::tunnel
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn an_active_standby_pool_moves_its_members_to_the_standby_when_the_active_server_dies() {
-    let pool = format!("pair-{:08x}", rand::random::<u32>());
-    let settings = |ns: &str| skyport::config::TunnelArgs { pool_namespace: Some(ns.into()), ..fast_tunnel_settings() };
-    let Some(NodeTunnel { ns, op, services, tunnels, turn: _turn, .. }) =
-        NodeTunnel::start_in("tun-pool-ha", settings, BACKEND_PORTS, None, Vec::new()).await
+    let spec = serde_json::json!({"address": {"mode": "Reserved"}, "highAvailability": {"mode": "ActiveStandby"}});
+    let Some((NodeTunnel { ns, op, services, tunnels, turn: _turn, .. }, pool, _guard)) =
+        on_pool("tun-pool-ha", spec).await
     else {
         return;
     };
-    let pools: Api<ExitServerPool> = Api::all(ns.client.clone());
-    let spec = serde_json::json!({"address": {"mode": "Reserved"}, "highAvailability": {"mode": "ActiveStandby"}});
-    pair_pool(&pools, &pool, &ns.name, spec).await;
-    let _guard = PoolGuard(pools.clone(), pool.clone());
     for (name, port) in [("web-a", 8080), ("web-b", 9090)] {
         services.create(&PostParams::default(), &member(name, &pool, port)).await.unwrap();
     }
@@ -268,16 +264,12 @@ async fn an_active_standby_pool_moves_its_members_to_the_standby_when_the_active
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn a_both_addresses_pool_publishes_both_servers_for_every_member() {
-    let pool = format!("both-{:08x}", rand::random::<u32>());
-    let settings = |ns: &str| skyport::config::TunnelArgs { pool_namespace: Some(ns.into()), ..fast_tunnel_settings() };
-    let Some(NodeTunnel { ns, op, services, tunnels, turn: _turn, .. }) =
-        NodeTunnel::start_in("tun-pool-both", settings, BACKEND_PORTS, None, Vec::new()).await
+    let spec = serde_json::json!({"highAvailability": {"mode": "BothAddresses"}});
+    let Some((NodeTunnel { ns, op, services, tunnels, turn: _turn, .. }, pool, _guard)) =
+        on_pool("tun-pool-both", spec).await
     else {
         return;
     };
-    let pools: Api<ExitServerPool> = Api::all(ns.client.clone());
-    pair_pool(&pools, &pool, &ns.name, serde_json::json!({"highAvailability": {"mode": "BothAddresses"}})).await;
-    let _guard = PoolGuard(pools.clone(), pool.clone());
     services.create(&PostParams::default(), &member("web-a", &pool, 8080)).await.unwrap();
     active(&tunnels, "web-a-tunnel", ACTIVE).await;
     let ha = pair_passing(&tunnels, &pool).await;
