@@ -263,14 +263,15 @@ async fn create_ready_queue(queues: &Api<Queue>, sqs: &aws_sdk_sqs::Client, ns: 
 /// while its operator may still run, else their finalizers are released by hand), the Helm
 /// release or the kustomize install, the namespaces.
 fn remove_earlier_installs(node: &node::Node) {
-    let app_namespaces = [APP_NS, kustomize::APP_NS];
+    let app_namespaces = [APP_NS, kustomize::APP_NS, pool::NAMESPACES[0], pool::NAMESPACES[1], pool::NAMESPACES[2]];
     for ns in app_namespaces {
         node.attempt("kubectl", &["-n", ns, "delete", "services,queues", "--all", "--timeout=60s"]);
     }
     node.attempt(&helm(), &["uninstall", "skyport", "--namespace", NS, "--wait"]);
     // On a fresh cluster the CRDs are not there yet (the install brings them), so nothing is left.
     if node.attempt("kubectl", &["get", "crd", "queues.skyport.dev", "tunnels.skyport.dev"]) {
-        for ns in app_namespaces {
+        // A pool's shared server is a Tunnel in the operator's own namespace.
+        for ns in app_namespaces.iter().chain([&NS]) {
             let left = node.kubectl(&["-n", ns, "get", "queues,tunnels", "-o", "name", "--ignore-not-found"], None);
             for object in left.lines() {
                 node.attempt(

@@ -19,8 +19,10 @@ use crate::common::tunnels::ready;
 use crate::node::Node;
 
 /// The namespaces the pool allows, each with its Service's port, and one it does not allow.
-const MEMBERS: [(&str, u16); 2] = [("pool-app-a", 9084), ("pool-app-b", 9085)];
-const STRANGER: &str = "pool-app-c";
+const MEMBERS: [(&str, u16); 2] = [(NAMESPACES[0], 9084), (NAMESPACES[1], 9085)];
+const STRANGER: &str = NAMESPACES[2];
+/// Every namespace the test makes (an earlier run's are removed before an install).
+pub const NAMESPACES: [&str; 3] = ["pool-app-a", "pool-app-b", "pool-app-c"];
 const POOL: &str = "shared";
 
 /// Runs the pool's whole life on an installed operator, and leaves no namespace, pool or Tunnel.
