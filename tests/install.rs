@@ -268,11 +268,15 @@ fn remove_earlier_installs(node: &node::Node) {
         node.attempt("kubectl", &["-n", ns, "delete", "services,queues", "--all", "--timeout=60s"]);
     }
     node.attempt(&helm(), &["uninstall", "skyport", "--namespace", NS, "--wait"]);
-    // On a fresh cluster the CRDs are not there yet (the install brings them), so nothing is left.
-    if node.attempt("kubectl", &["get", "crd", "queues.skyport.dev", "tunnels.skyport.dev"]) {
+    // On a fresh cluster the CRDs are not there yet (the install brings them), so nothing is left;
+    // after a run cut short one CRD may be gone while another waits for its objects' finalizers.
+    for kind in ["queues", "tunnels"] {
+        if !node.attempt("kubectl", &["get", "crd", &format!("{kind}.skyport.dev")]) {
+            continue;
+        }
         // A pool's shared server is a Tunnel in the operator's own namespace.
         for ns in app_namespaces.iter().chain([&NS]) {
-            let left = node.kubectl(&["-n", ns, "get", "queues,tunnels", "-o", "name", "--ignore-not-found"], None);
+            let left = node.kubectl(&["-n", ns, "get", kind, "-o", "name", "--ignore-not-found"], None);
             for object in left.lines() {
                 node.attempt(
                     "kubectl",
