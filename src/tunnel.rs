@@ -36,6 +36,12 @@ pub use firewall::firewall;
 
 /// Name of the rathole service that carries the health check.
 pub const HEALTH_SERVICE: &str = "skyport-health";
+
+/// Whether a rathole service carries a health check: [`HEALTH_SERVICE`], or a pool member's,
+/// `<member>.skyport-health`, one per member on a shared exit server.
+pub fn is_health_service(name: &str) -> bool {
+    name.strip_suffix(HEALTH_SERVICE).is_some_and(|member| member.is_empty() || member.ends_with('.'))
+}
 /// Bytes of the operator's nonce.
 pub const NONCE_LEN: usize = 32;
 /// Domain separation: the answer is useless as anything but a health answer.
@@ -68,7 +74,10 @@ pub async fn run(role: Role, config: PathBuf, push_port: u16, forward_file: Opti
     }
     .with_context(|| format!("reading the tunnel configuration {}", config.display()))?;
     if role == Role::Client
-        && let Some(service) = parsed.client.as_ref().and_then(|c| c.services.get(HEALTH_SERVICE))
+        && let Some(service) = parsed
+            .client
+            .as_ref()
+            .and_then(|c| c.services.iter().find(|(name, _)| is_health_service(name)).map(|s| s.1))
     {
         let token = service.token.as_deref().map(str::to_string).unwrap_or_default();
         let listener = TcpListener::bind(&service.local_addr)

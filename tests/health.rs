@@ -13,11 +13,11 @@ use common::kubelet::skyport_exe;
 use providers::exit::userdata::{ExitServer, NoiseKeypair, TunnelClient, render_client_toml, render_server_toml_on};
 use skyport::tunnel::{ProbeError, health_client_service, health_server_service, probe};
 
-fn free_port(ip: &str) -> u16 {
+pub(crate) fn free_port(ip: &str) -> u16 {
     std::net::TcpListener::bind((ip, 0)).unwrap().local_addr().unwrap().port()
 }
 
-fn spawn(args: &[&str], config: &std::path::Path, log: &std::path::Path) -> tokio::process::Child {
+pub(crate) fn spawn(args: &[&str], config: &std::path::Path, log: &std::path::Path) -> tokio::process::Child {
     tokio::process::Command::new(skyport_exe())
         .args(args)
         .arg(config)

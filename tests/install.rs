@@ -15,6 +15,7 @@ use crate::common;
 use crate::node;
 
 mod kustomize;
+mod pool;
 mod tunnel;
 
 use std::time::Duration;
@@ -262,15 +263,20 @@ async fn create_ready_queue(queues: &Api<Queue>, sqs: &aws_sdk_sqs::Client, ns: 
 /// while its operator may still run, else their finalizers are released by hand), the Helm
 /// release or the kustomize install, the namespaces.
 fn remove_earlier_installs(node: &node::Node) {
-    let app_namespaces = [APP_NS, kustomize::APP_NS];
+    let app_namespaces = [APP_NS, kustomize::APP_NS, pool::NAMESPACES[0], pool::NAMESPACES[1], pool::NAMESPACES[2]];
     for ns in app_namespaces {
         node.attempt("kubectl", &["-n", ns, "delete", "services,queues", "--all", "--timeout=60s"]);
     }
     node.attempt(&helm(), &["uninstall", "skyport", "--namespace", NS, "--wait"]);
-    // On a fresh cluster the CRDs are not there yet (the install brings them), so nothing is left.
-    if node.attempt("kubectl", &["get", "crd", "queues.skyport.dev", "tunnels.skyport.dev"]) {
-        for ns in app_namespaces {
-            let left = node.kubectl(&["-n", ns, "get", "queues,tunnels", "-o", "name", "--ignore-not-found"], None);
+    // On a fresh cluster the CRDs are not there yet (the install brings them), so nothing is left;
+    // after a run cut short one CRD may be gone while another waits for its objects' finalizers.
+    for kind in ["queues", "tunnels"] {
+        if !node.attempt("kubectl", &["get", "crd", &format!("{kind}.skyport.dev")]) {
+            continue;
+        }
+        // A pool's shared server is a Tunnel in the operator's own namespace.
+        for ns in app_namespaces.iter().chain([&NS]) {
+            let left = node.kubectl(&["-n", ns, "get", kind, "-o", "name", "--ignore-not-found"], None);
             for object in left.lines() {
                 node.attempt(
                     "kubectl",

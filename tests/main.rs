@@ -31,6 +31,7 @@ mod queue_tenancy;
 mod rbac;
 mod secrets;
 mod shards;
+mod shared_server;
 mod shutdown;
 mod tunnel;
 mod tunnel_address;

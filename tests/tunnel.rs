@@ -7,6 +7,7 @@ mod artifact;
 mod ec2;
 mod ec2_network;
 mod lifecycle;
+mod pool;
 mod proxy_protocol;
 mod readiness;
 mod rules;

@@ -1,6 +1,7 @@
 //! `loadBalancerSourceRanges` on a booted guest: the exit server's own nftables ruleset (the
 //! guest's real `nft`, loaded by its systemd) drops a Service port's traffic from any other
-//! source, and follows a change pushed to the running guest, while the health port stays open.
+//! source, and follows a change pushed to the running guest, while the health port stays open. On
+//! an ExitServerPool's shared guest, each member's ranges hold on its own ports only.
 //!
 //! Needs root, the guest root file system and the static build (tests/run.sh provides them).
 
@@ -74,5 +75,66 @@ async fn a_guests_own_firewall_admits_the_service_port_from_the_source_ranges_on
     .await;
     assert_eq!(host_id(&after), host_id(&tunnel), "a range change costs no guest");
     assert!(machine.read("/etc/nftables.conf").contains(&format!("ip saddr {own} tcp dport 8080 accept")));
+    tunnels::finish_tunnels(op, ns).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "boots Debian guests: root, tests/env/build-guest.sh, the static build and tests/env.sh up"]
+async fn a_shared_guests_firewall_holds_each_members_ranges_on_its_own_ports_only() {
+    use skyport::crd::pool::{ExitServerPool, ExitServerPoolSpec};
+    let Some(rootfs) = rootfs_or_skip("a_shared_guests_firewall") else { return };
+    let mirror = https_mirror(std::fs::read(guest_exe()).unwrap()).await;
+    let ns = TestNs::new("tun-guest-pool").await;
+    let (guests, _guard) = guest_provider(&ns, &rootfs, &mirror);
+    let settings = mirror.check_settings(skyport::config::TunnelArgs {
+        provider: Some("guest".into()),
+        exit_server_url: mirror.url_template.clone(),
+        pool_namespace: Some(ns.name.clone()),
+        ..tunnels::fast_tunnel_settings()
+    });
+    let op = TunnelOperator::start_serving(&ns, settings, vec![guests.clone()], guest_exe()).await;
+    let pool = format!("guests-{:08x}", rand::random::<u32>());
+    let pools: Api<ExitServerPool> = Api::all(ns.client.clone());
+    let spec = ExitServerPoolSpec { allowed_namespaces: vec![ns.name.clone()], ..Default::default() };
+    pools.create(&Default::default(), &ExitServerPool::new(&pool, spec)).await.unwrap();
+    let services: Api<Service> = ns.api();
+    let tunnels: Api<Tunnel> = ns.api();
+    let annotations = serde_json::json!({"skyport.dev/exit-server-pool": pool});
+    for (name, port, ranges) in [("web-a", 8080, Some("192.0.2.0/24")), ("web-b", 9090, None)] {
+        let ports = serde_json::json!([{"name": "tcp", "port": port, "protocol": "TCP"}]);
+        let mut svc = service(name, Some("skyport.dev/tunnel"), annotations.clone(), ports);
+        svc.spec.as_mut().unwrap().load_balancer_source_ranges = ranges.map(|r| vec![r.to_string()]);
+        services.create(&Default::default(), &svc).await.unwrap();
+    }
+    let _kubelet = common::kubelet::AllClients::start(ns.client.clone(), &ns.name);
+
+    let a = active(&tunnels, "web-a-tunnel", Duration::from_secs(300)).await;
+    let b = active(&tunnels, "web-b-tunnel", Duration::from_secs(60)).await;
+    let ip = host_ip(&a);
+    assert_eq!(host_ip(&b), ip, "one shared guest");
+    let carrier = tunnels.get(&format!("pool-{pool}")).await.unwrap();
+    let machine = guests.machine(&host_id(&carrier)).expect("the shared guest");
+    // web-b has no ranges: open to this machine; web-a's port drops it, on the same guest.
+    carries(&ip, 9090, None).await;
+    assert!(machine.read("/etc/nftables.conf").contains("ip saddr 192.0.2.0/24 tcp dport 8080 accept"));
+    let blocked = tokio::time::timeout(Duration::from_secs(5), tcp_echo(&ip, 8080, b"x")).await;
+    assert!(!matches!(blocked, Ok(Some(_))), "web-a's port answered a source outside its ranges");
+
+    // web-a's ranges change to this machine's address: pushed to the running guest.
+    let own = format!("{}/32", source_towards(&ip));
+    let patch = serde_json::json!({"spec": {"loadBalancerSourceRanges": [own.clone()]}});
+    services.patch("web-a", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    carries(&ip, 8080, None).await;
+    carries(&ip, 9090, None).await;
+    let after = tunnels.get(&format!("pool-{pool}")).await.unwrap();
+    assert_eq!(host_id(&after), host_id(&carrier), "a member's range change costs no guest");
+    for name in ["web-a", "web-b"] {
+        services.delete(name, &Default::default()).await.unwrap();
+    }
+    eventually("the shared guest's Tunnel gone with its last member", Duration::from_secs(120), || async {
+        tunnels.list(&Default::default()).await.ok()?.items.is_empty().then_some(())
+    })
+    .await;
+    pools.delete(&pool, &Default::default()).await.unwrap();
     tunnels::finish_tunnels(op, ns).await;
 }

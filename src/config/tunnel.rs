@@ -103,6 +103,12 @@ pub struct TunnelArgs {
     #[arg(long = "tunnel-client-namespace", env = "SKYPORT_TUNNEL_CLIENT_NAMESPACE", value_parser = client_namespace)]
     pub client_namespace: Option<String>,
 
+    /// Namespace of the Tunnels that run ExitServerPools' shared exit servers (one per pool,
+    /// named `pool-<pool>`): skyport's own. Unset: the Pod's namespace (`POD_NAMESPACE`). Only
+    /// there does skyport serve a Tunnel without `serviceRef`, and only one its pool controls.
+    #[arg(long = "tunnel-pool-namespace", env = "SKYPORT_TUNNEL_POOL_NAMESPACE")]
+    pub pool_namespace: Option<String>,
+
     /// Where exit servers download the skyport binary they run (`skyport tunnel server`).
     /// `{version}` and `{arch}` (`uname -m` of the VM: x86_64, aarch64) are replaced; point it at
     /// a mirror for air-gapped installs. The VM checks the file against the SHA-256 of this
@@ -298,6 +304,7 @@ impl Default for TunnelArgs {
             orphan_sweep_interval: Duration::from_secs(600),
             client_image: OWN_IMAGE.into(),
             client_namespace: None,
+            pool_namespace: None,
             exit_server_url: DEFAULT_EXIT_SERVER_URL.into(),
             exit_server_sha256: Vec::new(),
             skip_exit_server_check: false,
@@ -338,6 +345,11 @@ impl TunnelArgs {
             self.backoff_min.unwrap_or(queue.backoff_min),
             self.backoff_max.unwrap_or(queue.backoff_max),
         )
+    }
+
+    /// Where pools' shared servers live: `--tunnel-pool-namespace`, else the Pod's namespace.
+    pub fn pools_namespace(&self) -> Option<String> {
+        self.pool_namespace.clone().or_else(|| std::env::var("POD_NAMESPACE").ok()).filter(|ns| !ns.is_empty())
     }
 
     /// Where exit servers get their binary and the digests they check, derived from

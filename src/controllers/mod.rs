@@ -21,6 +21,7 @@ pub mod events;
 pub mod index;
 pub mod memory;
 pub mod owned;
+pub mod pool;
 pub mod queue;
 pub mod reconciler;
 pub mod resyncs;

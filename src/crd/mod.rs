@@ -3,6 +3,7 @@
 pub mod account;
 pub mod condition;
 pub mod export;
+pub mod pool;
 pub mod queue;
 pub mod tags;
 pub mod tunnel;
@@ -12,6 +13,7 @@ use kube::CustomResourceExt;
 
 pub use account::{AwsAccount, AwsAccountSpec};
 pub use condition::{Condition, ConditionStatus};
+pub use pool::{ExitServerPool, ExitServerPoolSpec};
 pub use queue::{Queue, QueueSpec, QueueStatus};
 pub use tunnel::{Tunnel, TunnelPhase, TunnelSpec, TunnelStatus};
 
@@ -24,6 +26,7 @@ pub fn all() -> Vec<CustomResourceDefinition> {
         unwrap_descriptions(with_root_rules(Queue::crd(), queue::ROOT_RULES)),
         unwrap_descriptions(with_root_rules(Tunnel::crd(), tunnel::ROOT_RULES)),
         unwrap_descriptions(AwsAccount::crd()),
+        unwrap_descriptions(ExitServerPool::crd()),
     ]
 }
 

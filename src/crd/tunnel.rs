@@ -34,7 +34,8 @@ use super::Condition;
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
-    validation = Rule::new("self.serviceRef == oldSelf.serviceRef").message("serviceRef is immutable: create another Tunnel for another Service"),
+    validation = Rule::new("has(self.serviceRef) == has(oldSelf.serviceRef) && (!has(self.serviceRef) || self.serviceRef == oldSelf.serviceRef)").message("serviceRef is immutable: create another Tunnel for another Service"),
+    validation = Rule::new("has(self.serviceRef) || has(self.pool)").message("serviceRef is required: the Service whose ports the exit server exposes"),
     validation = Rule::new("has(self.provider) == has(oldSelf.provider) && (!has(self.provider) || self.provider == oldSelf.provider)").message("provider is immutable: delete the Tunnel to move it (a new exit server with a new address is provisioned)"),
     validation = Rule::new("has(self.region) == has(oldSelf.region) && (!has(self.region) || self.region == oldSelf.region)").message("region is immutable: delete the Tunnel to move it (a new exit server with a new address is provisioned)"),
     validation = Rule::new("has(self.size) == has(oldSelf.size) && (!has(self.size) || self.size == oldSelf.size)").message("size is immutable: delete the Tunnel to resize it (a new exit server with a new address is provisioned)"),
@@ -42,11 +43,16 @@ use super::Condition;
     validation = Rule::new("!has(self.sourceRanges) || self.sourceRanges.all(r, isCIDR(r))").message("sourceRanges must be CIDRs, like 203.0.113.0/24 or 2001:db8::/32"),
     validation = Rule::new("!has(self.highAvailability) || (has(self.highAvailability.mode) && self.highAvailability.mode == 'BothAddresses') || (has(self.address) && self.address.mode == 'Reserved')").message("highAvailability (mode ActiveStandby) needs address.mode: Reserved: the Service's address is a reserved address moved between the two exit servers; where the provider cannot move one, use mode: BothAddresses"),
     validation = Rule::new("!has(self.highAvailability) || !has(self.highAvailability.mode) || self.highAvailability.mode != 'BothAddresses' || !has(self.address) || self.address.mode != 'Reserved'").message("highAvailability mode BothAddresses publishes each exit server's own address, so address.mode: Reserved does not apply: leave address out"),
-    validation = Rule::new("has(self.highAvailability) == has(oldSelf.highAvailability) && (!has(self.highAvailability) || self.highAvailability == oldSelf.highAvailability)").message("highAvailability is immutable: delete the Tunnel and create another to change it")
+    validation = Rule::new("has(self.highAvailability) == has(oldSelf.highAvailability) && (!has(self.highAvailability) || self.highAvailability == oldSelf.highAvailability)").message("highAvailability is immutable: delete the Tunnel and create another to change it"),
+    validation = Rule::new("has(self.pool) == has(oldSelf.pool) && (!has(self.pool) || self.pool == oldSelf.pool)").message("pool is immutable: delete the Tunnel and create another to move the Service"),
+    validation = Rule::new("!has(self.pool) || !has(self.serviceRef) || !(has(self.provider) || has(self.region) || has(self.size) || has(self.address) || has(self.highAvailability))").message("a Tunnel on an ExitServerPool takes provider, region, size, address and highAvailability from the pool: leave them unset")
 )]
 pub struct TunnelSpec {
-    /// The Service in this namespace whose ports the exit server exposes. Immutable.
-    pub service_ref: ServiceRef,
+    /// The Service in this namespace whose ports the exit server exposes. Immutable. Unset only
+    /// on the Tunnel that runs an ExitServerPool's shared exit server, which skyport makes in its
+    /// own namespace (`spec.pool` names the pool) and whose ports are its members'.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_ref: Option<ServiceRef>,
 
     /// Name of a provider configured in the operator: `local`, `guest`, `ec2`, `digitalocean` or
     /// `hetzner`. Unset uses the operator's default (`skyport run --provider`). Immutable.
@@ -107,6 +113,23 @@ pub struct TunnelSpec {
     /// Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub high_availability: Option<HighAvailability>,
+
+    /// The ExitServerPool whose shared exit server carries the Service, on the Service's own ports
+    /// of the pool's address, instead of an exit server of its own. The pool decides where that
+    /// server runs, so `provider`, `region`, `size`, `address` and `highAvailability` stay unset.
+    /// skyport copies the Service's `skyport.dev/exit-server-pool` annotation here. On the pool's
+    /// shared server itself (no `serviceRef`), the pool it serves, whose placement skyport copies
+    /// into the other fields. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<PoolRef>,
+}
+
+/// An ExitServerPool (cluster-scoped).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct PoolRef {
+    /// Name of the ExitServerPool.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
 }
 
 /// How a highly available Tunnel runs its exit servers.
@@ -178,6 +201,16 @@ impl TunnelSpec {
     /// Whether the Tunnel keeps a reserved address.
     pub fn reserves_address(&self) -> bool {
         self.address.as_ref().is_some_and(|a| a.mode == AddressMode::Reserved)
+    }
+
+    /// The name of the Service the Tunnel exposes; `None` on a pool's shared server.
+    pub fn service_name(&self) -> Option<&str> {
+        self.service_ref.as_ref().map(|r| r.name.as_str())
+    }
+
+    /// Whether this is an ExitServerPool's shared server rather than a Service's exit server.
+    pub fn carries_pool(&self) -> bool {
+        self.service_ref.is_none() && self.pool.is_some()
     }
 
     /// Whether the Tunnel runs two exit servers.
@@ -336,9 +369,30 @@ pub struct TunnelStatus {
     /// last failover.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub high_availability: Option<HighAvailabilityStatus>,
+    /// On a pool's shared server: what it does for each member Tunnel. The members read their
+    /// ports and health port here; a member keeps what it holds while another asks for it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pool_members: Vec<PoolMember>,
     /// `Ready`: the exit server runs, the client is deployed and the Service's ports are exposed.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+}
+
+/// One member of a pool, as its shared server carries it ([`TunnelStatus::pool_members`]).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolMember {
+    /// The member Tunnel's UID.
+    pub uid: String,
+    /// The ports the shared server carries for it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<TunnelPort>,
+    /// The port of its health check on the shared server; unset while it is not carried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_port: Option<u16>,
+    /// Why it is not carried, or not as its Service asks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 /// A reservation of an untagged address under way ([`TunnelStatus::address_reservation`]).

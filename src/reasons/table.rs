@@ -91,6 +91,18 @@ super::reasons! {
     ServiceNotServed: [Tunnel] Warning,
         "the Service is not one skyport serves (not a LoadBalancer, another class, not annotated under --annotated-only)",
         "make the Service one skyport serves, or delete the Tunnel";
+    PoolNotFound: [Tunnel] Warning,
+        "the ExitServerPool the Tunnel names (spec.pool, the Service's skyport.dev/exit-server-pool annotation) does not exist",
+        "create the pool, or name an existing one; the Tunnel waits for it";
+    PoolNotAllowed: [Tunnel] Warning,
+        "the ExitServerPool the Tunnel names does not allow its namespace (the pool's spec.allowedNamespaces)",
+        "ask the platform team to allow the namespace, or use another pool or an exit server of its own";
+    PoolRefused: [Tunnel] Warning,
+        "the ExitServerPool's shared server cannot carry the Service as it asks: a port another Service serves there, a port in the pool's health-check range, or a full pool",
+        "choose other ports, or another pool; what the Service already carried stays";
+    NotAPoolServer: [Tunnel] Warning,
+        "a Tunnel without spec.serviceRef runs an ExitServerPool's shared server, which only skyport makes, in its own namespace and controlled by the pool",
+        "name the Service to expose in spec.serviceRef";
     InvalidService: [Tunnel, Service] Warning,
         "the Service's ports cannot be tunnelled (SCTP, none, the tunnel's control or health port, a UDP port with the PROXY protocol)",
         "change the Service's ports, or remove the skyport.dev/proxy-protocol annotation the message names";

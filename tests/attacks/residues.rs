@@ -18,6 +18,11 @@ pub const READABLE: &[(&str, &str, &str)] = &[
     ("skyport.dev", "queues", "skyport reconciles every Queue"),
     ("skyport.dev", "tunnels", "skyport reconciles every Tunnel"),
     ("skyport.dev", "awsaccounts", "skyport resolves Queues' accountRefs; an AwsAccount names a role, no secret"),
+    (
+        "skyport.dev",
+        "exitserverpools",
+        "skyport serves the pools' Services; a pool names where its server runs, no secret",
+    ),
     // LoadBalancer Services are watched to serve those of skyport's class.
     ("", "services", "the Service controller watches Services to find its class"),
     // The tunnel clients, found by label in their namespace (the Role there).
@@ -47,6 +52,7 @@ pub const STATUS_WRITTEN: &[(&str, &str, &str)] = &[
     ("skyport.dev", "queues/status", "a Queue's status is the Queue controller's output"),
     ("skyport.dev", "tunnels/status", "a Tunnel's status is the Tunnel controller's output"),
     ("skyport.dev", "awsaccounts/status", "an AwsAccount's status (external id) is skyport's output"),
+    ("skyport.dev", "exitserverpools/status", "a pool's status is its shared server's output"),
 ];
 
 /// Whether `victim` is readable under `grants` by a residue.

@@ -46,6 +46,7 @@ pub static KINDS: &[Kind] = &[
     kind(("skyport.dev", "v1alpha1", "queues", "Queue"), true, true, "/spec/tags/token"),
     kind(("skyport.dev", "v1alpha1", "tunnels", "Tunnel"), true, true, "/metadata/annotations/token"),
     kind(("skyport.dev", "v1alpha1", "awsaccounts", "AwsAccount"), true, true, "/spec/roleArn"),
+    kind(("skyport.dev", "v1alpha1", "exitserverpools", "ExitServerPool"), false, true, "/spec/region"),
 ];
 
 pub fn find(group: &str, resource: &str) -> Option<&'static Kind> {
@@ -129,6 +130,8 @@ pub fn object(kind: &Kind, namespace: Option<&str>, name: &str, value: &str) -> 
         "tunnels" => json!({"metadata": annotated(metadata), "spec": {"serviceRef": {"name": "tenant-lb"}}}),
         "awsaccounts" => json!({"metadata": metadata,
             "spec": {"roleArn": format!("arn:aws:iam::123456789012:role/{value}"), "region": "us-east-1"}}),
+        "exitserverpools" => json!({"metadata": metadata,
+            "spec": {"provider": "local", "region": value, "allowedNamespaces": ["tenant"]}}),
         other => panic!("no template for {other}"),
     };
     let mut body = body;
@@ -152,6 +155,7 @@ pub fn overwrite(v: &Victim) -> Value {
         "queues" => json!({"spec": {"tags": {"token": "attacker"}, "deletionPolicy": "Delete"}}),
         "tunnels" => json!({"spec": {"sourceRanges": ["0.0.0.0/0"]}}),
         "awsaccounts" => json!({"spec": {"allowedNamespaces": ["attacker"]}}),
+        "exitserverpools" => json!({"spec": {"allowedNamespaces": ["attacker"]}}),
         other => panic!("no overwrite for {other}"),
     };
     let mut patch = json!({"metadata": {"labels": claim(v)}});

@@ -262,7 +262,7 @@ pub fn cases() -> Vec<Case> {
             Refused(&["less than or equal to 900"]),
         ),
         // Tunnel: schema, CEL, edits.
-        case("Tunnel without serviceRef", t("bt1", json!({})), Refused(&["serviceRef", "Required value"])),
+        case("Tunnel without serviceRef", t("bt1", json!({})), Refused(&["serviceRef is required", "the Service"])),
         case(
             "serviceRef not a Service name",
             t("bt2", json!({"serviceRef": {"name": "Web_1"}})),

@@ -33,37 +33,40 @@ fn rbac_grants_exactly_the_calls_the_controllers_make() {
     let docs = documents(&read("deploy/rbac.yaml"));
     let cluster: ClusterRole = serde_json::from_value(find(&docs, "ClusterRole", "skyport").clone()).unwrap();
     let mut expected = vec![
-        "skyport.dev/queues:get",               // is the Queue an SQS owner tag names still there
-        "skyport.dev/queues:list",              // Queue watch (reflector)
-        "skyport.dev/queues:watch",             // Queue watch
-        "skyport.dev/queues:patch",             // finalizer add/remove
-        "skyport.dev/queues/status:patch",      // status
-        "skyport.dev/awsaccounts:get",          // read again when the finalizer patch meets a newer copy
-        "skyport.dev/awsaccounts:list",         // AwsAccount watch (a Queue's accountRef)
-        "skyport.dev/awsaccounts:watch",        //
-        "/configmaps:list",                     // owned ConfigMaps watch (by label)
-        "/configmaps:watch",                    //
-        "/configmaps:get",                      // a same-named ConfigMap skyport does not own
-        "/configmaps:create",                   // a new ConfigMap (fails if the name is taken)
-        "/configmaps:patch",                    // server-side apply
-        "/configmaps:delete",                   // an export removed from a Queue's spec
-        "events.k8s.io/events:create",          // Recorder
-        "events.k8s.io/events:update",          // a repeat replaces the first Event, with its series
-        "skyport.dev/tunnels:list",             // Tunnel watch (reflector)
-        "skyport.dev/tunnels:watch",            //
-        "skyport.dev/tunnels:patch",            // finalizer add/remove
-        "skyport.dev/tunnels:create",           // Service controller: a LoadBalancer Service's Tunnel
-        "skyport.dev/tunnels:delete",           // Service controller: the Service opted out
-        "skyport.dev/tunnels/status:patch",     // status
-        "/services:list",                       // Service watch (both controllers)
-        "/services:watch",                      //
-        "/services/status:patch",               // status.loadBalancer.ingress
-        "/secrets:create",                      // a new Secret export
-        "/secrets:update",                      // a Secret export rewritten whole, by its UID
-        "/secrets:delete",                      // a Secret export removed from a Queue's spec
-        "/namespaces[kube-system]:get",         // cluster id for queue and host tags
-        "skyport.dev/awsaccounts:patch",        // the in-use finalizer
-        "skyport.dev/awsaccounts/status:patch", // the derived external id
+        "skyport.dev/queues:get",                   // is the Queue an SQS owner tag names still there
+        "skyport.dev/queues:list",                  // Queue watch (reflector)
+        "skyport.dev/queues:watch",                 // Queue watch
+        "skyport.dev/queues:patch",                 // finalizer add/remove
+        "skyport.dev/queues/status:patch",          // status
+        "skyport.dev/awsaccounts:get",              // read again when the finalizer patch meets a newer copy
+        "skyport.dev/awsaccounts:list",             // AwsAccount watch (a Queue's accountRef)
+        "skyport.dev/awsaccounts:watch",            //
+        "/configmaps:list",                         // owned ConfigMaps watch (by label)
+        "/configmaps:watch",                        //
+        "/configmaps:get",                          // a same-named ConfigMap skyport does not own
+        "/configmaps:create",                       // a new ConfigMap (fails if the name is taken)
+        "/configmaps:patch",                        // server-side apply
+        "/configmaps:delete",                       // an export removed from a Queue's spec
+        "events.k8s.io/events:create",              // Recorder
+        "events.k8s.io/events:update",              // a repeat replaces the first Event, with its series
+        "skyport.dev/tunnels:list",                 // Tunnel watch (reflector)
+        "skyport.dev/tunnels:watch",                //
+        "skyport.dev/tunnels:patch",                // finalizer add/remove
+        "skyport.dev/tunnels:create",               // Service controller: a LoadBalancer Service's Tunnel
+        "skyport.dev/tunnels:delete",               // Service controller: the Service opted out
+        "skyport.dev/tunnels/status:patch",         // status
+        "/services:list",                           // Service watch (both controllers)
+        "/services:watch",                          //
+        "/services/status:patch",                   // status.loadBalancer.ingress
+        "/secrets:create",                          // a new Secret export
+        "/secrets:update",                          // a Secret export rewritten whole, by its UID
+        "/secrets:delete",                          // a Secret export removed from a Queue's spec
+        "/namespaces[kube-system]:get",             // cluster id for queue and host tags
+        "skyport.dev/awsaccounts:patch",            // the in-use finalizer
+        "skyport.dev/awsaccounts/status:patch",     // the derived external id
+        "skyport.dev/exitserverpools:list",         // pools: who may use them, where they run
+        "skyport.dev/exitserverpools:watch",        //
+        "skyport.dev/exitserverpools/status:patch", // written by the pool's own shared server
     ];
     expected.sort();
     assert_eq!(rules(cluster.rules), expected);
@@ -103,12 +106,13 @@ fn rbac_grants_exactly_the_calls_the_controllers_make() {
     assert_eq!(binding["subjects"][0]["name"], "skyport");
 }
 
-/// The ClusterRole's rules without the one cluster-scoped read (kube-system's UID): what a
-/// namespaced install grants in the watched namespace.
+/// The ClusterRole's rules without the cluster-scoped ones (kube-system's UID, ExitServerPools,
+/// which a namespaced install does not serve): what it grants in the watched namespace.
 fn namespaced_rules() -> Vec<String> {
     let docs = documents(&read("deploy/rbac.yaml"));
     let cluster: ClusterRole = serde_json::from_value(find(&docs, "ClusterRole", "skyport").clone()).unwrap();
-    rules(cluster.rules).into_iter().filter(|r| !r.starts_with("/namespaces")).collect()
+    let cluster_scoped = |r: &String| r.starts_with("/namespaces") || r.starts_with("skyport.dev/exitserverpools");
+    rules(cluster.rules).into_iter().filter(|r| !cluster_scoped(r)).collect()
 }
 
 fn assert_namespaced_install(docs: &[Value], watched: &str, role: &str, what: &str) {

@@ -2,7 +2,8 @@
 //! that sets the image with kustomize's `images:` (and, by its `replacements:`, in the admission
 //! policy), generates the `skyport-aws` Secret (region, LocalStack's endpoint, credentials) and
 //! selects the local exit-server provider, deploy/ itself unchanged. The operator Pod becomes Ready and runs hardened, a Queue goes Ready, a
-//! LoadBalancer Service carries HTTP through a tunnel client Pod of the overlay's image, and
+//! LoadBalancer Service carries HTTP through a tunnel client Pod of the overlay's image, an
+//! ExitServerPool serves two namespaces from one exit server and refuses a third (tests/install/pool.rs), and
 //! after the README's uninstall (Services and Queues first, then `kubectl delete -k`) nothing of
 //! the install is left: not the namespace, the CRDs, the cluster-wide RBAC and admission
 //! policies, nor the SQS queue.
@@ -58,6 +59,7 @@ async fn kubectl_apply_k_runs_the_operator_from_an_overlay_and_delete_k_leaves_n
         client_pods.list(&clients).await.ok()?.items.is_empty().then_some(())
     })
     .await;
+    super::pool::shared_across_namespaces(&node).await;
 
     // docs/uninstall.md: Services and Queues while the operator runs, then the rest.
     queues.delete_collection(&DeleteParams::default(), &ListParams::default()).await.expect("delete Queues");

@@ -24,23 +24,8 @@ const TIMEOUT: Duration = Duration::from_secs(180);
 /// provider's servers run as the operator's non-root user, which cannot bind ports below 1024
 /// (a cloud exit server can).
 pub async fn web_through_a_tunnel(node: &Node, ns: &str, client_ns: &str) -> String {
-    let pods: Api<Pod> = Api::namespaced(node.client.clone(), ns);
     let client_pods: Api<Pod> = Api::namespaced(node.client.clone(), client_ns);
-    let script = format!(
-        "/bin/busybox mkdir -p /tmp/www && echo '{BODY}' > /tmp/www/index.html && exec /bin/busybox httpd -f -p 8080 -h /tmp/www"
-    );
-    let backend: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "web", "labels": {"app": "web"}},
-        "spec": {"containers": [{
-            "name": "httpd",
-            "image": "skyport.test/busybox:debian",
-            "imagePullPolicy": "Never",
-            "command": ["/bin/busybox", "sh", "-c", script],
-            "ports": [{"containerPort": 8080}],
-        }]},
-    }))
-    .unwrap();
-    pods.create(&PostParams::default(), &backend).await.expect("create the backend Pod");
+    httpd(node, ns, BODY).await;
     let services: Api<Service> = Api::namespaced(node.client.clone(), ns);
     services.create(&PostParams::default(), &load_balancer("web", 9080)).await.expect("create the Service");
 
@@ -63,6 +48,26 @@ pub async fn web_through_a_tunnel(node: &Node, ns: &str, client_ns: &str) -> Str
     .await;
     assert!(reply.starts_with("HTTP/1.") && reply.contains(" 200 "), "{reply}");
     format!("{address}:9080")
+}
+
+/// A busybox httpd Pod `web` in `ns` (`app: web`, port 8080) whose page is `body`.
+pub async fn httpd(node: &Node, ns: &str, body: &str) {
+    let pods: Api<Pod> = Api::namespaced(node.client.clone(), ns);
+    let script = format!(
+        "/bin/busybox mkdir -p /tmp/www && echo '{body}' > /tmp/www/index.html && exec /bin/busybox httpd -f -p 8080 -h /tmp/www"
+    );
+    let backend: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "web", "labels": {"app": "web"}},
+        "spec": {"containers": [{
+            "name": "httpd",
+            "image": "skyport.test/busybox:debian",
+            "imagePullPolicy": "Never",
+            "command": ["/bin/busybox", "sh", "-c", script],
+            "ports": [{"containerPort": 8080}],
+        }]},
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &backend).await.expect("create the backend Pod");
 }
 
 /// A LoadBalancer Service `name` in `ns` (no backend), whose Tunnel bought an exit server; the

@@ -58,6 +58,18 @@ impl NodeTunnel {
         pods: Option<u32>,
         service: Service,
     ) -> Option<Self> {
+        Self::start_in(prefix, |_| settings, backend_ports, pods, vec![service]).await
+    }
+
+    /// [`NodeTunnel::start_with`] with the settings made for the test's namespace (its name), and
+    /// `services` made in that order.
+    pub async fn start_in(
+        prefix: &str,
+        settings: impl FnOnce(&str) -> skyport::config::TunnelArgs,
+        backend_ports: &[&str],
+        pods: Option<u32>,
+        services_made: Vec<Service>,
+    ) -> Option<Self> {
         let node = node().await?;
         let turn = NODE_CLUSTER.read().await;
         // An install's `kubectl delete -k` may have taken the CRDs with it.
@@ -75,11 +87,13 @@ impl NodeTunnel {
         let settings = skyport::config::TunnelArgs {
             client_image: format!("{repository}:{tag}"),
             local_addresses: exit_addresses(&node.exit_addresses),
-            ..settings
+            ..settings(&ns.name)
         };
         let op = TunnelOperator::start(&ns, settings).await;
         let services: Api<Service> = ns.api();
-        services.create(&PostParams::default(), &service).await.expect("create the Service");
+        for service in &services_made {
+            services.create(&PostParams::default(), service).await.expect("create the Service");
+        }
         let tunnels = ns.api();
         Some(NodeTunnel { ns, op, services, tunnels, node, turn })
     }

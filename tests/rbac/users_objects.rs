@@ -136,6 +136,24 @@ pub async fn users_objects_are_skyports_only_by_its_finalizer(admin: &Client, sa
     tunnels.create(&PostParams::default(), &tunnel("by-hand", json!([]), json!({}))).await.unwrap();
     let unlabelled = serde_json::to_value(tunnel("unlabelled", by_service(), json!({}))).unwrap();
     create_refused::<Tunnel>(sa, admin, ns, unlabelled, "a Service's Tunnel without skyport's label").await;
+    // A pool's shared server (no serviceRef): only in skyport's own namespace, and only one its
+    // pool controls. A thief cannot buy shared servers in a tenant's namespace or for no pool.
+    let shared = |owners: Value| {
+        json!({
+            "apiVersion": "skyport.dev/v1alpha1", "kind": "Tunnel",
+            "metadata": {"name": "pool-shared", "ownerReferences": owners,
+                "labels": {"app.kubernetes.io/managed-by": "skyport"}},
+            "spec": {"pool": {"name": "shared"}},
+        })
+    };
+    let by_pool = json!([{"apiVersion": "skyport.dev/v1alpha1", "kind": "ExitServerPool", "name": "shared",
+        "uid": "00000000-0000-0000-0000-000000000001", "controller": true}]);
+    create_refused::<Tunnel>(sa, admin, ns, shared(by_pool.clone()), "a shared server in a tenant's namespace").await;
+    let other_pool = json!([{"apiVersion": "skyport.dev/v1alpha1", "kind": "ExitServerPool", "name": "other",
+        "uid": "00000000-0000-0000-0000-000000000002", "controller": true}]);
+    create_refused::<Tunnel>(sa, admin, "skyport-system", shared(other_pool), "a shared server another pool controls")
+        .await;
+    create_refused::<Tunnel>(sa, admin, "skyport-system", shared(json!([])), "a shared server no pool controls").await;
 
     // AwsAccounts: the spec is the tenant's trust decision (allowedNamespaces), never skyport's.
     let widen = merge(json!({"spec": {"allowedNamespaces": ["attacker"]}}));

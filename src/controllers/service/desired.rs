@@ -6,7 +6,7 @@ use serde_json::json;
 
 use crate::config::TunnelArgs;
 use crate::controllers::owned;
-use crate::crd::tunnel::{ProxyProtocol, Tunnel};
+use crate::crd::tunnel::{PoolRef, ProxyProtocol, Tunnel};
 use crate::error::{Error, Result};
 
 /// The loadBalancerClass skyport implements.
@@ -37,6 +37,18 @@ pub fn named_address(service: &Service) -> Option<&str> {
 pub const ANNOTATION_HIGH_AVAILABILITY: &str = "skyport.dev/high-availability";
 /// The PROXY protocol header (`v1`, `v2`) the exit server writes ahead of each connection.
 pub const ANNOTATION_PROXY_PROTOCOL: &str = "skyport.dev/proxy-protocol";
+/// The ExitServerPool whose shared exit server carries the Service.
+pub const ANNOTATION_POOL: &str = "skyport.dev/exit-server-pool";
+/// Annotations that say where an exit server of the Service's own runs: a pool decides that.
+const PLACEMENT_ANNOTATIONS: [&str; 7] = [
+    ANNOTATION_PROVIDER,
+    ANNOTATION_REGION,
+    ANNOTATION_SIZE,
+    ANNOTATION_ADDRESS,
+    ANNOTATION_ADDRESS_DELETION,
+    ANNOTATION_RESERVED_ADDRESS,
+    ANNOTATION_HIGH_AVAILABILITY,
+];
 
 /// Whether skyport serves `service`, with the reason when it does not (for logs).
 pub fn served(service: &Service, settings: &TunnelArgs) -> Result<(), &'static str> {
@@ -81,6 +93,7 @@ pub fn tunnel_for(service: &Service) -> Result<Tunnel> {
         },
     });
     let mut tunnel: Tunnel = serde_json::from_value(value).map_err(|e| Error::Internal(format!("Tunnel: {e}")))?;
+    tunnel.spec.pool = pool(service)?;
     tunnel.spec.provider = tunnel.spec.provider.filter(|s| !s.is_empty());
     tunnel.spec.region = tunnel.spec.region.filter(|s| !s.is_empty());
     tunnel.spec.size = tunnel.spec.size.filter(|s| !s.is_empty());
@@ -100,6 +113,23 @@ pub fn proxy_protocol(service: &Service) -> Result<Option<ProxyProtocol>> {
             Err(Error::InvalidSpec(format!("annotation {ANNOTATION_PROXY_PROTOCOL}: {other:?} is not one of v1, v2")))
         }
     }
+}
+
+/// `spec.pool` from its annotation; refused beside an annotation that places an exit server of
+/// the Service's own, which the pool's server would silently ignore.
+fn pool(service: &Service) -> Result<Option<PoolRef>> {
+    let Some(name) = service.annotations().get(ANNOTATION_POOL).map(|v| v.trim()).filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    let placed: Vec<&str> =
+        PLACEMENT_ANNOTATIONS.into_iter().filter(|a| service.annotations().contains_key(*a)).collect();
+    if !placed.is_empty() {
+        return Err(Error::InvalidSpec(format!(
+            "annotation {ANNOTATION_POOL}: the pool decides where its shared exit server runs; remove {}",
+            placed.join(", ")
+        )));
+    }
+    Ok(Some(PoolRef { name: name.to_string() }))
 }
 
 /// The annotation older clients set instead of `spec.loadBalancerSourceRanges` (comma separated).
@@ -220,7 +250,7 @@ mod tests {
         let svc = service("LoadBalancer", Some(LOAD_BALANCER_CLASS), None);
         let t = tunnel_for(&svc).unwrap();
         assert_eq!(t.name_any(), "web-tunnel");
-        assert_eq!(t.spec.service_ref.name, "web");
+        assert_eq!(t.spec.service_name(), Some("web"));
         assert_eq!(t.spec.provider.as_deref(), Some("local"));
         assert_eq!(t.spec.region, None);
         assert_eq!(t.spec.address, None);
@@ -253,6 +283,21 @@ mod tests {
         let both = [(ANNOTATION_RESERVED_ADDRESS, "203.0.113.7"), (ANNOTATION_ADDRESS, "ephemeral")];
         let refused = annotated(&both).unwrap_err().to_string();
         assert!(refused.contains("skyport.dev/reserved-address") && refused.contains("ephemeral"), "{refused}");
+    }
+
+    #[test]
+    fn the_pool_annotation_names_the_pool_and_refuses_annotations_that_place_a_server() {
+        let mut svc = service("LoadBalancer", Some(LOAD_BALANCER_CLASS), None);
+        let annotations = svc.metadata.annotations.get_or_insert_default();
+        annotations.insert(ANNOTATION_POOL.into(), " shared-eu ".into());
+        let refused = tunnel_for(&svc).unwrap_err().to_string();
+        assert!(refused.contains(ANNOTATION_POOL) && refused.contains("remove skyport.dev/provider"), "{refused}");
+        svc.metadata.annotations.get_or_insert_default().remove(ANNOTATION_PROVIDER);
+        let t = tunnel_for(&svc).unwrap();
+        assert_eq!(t.spec.pool, Some(PoolRef { name: "shared-eu".into() }));
+        assert_eq!((t.spec.provider, t.spec.address, t.spec.high_availability), (None, None, None));
+        svc.metadata.annotations.get_or_insert_default().insert(ANNOTATION_POOL.into(), " ".into());
+        assert_eq!(tunnel_for(&svc).unwrap().spec.pool, None, "an empty annotation names no pool");
     }
 
     #[test]

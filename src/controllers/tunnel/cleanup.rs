@@ -31,6 +31,8 @@ pub async fn cleanup(tunnel: &Tunnel, api: &Api<Tunnel>, ctx: &Context) -> Resul
     if !has_finalizer(tunnel, FINALIZER) {
         return Ok(Action::await_change());
     }
+    // A pool member leaving frees its ports on the shared server at once.
+    super::phases::wake_carrier(tunnel, ctx);
     let mut pass = Pass::new(tunnel, api, ctx);
     let uid = tunnel.uid().ok_or(Error::MissingObjectKey("uid"))?;
     let at = (tunnel.metadata.namespace.as_deref().unwrap_or_default(), tunnel.name_any());

@@ -52,12 +52,13 @@ mod tests;
 use std::sync::Arc;
 
 use futures::StreamExt;
+use futures::channel::mpsc::{UnboundedSender, unbounded};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::{WatchStreamExt, predicates, watcher};
 use kube::{Client, ResourceExt};
 
 pub use crate::clouds::Providers;
@@ -66,6 +67,7 @@ use crate::controllers::primary_stream;
 use crate::controllers::{
     Backoff, Reconciler, api_beside, error_policy, hash_of, managed_selector, scoped_api, slim, spec_trigger,
 };
+use crate::crd::pool::ExitServerPool;
 use crate::crd::tunnel::{Tunnel, TunnelPhase, TunnelStatus};
 use crate::error::{Error, Result};
 
@@ -90,6 +92,11 @@ pub struct State {
     pub namespace: Option<String>,
     pub tunnels: Store<Tunnel>,
     pub services: Store<Service>,
+    /// Every ExitServerPool; empty when one namespace is watched (pools are cluster-scoped).
+    pub pools: Store<ExitServerPool>,
+    /// Tunnels to reconcile now: a pool's shared server when a member joins, changes or leaves,
+    /// and the members whose entry on it changed.
+    pub wakes: UnboundedSender<ObjectRef<Tunnel>>,
     /// Exit servers the orphan sweep deleted.
     pub orphans_deleted: std::sync::atomic::AtomicU64,
     /// Reserved addresses the orphan sweep released.
@@ -158,7 +165,22 @@ pub fn controller(
         .default_backoff()
         .touched_objects()
         .predicate_filter(deployment_hash, Default::default());
+    // Pools are cluster-scoped: an install that watches one namespace serves none.
+    let (pool_reader, pool_writer) = reflector::store();
+    // A test serving one namespace serves pools whose shared servers live there too.
+    let pool_scope =
+        if settings.pool_namespace.is_some() && settings.pool_namespace.as_deref() == scope { None } else { scope };
+    let pool_stream = match pool_scope {
+        None => watcher(Api::<ExitServerPool>::all(client.clone()), watcher::Config::default())
+            .default_backoff()
+            .reflect(pool_writer)
+            .touched_objects()
+            .predicate_filter(predicates::generation, Default::default())
+            .left_stream(),
+        Some(_) => futures::stream::empty().right_stream(),
+    };
     let concurrency = settings.concurrency;
+    let (wakes, woken) = unbounded();
     let state = State {
         creations: match settings.creations_file.as_deref() {
             Some(path) => hourly::HourlyBudget::recorded(settings.max_hosts_per_hour, path),
@@ -170,6 +192,8 @@ pub fn controller(
         settings,
         tunnels: tunnel_reader.clone(),
         services: service_reader,
+        pools: pool_reader,
+        wakes,
         orphans_deleted: Default::default(),
         orphan_addresses_released: Default::default(),
         sweeps: Default::default(),
@@ -181,18 +205,27 @@ pub fn controller(
         probe,
     };
     let ctx = Arc::new(Context::new(client, backoff, state).with_acting(acting));
-    let (by_service, by_client) = (tunnel_reader.clone(), tunnel_reader.clone());
+    let (by_service, by_client, by_pool) = (tunnel_reader.clone(), tunnel_reader.clone(), tunnel_reader.clone());
     let run = Controller::for_stream(tunnel_stream, tunnel_reader)
         .watches_stream(deployment_stream, move |d: Deployment| client_of(&d, &by_client))
+        .watches_stream(pool_stream, move |pool: ExitServerPool| {
+            let name = pool.name_any();
+            let carriers = by_pool.state().into_iter().filter(|t| t.spec.carries_pool());
+            carriers
+                .filter(|t| t.spec.pool.as_ref().is_some_and(|p| p.name == name))
+                .map(|t| ObjectRef::from_obj(&*t))
+                .collect::<Vec<_>>()
+        })
         .watches_stream(service_stream, move |service: Service| {
             let (ns, name) = (service.namespace(), service.name_any());
             by_service
                 .state()
                 .into_iter()
-                .filter(|t| t.namespace() == ns && t.spec.service_ref.name == name)
+                .filter(|t| t.namespace() == ns && t.spec.service_name() == Some(name.as_str()))
                 .map(|t| ObjectRef::from_obj(&*t))
                 .collect::<Vec<_>>()
         })
+        .reconcile_on(woken)
         .with_config(ControllerConfig::default().concurrency(concurrency))
         .graceful_shutdown_on(shutdown.clone())
         .run(reconcile, error_policy, ctx.clone())

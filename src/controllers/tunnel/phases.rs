@@ -20,14 +20,19 @@
 //! place that writes a Tunnel's status (deletion and failure reports included). A phase that
 //! must wait returns `None` or a [`Blocked`].
 
+mod carrier;
 mod checks;
 mod console;
 mod host;
+mod member;
+
+pub use member::wake_carrier;
 mod pair;
 mod reservation;
 mod single;
 mod slot;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,8 +48,10 @@ use super::observe::SecretState;
 use super::placement::Placement;
 use super::plan::policy::Policy;
 use super::plan::{self, Blocked};
-use super::status::{self, Writer};
+use super::status::{self, Writer, describe};
 use super::{Context, act, desired, observe, ranges};
+use crate::controllers::pool;
+use crate::controllers::pool::admit::Admission;
 use crate::controllers::status::ObjectStatus;
 use crate::crd::tunnel::{Tunnel, TunnelPhase, TunnelPort, TunnelStatus};
 use crate::error::{Error, Result};
@@ -66,19 +73,44 @@ pub struct Pass<'a> {
 
 /// What a live Tunnel must be, decided before the first cloud call.
 pub struct Desired {
-    service: Arc<Service>,
+    /// The Service it exposes; none on a pool's shared server.
+    service: Option<Arc<Service>>,
     /// Whether this Tunnel writes the Service's ingress ([`desired::controls_service_status`]).
     publishes: bool,
     provider: Arc<dyn HostProvider>,
     /// Where the client Deployment and credentials Secret live.
     at: Placement,
     uid: String,
+    /// The ports the exit server exposes: the Service's, or on a pool's shared server every
+    /// member's.
     ports: Vec<TunnelPort>,
+    /// On a pool's shared server, what it does for each member (by UID); empty otherwise.
+    members: BTreeMap<String, Admission>,
+    /// On a pool's shared server, each member's source ranges (canonical, by UID).
+    member_ranges: BTreeMap<String, Vec<String>>,
 }
 
 impl Desired {
     fn publishes(&self) -> Option<&Service> {
-        self.publishes.then_some(&*self.service)
+        self.service.as_deref().filter(|_| self.publishes)
+    }
+
+    /// What the exit server does, for the Ready condition: `forwards 80/TCP to Service web`, or
+    /// on a pool's shared server `carries 2 Services (80/TCP, 443/TCP)`.
+    fn carries(&self) -> String {
+        match &self.service {
+            Some(service) => format!("forwards {} to Service {}", describe(&self.ports), service.name_any()),
+            None => {
+                let carried = self.members.values().filter(|a| !a.ports().is_empty()).count();
+                format!("carries {carried} Services of its pool ({})", describe(&self.ports))
+            }
+        }
+    }
+
+    /// The ports the Tunnel's own client forwards: none on a pool's shared server, whose
+    /// members' clients carry their own.
+    fn forwarded(&self) -> &[TunnelPort] {
+        if self.service.is_some() { &self.ports } else { &[] }
     }
 }
 
@@ -112,8 +144,8 @@ impl<E: Into<Error>> From<E> for Failure {
 
 impl<'a> Pass<'a> {
     pub fn new(tunnel: &'a Tunnel, api: &'a Api<Tunnel>, ctx: &'a Context) -> Self {
-        let name = &tunnel.spec.service_ref.name;
-        let service = tunnel.namespace().and_then(|ns| ctx.services.get(&ObjectRef::new(name).within(&ns)));
+        let service = (tunnel.spec.service_name().zip(tunnel.namespace()))
+            .and_then(|(name, ns)| ctx.services.get(&ObjectRef::new(name).within(&ns)));
         Pass { tunnel, ctx, service, status: status::writer(tunnel, api, ctx) }
     }
 
@@ -147,19 +179,45 @@ impl<'a> Pass<'a> {
 
     /// Runs the phases; a [`Blocked`] one is reported and waits for a change.
     pub async fn run(mut self) -> Result<Action> {
-        match self.phases().await {
+        let result = match self.phases().await {
             Ok(action) => Ok(action),
             Err(Failure::Blocked(Blocked(phase, reason, message))) => {
                 self.report(phase, reason, &message).await?;
                 Ok(Action::await_change())
             }
             Err(Failure::Error(e)) => Err(e),
+        };
+        // A pool's shared server says what it reached on its pool too.
+        if self.tunnel.spec.carries_pool()
+            && let Err(e) = act::publish_pool(self.tunnel, self.status(), self.ctx).await
+        {
+            tracing::warn!(error = %e, "writing the pool's status failed; written again next pass");
         }
+        result
     }
 
     async fn phases(&mut self) -> Result<Action, Failure> {
         let desired = self.desired()?;
+        if desired.service.is_none() {
+            let allowed = |a: &Admission| !matches!(a, Admission::Refused(pool::admit::Refusal::NamespaceNotAllowed));
+            if !desired.members.values().any(allowed) {
+                act::retire_carrier(self.tunnel, self.ctx).await?;
+                return Ok(Action::await_change());
+            }
+            // Members read what they get here, before the server is even up; those whose entry
+            // changed look again now.
+            let members = pool::admit::recorded(&desired.members);
+            let changed: Vec<String> =
+                members.iter().filter(|m| !self.status().pool_members.contains(m)).map(|m| m.uid.clone()).collect();
+            self.record(|s| s.pool_members = members).await?;
+            for member in self.ctx.tunnels.state().iter().filter(|t| t.uid().is_some_and(|u| changed.contains(&u))) {
+                let _ = self.ctx.wakes.unbounded_send(ObjectRef::from_obj(&**member));
+            }
+        }
         let keys = self.credentials(&desired).await?;
+        if let Some(pool) = self.tunnel.spec.pool.as_ref().filter(|_| desired.service.is_some()) {
+            return self.member(&desired, &keys, &pool.name).await;
+        }
         match Policy::of(&self.tunnel.spec) {
             Policy::Single => self.single(&desired, &keys).await,
             Policy::ActiveStandby => self.pair(&desired, &keys).await,
@@ -172,8 +230,11 @@ impl<'a> Pass<'a> {
         let (tunnel, ctx) = (self.tunnel, self.ctx);
         let ns = crate::controllers::context::namespace_of(tunnel)?;
         let uid = tunnel.uid().ok_or(Error::MissingObjectKey("uid"))?;
-        let svc_name = &tunnel.spec.service_ref.name;
         let blocked = |phase, reason, message| Failure::Blocked(Blocked(phase, reason, message));
+        let Some(svc_name) = tunnel.spec.service_name() else {
+            let pool = tunnel.spec.pool.as_ref().map(|p| p.name.as_str()).unwrap_or_default();
+            return self.carrier_desired(pool);
+        };
         let Some(service) = self.service.clone() else {
             let message = format!("Service {ns}/{svc_name} does not exist; the Tunnel waits for it");
             return Err(blocked(TunnelPhase::Pending, Reason::ServiceNotFound, message));
@@ -188,16 +249,27 @@ impl<'a> Pass<'a> {
         let ports = desired::service_ports(&service, ctx.settings.control_port, ctx.settings.health_port)
             .and_then(|ports| desired::proxied(ports, tunnel.spec.proxy_protocol))
             .map_err(|p| blocked(TunnelPhase::Failed, Reason::InvalidService, format!("Service {svc_name}: {p}")))?;
-        // Checked before any cloud call; an exit server made before the lists were narrowed keeps
-        // serving (a policy change must not cut traffic), only new ones are held to them.
-        if self.status().host_id.is_none() {
-            plan::allowed(tunnel, &ctx.settings.allowed_sizes, &ctx.settings.allowed_regions)
-                .map_err(Failure::Blocked)?;
+        let provider = match tunnel.spec.pool.as_ref().and_then(|p| ctx.pools.get(&ObjectRef::new(&p.name))) {
+            // A member buys nothing: the provider and its allow-lists are its shared server's.
+            Some(pool) => plan::provider_named(pool.spec.provider.clone(), &ctx.providers),
+            None => self.own_provider(),
         }
-        let provider = plan::provider_for(tunnel, self.status(), &ctx.providers).map_err(Failure::Blocked)?;
+        .map_err(Failure::Blocked)?;
         let publishes = desired::controls_service_status(tunnel, &service);
         let at = Placement::of(tunnel, ctx.settings.client_namespace.as_deref())?;
-        Ok(Desired { service, publishes, provider, at, uid, ports })
+        let (members, member_ranges) = (BTreeMap::new(), BTreeMap::new());
+        Ok(Desired { service: Some(service), publishes, provider, at, uid, ports, members, member_ranges })
+    }
+
+    /// The provider of a Tunnel that buys its own exit server, held to the operator's size and
+    /// region allow-lists before any cloud call. An exit server made before the lists were
+    /// narrowed keeps serving (a policy change must not cut traffic); only new ones are held to them.
+    fn own_provider(&self) -> Result<Arc<dyn HostProvider>, Blocked> {
+        let (tunnel, ctx) = (self.tunnel, self.ctx);
+        if self.status().host_id.is_none() {
+            plan::allowed(tunnel, &ctx.settings.allowed_sizes, &ctx.settings.allowed_regions)?;
+        }
+        plan::provider_for(tunnel, self.status(), &ctx.providers)
     }
 
     /// The credentials Secret: read, or created once (an earlier Tunnel's stale one deleted first).
@@ -226,12 +298,15 @@ impl<'a> Pass<'a> {
             }
         };
         let settings = &ctx.settings;
-        let server = desired::exit_server(&want.ports, &credentials, settings.control_port, settings.health_port);
-        let (server, source_ranges) =
+        let server = desired::exit_server(want.forwarded(), &credentials, settings.control_port, settings.health_port);
+        let (mut server, source_ranges) =
             ranges::restrict(server, &self.tunnel.spec.source_ranges).map_err(Failure::Blocked)?;
+        server.services.extend(pool::desired::member_services(&credentials, &want.members, &want.member_ranges));
         // New keys (the Secret was re-created, now or in a reconcile that failed after) mean the
-        // running server must get the new configuration: status remembers the host's keys' digest.
-        let digest = plan::credentials_digest(&credentials);
+        // running server must get the new configuration: status remembers the host's keys' digest,
+        // which on a pool's shared server covers its members too.
+        let digest =
+            pool::desired::server_digest(&plan::credentials_digest(&credentials), &want.members, &want.member_ranges);
         let configured = plan::configured_ports(self.status(), fresh, &digest);
         Ok(Keys { credentials, stored_client, stored_pair, digest, configured, server, source_ranges })
     }
@@ -249,11 +324,13 @@ impl<'a> Pass<'a> {
         Ok(enforced)
     }
 
-    /// The Service's cluster IP, where the tunnel client forwards.
+    /// The Service's cluster IP, where the tunnel client forwards (nothing on a pool's shared
+    /// server: its client forwards no port).
     fn cluster_ip(&self, want: &Desired) -> Result<String, Failure> {
-        let cluster_ip = want.service.spec.as_ref().and_then(|s| s.cluster_ip.clone()).filter(|ip| ip != "None");
+        let Some(service) = &want.service else { return Ok(String::new()) };
+        let cluster_ip = service.spec.as_ref().and_then(|s| s.cluster_ip.clone()).filter(|ip| ip != "None");
         cluster_ip.ok_or_else(|| {
-            let svc_name = &self.tunnel.spec.service_ref.name;
+            let svc_name = self.tunnel.spec.service_name().unwrap_or_default();
             Failure::Blocked(Blocked(
                 TunnelPhase::Failed,
                 Reason::InvalidService,

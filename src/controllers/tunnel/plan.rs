@@ -33,8 +33,12 @@ pub fn provider_for(
     providers: &Providers,
 ) -> Result<Arc<dyn HostProvider>, Blocked> {
     let recorded = status.provider.clone().filter(|_| status.host_id.is_some() || status.address_id.is_some());
-    let name = recorded.or_else(|| tunnel.spec.provider.clone()).or_else(|| providers.default.clone());
-    let Some(name) = name else {
+    provider_named(recorded.or_else(|| tunnel.spec.provider.clone()), providers)
+}
+
+/// The configured provider `name`, or the default one when `name` is unset.
+pub fn provider_named(name: Option<String>, providers: &Providers) -> Result<Arc<dyn HostProvider>, Blocked> {
+    let Some(name) = name.or_else(|| providers.default.clone()) else {
         return Err(Blocked(
             TunnelPhase::Failed,
             Reason::ProviderNotConfigured,

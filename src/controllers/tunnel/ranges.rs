@@ -34,7 +34,7 @@ pub fn restrict(mut server: ExitServer, ranges: &[String]) -> Result<(ExitServer
         }
     }
     canonical.sort();
-    for s in server.services.iter_mut().filter(|s| s.name != crate::tunnel::HEALTH_SERVICE) {
+    for s in server.services.iter_mut().filter(|s| !crate::tunnel::is_health_service(&s.name)) {
         s.source_ranges = canonical.clone();
     }
     Ok((server, canonical))

@@ -64,6 +64,8 @@ fn harness_set(
         namespace: Some("ns".into()),
         tunnels,
         services,
+        pools: ready_store().0,
+        wakes: futures::channel::mpsc::unbounded().0,
         orphans_deleted: Default::default(),
         orphan_addresses_released: Default::default(),
         sweeps: Default::default(),

@@ -78,8 +78,7 @@ pub async fn reconfigure(
 /// this Tunnel `publishes` it.
 pub async fn replace_unhealthy(
     tunnel: &Tunnel,
-    service: &Service,
-    publishes: bool,
+    (service, publishes): (Option<&Service>, bool),
     provider: &dyn HostProvider,
     (id, reason, why): (Option<&str>, Reason, &str),
     ctx: &Context,
@@ -87,9 +86,11 @@ pub async fn replace_unhealthy(
     let note = format!("{why}; replacing the exit server");
     warn!(host = ?id, why, "replacing an exit server whose tunnel is down");
     ctx.publish(tunnel, reason, note.clone()).await;
-    ctx.publish_on(&kube::Resource::object_ref(service, &()), reason, note).await;
+    if let Some(service) = service {
+        ctx.publish_on(&kube::Resource::object_ref(service, &()), reason, note).await;
+    }
     if let Some(id) = id {
-        delete_unpublished(provider, id, publishes.then_some(service), ctx).await?;
+        delete_unpublished(provider, id, service.filter(|_| publishes), ctx).await?;
     }
     Ok(())
 }

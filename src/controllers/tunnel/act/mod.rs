@@ -5,7 +5,10 @@
 //! Tunnel costs no writes.
 
 pub mod address;
+mod carrier;
 pub mod host;
+
+pub use carrier::{create_carrier, publish_pool, retire_carrier, serves};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Secret, Service};

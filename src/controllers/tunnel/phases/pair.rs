@@ -95,7 +95,7 @@ impl Pass<'_> {
                 let active_slot = slots.iter().find(|s| s.id().is_some() && s.id() == active.as_deref());
                 let checked = checked_at(active_slot.and_then(|s| s.check_ip(beside)), &a.ip);
                 let waiting = clients.waiting.map(|w| format!("; client roll: {w}")).unwrap_or_default();
-                let at = (self.tunnel.spec.service_ref.name.as_str(), want.ports.as_slice());
+                let at = (self.tunnel.spec.service_name().unwrap_or_default(), want.ports.as_slice());
                 ready_condition(at, (a, active.as_deref()), &slots, (checked, waiting))
             }
             _ => {

@@ -20,7 +20,7 @@ use providers::exit::userdata::render_client_toml;
 use super::super::plan::policy::Policy;
 use super::super::plan::replace::Unhealthy;
 use super::super::plan::single::{TrafficStep, health_poll, traffic_step, withdraws};
-use super::super::status::{self, describe};
+use super::super::status;
 use super::super::{act, desired, ranges};
 use super::slot::Slot;
 use super::{BOOT_POLL, Desired, Failure, HEALTH_POLL, Keys, Pass, console};
@@ -59,7 +59,7 @@ impl Pass<'_> {
         let (tunnel, ctx) = (self.tunnel, self.ctx);
         let cluster_ip = self.cluster_ip(want)?;
         let ports = (ctx.settings.control_port, ctx.settings.health_port);
-        let client = desired::client(&want.ports, &keys.credentials, ip, ports, &cluster_ip);
+        let client = desired::client(want.forwarded(), &keys.credentials, ip, ports, &cluster_ip);
         let client_toml = render_client_toml(&client).map_err(|e| Error::Internal(format!("client config: {e}")))?;
         if keys.stored_client.as_deref() != Some(client_toml.as_str()) {
             act::write_client_config(tunnel, &want.at, &client_toml, ctx).await?;
@@ -81,8 +81,10 @@ impl Pass<'_> {
         let (tunnel, ctx, settings) = (self.tunnel, self.ctx, &self.ctx.settings);
         let Some((health, error)) = slot.check.clone() else { return Ok(Action::requeue(BOOT_POLL)) };
         let step = traffic_step((health, &error), settings.boot_timeout, settings.replace_after);
-        if want.publishes && withdraws(&step, health.failing_for, settings.withdraw_after) {
-            act::set_ingress(&want.service, None, ctx).await?;
+        if let Some(service) = want.publishes()
+            && withdraws(&step, health.failing_for, settings.withdraw_after)
+        {
+            act::set_ingress(service, None, ctx).await?;
         }
         let (host_id, ip) = (slot.id().map(str::to_string), slot.own_ip.clone().unwrap_or_default());
         let provider_name = want.provider.name().to_string();
@@ -116,8 +118,14 @@ impl Pass<'_> {
                     }
                     (cause, Unhealthy::Replace { why, count, next_after }) => {
                         let host = (host_id.as_deref(), cause.reason(), why.as_str());
-                        act::host::replace_unhealthy(tunnel, &want.service, want.publishes, provider, host, ctx)
-                            .await?;
+                        act::host::replace_unhealthy(
+                            tunnel,
+                            (want.service.as_deref(), want.publishes),
+                            provider,
+                            host,
+                            ctx,
+                        )
+                        .await?;
                         ctx.health.forget(host_id.as_deref().unwrap_or_default());
                         (slot.host, slot.replaced) = (None, count);
                         let message = format!("{why}; provisioning a new exit server");
@@ -135,14 +143,13 @@ impl Pass<'_> {
                 }
             }
         }
-        if want.publishes {
-            act::set_ingress(&want.service, Some(desired::ingress(&ip, &want.ports)), ctx).await?;
+        if let Some(service) = want.publishes() {
+            act::set_ingress(service, Some(desired::ingress(&ip, &want.ports)), ctx).await?;
         }
         let generation = tunnel.metadata.generation;
         let message = format!(
-            "exit server {ip} forwards {} to Service {}; the tunnel passed its health check{}",
-            describe(&want.ports),
-            tunnel.spec.service_ref.name,
+            "exit server {ip} {}; the tunnel passed its health check{}",
+            want.carries(),
             ranges::note(enforced, &keys.source_ranges, want.provider.as_ref()),
         );
         self.record(|s| {

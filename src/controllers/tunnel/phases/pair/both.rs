@@ -139,7 +139,7 @@ fn both_ready(tunnel: &Tunnel, want: &Desired, published: &[&Slot], waiting: Opt
         "{} forward {} to Service {}, each having passed its health check{}{}",
         list.join(" and "),
         describe(&want.ports),
-        tunnel.spec.service_ref.name,
+        tunnel.spec.service_name().unwrap_or_default(),
         if published.len() < 2 { "; the other exit server is not serving" } else { "" },
         waiting.map(|w| format!("; client roll: {w}")).unwrap_or_default(),
     );

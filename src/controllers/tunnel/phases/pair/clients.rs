@@ -55,7 +55,7 @@ impl Pass<'_> {
         let mut clients = [None, None];
         for (i, slot) in slots.iter().enumerate() {
             let Some(ip) = slot.own_ip.as_deref().filter(|_| slot.host.is_some()) else { continue };
-            let client = desired::client(&want.ports, &keys.credentials, ip, ports, &cluster_ip);
+            let client = desired::client(want.forwarded(), &keys.credentials, ip, ports, &cluster_ip);
             let toml = render_client_toml(&client).map_err(|e| Error::Internal(format!("client config: {e}")))?;
             let at = slot.client_at(&want.at);
             let checksum = desired::checksum(&toml);

@@ -61,7 +61,9 @@ impl Pass<'_> {
                 *address = Some(self.put_address(want, address.take(), &to).await?);
                 let note = format!("moved the reserved address from exit server {from} to {to}: {reason}");
                 ctx.publish(tunnel, Reason::Failover, note.clone()).await;
-                ctx.publish_on(&kube::Resource::object_ref(&*want.service, &()), Reason::Failover, note).await;
+                if let Some(service) = &want.service {
+                    ctx.publish_on(&kube::Resource::object_ref(&**service, &()), Reason::Failover, note).await;
+                }
                 let name = tunnel.metadata.name.as_deref().unwrap_or_default();
                 ctx.failovers.add((tunnel.metadata.namespace.as_deref().unwrap_or_default(), name), 1.0);
                 moved.failovers = Some(moved.failovers.unwrap_or(0) + 1);

@@ -1,0 +1,99 @@
+//! The one write a pool member makes beyond its own objects: its pool's shared-server Tunnel,
+//! made with the pool's first member.
+
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::reflector::ObjectRef;
+use serde_json::json;
+use tracing::info;
+
+use super::super::Context;
+use crate::controllers::owned;
+use crate::crd::pool::{ExitServerPool, ExitServerPoolStatus};
+use crate::crd::tunnel::{PoolMember, PoolRef, Tunnel, TunnelPhase, TunnelPort, TunnelSpec, TunnelStatus};
+use crate::error::Result;
+
+/// Creates `pool`'s shared-server Tunnel `ns/name`: controlled by the pool (so it goes with the
+/// pool), labelled skyport's, its placement copied from the pool's spec. `Ok(false)`: it exists
+/// already.
+pub async fn create_carrier(pool: &ExitServerPool, ns: &str, name: &str, ctx: &Context) -> Result<bool> {
+    let mut metadata = owned::meta(pool, name, [])?;
+    metadata.namespace = Some(ns.to_string());
+    let spec = TunnelSpec {
+        service_ref: None,
+        provider: pool.spec.provider.clone(),
+        region: pool.spec.region.clone(),
+        size: pool.spec.size.clone(),
+        address: pool.spec.address.clone(),
+        high_availability: pool.spec.high_availability.clone(),
+        pool: Some(PoolRef { name: pool.name_any() }),
+        ..TunnelSpec::default()
+    };
+    let carrier = Tunnel { metadata, spec, status: None };
+    let created = owned::create(&Api::<Tunnel>::namespaced(ctx.client.clone(), ns), &carrier, &ctx.api_writes).await?;
+    if created {
+        info!(pool = %pool.name_any(), tunnel = %format!("{ns}/{name}"), "made the pool's shared exit server's Tunnel");
+    }
+    Ok(created)
+}
+
+/// Deletes the shared-server Tunnel `carrier` once no member is left (by UID precondition, so a
+/// new one made meanwhile stays); its finalizer then deletes the exit server.
+pub async fn retire_carrier(carrier: &Tunnel, ctx: &Context) -> Result<()> {
+    let ns = carrier.namespace().unwrap_or_default();
+    let uid = carrier.metadata.uid.clone();
+    let params =
+        DeleteParams { preconditions: Some(Preconditions { uid, resource_version: None }), ..Default::default() };
+    info!(tunnel = %format!("{ns}/{}", carrier.name_any()), "the pool has no member left: deleting its shared exit server");
+    match Api::<Tunnel>::namespaced(ctx.client.clone(), &ns).delete(&carrier.name_any(), &params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether `tunnel` is `pool`'s shared server: in skyport's namespace for them (`namespace`) and
+/// controlled by this very pool (its UID).
+pub fn serves(tunnel: &Tunnel, pool: &ExitServerPool, namespace: Option<&str>) -> bool {
+    let Some(uid) = pool.metadata.uid.as_deref() else { return false };
+    let controlled = tunnel
+        .owner_references()
+        .iter()
+        .any(|r| r.kind == "ExitServerPool" && r.uid == uid && r.controller == Some(true));
+    controlled && namespace.is_some() && tunnel.namespace().as_deref() == namespace
+}
+
+/// Writes the pool's status from its shared server's `status` when it differs: the address once
+/// the server is Active, how many members it carries and their ports (not whose), and the
+/// server's Ready condition.
+pub async fn publish_pool(carrier: &Tunnel, status: &TunnelStatus, ctx: &Context) -> Result<()> {
+    let Some(name) = carrier.spec.pool.as_ref().map(|p| p.name.clone()) else { return Ok(()) };
+    let Some(pool) = ctx.pools.get(&ObjectRef::new(&name)) else { return Ok(()) };
+    // Only the pool's own shared server speaks for it: a Tunnel anyone else wrote naming the pool
+    // (refused as NotAPoolServer) must not overwrite the pool's status.
+    if !serves(carrier, &pool, ctx.settings.pools_namespace().as_deref()) {
+        return Ok(());
+    }
+    let active = status.phase == Some(TunnelPhase::Active);
+    let carried: Vec<&PoolMember> = status.pool_members.iter().filter(|m| !m.ports.is_empty()).collect();
+    let mut ports: Vec<TunnelPort> = carried.iter().flat_map(|m| m.ports.iter().cloned()).collect();
+    ports.sort();
+    ports.dedup();
+    let want = ExitServerPoolStatus {
+        address: active.then(|| status.address_ip.clone().or_else(|| status.host_ip.clone())).flatten(),
+        members: Some(u32::try_from(carried.len()).unwrap_or(u32::MAX)),
+        ports,
+        conditions: status.conditions.clone(),
+    };
+    if pool.status.as_ref() == Some(&want) {
+        return Ok(());
+    }
+    // Every field named, so a merge patch also clears what is gone.
+    let patch = json!({"status": {
+        "address": want.address, "members": want.members, "ports": want.ports, "conditions": want.conditions,
+    }});
+    Api::<ExitServerPool>::all(ctx.client.clone())
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
+        .await?;
+    Ok(())
+}

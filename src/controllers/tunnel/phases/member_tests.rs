@@ -1,0 +1,59 @@
+use super::route;
+use crate::crd::tunnel::{
+    HighAvailability, HighAvailabilityMode, HighAvailabilityStatus, ServerStatus, Tunnel, TunnelStatus,
+};
+
+fn carrier(mode: Option<HighAvailabilityMode>, status: TunnelStatus) -> Tunnel {
+    let mut t: Tunnel = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "pool-shared", "namespace": "skyport-system"},
+        "spec": {"pool": {"name": "shared"}},
+    }))
+    .unwrap();
+    t.spec.high_availability = mode.map(|mode| HighAvailability { mode });
+    t.status = Some(status);
+    t
+}
+
+fn pair(active: Option<&str>) -> TunnelStatus {
+    let server = |slot: &str, ip: &str| ServerStatus {
+        slot: slot.into(),
+        host_id: Some(format!("h-{slot}")),
+        host_ip: Some(ip.into()),
+        ..Default::default()
+    };
+    TunnelStatus {
+        address_ip: active.map(Into::into),
+        high_availability: Some(HighAvailabilityStatus {
+            servers: vec![server("a", "192.0.2.1"), server("b", "192.0.2.2")],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_single_server_is_dialed_at_its_own_address_and_published_at_the_shared_one() {
+    let plain = TunnelStatus { host_ip: Some("192.0.2.1".into()), ..Default::default() };
+    let single = route(&carrier(None, plain)).unwrap();
+    assert_eq!((single.dials, single.published), (vec![(None, "192.0.2.1".into())], vec!["192.0.2.1".into()]));
+
+    let reserved = TunnelStatus {
+        host_ip: Some("192.0.2.1".into()),
+        address_ip: Some("198.51.100.7".into()),
+        ..Default::default()
+    };
+    let kept = route(&carrier(None, reserved)).unwrap();
+    assert_eq!((kept.dials, kept.published), (vec![(None, "192.0.2.1".into())], vec!["198.51.100.7".into()]));
+    assert!(route(&carrier(None, TunnelStatus::default())).is_none(), "no server yet");
+}
+
+#[test]
+fn a_pair_gets_a_client_per_server_and_publishes_as_its_mode_says() {
+    let standby = route(&carrier(Some(HighAvailabilityMode::ActiveStandby), pair(Some("198.51.100.7")))).unwrap();
+    let dials = vec![(Some("a"), "192.0.2.1".to_string()), (Some("b"), "192.0.2.2".to_string())];
+    assert_eq!((standby.dials.clone(), standby.published), (dials.clone(), vec!["198.51.100.7".to_string()]));
+    let both = route(&carrier(Some(HighAvailabilityMode::BothAddresses), pair(None))).unwrap();
+    assert_eq!((both.dials, both.published), (dials, vec!["192.0.2.1".to_string(), "192.0.2.2".to_string()]));
+    // Before the reserved address is on a server, an ActiveStandby pair publishes nothing.
+    assert!(route(&carrier(Some(HighAvailabilityMode::ActiveStandby), pair(None))).is_none());
+}
