@@ -6,9 +6,11 @@
 //!    member, in skyport's own namespace, controlled by the pool;
 //! 3. what that server does for this member, as the server's status records it: its ports and
 //!    health port, or why not;
-//! 4. its own client, with its own token ([`member_token`]), pointed at the shared address;
-//! 5. checked end to end on its own health port, through its own client alone;
-//! 6. the shared address with its own ports on its Service, and status.
+//! 4. its own client, with its own token ([`member_token`]), dialing the shared server's own
+//!    address; a client per server when the pool is a pair, as a pair's own clients are;
+//! 5. checked end to end on its own health port, through its own clients alone, at each address
+//!    it would publish ([`Route`]);
+//! 6. those addresses that passed, with its own ports, on its Service, and status.
 
 use std::sync::Arc;
 
