@@ -2,7 +2,8 @@
 //! clients are real Pods, the shared server the local provider's process. One VM carries both
 //! Services on their own ports; a port another Service serves is refused without naming it, and an
 //! edit asking for one waits while the Service keeps its ports; one Service's port change and its
-//! leaving keep the other's open connections; the last one leaving takes the VM. The pool's
+//! leaving keep the other's open connections; a namespace the pool stops allowing loses the
+//! address, and gets it back when allowed again; the last one leaving takes the VM. The pool's
 //! status says where it serves and what, and only its own shared server writes it. A pool of two
 //! exit servers serves its members as a pair serves its Service: each member gets a client per
 //! server, the address moves to the standby when the active server dies, and `BothAddresses`
@@ -188,6 +189,32 @@ async fn services_share_one_exit_server_on_their_own_ports_and_leave_it_one_by_o
     let after = echo(&mut held, b"after").await;
     assert_eq!(after.as_deref(), Some(&b"after"[..]), "the held connection to web-b still carries bytes");
     assert!(tunnels.get("web-b-tunnel").await.unwrap().status.unwrap().phase == Some(TunnelPhase::Active));
+
+    // The pool stops allowing the namespace: web-b is refused, its Service loses the shared
+    // address, and with no member left the shared server goes.
+    let allow = |ns: &str| kube::api::Patch::Merge(serde_json::json!({"spec": {"allowedNamespaces": [ns]}}));
+    pools.patch(&pool, &Default::default(), &allow("somebody-else")).await.unwrap();
+    let refused = eventually("web-b refused", ACTIVE, || async {
+        let t = tunnels.get("web-b-tunnel").await.ok()?;
+        (t.status.as_ref()?.phase == Some(TunnelPhase::Failed)).then_some(t)
+    })
+    .await;
+    assert_eq!(ready(&refused).unwrap().1, "PoolNotAllowed");
+    eventually("web-b's Service without the shared address", Duration::from_secs(30), || async {
+        let ingress = services.get("web-b").await.ok()?.status?.load_balancer?.ingress.unwrap_or_default();
+        ingress.is_empty().then_some(())
+    })
+    .await;
+    eventually("the shared server gone with its last allowed member", Duration::from_secs(90), || async {
+        let left =
+            op.local.list_by_tag(providers::hosts::TAG_MANAGED_BY, providers::hosts::MANAGED_BY_VALUE).await.ok()?;
+        left.is_empty().then_some(())
+    })
+    .await;
+    // Allowed again, web-b is served again, on a new shared server: the pool's change wakes it.
+    pools.patch(&pool, &Default::default(), &allow(&ns.name)).await.unwrap();
+    let back = active(&tunnels, "web-b-tunnel", ACTIVE).await;
+    carries(&host_ip(&back), 9090, None).await;
 
     // The last member leaves: the shared server's Tunnel goes, and with it the VM.
     services.delete("web-b", &DeleteParams::default()).await.unwrap();

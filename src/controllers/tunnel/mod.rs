@@ -208,10 +208,13 @@ pub fn controller(
     let (by_service, by_client, by_pool) = (tunnel_reader.clone(), tunnel_reader.clone(), tunnel_reader.clone());
     let run = Controller::for_stream(tunnel_stream, tunnel_reader)
         .watches_stream(deployment_stream, move |d: Deployment| client_of(&d, &by_client))
+        // A pool's change reaches its shared server and its members: one waiting for the pool to
+        // exist or to allow its namespace has no shared server to wake it.
         .watches_stream(pool_stream, move |pool: ExitServerPool| {
             let name = pool.name_any();
-            let carriers = by_pool.state().into_iter().filter(|t| t.spec.carries_pool());
-            carriers
+            by_pool
+                .state()
+                .into_iter()
                 .filter(|t| t.spec.pool.as_ref().is_some_and(|p| p.name == name))
                 .map(|t| ObjectRef::from_obj(&*t))
                 .collect::<Vec<_>>()

@@ -47,8 +47,32 @@ pub fn wake_carrier(member: &Tunnel, ctx: &crate::controllers::tunnel::Context) 
 }
 
 impl Pass<'_> {
-    /// The phases after the credentials, for a Service on `pool`'s shared server.
+    /// The phases after the credentials, for a Service on `pool`'s shared server. One the pool
+    /// does not carry (any more) has its address withdrawn: it no longer leads to the Service.
     pub(super) async fn member(&mut self, want: &Desired, keys: &Keys, pool: &str) -> Result<Action, Failure> {
+        match self.member_phases(want, keys, pool).await {
+            Err(Failure::Blocked(blocked)) => Err(self.withdrawn(want, blocked).await),
+            other => other,
+        }
+    }
+
+    /// The Service's address and the Tunnel's recorded server cleared, then `blocked` reported.
+    async fn withdrawn(&mut self, want: &Desired, blocked: Blocked) -> Failure {
+        if let Some(service) = want.publishes()
+            && let Err(e) = act::set_ingress(service, None, self.ctx).await
+        {
+            return e.into();
+        }
+        let cleared = self
+            .record(|s| {
+                s.host_ip = None;
+                s.ports = Vec::new();
+            })
+            .await;
+        cleared.err().map_or(Failure::Blocked(blocked), Failure::from)
+    }
+
+    async fn member_phases(&mut self, want: &Desired, keys: &Keys, pool: &str) -> Result<Action, Failure> {
         let (tunnel, ctx) = (self.tunnel, self.ctx);
         let found = self.pool_allowing(pool)?;
         let Some(carrier) = self.carrier(&found).await? else { return Ok(Action::requeue(BOOT_POLL)) };
