@@ -232,6 +232,18 @@ async fn services_share_one_exit_server_on_their_own_ports_and_leave_it_one_by_o
     ns.cleanup().await;
 }
 
+/// Deployment `name`'s Pod deleted and, by the namespace's Pod quota, not started again.
+async fn stop_client(ns: &crate::common::TestNs, name: &str) {
+    use kube::ResourceExt;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = ns.api();
+    let all = pods.list(&Default::default()).await.unwrap().items.len();
+    crate::node::tunnels::set_pod_quota(ns, Some(all as u32 - 1)).await;
+    let selector = format!("app.kubernetes.io/instance={name}");
+    let client = pods.list(&kube::api::ListParams::default().labels(&selector)).await.unwrap();
+    let pod = client.items.first().unwrap_or_else(|| panic!("{name}'s Pod")).name_any();
+    pods.delete(&pod, &DeleteParams::default().grace_period(0)).await.unwrap();
+}
+
 /// The shared server's pair status, once both servers passed their checks.
 async fn pair_passing(tunnels: &Api<Tunnel>, pool: &str) -> skyport::crd::tunnel::HighAvailabilityStatus {
     let carrier = format!("pool-{pool}");
@@ -313,6 +325,27 @@ async fn a_both_addresses_pool_publishes_both_servers_for_every_member() {
     for ip in &published {
         carries(ip, 8080, None).await;
     }
+
+    // The member's client of one server stops (its node gone): that server's address leaves the
+    // Service, the other stays. With both stopped the Service has no address, and the member says
+    // why; once its clients run again, both addresses are back.
+    let ips = |left: usize| {
+        let services = services.clone();
+        async move {
+            let ingress = services.get("web-a").await.ok()?.status?.load_balancer?.ingress.unwrap_or_default();
+            (ingress.len() == left).then(|| ingress.into_iter().filter_map(|i| i.ip).collect::<Vec<_>>())
+        }
+    };
+    stop_client(&ns, "web-a-tunnel-client-a").await;
+    let slot_b = ha.servers.iter().find(|s| s.slot == "b").and_then(|s| s.host_ip.clone()).unwrap();
+    let left = eventually("one address left on the Service", ACTIVE, || ips(1)).await;
+    assert_eq!(left, [slot_b]);
+    stop_client(&ns, "web-a-tunnel-client-b").await;
+    eventually("no address left on the Service", ACTIVE, || ips(0)).await;
+    let waiting = tunnels.get("web-a-tunnel").await.unwrap();
+    assert_eq!(ready(&waiting).unwrap().1, "WaitingForTunnel");
+    crate::node::tunnels::set_pod_quota(&ns, None).await;
+    eventually("both addresses back", ACTIVE, || ips(2)).await;
     op.stop().await;
     ns.cleanup().await;
 }

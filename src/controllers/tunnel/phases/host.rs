@@ -140,7 +140,7 @@ impl Pass<'_> {
     }
 
     /// Takes the address off the Service while no host serves it.
-    async fn unpublish(&self, want: &Desired) -> Result<()> {
+    pub(super) async fn unpublish(&self, want: &Desired) -> Result<()> {
         match want.publishes() {
             Some(service) => act::set_ingress(service, None, self.ctx).await,
             None => Ok(()),

@@ -56,20 +56,24 @@ impl Pass<'_> {
         }
     }
 
-    /// The Service's address and the Tunnel's recorded server cleared, then `blocked` reported.
+    /// `blocked` reported, after [`Pass::off_the_pool`].
     async fn withdrawn(&mut self, want: &Desired, blocked: Blocked) -> Failure {
-        if let Some(service) = want.publishes()
-            && let Err(e) = act::set_ingress(service, None, self.ctx).await
-        {
-            return e.into();
+        match self.off_the_pool(want).await {
+            Ok(()) => Failure::Blocked(blocked),
+            Err(e) => e,
         }
-        let cleared = self
-            .record(|s| {
-                s.host_ip = None;
-                s.ports = Vec::new();
-            })
-            .await;
-        cleared.err().map_or(Failure::Blocked(blocked), Failure::from)
+    }
+
+    /// The Service's address and the Tunnel's recorded server cleared: the address no longer
+    /// leads to the Service, as a Tunnel's own address leaves its Service when its check fails.
+    async fn off_the_pool(&mut self, want: &Desired) -> Result<(), Failure> {
+        self.unpublish(want).await?;
+        self.record(|s| {
+            s.host_ip = None;
+            s.ports = Vec::new();
+        })
+        .await?;
+        Ok(())
     }
 
     async fn member_phases(&mut self, want: &Desired, keys: &Keys, pool: &str) -> Result<Action, Failure> {
@@ -96,9 +100,9 @@ impl Pass<'_> {
         let token = self.clients_on((want, keys), &carrier, (&ports, health_port), &route.dials).await?;
         let (passing, failing) = check(ctx, &route.published, health_port, &token).await;
         if passing.is_empty() {
-            let message =
-                format!("the tunnel through the shared exit server does not answer yet: {}", failing.join("; "));
-            self.report(TunnelPhase::Provisioning, Reason::Provisioning, &message).await?;
+            let message = format!("the tunnel through the shared exit server does not answer: {}", failing.join("; "));
+            self.off_the_pool(want).await?;
+            self.report(TunnelPhase::Provisioning, Reason::WaitingForTunnel, &message).await?;
             return Ok(Action::requeue(jittered(HEALTH_POLL)));
         }
         if let Some(service) = want.publishes() {
