@@ -345,7 +345,7 @@ async fn a_both_addresses_pool_publishes_both_servers_for_every_member() {
     let waiting = tunnels.get("web-a-tunnel").await.unwrap();
     assert_eq!(ready(&waiting).unwrap().1, "WaitingForTunnel");
     crate::node::tunnels::set_pod_quota(&ns, None).await;
-    eventually("both addresses back", ACTIVE, || ips(2)).await;
+    eventually("both addresses back", crate::node::tunnels::AFTER_QUOTA, || ips(2)).await;
     op.stop().await;
     ns.cleanup().await;
 }
