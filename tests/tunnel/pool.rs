@@ -175,6 +175,9 @@ async fn services_share_one_exit_server_on_their_own_ports_and_leave_it_one_by_o
         (!message.contains("edit waits")).then_some(())
     })
     .await;
+    // Its UDP port gone, web-b's own client rolls to the new config; its connections are held
+    // from then on.
+    rolled_out(&ns, "web-b-tunnel-client").await;
 
     // web-a leaves; a connection to web-b, open all along, keeps carrying bytes.
     let mut held = tokio::net::TcpStream::connect((ip.as_str(), 9090)).await.unwrap();
@@ -230,6 +233,25 @@ async fn services_share_one_exit_server_on_their_own_ports_and_leave_it_one_by_o
     .await;
     op.stop().await;
     ns.cleanup().await;
+}
+
+/// Waits until Deployment `name` runs its current template alone: one Pod, updated and available,
+/// none terminating.
+async fn rolled_out(ns: &crate::common::TestNs, name: &str) {
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> = ns.api();
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = ns.api();
+    let selector = format!("app.kubernetes.io/instance={name}");
+    eventually(&format!("{name} rolled out"), ACTIVE, || async {
+        let d = deployments.get(name).await.ok()?;
+        let status = d.status?;
+        let current = status.observed_generation >= d.metadata.generation
+            && status.updated_replicas == Some(1)
+            && status.available_replicas == Some(1)
+            && status.replicas == Some(1);
+        let listed = pods.list(&kube::api::ListParams::default().labels(&selector)).await.ok()?;
+        (current && listed.items.len() == 1).then_some(())
+    })
+    .await;
 }
 
 /// Deployment `name`'s Pod deleted and, by the namespace's Pod quota, not started again.
