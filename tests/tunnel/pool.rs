@@ -240,9 +240,11 @@ async fn services_share_one_exit_server_on_their_own_ports_and_leave_it_one_by_o
 async fn rolled_out(ns: &crate::common::TestNs, name: &str) {
     let deployments: Api<k8s_openapi::api::apps::v1::Deployment> = ns.api();
     let pods: Api<k8s_openapi::api::core::v1::Pod> = ns.api();
-    let selector = format!("app.kubernetes.io/instance={name}");
     eventually(&format!("{name} rolled out"), ACTIVE, || async {
         let d = deployments.get(name).await.ok()?;
+        let labels = d.spec.as_ref()?.selector.match_labels.clone()?;
+        let selector: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let selector = selector.join(",");
         let status = d.status?;
         let current = status.observed_generation >= d.metadata.generation
             && status.updated_replicas == Some(1)
