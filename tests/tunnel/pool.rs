@@ -3,7 +3,8 @@
 //! Services on their own ports; a port another Service serves is refused without naming it, and an
 //! edit asking for one waits while the Service keeps its ports; one Service's port change and its
 //! leaving keep the other's open connections; a namespace the pool stops allowing loses the
-//! address, and gets it back when allowed again; the last one leaving takes the VM. The pool's
+//! address, and gets it back when allowed again; deleting the shared server's Tunnel gives a
+//! fresh one, which the members move to; the last one leaving takes the VM. The pool's
 //! status says where it serves and what, and only its own shared server writes it. A pool of two
 //! exit servers serves its members as a pair serves its Service: each member gets a client per
 //! server, the address moves to the standby when the active server dies, and `BothAddresses`
@@ -20,7 +21,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::common::eventually;
 use crate::common::kubelet::tcp_echo;
-use crate::common::tunnels::{active, carries, fast_tunnel_settings, host_ip, ready, service};
+use crate::common::tunnels::{active, carries, fast_tunnel_settings, host_ip, ingress_ip, ready, service};
 use crate::node::tunnels::{ACTIVE, BACKEND_PORTS, NodeTunnel};
 
 /// A Service on the pool, selecting the backend Pod (`app: web`).
@@ -218,6 +219,26 @@ async fn services_share_one_exit_server_on_their_own_ports_and_leave_it_one_by_o
     pools.patch(&pool, &Default::default(), &allow(&ns.name)).await.unwrap();
     let back = active(&tunnels, "web-b-tunnel", ACTIVE).await;
     carries(&host_ip(&back), 9090, None).await;
+
+    // `kubectl delete tunnel pool-<pool>` gives the pool a fresh exit server, and web-b moves to it.
+    let carrier = format!("pool-{pool}");
+    let old = tunnels.get(&carrier).await.unwrap().status.and_then(|s| s.host_id).expect("the shared server");
+    tunnels.delete(&carrier, &DeleteParams::default()).await.unwrap();
+    let fresh = eventually("a fresh shared server", Duration::from_secs(90), || async {
+        let id = tunnels.get(&carrier).await.ok()?.status?.host_id?;
+        (id != old).then_some(id)
+    })
+    .await;
+    let moved = eventually("web-b on the fresh server", ACTIVE, || async {
+        let hosts =
+            op.local.list_by_tag(providers::hosts::TAG_MANAGED_BY, providers::hosts::MANAGED_BY_VALUE).await.ok()?;
+        let ip = hosts.iter().find(|h| h.id == fresh)?.public_ipv4.clone()?;
+        let t = tunnels.get("web-b-tunnel").await.ok()?;
+        (t.status?.phase == Some(TunnelPhase::Active) && ingress_ip(&services.get("web-b").await.ok()?)? == ip)
+            .then_some(ip)
+    })
+    .await;
+    carries(&moved, 9090, None).await;
 
     // The last member leaves: the shared server's Tunnel goes, and with it the VM.
     services.delete("web-b", &DeleteParams::default()).await.unwrap();

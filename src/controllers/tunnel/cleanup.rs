@@ -67,6 +67,12 @@ pub async fn cleanup(tunnel: &Tunnel, api: &Api<Tunnel>, ctx: &Context) -> Resul
     {
         act::unpublish_before_delete(service, ctx).await?;
     }
+    // A pool's shared server: its members' Services show its address too.
+    if tunnel.spec.carries_pool() {
+        for service in super::phases::published_members(pass.status(), ctx) {
+            act::unpublish_before_delete(&service, ctx).await?;
+        }
+    }
     // An address made by a reservation whose answer was lost is found before it is released.
     if let Some(provider) = &provider
         && reserving

@@ -26,7 +26,7 @@ mod console;
 mod host;
 mod member;
 
-pub use member::wake_carrier;
+pub use member::{published_members, wake_carrier};
 mod pair;
 mod reservation;
 mod single;
@@ -188,10 +188,11 @@ impl<'a> Pass<'a> {
             Err(Failure::Error(e)) => Err(e),
         };
         // A pool's shared server says what it reached on its pool too.
-        if self.tunnel.spec.carries_pool()
-            && let Err(e) = act::publish_pool(self.tunnel, self.status(), self.ctx).await
-        {
-            tracing::warn!(error = %e, "writing the pool's status failed; written again next pass");
+        if self.tunnel.spec.carries_pool() {
+            if let Err(e) = act::publish_pool(self.tunnel, self.status(), self.ctx).await {
+                tracing::warn!(error = %e, "writing the pool's status failed; written again next pass");
+            }
+            member::wake_members_if_moved(self.tunnel, self.status(), self.ctx);
         }
         result
     }

@@ -37,6 +37,47 @@ pub fn carrier_name(pool: &str) -> String {
     fit_label(&format!("pool-{pool}"))
 }
 
+/// Has every member of the shared server `carrier` look at it again when a pass moved it to other
+/// addresses (a new server, a failover): a member publishes only where its check passes, and
+/// must not keep showing an address its server left.
+pub fn wake_members_if_moved(
+    carrier: &Tunnel,
+    after: &crate::crd::tunnel::TunnelStatus,
+    ctx: &crate::controllers::tunnel::Context,
+) {
+    let before = carrier.status.clone().unwrap_or_default();
+    let addresses = |s: &crate::crd::tunnel::TunnelStatus| {
+        let servers = s
+            .high_availability
+            .as_ref()
+            .map(|h| (h.active.clone(), h.servers.iter().map(|v| v.host_ip.clone()).collect::<Vec<_>>()));
+        (s.host_ip.clone(), s.address_ip.clone(), servers)
+    };
+    if addresses(&before) == addresses(after) {
+        return;
+    }
+    let uids: Vec<&str> = after.pool_members.iter().map(|m| m.uid.as_str()).collect();
+    for member in ctx.tunnels.state().iter().filter(|t| t.metadata.uid.as_deref().is_some_and(|u| uids.contains(&u))) {
+        let _ = ctx.wakes.unbounded_send(ObjectRef::from_obj(&**member));
+    }
+}
+
+/// The Services of the shared server's members (as its `status` records them) whose ingress
+/// skyport writes: before the server goes, its address comes off them.
+pub fn published_members(
+    status: &crate::crd::tunnel::TunnelStatus,
+    ctx: &crate::controllers::tunnel::Context,
+) -> Vec<Arc<k8s_openapi::api::core::v1::Service>> {
+    let uids: Vec<&str> = status.pool_members.iter().map(|m| m.uid.as_str()).collect();
+    let members =
+        ctx.tunnels.state().into_iter().filter(|t| t.metadata.uid.as_deref().is_some_and(|u| uids.contains(&u)));
+    let service_of = |member: Arc<Tunnel>| {
+        let service = ctx.services.get(&ObjectRef::new(member.spec.service_name()?).within(&member.namespace()?))?;
+        desired::controls_service_status(&member, &service).then_some(service)
+    };
+    members.filter_map(service_of).collect()
+}
+
 /// Has the shared server of the pool `member` names look at its members now: the member joined,
 /// changed its ports, or is leaving.
 pub fn wake_carrier(member: &Tunnel, ctx: &crate::controllers::tunnel::Context) {
@@ -79,7 +120,11 @@ impl Pass<'_> {
     async fn member_phases(&mut self, want: &Desired, keys: &Keys, pool: &str) -> Result<Action, Failure> {
         let (tunnel, ctx) = (self.tunnel, self.ctx);
         let found = self.pool_allowing(pool)?;
-        let Some(carrier) = self.carrier(&found).await? else { return Ok(Action::requeue(BOOT_POLL)) };
+        let Some(carrier) = self.carrier(&found).await? else {
+            // Being made, or going: whatever address the Service shows leads nowhere now.
+            self.off_the_pool(want).await?;
+            return Ok(Action::requeue(BOOT_POLL));
+        };
         let uid = want.uid.as_str();
         let entry = carrier.status.as_ref().and_then(|s| s.pool_members.iter().find(|m| m.uid == uid).cloned());
         if entry.as_ref().is_none_or(|e| e.ports != want.ports && e.refused.is_none()) {
@@ -88,12 +133,14 @@ impl Pass<'_> {
         let waiting = entry.as_ref().and_then(|e| e.refused.clone()).map(|why| format!("; the edit waits: {why}"));
         let Some((ports, health_port)) = carried(entry, pool).map_err(Failure::Blocked)? else {
             let message = format!("waiting for the shared exit server of ExitServerPool {pool} to take the Service");
+            self.off_the_pool(want).await?;
             self.report(TunnelPhase::Provisioning, Reason::Provisioning, &message).await?;
             return Ok(Action::requeue(BOOT_POLL));
         };
         let Some(route) = route(&carrier) else {
             let message =
                 format!("the shared exit server of ExitServerPool {pool} is not running yet{}", why_not(&carrier));
+            self.off_the_pool(want).await?;
             self.report(TunnelPhase::Provisioning, Reason::Provisioning, &message).await?;
             return Ok(Action::requeue(BOOT_POLL));
         };
