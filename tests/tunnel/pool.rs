@@ -282,7 +282,17 @@ async fn stop_client(ns: &crate::common::TestNs, name: &str) {
     use kube::ResourceExt;
     let pods: Api<k8s_openapi::api::core::v1::Pod> = ns.api();
     let all = pods.list(&Default::default()).await.unwrap().items.len();
+    let limit = (all - 1).to_string();
     crate::node::tunnels::set_pod_quota(ns, Some(all as u32 - 1)).await;
+    // A quota holds only once its controller has counted what it limits: a Pod created before
+    // that is admitted.
+    let quotas: Api<k8s_openapi::api::core::v1::ResourceQuota> = ns.api();
+    eventually("the Pod quota in force", Duration::from_secs(30), || async {
+        let status = quotas.get("pods").await.ok()?.status?;
+        let hard = status.hard?.get("pods").map(|q| q.0.clone());
+        (hard.as_deref() == Some(limit.as_str()) && status.used?.contains_key("pods")).then_some(())
+    })
+    .await;
     let selector = format!("app.kubernetes.io/instance={name}");
     let client = pods.list(&kube::api::ListParams::default().labels(&selector)).await.unwrap();
     let pod = client.items.first().unwrap_or_else(|| panic!("{name}'s Pod")).name_any();
