@@ -26,6 +26,7 @@ use super::super::{act, desired, status};
 use super::{BOOT_POLL, Desired, Failure, HEALTH_POLL, Keys, Pass};
 use crate::controllers::jittered;
 use crate::controllers::pool::desired::{MemberClient, member_client, member_token};
+use crate::controllers::status::ObjectStatus;
 use crate::crd::condition::{Condition, ConditionStatus};
 use crate::crd::pool::ExitServerPool;
 use crate::crd::tunnel::{HighAvailabilityMode, PoolMember, Tunnel, TunnelPhase};
@@ -148,7 +149,11 @@ impl Pass<'_> {
         let (passing, failing) = check(ctx, &route.published, health_port, &token).await;
         if passing.is_empty() {
             let message = format!("the tunnel through the shared exit server does not answer: {}", failing.join("; "));
-            self.off_the_pool(want).await?;
+            // One failed check may be a moment's (the shared server taking another member's
+            // change); the address goes when the next check fails too.
+            if self.status().not_ready_reason() == Some(Reason::WaitingForTunnel.as_str()) {
+                self.off_the_pool(want).await?;
+            }
             self.report(TunnelPhase::Provisioning, Reason::WaitingForTunnel, &message).await?;
             return Ok(Action::requeue(jittered(HEALTH_POLL)));
         }
