@@ -1,22 +1,29 @@
 //! One pass against SQS: observe, plan and act, in the order ownership needs. A Queue never
 //! seen in SQS creates first; any other write is preceded by a fresh read of the owner tag.
+//!
+//! A create is made only for a Queue the API server has live at that moment: read with the
+//! finalizer this pass added, or else read again. A Queue read from a cache that is behind (a
+//! standby taking over before its watch resumed) may already be deleted, its finalizer released;
+//! a queue created for it then would belong to no Queue, and nothing would ever delete it.
 
 use std::time::Instant;
 
 use kube::ResourceExt;
+use kube::api::Api;
 use providers::QueueBackend;
 use tracing::debug;
 
 use super::plan::{Observed, Outcome, Plan, Ready, Step};
 use super::{Context, act, dead_letter, desired, observe, plan, sealed, tenancy};
-use crate::controllers::context::namespace_of;
+use crate::controllers::context::{api_beside, namespace_of};
 use crate::controllers::jittered;
 use crate::crd::queue::{ManagementPolicy, OwnershipProof, Queue, QueueStatus};
 use crate::error::{Error, Result};
 use crate::reasons::Reason;
 
-/// Observe, plan and act against SQS.
-pub async fn converge(queue: &Queue, ctx: &Context, sqs: &dyn QueueBackend) -> Result<Outcome> {
+/// Observe, plan and act against SQS. `fresh`: `queue` is the API server's answer to this pass's
+/// finalizer write, not the cache's copy.
+pub async fn converge(queue: &Queue, ctx: &Context, sqs: &dyn QueueBackend, fresh: bool) -> Result<Outcome> {
     let ns = namespace_of(queue)?;
     let uid = queue.uid().ok_or(Error::MissingObjectKey("uid"))?;
     let status = queue.status.as_ref();
@@ -76,6 +83,7 @@ pub async fn converge(queue: &Queue, ctx: &Context, sqs: &dyn QueueBackend) -> R
     };
     let mut tags_read = matches!(&observed, Observed::Present(e) if e.tags.is_some());
     let mut plan = plan::plan(&desired, &intent, &observed);
+    let mut live = fresh;
     for _ in 0..2 {
         if plan == Plan::NeedTags {
             observed = observe::observe(queue, &desired, sqs, &ctx.client, cluster, None, true).await?;
@@ -85,6 +93,13 @@ pub async fn converge(queue: &Queue, ctx: &Context, sqs: &dyn QueueBackend) -> R
         debug!(?plan, "planned");
         if let Some(refusal) = dead_letter::guard(queue, &plan, &observed, true, ctx, sqs).await? {
             return Ok(refusal);
+        }
+        if plan_created(&plan) && !live {
+            if !still_live(queue, ctx).await? {
+                debug!("a create was due, but the API server no longer has this Queue live");
+                return Ok(Outcome::Behind);
+            }
+            live = true;
         }
         match act::apply(queue, &desired, &observed, plan.clone(), adopted, ctx, sqs).await? {
             act::Applied::Done(mut outcome) => {
@@ -102,6 +117,14 @@ pub async fn converge(queue: &Queue, ctx: &Context, sqs: &dyn QueueBackend) -> R
         "the SQS queue {:?} appeared and disappeared while it was being created; retrying",
         desired.name
     ))))
+}
+
+/// Whether the API server has `queue` live now: the same UID, not being deleted. A read without
+/// a resourceVersion is a consistent read, never the API server's cache.
+async fn still_live(queue: &Queue, ctx: &Context) -> Result<bool> {
+    let api: Api<Queue> = api_beside(&ctx.client, queue)?;
+    let current = api.get_opt(&queue.name_any()).await?;
+    Ok(current.is_some_and(|q| q.uid() == queue.uid() && q.metadata.deletion_timestamp.is_none()))
 }
 
 fn plan_created(plan: &Plan) -> bool {

@@ -285,7 +285,7 @@ async fn apply(queue: Arc<Queue>, ctx: &Context, added_finalizer: bool) -> Resul
         return Ok(ctx.resync_after(&key, jittered(ctx.resync(&queue)).saturating_sub(age)));
     }
 
-    match converge::converge(&queue, ctx, placement.sqs.as_ref()).await? {
+    match converge::converge(&queue, ctx, placement.sqs.as_ref(), added_finalizer).await? {
         Outcome::Ready(ready) => {
             let published = exports::publish(&queue, &ready, ctx).await?;
             if let Some((reason, conflict)) = &published.conflict {
@@ -321,5 +321,8 @@ async fn apply(queue: Arc<Queue>, ctx: &Context, added_finalizer: bool) -> Resul
             status::report_problem(&queue, &api, ctx, reason, &message).await?;
             Ok(retry.map(Action::requeue).unwrap_or_else(Action::await_change))
         }
+        // The watch brings the deletion (or the new Queue of that name) and wakes this key; the
+        // resync is the net should it not.
+        Outcome::Behind => Ok(Action::requeue(jittered(ctx.resync(&queue)))),
     }
 }

@@ -72,7 +72,14 @@ pub struct Ready {
 #[derive(Debug)]
 pub enum Outcome {
     Ready(Ready),
-    Wait { reason: Reason, message: String, retry: Option<Duration> },
+    Wait {
+        reason: Reason,
+        message: String,
+        retry: Option<Duration>,
+    },
+    /// A create was due, but the API server no longer has this Queue live (deleted, being
+    /// deleted, or replaced by another of that name): the cache is behind, nothing was written.
+    Behind,
 }
 
 /// What the Queue asks besides the desired SQS state.

@@ -18,6 +18,7 @@ use crate::controllers::testing::{FakeApi, ready_store};
 use crate::crd::condition::ConditionStatus;
 use crate::crd::queue::{DeletionPolicy, QueueSpec};
 
+mod behind;
 mod exports;
 mod pacing;
 mod wakes;

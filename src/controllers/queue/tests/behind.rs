@@ -1,0 +1,70 @@
+//! A Queue read from a cache that is behind the API server: a standby that takes over before its
+//! watch resumes reconciles Queues the former leader already deleted. No SQS queue is created
+//! for a Queue the API server no longer has live; one it has is created again as before.
+
+use providers::QueueBackend;
+
+use super::*;
+use crate::controllers::testing::requeue_secs;
+
+/// A Queue made and converged, then its SQS queue deleted and its memory gone, as a new leader
+/// finds it. Returns the cache's copy and the queue's name.
+async fn converged_then_queue_gone(h: &Harness) -> (Arc<Queue>, String) {
+    h.reconcile(h.put(&queue(QueueSpec::default()))).await.unwrap();
+    let cached = h.current();
+    let status = cached.status.clone().unwrap();
+    h.sqs.delete_queue(&status.queue_url.unwrap()).await.unwrap();
+    h.ctx.written.forget(&object_key(&cached));
+    h.ctx.verified.forget(cached.metadata.uid.as_deref().unwrap());
+    (Arc::new(cached), status.queue_name.unwrap().to_string())
+}
+
+/// What the reconcile of the cache's copy did: whether it created a queue, and its API writes.
+/// When it created none, it wakes again within a resync, should no watch event come.
+async fn reconcile_behind(h: &Harness, cached: Arc<Queue>, name: &str) -> (bool, usize) {
+    let creates = || h.sqs.calls().iter().filter(|c| **c == "create_queue").count();
+    let (writes, before) = (h.api.writes().len(), creates());
+    let action = h.reconcile(cached).await.unwrap();
+    let created = creates() > before;
+    if !created {
+        let resync = requeue_secs(&action);
+        assert!(resync > 0.0 && resync <= h.ctx.settings.resync.as_secs_f64(), "{action:?}");
+    }
+    assert_eq!(created, h.sqs.exists(name));
+    (created, h.api.writes().len() - writes)
+}
+
+#[tokio::test]
+async fn a_queue_the_api_server_deleted_is_not_created_from_the_cache() {
+    let h = harness();
+    let (cached, name) = converged_then_queue_gone(&h).await;
+    // The former leader deleted the SQS queue and released the finalizer: the Queue is gone.
+    h.api.remove(PATH);
+    assert_eq!(reconcile_behind(&h, cached, &name).await, (false, 0));
+}
+
+#[tokio::test]
+async fn a_queue_being_deleted_or_replaced_is_not_created_from_the_cache() {
+    let h = harness();
+    let (cached, name) = converged_then_queue_gone(&h).await;
+    let mut deleting = h.current();
+    deleting.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
+    h.put(&deleting);
+    assert_eq!(reconcile_behind(&h, cached.clone(), &name).await, (false, 0));
+
+    // Another Queue of that name, made since: the old one's copy creates nothing for it.
+    let mut other = queue(QueueSpec::default());
+    other.metadata.uid = Some("uid-2".into());
+    h.put(&other);
+    assert_eq!(reconcile_behind(&h, cached, &name).await, (false, 0));
+}
+
+#[tokio::test]
+async fn a_queue_the_api_server_has_live_gets_its_sqs_queue_again() {
+    let h = harness();
+    let (cached, name) = converged_then_queue_gone(&h).await;
+    let (created, writes) = reconcile_behind(&h, cached, &name).await;
+    assert!(created && writes > 0, "recreated and recorded");
+    assert_eq!(h.api.event_reasons(), ["Created", "Recreated"]);
+}
