@@ -37,6 +37,8 @@ pub mod placement;
 #[cfg(test)]
 mod placement_tests;
 pub mod plan;
+#[cfg(test)]
+mod pool_tests;
 pub mod ranges;
 #[cfg(test)]
 mod reservation_tests;

@@ -88,11 +88,20 @@ pub struct Desired {
     members: BTreeMap<String, Admission>,
     /// On a pool's shared server, each member's source ranges (canonical, by UID).
     member_ranges: BTreeMap<String, Vec<String>>,
+    /// On a pool's shared server, the members' Services that show its address
+    /// ([`published_members`]); empty otherwise.
+    members_shown: Vec<Arc<Service>>,
 }
 
 impl Desired {
     fn publishes(&self) -> Option<&Service> {
         self.service.as_deref().filter(|_| self.publishes)
+    }
+
+    /// Every Service whose status may show this Tunnel's exit server: its own where it publishes,
+    /// on a pool's shared server its members'. Each loses the address before a server goes.
+    fn showing(&self) -> Vec<&Service> {
+        self.publishes().into_iter().chain(self.members_shown.iter().map(|s| &**s)).collect()
     }
 
     /// What the exit server does, for the Ready condition: `forwards 80/TCP to Service web`, or
@@ -259,7 +268,18 @@ impl<'a> Pass<'a> {
         let publishes = desired::controls_service_status(tunnel, &service);
         let at = Placement::of(tunnel, ctx.settings.client_namespace.as_deref())?;
         let (members, member_ranges) = (BTreeMap::new(), BTreeMap::new());
-        Ok(Desired { service: Some(service), publishes, provider, at, uid, ports, members, member_ranges })
+        let members_shown = Vec::new();
+        Ok(Desired {
+            service: Some(service),
+            publishes,
+            provider,
+            at,
+            uid,
+            ports,
+            members,
+            member_ranges,
+            members_shown,
+        })
     }
 
     /// The provider of a Tunnel that buys its own exit server, held to the operator's size and

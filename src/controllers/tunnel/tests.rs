@@ -29,6 +29,7 @@ pub(super) struct Harness {
     pub(super) probe: Arc<FakeProbe>,
     pub(super) services: Writer<Service>,
     pub(super) tunnels: Writer<Tunnel>,
+    pub(super) pools: Writer<crate::crd::pool::ExitServerPool>,
 }
 
 fn harness_with(providers: Providers, provider: Arc<FakeProvider>) -> Harness {
@@ -56,6 +57,7 @@ fn harness_set(
     let (tunnels, tunnel_writer) = ready_store();
     let (services, service_writer) = ready_store();
     let probe = Arc::new(FakeProbe::answering(true));
+    let (pools, pool_writer) = ready_store();
     let state = State {
         creations: super::hourly::HourlyBudget::new(settings.max_hosts_per_hour),
         providers,
@@ -64,7 +66,7 @@ fn harness_set(
         namespace: Some("ns".into()),
         tunnels,
         services,
-        pools: ready_store().0,
+        pools,
         wakes: futures::channel::mpsc::unbounded().0,
         orphans_deleted: Default::default(),
         orphan_addresses_released: Default::default(),
@@ -84,6 +86,7 @@ fn harness_set(
         probe,
         services: service_writer,
         tunnels: tunnel_writer,
+        pools: pool_writer,
     }
 }
 
@@ -93,7 +96,7 @@ pub(super) fn harness() -> Harness {
     harness_with(providers, provider)
 }
 
-fn service() -> Service {
+pub(super) fn service() -> Service {
     serde_json::from_value(json!({
         "apiVersion": "v1",
         "kind": "Service",

@@ -23,10 +23,10 @@ pub async fn release_extras(provider: &dyn HostProvider, extras: &[Address]) -> 
     Ok(())
 }
 
-/// The recorded address `ip` was released outside skyport: off the Service at once (it may be
-/// someone else's now), with a Warning Event; another is reserved next.
-pub async fn lost(tunnel: &Tunnel, ip: &str, publishes: Option<&Service>, ctx: &Context) -> Result<()> {
-    if let Some(service) = publishes {
+/// The recorded address `ip` was released outside skyport: off the Services that show it at once
+/// (it may be someone else's now), with a Warning Event; another is reserved next.
+pub async fn lost(tunnel: &Tunnel, ip: &str, shown: &[&Service], ctx: &Context) -> Result<()> {
+    for service in shown {
         unpublish_before_delete(service, ctx).await?;
     }
     let note = format!("reserved address {ip} was released outside skyport; reserving another (a new address)");
@@ -77,10 +77,10 @@ pub async fn replace_host(
     tunnel: &Tunnel,
     provider: &dyn HostProvider,
     (id, why): (&str, &str),
-    publishes: Option<&Service>,
+    shown: &[&Service],
     ctx: &Context,
 ) -> Result<()> {
     warn!(host = %id, why, "replacing the exit server to give it the reserved address");
     ctx.publish(tunnel, Reason::Replacing, format!("{why}; replacing it")).await;
-    delete_unpublished(provider, id, publishes, ctx).await
+    delete_unpublished(provider, id, shown, ctx).await
 }

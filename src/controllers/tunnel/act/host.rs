@@ -23,12 +23,12 @@ use crate::reasons::Reason;
 pub async fn delete_extras(
     provider: &dyn HostProvider,
     extras: &[Host],
-    publishes: Option<&Service>,
+    shown: &[&Service],
     ctx: &Context,
 ) -> Result<()> {
     for extra in extras {
         warn!(host = %extra.id, "deleting a second exit server carrying this Tunnel's UID");
-        delete_unpublished(provider, &extra.id, publishes, ctx).await?;
+        delete_unpublished(provider, &extra.id, shown, ctx).await?;
     }
     Ok(())
 }
@@ -39,12 +39,12 @@ pub async fn replace_lost(
     tunnel: &Tunnel,
     provider: &dyn HostProvider,
     (id, why): (&str, &str),
-    publishes: Option<&Service>,
+    shown: &[&Service],
     ctx: &Context,
 ) -> Result<()> {
     warn!(host = %id, why, "replacing exit server");
     ctx.publish(tunnel, Reason::ExitServerLost, format!("{why}; provisioning a new one")).await;
-    delete_unpublished(provider, id, publishes, ctx).await
+    delete_unpublished(provider, id, shown, ctx).await
 }
 
 /// Pushes the Service's new `ports` to the running exit server `id`. `Ok(true)`: it runs with
@@ -53,7 +53,7 @@ pub async fn reconfigure(
     tunnel: &Tunnel,
     provider: &dyn HostProvider,
     (id, server, ports): (&str, &ExitServer, &[TunnelPort]),
-    publishes: Option<&Service>,
+    shown: &[&Service],
     ctx: &Context,
 ) -> Result<bool> {
     if provider.reconfigure(id, server).await? {
@@ -69,16 +69,16 @@ pub async fn reconfigure(
         provider.name()
     );
     ctx.publish(tunnel, Reason::Replacing, format!("{why}; replacing it")).await;
-    delete_unpublished(provider, id, publishes, ctx).await?;
+    delete_unpublished(provider, id, shown, ctx).await?;
     Ok(false)
 }
 
 /// Deletes an exit server whose tunnel never came up (or stopped working) for too long, with a
-/// Warning Event (`reason`: the side at fault) on the Tunnel and the Service, after taking its address off the Service when
-/// this Tunnel `publishes` it.
+/// Warning Event (`reason`: the side at fault) on the Tunnel and its Service, after taking its
+/// address off the Services that show it (`shown`).
 pub async fn replace_unhealthy(
     tunnel: &Tunnel,
-    (service, publishes): (Option<&Service>, bool),
+    (service, shown): (Option<&Service>, &[&Service]),
     provider: &dyn HostProvider,
     (id, reason, why): (Option<&str>, Reason, &str),
     ctx: &Context,
@@ -90,7 +90,7 @@ pub async fn replace_unhealthy(
         ctx.publish_on(&kube::Resource::object_ref(service, &()), reason, note).await;
     }
     if let Some(id) = id {
-        delete_unpublished(provider, id, service.filter(|_| publishes), ctx).await?;
+        delete_unpublished(provider, id, shown, ctx).await?;
     }
     Ok(())
 }

@@ -241,15 +241,15 @@ pub async fn unpublish_before_delete(service: &Service, ctx: &Context) -> Result
     }
 }
 
-/// Deletes host `id` after taking its address off the Service (see [`unpublish_before_delete`]),
-/// and forgets its health clock.
+/// Deletes host `id` after taking its address off the Services that show it (see
+/// [`unpublish_before_delete`]), and forgets its health clock.
 pub async fn delete_unpublished(
     provider: &dyn HostProvider,
     id: &str,
-    publishes: Option<&Service>,
+    shown: &[&Service],
     ctx: &Context,
 ) -> Result<()> {
-    if let Some(service) = publishes {
+    for service in shown {
         unpublish_before_delete(service, ctx).await?;
     }
     provider.delete(id).await?;

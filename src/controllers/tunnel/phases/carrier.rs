@@ -51,7 +51,9 @@ impl Pass<'_> {
         ports.dedup();
         let provider = self.own_provider().map_err(Failure::Blocked)?;
         let at = Placement::of(tunnel, ctx.settings.client_namespace.as_deref())?;
-        Ok(Desired { service: None, publishes: false, provider, at, uid, ports, members, member_ranges })
+        // Published by the members themselves; before a server of this one goes, it unpublishes.
+        let members_shown = super::published_members(self.status(), ctx);
+        Ok(Desired { service: None, publishes: false, provider, at, uid, ports, members, member_ranges, members_shown })
     }
 }
 

@@ -21,7 +21,7 @@ impl Pass<'_> {
         for slot in slots.iter_mut() {
             let Some(id) = slot.running_ip().and(slot.id()).map(str::to_string) else { continue };
             let push = (id.as_str(), &keys.server, want.ports.as_slice());
-            match act::host::reconfigure(self.tunnel, want.provider.as_ref(), push, None, self.ctx).await {
+            match act::host::reconfigure(self.tunnel, want.provider.as_ref(), push, &[], self.ctx).await {
                 Ok(true) => {}
                 Ok(false) => {
                     slot.host = None;

@@ -28,7 +28,7 @@ impl Pass<'_> {
     pub(super) async fn host(&mut self, want: &Desired, keys: &Keys) -> Result<Option<Running>> {
         let (tunnel, ctx, provider) = (self.tunnel, self.ctx, &want.provider);
         let found = observe::find_host(provider.as_ref(), self.status(), &want.uid).await?;
-        act::host::delete_extras(provider.as_ref(), &found.extras, want.publishes(), ctx).await?;
+        act::host::delete_extras(provider.as_ref(), &found.extras, &want.showing(), ctx).await?;
         let address = self.prepare_address(want).await?;
         let address_id = address.as_ref().map(|a| a.id.as_str());
         let mut host = found.host;
@@ -68,12 +68,12 @@ impl Pass<'_> {
                     host = Some(created);
                 }
                 HostStep::Replace { id, why } => {
-                    act::host::replace_lost(tunnel, provider.as_ref(), (&id, &why), want.publishes(), ctx).await?;
+                    act::host::replace_lost(tunnel, provider.as_ref(), (&id, &why), &want.showing(), ctx).await?;
                     host = None;
                 }
                 HostStep::Reconfigure { id, ip: _ } => {
                     let push = (id.as_str(), &keys.server, want.ports.as_slice());
-                    if act::host::reconfigure(tunnel, provider.as_ref(), push, want.publishes(), ctx).await? {
+                    if act::host::reconfigure(tunnel, provider.as_ref(), push, &want.showing(), ctx).await? {
                         let (ports, digest) = (want.ports.clone(), keys.digest.clone());
                         // The push carried the ranges too, where the host enforces them.
                         let (pushed, ranges) =
@@ -169,7 +169,7 @@ impl Pass<'_> {
         act::address::release_extras(provider.as_ref(), &found.extras).await?;
         if address_plan::lost(self.status().address_id.as_deref(), found.address.as_ref()) {
             let old = self.status().address_ip.clone().unwrap_or_default();
-            act::address::lost(tunnel, &old, want.publishes(), ctx).await?;
+            act::address::lost(tunnel, &old, &want.showing(), ctx).await?;
             self.record(|s| {
                 s.address_id = None;
                 s.address_ip = None;
@@ -301,7 +301,7 @@ impl Pass<'_> {
                     address = Some(Address { host_id: Some(host_id), ..current });
                 }
                 AddressStep::ReplaceHost { id, why } => {
-                    act::address::replace_host(tunnel, provider.as_ref(), (&id, &why), want.publishes(), ctx).await?;
+                    act::address::replace_host(tunnel, provider.as_ref(), (&id, &why), &want.showing(), ctx).await?;
                     self.record(|s| {
                         s.phase = Some(TunnelPhase::Provisioning);
                         s.host_id = None;

@@ -141,7 +141,7 @@ impl Pass<'_> {
         }
         let address = self.prepare_address(want).await?;
         let found = observe::find_pair(provider, self.status(), &want.uid).await?;
-        act::host::delete_extras(provider, &found.extras, None, ctx).await?;
+        act::host::delete_extras(provider, &found.extras, &[], ctx).await?;
         Ok((address, found, true))
     }
 
@@ -161,7 +161,7 @@ impl Pass<'_> {
             let host = match (step, host) {
                 (Fill::Keep, Some(host)) => host,
                 (Fill::Replace(why), Some(host)) => {
-                    act::host::replace_lost(tunnel, provider.as_ref(), (&host.id, why), None, ctx).await?;
+                    act::host::replace_lost(tunnel, provider.as_ref(), (&host.id, why), &[], ctx).await?;
                     ctx.health.forget(&host.id);
                     self.create_slot(want, keys, (slot, address)).await?
                 }
@@ -198,7 +198,7 @@ impl Pass<'_> {
                 After::Spent => self.spent(slot),
                 After::Gone(why) => {
                     let id = slot.id().unwrap_or_default().to_string();
-                    act::host::replace_lost(tunnel, provider.as_ref(), (&id, &why), None, ctx).await?;
+                    act::host::replace_lost(tunnel, provider.as_ref(), (&id, &why), &[], ctx).await?;
                     ctx.health.forget(&id);
                     slot.host = None;
                 }

@@ -120,7 +120,7 @@ impl Pass<'_> {
                         let host = (host_id.as_deref(), cause.reason(), why.as_str());
                         act::host::replace_unhealthy(
                             tunnel,
-                            (want.service.as_deref(), want.publishes),
+                            (want.service.as_deref(), &want.showing()),
                             provider,
                             host,
                             ctx,

@@ -36,7 +36,7 @@ impl Pass<'_> {
             }
             Unhealthy::Replace { why, count, .. } => {
                 let why = format!("{}: {why}", slot.server());
-                act::host::replace_lost(tunnel, provider, (&id, &why), None, ctx).await?;
+                act::host::replace_lost(tunnel, provider, (&id, &why), &[], ctx).await?;
                 ctx.health.forget(&id);
                 slot.host = None;
                 slot.replaced = count;

@@ -1,0 +1,85 @@
+//! A pool's shared exit server against the same fakes as the other reconcile tests: a server
+//! replaced during its life takes its address off the members' Services before it goes, as a
+//! Tunnel's own server does for its Service (a released address may be someone else's next).
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Service;
+use kube::runtime::watcher;
+use providers::HostState;
+use serde_json::json;
+
+use super::tests::{Harness, SERVICE, TUNNEL, harness_settings, service};
+use crate::config::TunnelArgs;
+use crate::controllers::service::desired::ANNOTATION_POOL;
+use crate::crd::pool::{ExitServerPool, ExitServerPoolSpec};
+use crate::crd::tunnel::{PoolRef, Tunnel, TunnelSpec};
+
+const POOL: &str = "/apis/skyport.dev/v1alpha1/exitserverpools/shared";
+const CARRIER: &str = "/apis/skyport.dev/v1alpha1/namespaces/ns/tunnels/pool-shared";
+
+/// A pool allowing `ns`, whose shared server lives in `ns` too, with one member: the Service
+/// `web` and its Tunnel. Returns the harness and the shared server's Tunnel.
+fn pool_with_a_member() -> (Harness, Arc<Tunnel>) {
+    let mut h = harness_settings(TunnelArgs { pool_namespace: Some("ns".into()), ..TunnelArgs::default() });
+    let mut pool = ExitServerPool::new(
+        "shared",
+        ExitServerPoolSpec { allowed_namespaces: vec!["ns".into()], ..Default::default() },
+    );
+    pool.metadata.uid = Some("pool-uid".into());
+    h.api.put(POOL, serde_json::to_value(&pool).unwrap());
+    h.pools.apply_watcher_event(&watcher::Event::Apply(pool.clone()));
+
+    let mut svc = service();
+    svc.metadata.annotations = Some([(ANNOTATION_POOL.to_string(), "shared".to_string())].into());
+    let svc: Service = serde_json::from_value(h.api.put(SERVICE, serde_json::to_value(&svc).unwrap())).unwrap();
+    h.services.apply_watcher_event(&watcher::Event::Apply(svc.clone()));
+    let mut member = crate::controllers::service::tunnel_for(&svc).unwrap();
+    member.metadata.namespace = Some("ns".into());
+    member.metadata.uid = Some("tunnel-uid".into());
+    let member: Tunnel = serde_json::from_value(h.api.put(TUNNEL, serde_json::to_value(&member).unwrap())).unwrap();
+    h.tunnels.apply_watcher_event(&watcher::Event::Apply(member));
+
+    let mut metadata = crate::controllers::owned::meta(&pool, "pool-shared", []).unwrap();
+    metadata.namespace = Some("ns".into());
+    metadata.uid = Some("carrier-uid".into());
+    metadata.generation = Some(1);
+    let spec = TunnelSpec { service_ref: None, pool: Some(PoolRef { name: "shared".into() }), ..TunnelSpec::default() };
+    let carrier = Tunnel { metadata, spec, status: None };
+    let carrier: Tunnel = serde_json::from_value(h.api.put(CARRIER, serde_json::to_value(&carrier).unwrap())).unwrap();
+    h.tunnels.apply_watcher_event(&watcher::Event::Apply(carrier.clone()));
+    (h, Arc::new(carrier))
+}
+
+fn carrier_now(h: &Harness) -> Arc<Tunnel> {
+    Arc::new(serde_json::from_value(h.api.get(CARRIER).expect("the shared server's Tunnel")).unwrap())
+}
+
+/// The member's Service as its own reconcile leaves it: published at `ip`.
+fn member_published_at(h: &mut Harness, ip: &str) {
+    let mut svc = h.api.get(SERVICE).unwrap();
+    svc["status"] = json!({"loadBalancer": {"ingress": [{"ip": ip, "ipMode": "Proxy"}]}});
+    let svc: Service = serde_json::from_value(h.api.put(SERVICE, svc)).unwrap();
+    h.services.apply_watcher_event(&watcher::Event::Apply(svc));
+}
+
+fn member_ingress(h: &Harness) -> serde_json::Value {
+    h.api.get(SERVICE).unwrap()["status"]["loadBalancer"]["ingress"].clone()
+}
+
+#[tokio::test]
+async fn a_shared_server_replaced_during_its_life_takes_its_address_off_the_members_first() {
+    let (mut h, carrier) = pool_with_a_member();
+    h.reconcile(carrier).await.unwrap();
+    let status = carrier_now(&h).status.clone().unwrap();
+    assert_eq!(status.pool_members.len(), 1, "{status:?}");
+    let ip = status.host_ip.clone().expect("the shared server's address");
+    member_published_at(&mut h, &ip);
+
+    let mut stopped = h.provider.hosts().pop().unwrap();
+    stopped.state = HostState::Stopped;
+    h.provider.insert(stopped.clone());
+    h.reconcile(carrier_now(&h)).await.unwrap();
+    assert!(h.provider.hosts().iter().all(|host| host.id != stopped.id), "the stopped server went");
+    assert_eq!(member_ingress(&h), json!([]), "the member's Service no longer shows the address");
+}
