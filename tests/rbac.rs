@@ -117,7 +117,8 @@ async fn queue_controller_works_with_the_deploy_service_account_and_nothing_else
     forbidden(Api::<Namespace>::all(sa.clone()).delete(&ns.name, &DeleteParams::default()).await, "delete a Namespace");
     forbidden(Api::<Pod>::namespaced(sa.clone(), &ns.name).list(&ListParams::default()).await, "list Pods");
     // `get` on Queues is granted: adopting checks whether the Queue an SQS owner tag names (in
-    // any namespace, so not from a namespaced cache) still exists.
+    // any namespace, so not from a namespaced cache) still exists, and a create checks that its
+    // Queue is still live (the cache may be behind).
     forbidden(
         Api::<Queue>::namespaced(sa.clone(), &ns.name).delete("orders", &DeleteParams::default()).await,
         "delete a Queue",

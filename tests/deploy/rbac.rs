@@ -33,7 +33,7 @@ fn rbac_grants_exactly_the_calls_the_controllers_make() {
     let docs = documents(&read("deploy/rbac.yaml"));
     let cluster: ClusterRole = serde_json::from_value(find(&docs, "ClusterRole", "skyport").clone()).unwrap();
     let mut expected = vec![
-        "skyport.dev/queues:get",                   // is the Queue an SQS owner tag names still there
+        "skyport.dev/queues:get",                   // an owner tag's Queue; a Queue before its create
         "skyport.dev/queues:list",                  // Queue watch (reflector)
         "skyport.dev/queues:watch",                 // Queue watch
         "skyport.dev/queues:patch",                 // finalizer add/remove

@@ -1,7 +1,8 @@
 {{/* The rules of the controllers in the namespaces they watch (same as deploy/rbac.yaml). */}}
 {{- define "skyport.rules" }}
   # Queue controller: watch Queues, add and remove its finalizer, write status; get the Queue
-  # an SQS owner tag names, to refuse adopting a queue another live Queue owns.
+  # an SQS owner tag names, to refuse adopting a queue another live Queue owns, and a Queue
+  # itself before creating its queue from the cache's copy (which may be behind).
   - apiGroups: ["skyport.dev"]
     resources: ["queues"]
     verbs: ["get", "list", "watch", "patch"]
