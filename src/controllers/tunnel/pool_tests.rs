@@ -83,3 +83,54 @@ async fn a_shared_server_replaced_during_its_life_takes_its_address_off_the_memb
     assert!(h.provider.hosts().iter().all(|host| host.id != stopped.id), "the stopped server went");
     assert_eq!(member_ingress(&h), json!([]), "the member's Service no longer shows the address");
 }
+
+/// The member's Tunnel as the API has it, with its Service's latest copy in the cache (as the
+/// watch brings it between reconciles).
+async fn reconcile_member(h: &mut Harness) {
+    let svc: Service = serde_json::from_value(h.api.get(SERVICE).unwrap()).unwrap();
+    h.services.apply_watcher_event(&watcher::Event::Apply(svc));
+    h.reconcile(Arc::new(h.current())).await.unwrap();
+}
+
+fn ready_message(t: &Tunnel) -> String {
+    crate::controllers::status::ready_condition(t).map(|c| c.message.to_string()).unwrap_or_default()
+}
+
+/// Every client Deployment in the fake API gets an available replica, as a running Pod gives it.
+fn clients_available(h: &Harness) {
+    for call in h.api.calls().iter().filter(|c| c.path.contains("/deployments/")) {
+        let path = call.path.split('?').next().unwrap_or_default().trim_end_matches("/status").to_string();
+        if let Some(mut deployment) = h.api.get(&path) {
+            deployment["status"] = json!({"availableReplicas": 1});
+            h.api.put(&path, deployment);
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_member_whose_check_fails_twice_loses_the_address_and_is_told_which_side_fails() {
+    let (mut h, carrier) = pool_with_a_member();
+    h.reconcile(carrier).await.unwrap();
+    h.tunnels.apply_watcher_event(&watcher::Event::Apply((*carrier_now(&h)).clone()));
+    reconcile_member(&mut h).await;
+    let ip = carrier_now(&h).status.clone().unwrap().host_ip.unwrap();
+    assert_eq!(member_ingress(&h)[0]["ip"], json!(ip), "{}", ready_message(&h.current()));
+
+    h.probe.answer(false);
+    reconcile_member(&mut h).await;
+    assert_eq!(super::tests::ready(&h.current()).1, "WaitingForTunnel");
+    assert_eq!(member_ingress(&h)[0]["ip"], json!(ip), "one failed check keeps the address");
+
+    // The client Deployment has no available replica: the side at fault is the client.
+    reconcile_member(&mut h).await;
+    assert_eq!(member_ingress(&h), json!([]), "a second failed check takes it off");
+    let message = ready_message(&h.current());
+    assert!(message.contains("has no available replica"), "{message}");
+
+    // The client runs, and the shared server does not answer on its control port.
+    clients_available(&h);
+    h.probe.reach(false);
+    reconcile_member(&mut h).await;
+    let message = ready_message(&h.current());
+    assert!(message.contains("does not accept connections on its control port"), "{message}");
+}

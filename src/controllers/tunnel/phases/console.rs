@@ -53,6 +53,27 @@ pub(super) async fn judge(
     (cause, decision)
 }
 
+/// Why a pool member's check fails, where that can be told apart: its own client Deployments
+/// (`clients`) have no available replica, or no server of its shared server (`servers`) accepts
+/// connections on its control port, or both run and its tunnel is not through. The shared server
+/// itself is judged, and replaced, by its own Tunnel: this only names the side at fault.
+pub(super) async fn judge_member(clients: &[Placement], servers: &[&str], ctx: &Context) -> crate::Result<String> {
+    let mut unavailable = None;
+    for at in clients {
+        if !super::super::act::client_available(at, ctx).await? {
+            unavailable = Some(format!("{}/{}", at.namespace, at.deployment));
+            break;
+        }
+    }
+    let mut reachable = false;
+    for ip in servers {
+        reachable = reachable || ctx.probe.reachable(ip, ctx.settings.control_port).await;
+    }
+    let cause = Cause::diagnose(reachable, unavailable.is_none());
+    let client = unavailable.or_else(|| clients.first().map(|at| format!("{}/{}", at.namespace, at.deployment)));
+    Ok(cause.explain(&client.unwrap_or_default()))
+}
+
 /// `cause`, told apart by the install report on host `id`'s console when the exit server is
 /// unreachable. Only then is the console read (a cloud call); a console that cannot be read
 /// leaves the cause as it is.

@@ -148,11 +148,17 @@ impl Pass<'_> {
         let token = self.clients_on((want, keys), &carrier, (&ports, health_port), &route.dials).await?;
         let (passing, failing) = check(ctx, &route.published, health_port, &token).await;
         if passing.is_empty() {
-            let message = format!("the tunnel through the shared exit server does not answer: {}", failing.join("; "));
+            let mut message =
+                format!("the tunnel through the shared exit server does not answer: {}", failing.join("; "));
             // One failed check may be a moment's (the shared server taking another member's
-            // change); the address goes when the next check fails too.
+            // change); the address goes when the next check fails too, and the side at fault is
+            // looked for then.
             if self.status().not_ready_reason() == Some(Reason::WaitingForTunnel.as_str()) {
                 self.off_the_pool(want).await?;
+                let clients: Vec<Placement> = route.dials.iter().map(|(slot, _)| placed(&want.at, *slot)).collect();
+                let servers: Vec<&str> = route.dials.iter().map(|(_, ip)| ip.as_str()).collect();
+                let why = super::console::judge_member(&clients, &servers, ctx).await?;
+                message = format!("{message}; {why}");
             }
             self.report(TunnelPhase::Provisioning, Reason::WaitingForTunnel, &message).await?;
             return Ok(Action::requeue(jittered(HEALTH_POLL)));
@@ -245,7 +251,7 @@ impl Pass<'_> {
             };
             let toml = render_client_toml(&member_client(&member))
                 .map_err(|e| Error::Internal(format!("client config: {e}")))?;
-            let placed = slot.map_or_else(|| want.at.clone(), |slot| want.at.for_slot(slot));
+            let placed = placed(&want.at, *slot);
             deployments.push((desired::checksum(&toml), placed.clone()));
             configs.insert(placed.client_key(), toml);
         }
@@ -263,6 +269,11 @@ impl Pass<'_> {
         }
         Ok(token)
     }
+}
+
+/// Where the member's client for `slot` of its shared server runs (a single server's: `at`).
+fn placed(at: &Placement, slot: Option<&'static str>) -> Placement {
+    slot.map_or_else(|| at.clone(), |slot| at.for_slot(slot))
 }
 
 /// Where a member's clients dial and what its Service publishes, from its shared server's status.

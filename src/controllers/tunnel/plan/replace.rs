@@ -66,7 +66,8 @@ impl Cause {
         }
     }
 
-    fn explain(&self, client: &str) -> String {
+    /// What the cause means and what to do, naming the client Deployment `client`.
+    pub fn explain(&self, client: &str) -> String {
         match self {
             Cause::ClientNotAvailable => format!(
                 "the tunnel client Deployment {client} has no available replica, so replacing the exit server cannot \
