@@ -120,9 +120,14 @@ impl HealthPorts {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ExitServerPoolStatus {
-    /// The shared public address, once a member's traffic passed the health check through it.
+    /// The shared public address, once a member's traffic passed the health check through it; on
+    /// a `BothAddresses` pair, the first of `addresses`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
+    /// Every address members are published at while the shared server is Active: the shared
+    /// address, or a `BothAddresses` pair's two servers' own addresses, those whose check passes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<String>,
     /// Services the shared server carries.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub members: Option<u32>,

@@ -74,6 +74,8 @@ async fn a_shared_server_replaced_during_its_life_takes_its_address_off_the_memb
     let status = carrier_now(&h).status.clone().unwrap();
     assert_eq!(status.pool_members.len(), 1, "{status:?}");
     let ip = status.host_ip.clone().expect("the shared server's address");
+    let pool = h.api.get(POOL).unwrap();
+    assert_eq!((&pool["status"]["address"], &pool["status"]["addresses"]), (&json!(ip), &json!([ip])));
     member_published_at(&mut h, &ip);
 
     let mut stopped = h.provider.hosts().pop().unwrap();

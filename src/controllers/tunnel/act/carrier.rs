@@ -10,7 +10,9 @@ use tracing::info;
 use super::super::Context;
 use crate::controllers::owned;
 use crate::crd::pool::{ExitServerPool, ExitServerPoolStatus};
-use crate::crd::tunnel::{PoolMember, PoolRef, Tunnel, TunnelPhase, TunnelPort, TunnelSpec, TunnelStatus};
+use crate::crd::tunnel::{
+    HighAvailabilityMode, PoolMember, PoolRef, Tunnel, TunnelPhase, TunnelPort, TunnelSpec, TunnelStatus,
+};
 use crate::error::Result;
 
 /// Creates `pool`'s shared-server Tunnel `ns/name`: controlled by the pool (so it goes with the
@@ -63,6 +65,17 @@ pub fn serves(tunnel: &Tunnel, pool: &ExitServerPool, namespace: Option<&str>) -
     controlled && namespace.is_some() && tunnel.namespace().as_deref() == namespace
 }
 
+/// Where the Active shared server publishes its members: a `BothAddresses` pair's servers whose
+/// check passes, each at its own address; else the reserved address, or the single server's own.
+fn served_at(carrier: &Tunnel, status: &TunnelStatus) -> Vec<String> {
+    let both = carrier.spec.high_availability.as_ref().is_some_and(|ha| ha.mode == HighAvailabilityMode::BothAddresses);
+    if both {
+        let servers = status.high_availability.iter().flat_map(|ha| &ha.servers);
+        return servers.filter(|s| s.healthy).filter_map(|s| s.host_ip.clone()).collect();
+    }
+    status.address_ip.clone().or_else(|| status.host_ip.clone()).into_iter().collect()
+}
+
 /// Writes the pool's status from its shared server's `status` when it differs: the address once
 /// the server is Active, how many members it carries and their ports (not whose), and the
 /// server's Ready condition.
@@ -79,8 +92,10 @@ pub async fn publish_pool(carrier: &Tunnel, status: &TunnelStatus, ctx: &Context
     let mut ports: Vec<TunnelPort> = carried.iter().flat_map(|m| m.ports.iter().cloned()).collect();
     ports.sort();
     ports.dedup();
+    let addresses = if active { served_at(carrier, status) } else { Vec::new() };
     let want = ExitServerPoolStatus {
-        address: active.then(|| status.address_ip.clone().or_else(|| status.host_ip.clone())).flatten(),
+        address: addresses.first().cloned(),
+        addresses,
         members: Some(u32::try_from(carried.len()).unwrap_or(u32::MAX)),
         ports,
         conditions: status.conditions.clone(),
@@ -90,10 +105,48 @@ pub async fn publish_pool(carrier: &Tunnel, status: &TunnelStatus, ctx: &Context
     }
     // Every field named, so a merge patch also clears what is gone.
     let patch = json!({"status": {
-        "address": want.address, "members": want.members, "ports": want.ports, "conditions": want.conditions,
+        "address": want.address, "addresses": want.addresses, "members": want.members, "ports": want.ports,
+        "conditions": want.conditions,
     }});
     Api::<ExitServerPool>::all(ctx.client.clone())
         .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::tunnel::{HighAvailability, HighAvailabilityStatus, ServerStatus};
+
+    fn carrier(mode: Option<HighAvailabilityMode>) -> Tunnel {
+        let spec = TunnelSpec { high_availability: mode.map(|mode| HighAvailability { mode }), ..Default::default() };
+        Tunnel::new("pool-shared", spec)
+    }
+
+    #[test]
+    fn a_pool_shows_every_address_its_members_are_published_at() {
+        let single = TunnelStatus { host_ip: Some("192.0.2.1".into()), ..Default::default() };
+        assert_eq!(served_at(&carrier(None), &single), ["192.0.2.1"]);
+        let reserved = TunnelStatus { address_ip: Some("198.51.100.9".into()), ..single };
+        assert_eq!(served_at(&carrier(Some(HighAvailabilityMode::ActiveStandby)), &reserved), ["198.51.100.9"]);
+
+        let server = |slot: &str, ip: &str, healthy| ServerStatus {
+            slot: slot.into(),
+            host_ip: Some(ip.into()),
+            healthy,
+            ..Default::default()
+        };
+        let servers = vec![server("a", "192.0.2.1", true), server("b", "192.0.2.2", true)];
+        let mut both = TunnelStatus {
+            host_ip: Some("192.0.2.1".into()),
+            high_availability: Some(HighAvailabilityStatus { servers, ..Default::default() }),
+            ..Default::default()
+        };
+        let pair = carrier(Some(HighAvailabilityMode::BothAddresses));
+        assert_eq!(served_at(&pair, &both), ["192.0.2.1", "192.0.2.2"]);
+        // A server whose check fails carries no member: the pool does not show it.
+        both.high_availability.as_mut().unwrap().servers[0].healthy = false;
+        assert_eq!(served_at(&pair, &both), ["192.0.2.2"]);
+    }
 }
