@@ -1,6 +1,6 @@
 //! A Queue read from a cache that is behind the API server: a standby that takes over before its
 //! watch resumes reconciles Queues the former leader already deleted. No SQS queue is created
-//! for a Queue the API server no longer has live; one it has is created again as before.
+//! for a Queue the API server no longer has live; a Queue it has live gets its queue again.
 
 use providers::QueueBackend;
 
