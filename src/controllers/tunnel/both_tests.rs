@@ -196,3 +196,20 @@ async fn at_a_provider_moving_addresses_onto_secondary_ones_the_servers_get_none
         assert!(!h.provider.user_data_of(&host.id).unwrap().contains("local-ipv4s"), "{}", host.id);
     }
 }
+
+/// A stopped server goes at once; its own address leaves the Service before its VM does (a
+/// released address may be someone else's next), even when deleting the VM then fails.
+#[tokio::test]
+async fn a_stopped_servers_address_leaves_the_service_before_its_vm_goes() {
+    let (h, t) = both();
+    h.reconcile(t).await.unwrap();
+    assert_eq!(ingress_ips(&h), ["203.0.113.1", "203.0.113.2"]);
+    let mut stopped = h.provider.hosts().into_iter().find(|host| host.id == "h-1").unwrap();
+    stopped.state = providers::HostState::Stopped;
+    h.provider.insert(stopped);
+    h.provider.fail_next("delete", providers::HostError::Unavailable { provider: "fake", message: "timeout".into() });
+    h.reconcile(Arc::new(h.current())).await.unwrap_err();
+    assert_eq!(ingress_ips(&h), ["203.0.113.2"], "off the Service though the VM is still there");
+    pass(&h).await;
+    assert!(!h.provider.hosts().iter().any(|host| host.id == "h-1"), "deleted at the next pass");
+}

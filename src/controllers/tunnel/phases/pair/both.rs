@@ -54,6 +54,9 @@ impl Pass<'_> {
     ) -> Result<Vec<Slot>, Failure> {
         let (ctx, provider) = (self.ctx, want.provider.clone());
         let found = observe::find_pair(provider.as_ref(), self.status(), &want.uid).await?;
+        for extra in &found.extras {
+            self.withdraw_own(want, extra.public_ipv4.as_deref()).await?;
+        }
         act::host::delete_extras(provider.as_ref(), &found.extras, &[], ctx).await?;
         let mut slots = Vec::new();
         for (slot, host) in SLOTS.into_iter().zip(found.hosts) {
@@ -82,6 +85,7 @@ impl Pass<'_> {
                 Step::Keep => {}
                 Step::Gone(why) => {
                     let id = slot.id().unwrap_or_default().to_string();
+                    self.withdraw_own(want, slot.own_ip.as_deref()).await?;
                     act::host::replace_lost(tunnel, provider.as_ref(), (&id, &why), &[], ctx).await?;
                     ctx.health.forget(&id);
                     slot.host = None;

@@ -14,6 +14,17 @@ use super::Slot;
 use crate::error::Result;
 
 impl Pass<'_> {
+    /// A server's own address `ip` off every Service that shows it, before the server goes: a
+    /// `BothAddresses` pair's Services show each server's own address (an ActiveStandby pair's
+    /// the reserved one, which does not go with a server: there, nothing is written).
+    pub(super) async fn withdraw_own(&self, want: &Desired, ip: Option<&str>) -> Result<()> {
+        let Some(ip) = ip else { return Ok(()) };
+        for service in want.showing() {
+            act::withdraw(service, ip, self.ctx).await?;
+        }
+        Ok(())
+    }
+
     /// Replaces `slot`'s failing server if a new one can help, else records in the slot why it
     /// is kept (with a Warning Event once per `--tunnel-resync`). Whether it was replaced.
     pub(super) async fn replace_failing(&mut self, want: &Desired, slot: &mut Slot, beside: bool) -> Result<bool> {
@@ -36,6 +47,7 @@ impl Pass<'_> {
             }
             Unhealthy::Replace { why, count, .. } => {
                 let why = format!("{}: {why}", slot.server());
+                self.withdraw_own(want, slot.own_ip.as_deref()).await?;
                 act::host::replace_lost(tunnel, provider, (&id, &why), &[], ctx).await?;
                 ctx.health.forget(&id);
                 slot.host = None;
