@@ -217,12 +217,12 @@ impl<'a> Pass<'a> {
             // Members read what they get here, before the server is even up; those whose entry
             // changed look again now.
             let members = pool::admit::recorded(&desired.members);
-            let changed: Vec<String> =
-                members.iter().filter(|m| !self.status().pool_members.contains(m)).map(|m| m.uid.clone()).collect();
+            let changed = member::with_uids(
+                self.ctx,
+                members.iter().filter(|m| !self.status().pool_members.contains(m)).map(|m| m.uid.as_str()),
+            );
             self.record(|s| s.pool_members = members).await?;
-            for member in self.ctx.tunnels.state().iter().filter(|t| t.uid().is_some_and(|u| changed.contains(&u))) {
-                let _ = self.ctx.wakes.unbounded_send(ObjectRef::from_obj(&**member));
-            }
+            member::wake(self.ctx, &changed);
         }
         let keys = self.credentials(&desired).await?;
         if let Some(pool) = self.tunnel.spec.pool.as_ref().filter(|_| desired.service.is_some()) {

@@ -81,16 +81,14 @@ fn admissions(
 /// Each carried member's source ranges (its `spec.sourceRanges`, canonical; the API server
 /// checked they are CIDRs), by UID.
 fn ranges(ctx: &Context, members: &BTreeMap<String, Admission>) -> BTreeMap<String, Vec<String>> {
-    let tunnels = ctx.tunnels.state();
-    let of = |uid: &String| {
-        let member = tunnels.iter().find(|t| t.metadata.uid.as_ref() == Some(uid))?;
+    let of = |member: Arc<Tunnel>| {
         let mut ranges: Vec<String> =
             member.spec.source_ranges.iter().filter_map(|r| providers::cidr::canonical(r).ok()).collect();
         ranges.sort();
         ranges.dedup();
-        Some((uid.clone(), ranges))
+        Some((member.metadata.uid.clone()?, ranges))
     };
-    members.keys().filter_map(of).collect()
+    super::member::with_uids(ctx, members.keys().map(String::as_str)).into_iter().filter_map(of).collect()
 }
 
 /// The ports a member's Service asks for, as its own Tunnel would expose them.

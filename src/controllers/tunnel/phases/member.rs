@@ -57,9 +57,22 @@ pub fn wake_members_if_moved(
     if addresses(&before) == addresses(after) {
         return;
     }
-    let uids: Vec<&str> = after.pool_members.iter().map(|m| m.uid.as_str()).collect();
-    for member in ctx.tunnels.state().iter().filter(|t| t.metadata.uid.as_deref().is_some_and(|u| uids.contains(&u))) {
-        let _ = ctx.wakes.unbounded_send(ObjectRef::from_obj(&**member));
+    wake(ctx, &with_uids(ctx, after.pool_members.iter().map(|m| m.uid.as_str())));
+}
+
+/// The Tunnels in the cache whose UID is one of `uids` (a shared server's members).
+pub fn with_uids<'a>(
+    ctx: &crate::controllers::tunnel::Context,
+    uids: impl IntoIterator<Item = &'a str>,
+) -> Vec<Arc<Tunnel>> {
+    let uids: std::collections::BTreeSet<&str> = uids.into_iter().collect();
+    ctx.tunnels.state().into_iter().filter(|t| t.metadata.uid.as_deref().is_some_and(|u| uids.contains(u))).collect()
+}
+
+/// Has each of `tunnels` reconciled again now.
+pub fn wake(ctx: &crate::controllers::tunnel::Context, tunnels: &[Arc<Tunnel>]) {
+    for tunnel in tunnels {
+        let _ = ctx.wakes.unbounded_send(ObjectRef::from_obj(&**tunnel));
     }
 }
 
@@ -69,14 +82,12 @@ pub fn published_members(
     status: &crate::crd::tunnel::TunnelStatus,
     ctx: &crate::controllers::tunnel::Context,
 ) -> Vec<Arc<k8s_openapi::api::core::v1::Service>> {
-    let uids: Vec<&str> = status.pool_members.iter().map(|m| m.uid.as_str()).collect();
-    let members =
-        ctx.tunnels.state().into_iter().filter(|t| t.metadata.uid.as_deref().is_some_and(|u| uids.contains(&u)));
+    let members = with_uids(ctx, status.pool_members.iter().map(|m| m.uid.as_str()));
     let service_of = |member: Arc<Tunnel>| {
         let service = ctx.services.get(&ObjectRef::new(member.spec.service_name()?).within(&member.namespace()?))?;
         desired::controls_service_status(&member, &service).then_some(service)
     };
-    members.filter_map(service_of).collect()
+    members.into_iter().filter_map(service_of).collect()
 }
 
 /// Has the shared server of the pool `member` names look at its members now: the member joined,
