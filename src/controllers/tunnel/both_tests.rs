@@ -40,7 +40,9 @@ fn ingress_ips(h: &Harness) -> Vec<String> {
     ingress.iter().map(|i| i["ip"].as_str().unwrap().to_string()).collect()
 }
 
-async fn pass(h: &Harness) {
+/// A pass with the Service's cache as the watch has it by then.
+async fn pass(h: &mut Harness) {
+    h.sync_service();
     h.reconcile(Arc::new(h.current())).await.unwrap();
 }
 
@@ -67,10 +69,10 @@ async fn both_servers_own_addresses_are_the_services_addresses_and_nothing_is_re
 
 #[tokio::test]
 async fn a_failing_server_leaves_the_addresses_at_once_and_is_replaced_while_the_other_carries() {
-    let (h, t) = both();
+    let (mut h, t) = both();
     h.reconcile(t).await.unwrap();
     h.probe.refuse("203.0.113.1", true);
-    pass(&h).await;
+    pass(&mut h).await;
     assert_eq!(ingress_ips(&h), ["203.0.113.2"], "at the first failed check, no hysteresis");
     assert_eq!(ready(&h.current()), (ConditionStatus::True, "Active".into()));
     assert!(h.api.event_reasons().contains(&"AddressWithdrawn".to_string()));
@@ -79,11 +81,11 @@ async fn a_failing_server_leaves_the_addresses_at_once_and_is_replaced_while_the
     // Its client runs: the failure is the server's, which a new one can cure.
     roll_out(&h, "a");
     tokio::time::sleep(REPLACE_AFTER).await;
-    pass(&h).await;
+    pass(&mut h).await;
     assert!(!h.provider.hosts().iter().any(|host| host.id == "h-1"), "replaced past the replace time");
     assert_eq!(ha(&h).servers[0].replacements, Some(1));
-    pass(&h).await;
-    pass(&h).await;
+    pass(&mut h).await;
+    pass(&mut h).await;
     let slots: Vec<_> = h.provider.hosts().iter().map(|h| (h.id.clone(), h.tags[TAG_TUNNEL_SLOT].clone())).collect();
     assert_eq!(slots, [("h-2".to_string(), "b".to_string()), ("h-3".to_string(), "a".to_string())]);
     assert_eq!(ingress_ips(&h), ["203.0.113.3", "203.0.113.2"], "the replacement on its new address");
@@ -92,15 +94,15 @@ async fn a_failing_server_leaves_the_addresses_at_once_and_is_replaced_while_the
 
 #[tokio::test]
 async fn a_failing_server_whose_client_cannot_run_is_kept_and_replaced_servers_wait_longer_each_time() {
-    let (h, t) = both();
+    let (mut h, t) = both();
     h.reconcile(t).await.unwrap();
     // Slot a's client Pod never becomes available (an image that cannot be pulled): a new exit
     // server cannot help, so none is bought however long it fails.
     h.probe.refuse("203.0.113.1", true);
-    pass(&h).await;
+    pass(&mut h).await;
     h.ctx.health.backdate("h-1", 100 * REPLACE_AFTER);
-    pass(&h).await;
-    pass(&h).await;
+    pass(&mut h).await;
+    pass(&mut h).await;
     assert_eq!(h.provider.hosts().len(), 2, "nothing bought");
     let a = ha(&h).servers[0].clone();
     assert!(
@@ -112,20 +114,20 @@ async fn a_failing_server_whose_client_cannot_run_is_kept_and_replaced_servers_w
     // Its client runs now: replaced, and the next server of the slot must fail twice as long.
     roll_out(&h, "a");
     h.ctx.health.forget("h-1");
-    pass(&h).await;
+    pass(&mut h).await;
     h.ctx.health.backdate("h-1", REPLACE_AFTER);
-    pass(&h).await;
+    pass(&mut h).await;
     assert_eq!(h.provider.hosts().iter().filter(|host| host.id == "h-1").count(), 0, "replaced");
     // Its successor fails from the start (one that passes starts the count over).
     h.probe.refuse("203.0.113.3", true);
-    pass(&h).await;
+    pass(&mut h).await;
     roll_out(&h, "a");
-    pass(&h).await;
+    pass(&mut h).await;
     h.ctx.health.backdate("h-3", REPLACE_AFTER);
-    pass(&h).await;
+    pass(&mut h).await;
     assert!(h.provider.hosts().iter().any(|host| host.id == "h-3"), "the second waits twice as long");
     h.ctx.health.backdate("h-3", REPLACE_AFTER);
-    pass(&h).await;
+    pass(&mut h).await;
     assert!(!h.provider.hosts().iter().any(|host| host.id == "h-3"), "and then goes");
     assert_eq!(ha(&h).servers[0].replacements, Some(2));
 }
@@ -138,22 +140,20 @@ async fn when_both_fail_the_addresses_go_after_the_withdraw_time_and_one_server_
     roll_out(&h, "b");
     h.probe.refuse("203.0.113.1", true);
     h.probe.refuse("203.0.113.2", true);
-    pass(&h).await;
+    pass(&mut h).await;
     assert_eq!(ingress_ips(&h).len(), 2, "kept within the withdraw time");
     assert_eq!(ready(&h.current()).0, ConditionStatus::False);
     tokio::time::sleep(REPLACE_AFTER).await;
-    // The Service as the watch shows it by now, with the addresses published.
-    let published: k8s_openapi::api::core::v1::Service = serde_json::from_value(h.api.get(SERVICE).unwrap()).unwrap();
-    h.services.apply_watcher_event(&kube::runtime::watcher::Event::Apply(published));
-    pass(&h).await;
+    pass(&mut h).await;
     assert!(ingress_ips(&h).is_empty(), "withdrawn");
     // The one failing longer (by the order of their checks) went; the other waits for its successor.
-    let ids = || h.provider.hosts().iter().map(|host| host.id.clone()).collect::<Vec<_>>();
+    let provider = h.provider.clone();
+    let ids = || provider.hosts().iter().map(|host| host.id.clone()).collect::<Vec<_>>();
     assert_eq!(ids().len(), 1, "one replaced, not both: {:?}", ids());
     // Its slot is filled again; once the successor serves, the other is replaced as one failing
     // while the other serves.
-    pass(&h).await;
-    pass(&h).await;
+    pass(&mut h).await;
+    pass(&mut h).await;
     let mut ids = ids();
     ids.sort();
     assert_eq!(ids, ["h-3", "h-4"]);
@@ -161,7 +161,7 @@ async fn when_both_fail_the_addresses_go_after_the_withdraw_time_and_one_server_
     for _ in 0..2 {
         roll_out(&h, "a");
         roll_out(&h, "b");
-        pass(&h).await;
+        pass(&mut h).await;
     }
     let mut ips = ingress_ips(&h);
     ips.sort();
@@ -201,15 +201,17 @@ async fn at_a_provider_moving_addresses_onto_secondary_ones_the_servers_get_none
 /// released address may be someone else's next), even when deleting the VM then fails.
 #[tokio::test]
 async fn a_stopped_servers_address_leaves_the_service_before_its_vm_goes() {
-    let (h, t) = both();
+    let (mut h, t) = both();
     h.reconcile(t).await.unwrap();
     assert_eq!(ingress_ips(&h), ["203.0.113.1", "203.0.113.2"]);
+    // The cache shows the Service as published.
+    h.sync_service();
     let mut stopped = h.provider.hosts().into_iter().find(|host| host.id == "h-1").unwrap();
     stopped.state = providers::HostState::Stopped;
     h.provider.insert(stopped);
     h.provider.fail_next("delete", providers::HostError::Unavailable { provider: "fake", message: "timeout".into() });
     h.reconcile(Arc::new(h.current())).await.unwrap_err();
     assert_eq!(ingress_ips(&h), ["203.0.113.2"], "off the Service though the VM is still there");
-    pass(&h).await;
+    pass(&mut h).await;
     assert!(!h.provider.hosts().iter().any(|host| host.id == "h-1"), "deleted at the next pass");
 }

@@ -29,12 +29,6 @@ fn ingress(h: &Harness) -> serde_json::Value {
 }
 
 impl Harness {
-    /// The Service cache catches up with the API (as the watch would, eventually).
-    fn sync_service(&mut self) {
-        let svc: Service = serde_json::from_value(self.api.get(SERVICE).unwrap()).unwrap();
-        self.services.apply_watcher_event(&watcher::Event::Apply(svc));
-    }
-
     /// The client Deployment reports an available replica, as the cluster would once its pod
     /// runs (the fake API has no Deployment controller).
     fn client_available(&self) {

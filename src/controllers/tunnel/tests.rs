@@ -115,6 +115,12 @@ impl Harness {
         svc
     }
 
+    /// The cache gets the Service as the fake API has it now, as the watch brings it.
+    pub(super) fn sync_service(&mut self) {
+        let svc: Service = serde_json::from_value(self.api.get(SERVICE).expect("Service stored")).unwrap();
+        self.services.apply_watcher_event(&watcher::Event::Apply(svc));
+    }
+
     /// The Tunnel skyport makes for the Service, stored in the fake API.
     pub(super) fn put_tunnel(&self, tunnel: &Tunnel) -> Arc<Tunnel> {
         Arc::new(serde_json::from_value(self.api.put(TUNNEL, serde_json::to_value(tunnel).unwrap())).unwrap())

@@ -242,26 +242,26 @@ pub async fn unpublish_before_delete(service: &Service, ctx: &Context) -> Result
 }
 
 /// Takes `ip` alone off the Service's ingress before the host holding it goes, keeping the other
-/// addresses (a pair's other server): read fresh, as the cache may not show skyport's own last
-/// publish, and written with that read's resourceVersion, so that a concurrent publish is a
-/// conflict to retry rather than overwritten. Nothing is written where `ip` is not shown.
+/// addresses (a pair's other server). Computed from the cache's copy and written with its
+/// resourceVersion, so that a publish the copy has not seen is a conflict (retried, the host kept
+/// meanwhile), never overwritten. Nothing is written where the copy does not show `ip`: the pass's
+/// own publish takes it off then.
 pub async fn withdraw(service: &Service, ip: &str, ctx: &Context) -> Result<()> {
     let ns = service.namespace().ok_or(Error::MissingObjectKey("namespace"))?;
-    let api: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
-    let current = match api.get_status(&service.name_any()).await {
-        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
-        other => other?,
-    };
-    let shown = current.status.and_then(|s| s.load_balancer).and_then(|lb| lb.ingress).unwrap_or_default();
+    let shown = service.status.as_ref().and_then(|s| s.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref());
+    let shown: Vec<_> = shown.into_iter().flatten().collect();
     let rest: Vec<_> = shown.iter().filter(|i| i.ip.as_deref() != Some(ip)).collect();
     if rest.len() == shown.len() {
         return Ok(());
     }
     ctx.api_writes.inc();
-    let version = current.metadata.resource_version;
+    let version = &service.metadata.resource_version;
     let patch = json!({"metadata": {"resourceVersion": version}, "status": {"loadBalancer": {"ingress": rest}}});
-    api.patch_status(&service.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await?;
-    Ok(())
+    let api: Api<Service> = Api::namespaced(ctx.client.clone(), &ns);
+    match api.patch_status(&service.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        other => other.map(|_| ()).map_err(Into::into),
+    }
 }
 
 /// Deletes host `id` after taking its address off the Services that show it (see
