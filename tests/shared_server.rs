@@ -116,10 +116,16 @@ async fn clients_sharing_an_exit_server_carry_only_their_own_ports_and_a_port_mo
         (answer(&ip, b_port, "hi").await? == "b:hi").then_some(())
     })
     .await;
-    // Each member's health check passes through its own client, bound to its own token.
+    // Each member's health check passes through its own client, bound to its own token. The
+    // server binds each service's port on its own once the client claims it, so a data port
+    // answering does not mean the health port is bound yet.
     let health = |port: u16| format!("{ip}:{port}").parse::<std::net::SocketAddr>().unwrap();
-    probe(health(a_health), &a_token, Duration::from_secs(2)).await.unwrap();
-    probe(health(b_health), &b_token, Duration::from_secs(2)).await.unwrap();
+    for (port, token) in [(a_health, &a_token), (b_health, &b_token)] {
+        eventually("a member's health check through its own client", Duration::from_secs(30), || async {
+            probe(health(port), token, Duration::from_secs(2)).await.ok()
+        })
+        .await;
+    }
     let crossed = probe(health(a_health), &b_token, Duration::from_secs(2)).await.unwrap_err();
     assert!(matches!(crossed, ProbeError::WrongAnswer(_)), "{crossed}");
 
