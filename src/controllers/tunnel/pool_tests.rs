@@ -59,8 +59,8 @@ fn carrier_now(h: &Harness) -> Arc<Tunnel> {
 fn member_published_at(h: &mut Harness, ip: &str) {
     let mut svc = h.api.get(SERVICE).unwrap();
     svc["status"] = json!({"loadBalancer": {"ingress": [{"ip": ip, "ipMode": "Proxy"}]}});
-    let svc: Service = serde_json::from_value(h.api.put(SERVICE, svc)).unwrap();
-    h.services.apply_watcher_event(&watcher::Event::Apply(svc));
+    h.api.put(SERVICE, svc);
+    h.sync_service();
 }
 
 fn member_ingress(h: &Harness) -> serde_json::Value {
@@ -89,8 +89,7 @@ async fn a_shared_server_replaced_during_its_life_takes_its_address_off_the_memb
 /// The member's Tunnel as the API has it, with its Service's latest copy in the cache (as the
 /// watch brings it between reconciles).
 async fn reconcile_member(h: &mut Harness) {
-    let svc: Service = serde_json::from_value(h.api.get(SERVICE).unwrap()).unwrap();
-    h.services.apply_watcher_event(&watcher::Event::Apply(svc));
+    h.sync_service();
     h.reconcile(Arc::new(h.current())).await.unwrap();
 }
 
