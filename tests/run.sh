@@ -96,6 +96,9 @@ fi
 # run several at a time; each starts controllers, exit servers and clients of its own (some boot
 # guests), and more than 6 at once on 2 busy cores starve some past their timeouts.
 cargo test --workspace --all-targets --no-fail-fast "$@" -- --include-ignored --test-threads 6 2>&1 | tee "$test_log"
+# Every exit server a test started is gone with it; one still running is a leak, and holds its
+# address and ports against what runs next (tests/env/leaked-servers.sh names the test).
+tests/env/leaked-servers.sh
 
 # The benchmarks' quick modes, so they cannot rot: benches/queues.rs (10 Queues, one run, ~2 min,
 # most of it SQS's 60 s recreate rule), benches/tunnel.rs (2 runs, ~20 s; one on guests as root) and benches/ack.rs

@@ -21,7 +21,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::common::eventually;
 use crate::common::kubelet::tcp_echo;
-use crate::common::tunnels::{active, carries, fast_tunnel_settings, host_ip, ingress_ip, ready, service};
+use crate::common::tunnels::{
+    active, carries, fast_tunnel_settings, finish_tunnels, host_ip, ingress_ip, ready, service,
+};
 use crate::node::tunnels::{ACTIVE, BACKEND_PORTS, NodeTunnel};
 
 /// A Service on the pool, selecting the backend Pod (`app: web`).
@@ -359,8 +361,8 @@ async fn an_active_standby_pool_moves_its_members_to_the_standby_when_the_active
         (back && ingress_ip(&services.get("web-b").await.ok()?)? == ip).then_some(())
     })
     .await;
-    op.stop().await;
-    ns.cleanup().await;
+    // The shared servers go with their Tunnels while the operator runs (stopping it keeps them).
+    finish_tunnels(op, ns).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -409,6 +411,5 @@ async fn a_both_addresses_pool_publishes_both_servers_for_every_member() {
     assert_eq!(ready(&waiting).unwrap().1, "WaitingForTunnel");
     crate::node::tunnels::set_pod_quota(&ns, None).await;
     eventually("both addresses back", crate::node::tunnels::AFTER_QUOTA, || ips(2)).await;
-    op.stop().await;
-    ns.cleanup().await;
+    finish_tunnels(op, ns).await;
 }
