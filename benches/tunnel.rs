@@ -378,6 +378,7 @@ fn tunnels_request() -> providers::HostRequest {
                 token: "bench".into(),
                 source_ranges: Vec::new(),
                 proxy_protocol: None,
+                bind: None,
             }],
         },
         tags: providers::owner_tags("00000000-0000-0000-0000-000000000000", "bench", "direct"),

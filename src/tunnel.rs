@@ -150,6 +150,7 @@ pub fn health_server_service(port: u16, token: &str) -> providers::TunnelService
         token: token.into(),
         source_ranges: Vec::new(),
         proxy_protocol: None,
+        bind: None,
     }
 }
 

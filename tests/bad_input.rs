@@ -211,6 +211,14 @@ async fn bad_input_is_refused_or_reported_and_good_objects_keep_being_served() {
 }
 
 async fn tun_finish(op: Operator, tun: tunnels::TunnelOperator, ns: TestNs) {
+    // The cases' pools are cluster-scoped: they would outlive the namespace.
+    let pools: Api<skyport::crd::pool::ExitServerPool> = Api::all(ns.client.clone());
+    for pool in pools.list(&Default::default()).await.map(|l| l.items).unwrap_or_default() {
+        let name = pool.metadata.name.unwrap_or_default();
+        if name.starts_with("bad-input-") {
+            let _ = pools.delete(&name, &Default::default()).await;
+        }
+    }
     let queues: Api<Queue> = ns.api();
     let _ = queues.delete_collection(&Default::default(), &Default::default()).await;
     eventually("all Queues deleted", TIMEOUT, || async {

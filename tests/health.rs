@@ -105,6 +105,7 @@ async fn an_exit_server_that_cannot_listen_on_a_service_port_does_not_start() {
         token: token.into(),
         source_ranges: Vec::new(),
         proxy_protocol: None,
+        bind: None,
     });
     std::fs::write(dir.join("server.toml"), render_server_toml_on(&server, &ip).unwrap()).unwrap();
     let out = tokio::process::Command::new(skyport_exe())

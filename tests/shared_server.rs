@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::eventually;
 use providers::exit::userdata::{ExitServer, render_client_toml, render_server_toml_on};
 use skyport::controllers::pool::admit::Admission;
-use skyport::controllers::pool::desired::{MemberClient, member_client, member_services, member_token};
+use skyport::controllers::pool::desired::{Binds, MemberClient, member_client, member_services, member_token};
 use skyport::controllers::tunnel::desired::Credentials;
 use skyport::crd::tunnel::TunnelPort;
 use skyport::tunnel::{ProbeError, probe};
@@ -82,7 +82,7 @@ async fn clients_sharing_an_exit_server_carry_only_their_own_ports_and_a_port_mo
 
     let config = dir.join("server.toml");
     let render = |members: &BTreeMap<String, Admission>| {
-        let services = member_services(&carrier, members, &BTreeMap::new());
+        let services = member_services(&carrier, members, &BTreeMap::new(), Binds::Shared);
         let server =
             ExitServer { control_port: control, noise_private_key: carrier.keypair.private_key.clone(), services };
         render_server_toml_on(&server, &ip).unwrap()

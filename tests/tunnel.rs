@@ -8,6 +8,7 @@ mod ec2;
 mod ec2_network;
 mod lifecycle;
 mod pool;
+mod pool_addresses;
 mod proxy_protocol;
 mod readiness;
 mod rules;

@@ -26,7 +26,7 @@ use crate::exit::userdata::{ExitServer, render_server_toml};
 use crate::limiter::Limiter;
 
 pub use crate::addresses::{Address, AddressBinding, AddressRequest};
-pub use capabilities::{Capabilities, MovedAddress, MovedSetup, Spread};
+pub use capabilities::{Capabilities, MovedAddress, MovedSetup, PoolAddresses, Spread};
 pub(crate) use tags::fnv1a32;
 pub use tags::{DO_TAG_MAX, HETZNER_VALUE_MAX, TagSyntax, fit_value};
 
@@ -54,6 +54,11 @@ pub const TAG_CLUSTER: &str = "skyport.dev/cluster";
 /// `spec.address.deletionPolicy` when it was reserved). The orphan sweep never releases a
 /// `Retain` address: a person asked to keep it.
 pub const TAG_DELETION_POLICY: &str = "skyport.dev/deletion-policy";
+
+/// On an address an ExitServerPool's shared server reserved for one member Service
+/// (`addressing: PerService`): the member Tunnel's UID. Its owner tags are the shared server's,
+/// which reserves, adopts and releases it.
+pub const TAG_POOL_MEMBER: &str = "skyport.dev/pool-member";
 
 /// On an exit server of a highly available Tunnel whose provider needs the moved address on the
 /// host's interface ([`MovedAddress::OnInterface`]): the reserved address its user data

@@ -43,8 +43,8 @@ use crate::error::HostError;
 use crate::exit::userdata::ExitServer;
 use crate::host_files::HostFiles;
 use crate::hosts::{
-    AddressBinding, Capabilities, Host, HostProvider, HostRequest, HostState, MovedAddress, Spread, TAG_TUNNEL_SLOT,
-    fnv1a32,
+    AddressBinding, Capabilities, Host, HostProvider, HostRequest, HostState, MovedAddress, PoolAddresses, Spread,
+    TAG_TUNNEL_SLOT, fnv1a32,
 };
 use crate::limiter::Limiter;
 use crate::reservations::Booked;
@@ -365,6 +365,8 @@ impl HostProvider for LocalProvider {
             moved_address: MovedAddress::Translated,
             // Local exit servers run on the operator's machine, where skyport sets up no firewall.
             host_enforces_source_ranges: false,
+            // Any address of its book binds on this machine as it is.
+            pool_addresses: PoolAddresses::Bound,
             spread: Spread::No("both exit servers run on the operator's machine (local provider)"),
         }
     }

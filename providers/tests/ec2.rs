@@ -37,6 +37,7 @@ fn request(test: &str, uid: &str) -> HostRequest {
         token: "tok2".into(),
         source_ranges: Vec::new(),
         proxy_protocol: None,
+        bind: None,
     });
     request
 }
@@ -184,6 +185,7 @@ async fn a_port_change_makes_the_group_open_exactly_the_new_ports_before_the_pus
         token: "tok3".into(),
         source_ranges: Vec::new(),
         proxy_protocol: None,
+        bind: None,
     });
     // LocalStack's instance runs no exit server at its address: whatever the network does with
     // the connection (refused, silent, accepted without a greeting), the push fails in a way a

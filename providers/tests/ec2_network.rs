@@ -214,6 +214,7 @@ async fn the_security_group_admits_service_ports_only_from_their_source_ranges_a
         token: "tok".into(),
         source_ranges: Vec::new(),
         proxy_protocol: None,
+        bind: None,
     });
     let host = contract::create(&p, &request).await;
     let (_, _, group) = placement(p.client(), &host.id).await;

@@ -42,6 +42,7 @@ async fn real_bytes_flow_through_a_local_exit_server_and_ports_change_in_place()
         token: "tok".into(),
         source_ranges: Vec::new(),
         proxy_protocol: None,
+        bind: None,
     };
     let mut server = ExitServer {
         control_port: 2333,
@@ -124,14 +125,7 @@ async fn two_hosts_created_at_once_get_distinct_addresses_and_carry_the_same_por
     let (p, _dir) = provider("two");
     let keys = NoiseKeypair::generate();
     let server = |services| ExitServer { control_port: 2333, noise_private_key: keys.private_key.clone(), services };
-    let tcp = |port| TunnelService {
-        name: format!("tcp-{port}"),
-        protocol: Protocol::Tcp,
-        port,
-        token: "tok".into(),
-        source_ranges: Vec::new(),
-        proxy_protocol: None,
-    };
+    let tcp = tcp_service;
     let mut request = contract::request("skyport-two", &contract::fresh_uid());
     request.server = server(vec![tcp(18081)]);
     let (a, b) = tokio::join!(p.create(&request), p.create(&request));

@@ -6,7 +6,7 @@ mod contract;
 mod local_support;
 
 use local_support::*;
-use providers::exit::userdata::{ClientService, ExitServer, NoiseKeypair, Protocol, TunnelClient, TunnelService};
+use providers::exit::userdata::{ClientService, ExitServer, NoiseKeypair, Protocol, TunnelClient};
 use providers::hosts::{AddressRequest, HostProvider, HostState, TAG_TUNNEL_SLOT};
 
 #[tokio::test]
@@ -19,14 +19,7 @@ async fn the_reserved_address_moves_between_running_servers_and_off_a_dead_one()
     let server = ExitServer {
         control_port: 2333,
         noise_private_key: keys.private_key.clone(),
-        services: vec![TunnelService {
-            name: format!("tcp-{port}"),
-            protocol: Protocol::Tcp,
-            port,
-            token: "tok".into(),
-            source_ranges: Vec::new(),
-            proxy_protocol: None,
-        }],
+        services: vec![tcp_service(port)],
     };
     let uid = contract::fresh_uid();
     let base = contract::request("skyport-pair", &uid);

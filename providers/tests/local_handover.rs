@@ -25,6 +25,7 @@ fn service(protocol: Protocol, port: u16) -> TunnelService {
         token: "tok".into(),
         source_ranges: Vec::new(),
         proxy_protocol: None,
+        bind: None,
     }
 }
 

@@ -27,7 +27,7 @@ pub const DEFAULT_HEALTH_PORTS_COUNT: u16 = 64;
     status = "ExitServerPoolStatus",
     shortname = "esp",
     category = "skyport",
-    doc = "An exit server (or a highly available pair) shared by many LoadBalancer Services, each on its own ports of one public address. A Service uses it with the annotation `skyport.dev/exit-server-pool: <name>`, from a namespace in `allowedNamespaces`. The server is created with the first member and deleted after the last; a member's port change or deletion leaves the others' connections up. A port another member already serves is refused with a reason that names no other namespace.",
+    doc = "An exit server (or a highly available pair) shared by many LoadBalancer Services, each on its own ports of one public address (or, with addressing: PerService, each on an address of its own). A Service uses it with the annotation `skyport.dev/exit-server-pool: <name>`, from a namespace in `allowedNamespaces`. The server is created with the first member and deleted after the last; a member's port change or deletion leaves the others' connections up. A port another member already serves is refused with a reason that names no other namespace.",
     printcolumn = r#"{"name":"Provider","type":"string","jsonPath":".spec.provider"}"#,
     printcolumn = r#"{"name":"Address","type":"string","jsonPath":".status.address"}"#,
     printcolumn = r#"{"name":"Members","type":"integer","jsonPath":".status.members"}"#,
@@ -43,6 +43,9 @@ pub const DEFAULT_HEALTH_PORTS_COUNT: u16 = 64;
     validation = Rule::new("has(self.address) == has(oldSelf.address) && (!has(self.address) || self.address == oldSelf.address)").message("address is immutable: create another pool and move the Services to it"),
     validation = Rule::new("has(self.highAvailability) == has(oldSelf.highAvailability) && (!has(self.highAvailability) || self.highAvailability == oldSelf.highAvailability)").message("highAvailability is immutable: create another pool and move the Services to it"),
     validation = Rule::new("self.healthPorts == oldSelf.healthPorts").message("healthPorts is immutable: members' health checks are configured on their clients"),
+    validation = Rule::new("self.addressing == oldSelf.addressing").message("addressing is immutable: every member's address would change at once; create another pool and move the Services to it"),
+    validation = Rule::new("self.addressing != 'PerService' || !has(self.address)").message("addressing PerService reserves an address for each Service; address configures the one shared address: leave it out"),
+    validation = Rule::new("self.addressing != 'PerService' || !has(self.highAvailability)").message("addressing PerService is served by a single exit server; leave highAvailability out"),
     validation = Rule::new("!has(self.highAvailability) || (has(self.highAvailability.mode) && self.highAvailability.mode == 'BothAddresses') || (has(self.address) && self.address.mode == 'Reserved')").message("highAvailability (mode ActiveStandby) needs address.mode: Reserved; where the provider cannot move an address, use mode: BothAddresses")
 )]
 pub struct ExitServerPoolSpec {
@@ -88,6 +91,25 @@ pub struct ExitServerPoolSpec {
     /// the most Services the pool carries; Services may not use them. Immutable.
     #[serde(default)]
     pub health_ports: HealthPorts,
+
+    /// How the members reach the shared server. `Shared` (the default): one public address, each
+    /// Service on ports of its own; a port another Service serves is refused. `PerService`: each
+    /// Service gets a public address of its own on the same server, so Services may use the same
+    /// ports; each address costs what the provider charges for one. Only where the provider puts
+    /// several addresses on one server (`local` today); elsewhere the pool reports
+    /// `PoolAddressingUnavailable` and buys nothing. Immutable.
+    #[serde(default)]
+    pub addressing: PoolAddressing,
+}
+
+/// How the members of a pool reach its shared server.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum PoolAddressing {
+    /// One public address; each member on its own ports of it.
+    #[default]
+    Shared,
+    /// A public address per member; members may use the same ports.
+    PerService,
 }
 
 /// A range of ports on the exit server.
@@ -121,11 +143,13 @@ impl HealthPorts {
 #[serde(rename_all = "camelCase")]
 pub struct ExitServerPoolStatus {
     /// The shared public address, once a member's traffic passed the health check through it; on
-    /// a `BothAddresses` pair, the first of `addresses`.
+    /// a `BothAddresses` pair, the first of `addresses`. Unset under `addressing: PerService`,
+    /// where each Service's own address is on its own status only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
     /// Every address members are published at while the shared server is Active: the shared
     /// address, or a `BothAddresses` pair's two servers' own addresses, those whose check passes.
+    /// Empty under `addressing: PerService`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub addresses: Vec<String>,
     /// Services the shared server carries.

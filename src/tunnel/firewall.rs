@@ -71,6 +71,7 @@ mod tests {
             token: "t".into(),
             source_ranges: Vec::new(),
             proxy_protocol: None,
+            bind: None,
         };
         let server = ExitServer {
             control_port: 2333,
@@ -108,6 +109,7 @@ mod tests {
             token: "t".into(),
             source_ranges: ranges.iter().map(|r| r.to_string()).collect(),
             proxy_protocol: None,
+            bind: None,
         };
         let server = ExitServer {
             control_port: 2333,

@@ -38,6 +38,14 @@ pub fn t(name: &str, spec: Value) -> Value {
     json!({"apiVersion": "skyport.dev/v1alpha1", "kind": "Tunnel", "metadata": {"name": name}, "spec": spec})
 }
 
+/// An ExitServerPool (cluster-scoped: the name is the whole cluster's, so cases name theirs
+/// `bad-input-*`), allowing namespace `a`, with `spec` added.
+pub fn pool(name: &str, spec: Value) -> Value {
+    let mut s = json!({"allowedNamespaces": ["a"]});
+    s.as_object_mut().unwrap().extend(spec.as_object().unwrap().clone());
+    json!({"apiVersion": "skyport.dev/v1alpha1", "kind": "ExitServerPool", "metadata": {"name": name}, "spec": s})
+}
+
 pub fn svc(name: &str, spec: Value) -> Value {
     json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name}, "spec": spec})
 }

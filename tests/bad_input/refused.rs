@@ -4,7 +4,7 @@
 use serde_json::json;
 
 use super::cases::Expect::Refused;
-use super::cases::{Case, arns, case, edit, fifo, lb, long, many_tags, q, t};
+use super::cases::{Case, arns, case, edit, fifo, lb, long, many_tags, pool, q, t};
 
 pub fn cases() -> Vec<Case> {
     vec![
@@ -366,6 +366,22 @@ pub fn cases() -> Vec<Case> {
             t("et8", json!({"serviceRef": {"name": "gone"}, "address": {"mode": "Reserved"}})),
             t("et8", json!({"serviceRef": {"name": "gone"}, "address": {"mode": "Reserved"}, "highAvailability": {}})),
             Refused(&["highAvailability is immutable"]),
+        ),
+        case(
+            "a pool with an address per Service and one shared address",
+            pool("bad-input-own-1", json!({"addressing": "PerService", "address": {"mode": "Reserved"}})),
+            Refused(&["address configures the one shared address"]),
+        ),
+        case(
+            "a pool with an address per Service on two exit servers",
+            pool("bad-input-own-2", json!({"addressing": "PerService", "highAvailability": {"mode": "BothAddresses"}})),
+            Refused(&["served by a single exit server"]),
+        ),
+        edit(
+            "a pool's addressing changed",
+            pool("bad-input-own-3", json!({})),
+            pool("bad-input-own-3", json!({"addressing": "PerService"})),
+            Refused(&["addressing is immutable"]),
         ),
         // Services the API server itself refuses.
         case("LoadBalancer Service with 0 ports", lb("s0", json!([])), Refused(&["spec.ports", "Required value"])),

@@ -27,7 +27,7 @@ use crate::common::tunnels::{
 use crate::node::tunnels::{ACTIVE, BACKEND_PORTS, NodeTunnel};
 
 /// A Service on the pool, selecting the backend Pod (`app: web`).
-fn member(name: &str, pool: &str, port: u16) -> k8s_openapi::api::core::v1::Service {
+pub(super) fn member(name: &str, pool: &str, port: u16) -> k8s_openapi::api::core::v1::Service {
     let mut svc = service(
         name,
         Some("skyport.dev/tunnel"),
@@ -49,7 +49,7 @@ async fn echo(conn: &mut tokio::net::TcpStream, what: &[u8]) -> Option<Vec<u8>> 
 }
 
 /// Deletes the cluster-scoped pool when the test ends, however it ends.
-struct PoolGuard(Api<ExitServerPool>, String);
+pub(super) struct PoolGuard(Api<ExitServerPool>, String);
 
 impl Drop for PoolGuard {
     fn drop(&mut self) {
@@ -60,7 +60,7 @@ impl Drop for PoolGuard {
 
 /// The test node with an operator whose pools' shared servers live in the test's namespace, and
 /// a pool (`spec`, JSON, allowing that namespace) named after `prefix`; the guard deletes it.
-async fn on_pool(prefix: &str, spec: serde_json::Value) -> Option<(NodeTunnel, String, PoolGuard)> {
+pub(super) async fn on_pool(prefix: &str, spec: serde_json::Value) -> Option<(NodeTunnel, String, PoolGuard)> {
     let settings = |ns: &str| skyport::config::TunnelArgs { pool_namespace: Some(ns.into()), ..fast_tunnel_settings() };
     let node = NodeTunnel::start_in(prefix, settings, BACKEND_PORTS, None, Vec::new()).await?;
     let name = format!("{prefix}-{:08x}", rand::random::<u32>());

@@ -36,6 +36,7 @@ async fn the_orphan_sweep_deletes_tagged_hosts_without_a_tunnel_and_keeps_the_re
                     token: "t".into(),
                     source_ranges: Vec::new(),
                     proxy_protocol: None,
+                    bind: None,
                 }],
             },
             tags,

@@ -33,8 +33,8 @@ use serde_json::json;
 
 use crate::error::HostError;
 use crate::hosts::{
-    Address, AddressBinding, AddressRequest, Capabilities, Host, HostProvider, HostRequest, HostState, Spread,
-    TagSyntax,
+    Address, AddressBinding, AddressRequest, Capabilities, Host, HostProvider, HostRequest, HostState, PoolAddresses,
+    Spread, TagSyntax,
 };
 use crate::limiter::Limiter;
 use crate::rest::{ApiToken, Budget, RefillModel, RestClient, RestSettings};
@@ -270,6 +270,7 @@ impl HostProvider for DigitalOceanProvider {
             address_binding: AddressBinding::WithHost,
             moves_addresses: true,
             spread: Spread::No("DigitalOcean places droplets itself, so both exit servers may share a hypervisor"),
+            pool_addresses: PoolAddresses::One("a Droplet takes one reserved IP at a time"),
             ..Capabilities::default()
         }
     }

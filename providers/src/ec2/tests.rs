@@ -34,6 +34,7 @@ fn request() -> HostRequest {
         token: "t".into(),
         source_ranges: Vec::new(),
         proxy_protocol: None,
+        bind: None,
     };
     HostRequest {
         name: "skyport-team-a-web".into(),

@@ -135,8 +135,38 @@ pub struct Capabilities {
     /// enforces the ranges with the host's security group instead, so its hosts' configs carry
     /// none and a range change touches the group alone.
     pub host_enforces_source_ranges: bool,
+    /// Whether one host answers on several addresses of its own, one per Service of an
+    /// ExitServerPool with `addressing: PerService`.
+    pub pool_addresses: PoolAddresses,
     /// Whether a pair's two hosts are placed in different failure domains.
     pub spread: Spread,
+}
+
+/// How an ExitServerPool's shared server gets an address per member Service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolAddresses {
+    /// One public address per host; why, for the pool's condition.
+    One(&'static str),
+    /// Each reserved address reaches the host as it is, and the member's services bind it: the
+    /// local provider's addresses are local to its machine.
+    Bound,
+}
+
+impl PoolAddresses {
+    /// Whether a server here may hold addresses reserved for pool members.
+    pub fn several(self) -> bool {
+        !matches!(self, PoolAddresses::One(_))
+    }
+
+    /// Whether a pool on provider `provider` may give each member an address of its own; why not.
+    pub fn per_service(self, provider: &str) -> Result<(), String> {
+        match self {
+            PoolAddresses::Bound => Ok(()),
+            PoolAddresses::One(why) => Err(format!(
+                "provider {provider} gives a pool's shared server one public address ({why}); use addressing: Shared there"
+            )),
+        }
+    }
 }
 
 impl Default for Capabilities {
@@ -148,6 +178,7 @@ impl Default for Capabilities {
             moves_addresses: false,
             moved_address: MovedAddress::Translated,
             host_enforces_source_ranges: true,
+            pool_addresses: PoolAddresses::One("skyport puts one address on each of its servers"),
             spread: Spread::default(),
         }
     }

@@ -60,3 +60,12 @@ fn long_values_are_shortened_deterministically_and_stay_valid() {
     let (tag, _) = TagSyntax::DigitalOcean.encode(TAG_TUNNEL_NAME, &"x".repeat(300));
     assert_eq!(tag.len(), DO_TAG_MAX);
 }
+
+/// A pool asking for an address per Service is told why its provider cannot, and what to use.
+#[test]
+fn a_provider_with_one_address_per_server_says_why_a_pool_cannot_have_one_per_service() {
+    assert_eq!(PoolAddresses::Bound.per_service("local"), Ok(()));
+    let why = PoolAddresses::One("a Droplet takes one reserved IP at a time").per_service("digitalocean").unwrap_err();
+    assert!(why.contains("digitalocean") && why.contains("one reserved IP") && why.contains("addressing: Shared"));
+    assert!(!Capabilities::default().pool_addresses.several(), "none unless a provider says so");
+}

@@ -42,6 +42,7 @@ pub fn exit_server() -> ExitServer {
             token: "tok".into(),
             source_ranges: Vec::new(),
             proxy_protocol: None,
+            bind: None,
         }],
     }
 }

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use providers::exit::userdata::{TunnelClient, render_client_toml};
+use providers::exit::userdata::{Protocol, TunnelClient, TunnelService, render_client_toml};
 use providers::local::{LocalProvider, LocalSettings};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
@@ -34,6 +34,19 @@ pub fn data_plane_exe() -> PathBuf {
             );
             skyport()
         }
+    }
+}
+
+/// A TCP service on `port`, named `tcp-<port>`, with the token `tok`.
+pub fn tcp_service(port: u16) -> TunnelService {
+    TunnelService {
+        name: format!("tcp-{port}"),
+        protocol: Protocol::Tcp,
+        port,
+        token: "tok".into(),
+        source_ranges: Vec::new(),
+        proxy_protocol: None,
+        bind: None,
     }
 }
 

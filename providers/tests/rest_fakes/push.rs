@@ -121,6 +121,7 @@ async fn digitalocean_and_hetzner_push_a_port_change_to_the_running_exit_server(
             token: "tok".into(),
             source_ranges: Vec::new(),
             proxy_protocol: None,
+            bind: None,
         });
         assert!(provider.reconfigure(&host.id, &changed).await.unwrap(), "{kind:?}");
         let applied = std::fs::read_to_string(server.dir.join("server.toml")).unwrap();

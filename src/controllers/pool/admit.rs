@@ -44,6 +44,9 @@ pub struct Rules {
     /// `spec.healthPorts`: one per member, so the operator's probe of one member's tunnel never
     /// passes through another member's client.
     pub health_ports: RangeInclusive<u16>,
+    /// `spec.addressing: PerService`: each member has an address of its own, so a port is taken
+    /// only on the member's own address, never by another member.
+    pub per_service: bool,
 }
 
 /// Why a member is not carried, or not as its Service asks.
@@ -105,13 +108,13 @@ pub fn admit(rules: &Rules, claims: &[Claim]) -> BTreeMap<String, Admission> {
 
     // What each member keeps: what it holds and still wants. Held sets never overlap (only this
     // plan writes them), but a stale status is no reason to hand one port out twice.
-    let mut taken: BTreeSet<Key> = BTreeSet::new();
+    let mut taken: BTreeSet<(String, Key)> = BTreeSet::new();
     let kept: Vec<Vec<TunnelPort>> = order
         .iter()
         .map(|c| {
             let wanted: BTreeMap<Key, &TunnelPort> = c.wants.iter().map(|p| (key(p), p)).collect();
             let held = c.holds.iter().filter_map(|p| wanted.get(&key(p)).copied());
-            held.filter(|p| taken.insert(key(p))).cloned().collect()
+            held.filter(|p| taken.insert((rules.address_of(c), key(p)))).cloned().collect()
         })
         .collect();
 
@@ -123,7 +126,7 @@ pub fn admit(rules: &Rules, claims: &[Claim]) -> BTreeMap<String, Admission> {
             out.insert(claim.uid.clone(), Admission::Refused(Refusal::Full));
             continue;
         };
-        let admission = match take(claim, &kept, &mut taken, &rules.health_ports) {
+        let admission = match take(claim, &kept, &mut taken, rules) {
             Ok(ports) => Admission::Carried { ports, health_port, refused: None },
             Err(why) if carried => Admission::Carried { ports: kept, health_port, refused: Some(why) },
             Err(why) => {
@@ -136,13 +139,21 @@ pub fn admit(rules: &Rules, claims: &[Claim]) -> BTreeMap<String, Admission> {
     out
 }
 
+impl Rules {
+    /// Whose address a claim's ports are on: its own under `per_service`, else everybody's.
+    fn address_of(&self, claim: &Claim) -> String {
+        if self.per_service { claim.uid.clone() } else { String::new() }
+    }
+}
+
 /// Takes the claim's new ports, all or none; returns every port it then carries.
 fn take(
     claim: &Claim,
     kept: &[TunnelPort],
-    taken: &mut BTreeSet<Key>,
-    range: &RangeInclusive<u16>,
+    taken: &mut BTreeSet<(String, Key)>,
+    rules: &Rules,
 ) -> Result<Vec<TunnelPort>, Refusal> {
+    let (range, address) = (&rules.health_ports, rules.address_of(claim));
     let kept_keys: BTreeSet<Key> = kept.iter().map(key).collect();
     let new: Vec<&TunnelPort> = claim.wants.iter().filter(|p| !kept_keys.contains(&key(p))).collect();
     let in_range: Vec<TunnelPort> =
@@ -150,11 +161,13 @@ fn take(
     if !in_range.is_empty() {
         return Err(Refusal::InHealthRange(in_range, range.clone()));
     }
-    let clashing: Vec<TunnelPort> = new.iter().filter(|p| taken.contains(&key(p))).map(|p| (*p).clone()).collect();
+    let on_address = |p: &&TunnelPort| (address.clone(), key(p));
+    let clashing: Vec<TunnelPort> =
+        new.iter().filter(|p| taken.contains(&on_address(p))).map(|p| (*p).clone()).collect();
     if !clashing.is_empty() {
         return Err(Refusal::Taken(clashing));
     }
-    taken.extend(new.iter().map(|p| key(p)));
+    taken.extend(new.iter().map(on_address));
     let mut ports = claim.wants.clone();
     ports.sort();
     Ok(ports)

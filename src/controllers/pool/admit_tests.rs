@@ -9,7 +9,11 @@ fn udp(port: i32) -> TunnelPort {
 }
 
 fn rules() -> Rules {
-    Rules { allowed_namespaces: ["a", "b", "c"].map(String::from).into(), health_ports: 40000..=40002 }
+    Rules {
+        allowed_namespaces: ["a", "b", "c"].map(String::from).into(),
+        health_ports: 40000..=40002,
+        per_service: false,
+    }
 }
 
 fn claim(uid: &str, namespace: &str, created: &str, wants: &[TunnelPort]) -> Claim {
@@ -44,6 +48,30 @@ fn services_on_distinct_ports_share_the_address_each_with_its_own_health_port() 
     );
     assert_eq!(out["u1"], carried(&[udp(53), tcp(80)], 40000));
     assert_eq!(out["u2"], carried(&[tcp(53), tcp(443)], 40001), "TCP 53 is not UDP 53");
+}
+
+/// With an address each, two namespaces serve the same port; the health-check range and the pool's
+/// size still hold.
+#[test]
+fn members_with_an_address_each_share_port_numbers() {
+    let per_service = Rules { per_service: true, ..rules() };
+    let out = admit(
+        &per_service,
+        &[
+            claim("u1", "a", "2026-01-01T00:00:00Z", &[tcp(80), udp(53)]),
+            claim("u2", "b", "2026-01-02T00:00:00Z", &[tcp(80), udp(53)]),
+            claim("u3", "c", "2026-01-03T00:00:00Z", &[tcp(40001)]),
+        ],
+    );
+    assert_eq!(out["u1"], carried(&[udp(53), tcp(80)], 40000));
+    assert_eq!(out["u2"], carried(&[udp(53), tcp(80)], 40001));
+    assert!(matches!(&out["u3"], Admission::Refused(Refusal::InHealthRange(..))), "{:?}", out["u3"]);
+    // The same two on one shared address: the younger is refused.
+    let shared = admit(
+        &rules(),
+        &[claim("u1", "a", "2026-01-01T00:00:00Z", &[tcp(80)]), claim("u2", "b", "2026-01-02T00:00:00Z", &[tcp(80)])],
+    );
+    assert_eq!(shared["u2"], Admission::Refused(Refusal::Taken(vec![tcp(80)])));
 }
 
 #[test]

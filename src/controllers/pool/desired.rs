@@ -8,6 +8,7 @@
 //! operator's check of one member passes through that member's client alone.
 
 use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
 
 use providers::exit::userdata::{ClientService, Protocol, TunnelClient, TunnelService};
 
@@ -33,17 +34,39 @@ fn protocol(port: &TunnelPort) -> Protocol {
     if port.protocol == "UDP" { Protocol::Udp } else { Protocol::Tcp }
 }
 
+/// Where each member's services listen: everywhere the server answers (`Shared`), or each on the
+/// address of its own the shared server reserved for it (`PerService`, by UID).
+#[derive(Debug, Clone, Copy)]
+pub enum Binds<'a> {
+    Shared,
+    PerService(&'a BTreeMap<String, Ipv4Addr>),
+}
+
+impl Binds<'_> {
+    /// Where member `uid`'s services listen: `Some(None)` on the shared address, `Some(ip)` on
+    /// its own; `None` while it has no address of its own yet (not served at all: on every
+    /// address it would take its ports from every other member).
+    fn of(&self, uid: &str) -> Option<Option<Ipv4Addr>> {
+        match self {
+            Binds::Shared => Some(None),
+            Binds::PerService(own) => own.get(uid).map(|ip| Some(*ip)),
+        }
+    }
+}
+
 /// The shared server's services for every carried member, by UID, with their own tokens and
 /// their own source ranges (`ranges`, canonical, by UID; none: anywhere), which the server's
-/// firewall enforces per service.
+/// firewall enforces per service, on the address `binds` gives each.
 pub fn member_services<'a>(
     carrier: &Credentials,
     members: impl IntoIterator<Item = (&'a String, &'a Admission)>,
     ranges: &BTreeMap<String, Vec<String>>,
+    binds: Binds,
 ) -> Vec<TunnelService> {
     let mut services = Vec::new();
     for (uid, admission) in members {
         let Admission::Carried { ports, health_port, .. } = admission else { continue };
+        let Some(bind) = binds.of(uid) else { continue };
         let token = member_token(carrier, uid);
         services.extend(ports.iter().map(|p| TunnelService {
             name: member_service(uid, &service_name(p)),
@@ -52,9 +75,11 @@ pub fn member_services<'a>(
             token: token.clone(),
             source_ranges: ranges.get(uid).cloned().unwrap_or_default(),
             proxy_protocol: p.proxy_protocol.map(Into::into),
+            bind,
         }));
         let mut health = crate::tunnel::health_server_service(*health_port, &token);
         health.name = member_service(uid, crate::tunnel::HEALTH_SERVICE);
+        health.bind = bind;
         services.push(health);
     }
     services
@@ -101,13 +126,14 @@ pub fn member_client(member: &MemberClient) -> TunnelClient {
 }
 
 /// The digest status keeps of what a shared server was configured with: the credentials', and
-/// on a pool's shared server its members' (UIDs, health ports and source ranges), so a member
-/// that joins, leaves or changes its ranges makes the server's configuration be pushed again.
-/// Without members, `credentials`.
+/// on a pool's shared server its members' (UIDs, health ports, source ranges and own addresses),
+/// so a member that joins, leaves, changes its ranges or gets its address makes the server's
+/// configuration be pushed again. Without members, `credentials`.
 pub fn server_digest<'a>(
     credentials: &str,
     members: impl IntoIterator<Item = (&'a String, &'a Admission)>,
     ranges: &BTreeMap<String, Vec<String>>,
+    binds: Binds,
 ) -> String {
     use sha2::{Digest, Sha256};
     let mut hash = Sha256::new().chain_update(credentials.as_bytes());
@@ -115,7 +141,13 @@ pub fn server_digest<'a>(
     for (uid, admission) in members {
         if let Admission::Carried { health_port, .. } = admission {
             let ranges = ranges.get(uid).map(|r| r.join(",")).unwrap_or_default();
-            hash.update(format!("\0{uid}:{health_port}:{ranges}").as_bytes());
+            // Unchanged for a Shared pool's members, so their servers are not pushed again.
+            let bind = match binds.of(uid) {
+                Some(None) => String::new(),
+                Some(Some(ip)) => format!(":{ip}"),
+                None => ":-".into(),
+            };
+            hash.update(format!("\0{uid}:{health_port}:{ranges}{bind}").as_bytes());
             any = true;
         }
     }

@@ -34,7 +34,7 @@ fn member_tokens_are_the_members_own_and_none_is_the_carriers() {
 fn the_shared_server_carries_each_carried_member_under_its_uid_with_its_own_health_service() {
     let carrier = Credentials::generate();
     let ranges = BTreeMap::from([(U1.to_string(), vec!["203.0.113.0/24".to_string()])]);
-    let services = member_services(&carrier, &admissions(), &ranges);
+    let services = member_services(&carrier, &admissions(), &ranges, Binds::Shared);
     let names: Vec<&str> = services.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, [format!("{U1}.tcp-80"), format!("{U1}.tcp-443"), format!("{U1}.skyport-health")]);
     assert!(services.iter().all(|s| s.token == member_token(&carrier, U1)));
@@ -46,6 +46,30 @@ fn the_shared_server_carries_each_carried_member_under_its_uid_with_its_own_heal
     // rathole takes the names (at most 63 characters) and the file renders.
     let server = ExitServer { control_port: 2333, noise_private_key: carrier.keypair.private_key.clone(), services };
     render_server_toml(&server).unwrap();
+}
+
+/// With an address each, every service of a member (its health check's too) listens on its own
+/// address only; a member without one yet is not on the server at all.
+#[test]
+fn a_per_service_member_listens_on_its_own_address_only() {
+    let carrier = Credentials::generate();
+    let mut members = admissions();
+    members.insert(U2.into(), Admission::Carried { ports: vec![tcp(80)], health_port: 40001, refused: None });
+    let own = BTreeMap::from([(U1.to_string(), "10.204.0.9".parse().unwrap())]);
+    let services = member_services(&carrier, &members, &BTreeMap::new(), Binds::PerService(&own));
+    assert_eq!(services.len(), 3, "U2 has no address yet: {services:?}");
+    assert!(services.iter().all(|s| s.name.starts_with(U1) && s.bind == Some("10.204.0.9".parse().unwrap())));
+    let shared = member_services(&carrier, &members, &BTreeMap::new(), Binds::Shared);
+    assert!(shared.iter().all(|s| s.bind.is_none()) && shared.len() == 5);
+    // Getting its address changes what the server must run.
+    let none = BTreeMap::new();
+    let before = server_digest("abc", &members, &none, Binds::PerService(&own));
+    let both = BTreeMap::from([(U1.to_string(), own[U1]), (U2.to_string(), "10.204.0.10".parse().unwrap())]);
+    assert_ne!(server_digest("abc", &members, &none, Binds::PerService(&both)), before);
+    assert_eq!(
+        server_digest("abc", &members, &none, Binds::Shared),
+        server_digest("abc", &members, &none, Binds::Shared),
+    );
 }
 
 #[test]
@@ -82,13 +106,13 @@ fn only_a_health_service_name_reads_as_one() {
 #[test]
 fn the_servers_digest_follows_its_members_and_their_ranges_and_is_the_credentials_without_any() {
     let none = BTreeMap::new();
-    assert_eq!(server_digest("abc", &BTreeMap::new(), &none), "abc");
+    assert_eq!(server_digest("abc", &BTreeMap::new(), &none, Binds::Shared), "abc");
     let carried = admissions();
-    let with = server_digest("abc", &carried, &none);
+    let with = server_digest("abc", &carried, &none, Binds::Shared);
     assert_ne!(with, "abc");
     let ranges = BTreeMap::from([(U1.to_string(), vec!["203.0.113.0/24".to_string()])]);
-    assert_ne!(server_digest("abc", &carried, &ranges), with, "new ranges are pushed");
+    assert_ne!(server_digest("abc", &carried, &ranges, Binds::Shared), with, "new ranges are pushed");
     // A refused member is not on the server: it changes nothing.
     let only_refused: BTreeMap<String, Admission> = carried.into_iter().filter(|(u, _)| u == U2).collect();
-    assert_eq!(server_digest("abc", &only_refused, &none), "abc");
+    assert_eq!(server_digest("abc", &only_refused, &none, Binds::Shared), "abc");
 }

@@ -338,6 +338,8 @@ impl HostProvider for FakeProvider {
             moves_addresses: h.floating || h.binding() != AddressBinding::AtCreate,
             moved_address,
             host_enforces_source_ranges: h.enforce_ranges,
+            // Its addresses are strings in memory: any number goes onto a host.
+            pool_addresses: providers::hosts::PoolAddresses::Bound,
             spread: if h.zones { Spread::Zones } else { Spread::No("all fake hosts share one machine") },
         }
     }

@@ -114,6 +114,11 @@ pub async fn cleanup(tunnel: &Tunnel, api: &Api<Tunnel>, ctx: &Context) -> Resul
             let note = format!("deleted exit server {}", ids.join(", "));
             ctx.publish(tunnel, Reason::Deleted, note).await;
         }
+        // A PerService pool's member addresses, now that no server of it listens on them (found
+        // by their tags, so one whose reservation answer was lost goes too).
+        if tunnel.spec.carries_pool() && provider.capabilities().pool_addresses.several() {
+            act::member_address::release_all(provider.as_ref(), &uid, ctx).await?;
+        }
         // What kept a pair's servers apart (a spread placement group) goes after them; retried
         // while a server is still being deleted.
         if Policy::of(&tunnel.spec).spreads() {

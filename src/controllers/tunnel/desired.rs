@@ -121,6 +121,7 @@ pub fn exit_server(ports: &[TunnelPort], credentials: &Credentials, control_port
             token: credentials.token.clone(),
             source_ranges: Vec::new(),
             proxy_protocol: p.proxy_protocol.map(Into::into),
+            bind: None,
         })
         .collect();
     services.push(crate::tunnel::health_server_service(health_port, &credentials.token));

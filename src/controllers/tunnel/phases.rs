@@ -25,6 +25,7 @@ mod checks;
 mod console;
 mod host;
 mod member;
+mod member_address;
 
 pub use member::{published_members, wake_carrier};
 mod pair;
@@ -84,16 +85,30 @@ pub struct Desired {
     /// The ports the exit server exposes: the Service's, or on a pool's shared server every
     /// member's.
     ports: Vec<TunnelPort>,
-    /// On a pool's shared server, what it does for each member (by UID); empty otherwise.
+    /// On a pool's shared server, what it does for its members; empty otherwise.
+    pool: Carried,
+}
+
+/// What a pool's shared server does for its members.
+#[derive(Default)]
+pub struct Carried {
+    /// What it does for each member (by UID).
     members: BTreeMap<String, Admission>,
-    /// On a pool's shared server, each member's source ranges (canonical, by UID).
-    member_ranges: BTreeMap<String, Vec<String>>,
-    /// On a pool's shared server, the members' Services that show its address
-    /// ([`published_members`]); empty otherwise.
-    members_shown: Vec<Arc<Service>>,
+    /// Each member's source ranges (canonical, by UID).
+    ranges: BTreeMap<String, Vec<String>>,
+    /// The members' Services that show its address ([`published_members`]).
+    shown: Vec<Arc<Service>>,
+    /// Under `addressing: PerService`, each carried member's own address (by UID), filled by
+    /// [`Pass::member_addresses`]; `None` on a `Shared` pool.
+    binds: Option<BTreeMap<String, std::net::Ipv4Addr>>,
 }
 
 impl Desired {
+    /// Where the members' services listen on the shared server.
+    fn binds(&self) -> pool::desired::Binds<'_> {
+        self.pool.binds.as_ref().map_or(pool::desired::Binds::Shared, pool::desired::Binds::PerService)
+    }
+
     fn publishes(&self) -> Option<&Service> {
         self.service.as_deref().filter(|_| self.publishes)
     }
@@ -101,7 +116,7 @@ impl Desired {
     /// Every Service whose status may show this Tunnel's exit server: its own where it publishes,
     /// on a pool's shared server its members'. Each loses the address before a server goes.
     fn showing(&self) -> Vec<&Service> {
-        self.publishes().into_iter().chain(self.members_shown.iter().map(|s| &**s)).collect()
+        self.publishes().into_iter().chain(self.pool.shown.iter().map(|s| &**s)).collect()
     }
 
     /// What the exit server does, for the Ready condition: `forwards 80/TCP to Service web`, or
@@ -110,7 +125,7 @@ impl Desired {
         match &self.service {
             Some(service) => format!("forwards {} to Service {}", describe(&self.ports), service.name_any()),
             None => {
-                let carried = self.members.values().filter(|a| !a.ports().is_empty()).count();
+                let carried = self.pool.members.values().filter(|a| !a.ports().is_empty()).count();
                 format!("carries {carried} Services of its pool ({})", describe(&self.ports))
             }
         }
@@ -207,32 +222,39 @@ impl<'a> Pass<'a> {
     }
 
     async fn phases(&mut self) -> Result<Action, Failure> {
-        let desired = self.desired()?;
+        let mut desired = self.desired()?;
         if desired.service.is_none() {
             let allowed = |a: &Admission| !matches!(a, Admission::Refused(pool::admit::Refusal::NamespaceNotAllowed));
-            if !desired.members.values().any(allowed) {
+            if !desired.pool.members.values().any(allowed) {
                 act::retire_carrier(self.tunnel, self.ctx).await?;
                 return Ok(Action::await_change());
             }
             // Members read what they get here, before the server is even up; those whose entry
             // changed look again now.
-            let members = pool::admit::recorded(&desired.members);
+            let members = pool::admit::recorded(&desired.pool.members);
             let changed = member::with_uids(
                 self.ctx,
                 members.iter().filter(|m| !self.status().pool_members.contains(m)).map(|m| m.uid.as_str()),
             );
             self.record(|s| s.pool_members = members).await?;
             member::wake(self.ctx, &changed);
+            if desired.pool.binds.is_some() {
+                desired.pool.binds = Some(self.member_addresses(&desired).await?);
+            }
         }
         let keys = self.credentials(&desired).await?;
         if let Some(pool) = self.tunnel.spec.pool.as_ref().filter(|_| desired.service.is_some()) {
             return self.member(&desired, &keys, &pool.name).await;
         }
-        match Policy::of(&self.tunnel.spec) {
+        let action = match Policy::of(&self.tunnel.spec) {
             Policy::Single => self.single(&desired, &keys).await,
             Policy::ActiveStandby => self.pair(&desired, &keys).await,
             Policy::BothAddresses => self.both(&desired, &keys).await,
+        }?;
+        if desired.pool.binds.is_some() {
+            self.release_departed(&desired, &keys).await?;
         }
+        Ok(action)
     }
 
     /// The Service, its ports and the provider, checked before any cloud call.
@@ -267,19 +289,7 @@ impl<'a> Pass<'a> {
         .map_err(Failure::Blocked)?;
         let publishes = desired::controls_service_status(tunnel, &service);
         let at = Placement::of(tunnel, ctx.settings.client_namespace.as_deref())?;
-        let (members, member_ranges) = (BTreeMap::new(), BTreeMap::new());
-        let members_shown = Vec::new();
-        Ok(Desired {
-            service: Some(service),
-            publishes,
-            provider,
-            at,
-            uid,
-            ports,
-            members,
-            member_ranges,
-            members_shown,
-        })
+        Ok(Desired { service: Some(service), publishes, provider, at, uid, ports, pool: Carried::default() })
     }
 
     /// The provider of a Tunnel that buys its own exit server, held to the operator's size and
@@ -322,12 +332,18 @@ impl<'a> Pass<'a> {
         let server = desired::exit_server(want.forwarded(), &credentials, settings.control_port, settings.health_port);
         let (mut server, source_ranges) =
             ranges::restrict(server, &self.tunnel.spec.source_ranges).map_err(Failure::Blocked)?;
-        server.services.extend(pool::desired::member_services(&credentials, &want.members, &want.member_ranges));
+        server.services.extend(pool::desired::member_services(
+            &credentials,
+            &want.pool.members,
+            &want.pool.ranges,
+            want.binds(),
+        ));
         // New keys (the Secret was re-created, now or in a reconcile that failed after) mean the
         // running server must get the new configuration: status remembers the host's keys' digest,
         // which on a pool's shared server covers its members too.
+        let credentials_digest = plan::credentials_digest(&credentials);
         let digest =
-            pool::desired::server_digest(&plan::credentials_digest(&credentials), &want.members, &want.member_ranges);
+            pool::desired::server_digest(&credentials_digest, &want.pool.members, &want.pool.ranges, want.binds());
         let configured = plan::configured_ports(self.status(), fresh, &digest);
         Ok(Keys { credentials, stored_client, stored_pair, digest, configured, server, source_ranges })
     }

@@ -12,8 +12,8 @@ use serde_json::json;
 use super::tests::{Harness, SERVICE, TUNNEL, harness_settings, service};
 use crate::config::TunnelArgs;
 use crate::controllers::service::desired::ANNOTATION_POOL;
-use crate::crd::pool::{ExitServerPool, ExitServerPoolSpec};
-use crate::crd::tunnel::{PoolRef, Tunnel, TunnelSpec};
+use crate::crd::pool::{ExitServerPool, ExitServerPoolSpec, PoolAddressing};
+use crate::crd::tunnel::{MemberAddress, PoolRef, Tunnel, TunnelSpec};
 
 const POOL: &str = "/apis/skyport.dev/v1alpha1/exitserverpools/shared";
 const CARRIER: &str = "/apis/skyport.dev/v1alpha1/namespaces/ns/tunnels/pool-shared";
@@ -21,10 +21,14 @@ const CARRIER: &str = "/apis/skyport.dev/v1alpha1/namespaces/ns/tunnels/pool-sha
 /// A pool allowing `ns`, whose shared server lives in `ns` too, with one member: the Service
 /// `web` and its Tunnel. Returns the harness and the shared server's Tunnel.
 fn pool_with_a_member() -> (Harness, Arc<Tunnel>) {
+    pool_with_a_member_by(PoolAddressing::Shared)
+}
+
+fn pool_with_a_member_by(addressing: PoolAddressing) -> (Harness, Arc<Tunnel>) {
     let mut h = harness_settings(TunnelArgs { pool_namespace: Some("ns".into()), ..TunnelArgs::default() });
     let mut pool = ExitServerPool::new(
         "shared",
-        ExitServerPoolSpec { allowed_namespaces: vec!["ns".into()], ..Default::default() },
+        ExitServerPoolSpec { allowed_namespaces: vec!["ns".into()], addressing, ..Default::default() },
     );
     pool.metadata.uid = Some("pool-uid".into());
     h.api.put(POOL, serde_json::to_value(&pool).unwrap());
@@ -134,4 +138,75 @@ async fn a_member_whose_check_fails_twice_loses_the_address_and_is_told_which_si
     reconcile_member(&mut h).await;
     let message = ready_message(&h.current());
     assert!(message.contains("does not accept connections on its control port"), "{message}");
+}
+
+/// With an address per Service, the shared server reserves the member's own, tagged for it (a
+/// lost answer is found again by its tags, never reserved twice); the member's services bind it,
+/// the member is published there, and the pool's status names no address. Deleting the shared
+/// server releases it.
+#[tokio::test]
+async fn a_per_service_member_gets_an_address_of_its_own_released_with_the_shared_server() {
+    let (mut h, carrier) = pool_with_a_member_by(PoolAddressing::PerService);
+    h.provider.lose_next_reserve_answer();
+    assert!(h.reconcile(carrier).await.is_err(), "the answer was lost");
+    h.reconcile(carrier_now(&h)).await.unwrap();
+    let [address] = h.provider.addresses().try_into().expect("one address, found again by its tags");
+    assert_eq!(address.tags.get(providers::hosts::TAG_POOL_MEMBER).map(String::as_str), Some("tunnel-uid"));
+    assert_eq!(address.tags.get(providers::hosts::TAG_TUNNEL_UID).map(String::as_str), Some("carrier-uid"));
+    let status = carrier_now(&h).status.clone().unwrap();
+    let own = MemberAddress { uid: "tunnel-uid".into(), id: address.id.clone(), ip: address.ip.clone() };
+    assert_eq!(status.member_addresses, [own]);
+    let host = h.provider.hosts().pop().unwrap();
+    let config = h.provider.user_data_of(&host.id).unwrap();
+    assert!(config.contains(&format!("{}:80", address.ip)), "the member's port on its own address: {config}");
+    assert_eq!(h.api.get(POOL).unwrap()["status"]["addresses"], json!([]), "the pool names no member's address");
+
+    h.tunnels.apply_watcher_event(&watcher::Event::Apply((*carrier_now(&h)).clone()));
+    reconcile_member(&mut h).await;
+    assert_eq!(member_ingress(&h)[0]["ip"], json!(address.ip), "{}", ready_message(&h.current()));
+
+    let mut going = (*carrier_now(&h)).clone();
+    going.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
+    let going: Tunnel = serde_json::from_value(h.api.put(CARRIER, serde_json::to_value(&going).unwrap())).unwrap();
+    h.reconcile(Arc::new(going)).await.unwrap();
+    assert!(h.provider.hosts().is_empty() && h.provider.addresses().is_empty(), "{:?}", h.provider.addresses());
+}
+
+/// A member's address goes once the server runs without the member, and only an address whose
+/// tags prove it that member's: an entry naming another address (a forged status) is dropped and
+/// the address left alone.
+#[tokio::test]
+async fn a_departed_members_address_is_released_only_when_its_tags_say_so() {
+    let (h, carrier) = pool_with_a_member_by(PoolAddressing::PerService);
+    h.reconcile(carrier).await.unwrap();
+    let [own] = h.provider.addresses().try_into().expect("the member's address");
+    let tagged = |uid: &str, member: &str, ip: &str| {
+        let mut tags = own.tags.clone();
+        tags.insert(providers::hosts::TAG_TUNNEL_UID.into(), uid.into());
+        tags.insert(providers::hosts::TAG_POOL_MEMBER.into(), member.into());
+        providers::Address { id: format!("id-{ip}"), ip: ip.into(), host_id: None, tags }
+    };
+    let departed = tagged("carrier-uid", "gone-uid", "192.0.2.50");
+    let foreign = tagged("someone-else", "forged-uid", "192.0.2.51");
+    h.provider.insert_address(departed.clone());
+    h.provider.insert_address(foreign.clone());
+    let mut carrier = (*carrier_now(&h)).clone();
+    let entry =
+        |a: &providers::Address, uid: &str| MemberAddress { uid: uid.into(), id: a.id.clone(), ip: a.ip.clone() };
+    let status = carrier.status.as_mut().unwrap();
+    status.member_addresses.extend([entry(&departed, "gone-uid"), entry(&foreign, "forged-uid")]);
+    h.api.put(CARRIER, serde_json::to_value(&carrier).unwrap());
+    // Read as an operator that did not write it reads it (one restarted, say).
+    h.ctx.written.forget(&crate::controllers::object_key(&carrier));
+
+    h.reconcile(carrier_now(&h)).await.unwrap();
+    let left: Vec<String> = h.provider.addresses().into_iter().map(|a| a.id).collect();
+    assert!(
+        left.contains(&own.id) && left.contains(&foreign.id) && !left.contains(&departed.id),
+        "{left:?} {:?}",
+        carrier_now(&h).status
+    );
+    let recorded = carrier_now(&h).status.clone().unwrap().member_addresses;
+    assert_eq!(recorded, [entry(&own, "tunnel-uid")]);
 }

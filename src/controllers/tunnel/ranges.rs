@@ -105,6 +105,7 @@ mod tests {
             token: "t".into(),
             source_ranges: Vec::new(),
             proxy_protocol: None,
+            bind: None,
         };
         ExitServer {
             control_port: 2333,

@@ -306,6 +306,7 @@ mod tests {
                 token: "t".into(),
                 source_ranges: Vec::new(),
                 proxy_protocol: None,
+                bind: None,
             }],
         };
         let request = HostRequest {

@@ -73,6 +73,11 @@ pub struct TunnelStatus {
     /// ports and health port here; a member keeps what it holds while another asks for it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pool_members: Vec<PoolMember>,
+    /// On the shared server of a pool with `addressing: PerService`: the address reserved for each
+    /// member, kept here from its reservation until its release (after the server stopped
+    /// listening on it), so none is ever lost or reserved twice.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub member_addresses: Vec<MemberAddress>,
     /// `Ready`: the exit server runs, the client is deployed and the Service's ports are exposed.
     #[serde(default)]
     pub conditions: Vec<Condition>,
@@ -93,6 +98,18 @@ pub struct PoolMember {
     /// Why it is not carried, or not as its Service asks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refused: Option<String>,
+}
+
+/// A member's own address on its pool's shared server ([`TunnelStatus::member_addresses`]).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberAddress {
+    /// The member Tunnel's UID.
+    pub uid: String,
+    /// The provider's id of the reserved address.
+    pub id: String,
+    /// The address (IPv4).
+    pub ip: String,
 }
 
 /// A reservation of an untagged address under way ([`TunnelStatus::address_reservation`]).

@@ -13,6 +13,7 @@ fn service(name: &str, protocol: Protocol, port: u16, proxy: Option<ProxyProtoco
         token: "t".into(),
         source_ranges: Vec::new(),
         proxy_protocol: proxy,
+        bind: None,
     }
 }
 

@@ -20,6 +20,7 @@ fn server(control_port: u16, key: &str, ports: &[u16]) -> ExitServer {
                 token: "t0k".into(),
                 source_ranges: Vec::new(),
                 proxy_protocol: None,
+                bind: None,
             })
             .collect(),
     }

@@ -159,6 +159,7 @@ mod tests {
             token: "tok".into(),
             source_ranges: vec![],
             proxy_protocol: None,
+            bind: None,
         };
         ExitServer { control_port: 2333, noise_private_key: "a2V5".into(), services: vec![web] }
     }

@@ -36,6 +36,7 @@ use serde_saphyr::LitString;
 mod addresses;
 mod install;
 mod nftables;
+mod ports;
 mod rathole;
 mod units;
 
@@ -125,6 +126,10 @@ pub struct TunnelService {
     /// The PROXY protocol header the exit server writes ahead of each connection's bytes, so the
     /// backend learns the visitor's address; `None`: the bytes as they come. TCP services only.
     pub proxy_protocol: Option<ProxyProtocol>,
+    /// The one address the service listens on, where the server answers on several: an
+    /// ExitServerPool member's own (`addressing: PerService`), so Services of different members
+    /// may share a port number. `None`: the server's service address, as every other service.
+    pub bind: Option<std::net::Ipv4Addr>,
 }
 
 impl std::fmt::Debug for TunnelService {
@@ -136,6 +141,7 @@ impl std::fmt::Debug for TunnelService {
             .field("token", &"<redacted>")
             .field("source_ranges", &self.source_ranges)
             .field("proxy_protocol", &self.proxy_protocol)
+            .field("bind", &self.bind)
             .finish()
     }
 }
@@ -206,7 +212,7 @@ impl ExitServer {
             return Err(UserDataError::PortZero("control".into()));
         }
         let mut names = BTreeSet::new();
-        let mut ports = BTreeSet::from([(Protocol::Tcp, self.control_port), (Protocol::Tcp, PUSH_PORT)]);
+        let mut ports = ports::Ports::new(self.control_port);
         if self.control_port == PUSH_PORT {
             return Err(UserDataError::DuplicatePort {
                 port: PUSH_PORT,
@@ -226,7 +232,7 @@ impl ExitServer {
             if s.port == 0 {
                 return Err(UserDataError::PortZero(s.name.clone()));
             }
-            if !ports.insert((s.protocol, s.port)) {
+            if !ports.insert(s) {
                 return Err(UserDataError::DuplicatePort {
                     port: s.port,
                     protocol: s.protocol.as_str(),

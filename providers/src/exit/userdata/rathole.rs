@@ -92,7 +92,8 @@ pub fn render_server_toml_split(server: &ExitServer, bind_ip: &str, service_ip: 
         out.push_str(&format!("\n[server.services.{}]\n", toml_string(&s.name)));
         out.push_str(&format!("type = \"{}\"\n", s.protocol.as_str()));
         out.push_str(&format!("token = {}\n", toml_string(&s.token)));
-        out.push_str(&format!("bind_addr = \"{service_ip}:{}\"\n", s.port));
+        let ip = s.bind.map_or_else(|| service_ip.clone(), |ip| ip.to_string());
+        out.push_str(&format!("bind_addr = \"{ip}:{}\"\n", s.port));
     }
     for s in services.iter().filter(|s| s.proxy_protocol.is_some() || !s.source_ranges.is_empty()) {
         out.push_str(&format!("\n[{SKYPORT_TABLE}.services.{}]\n", toml_string(&s.name)));

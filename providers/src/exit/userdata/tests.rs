@@ -7,7 +7,7 @@ use serde_json::Value;
 
 const KEY: &str = "cGhhbnRvbS1rZXktZm9yLXRlc3RzLW9ubHktMzJieXRlcw==";
 
-fn service(name: &str, protocol: Protocol, port: u16, token: &str) -> TunnelService {
+pub(super) fn service(name: &str, protocol: Protocol, port: u16, token: &str) -> TunnelService {
     TunnelService {
         name: name.into(),
         protocol,
@@ -15,10 +15,11 @@ fn service(name: &str, protocol: Protocol, port: u16, token: &str) -> TunnelServ
         token: token.into(),
         source_ranges: Vec::new(),
         proxy_protocol: None,
+        bind: None,
     }
 }
 
-fn sample() -> ExitServer {
+pub(super) fn sample() -> ExitServer {
     ExitServer {
         control_port: DEFAULT_CONTROL_PORT,
         noise_private_key: KEY.into(),
@@ -267,6 +268,7 @@ fn the_local_server_config_binds_one_address() {
             token: "t".into(),
             source_ranges: Vec::new(),
             proxy_protocol: None,
+            bind: None,
         }],
     };
     let toml = render_server_toml_on(&server, "127.77.0.3").unwrap();

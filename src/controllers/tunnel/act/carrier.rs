@@ -9,7 +9,7 @@ use tracing::info;
 
 use super::super::Context;
 use crate::controllers::owned;
-use crate::crd::pool::{ExitServerPool, ExitServerPoolStatus};
+use crate::crd::pool::{ExitServerPool, ExitServerPoolStatus, PoolAddressing};
 use crate::crd::tunnel::{
     HighAvailabilityMode, PoolMember, PoolRef, Tunnel, TunnelPhase, TunnelPort, TunnelSpec, TunnelStatus,
 };
@@ -92,7 +92,10 @@ pub async fn publish_pool(carrier: &Tunnel, status: &TunnelStatus, ctx: &Context
     let mut ports: Vec<TunnelPort> = carried.iter().flat_map(|m| m.ports.iter().cloned()).collect();
     ports.sort();
     ports.dedup();
-    let addresses = if active { served_at(carrier, status) } else { Vec::new() };
+    // Members' own addresses stay off the pool's status: every allowed namespace reads it, and
+    // would learn which addresses share its server.
+    let shared = pool.spec.addressing == PoolAddressing::Shared;
+    let addresses = if active && shared { served_at(carrier, status) } else { Vec::new() };
     let want = ExitServerPoolStatus {
         address: addresses.first().cloned(),
         addresses,

@@ -7,6 +7,7 @@
 pub mod address;
 mod carrier;
 pub mod host;
+pub mod member_address;
 
 pub use carrier::{create_carrier, publish_pool, retire_carrier, serves};
 

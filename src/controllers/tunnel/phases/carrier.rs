@@ -11,12 +11,12 @@ use std::sync::Arc;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
-use super::{Desired, Failure, Pass};
+use super::{Carried, Desired, Failure, Pass};
 use crate::controllers::pool::admit::{self, Admission, Rules};
 use crate::controllers::tunnel::placement::Placement;
 use crate::controllers::tunnel::plan::Blocked;
 use crate::controllers::tunnel::{Context, act, desired};
-use crate::crd::pool::ExitServerPool;
+use crate::crd::pool::{ExitServerPool, PoolAddressing};
 use crate::crd::tunnel::{Tunnel, TunnelPhase, TunnelPort};
 use crate::error::Error;
 use crate::reasons::Reason;
@@ -53,7 +53,16 @@ impl Pass<'_> {
         let at = Placement::of(tunnel, ctx.settings.client_namespace.as_deref())?;
         // Published by the members themselves; before a server of this one goes, it unpublishes.
         let members_shown = super::published_members(self.status(), ctx);
-        Ok(Desired { service: None, publishes: false, provider, at, uid, ports, members, member_ranges, members_shown })
+        let member_binds = match pool.spec.addressing {
+            PoolAddressing::Shared => None,
+            PoolAddressing::PerService => {
+                let unavailable = |why| blocked(TunnelPhase::Failed, Reason::PoolAddressingUnavailable, why);
+                provider.capabilities().pool_addresses.per_service(provider.name()).map_err(unavailable)?;
+                Some(BTreeMap::new())
+            }
+        };
+        let pool = Carried { members, ranges: member_ranges, shown: members_shown, binds: member_binds };
+        Ok(Desired { service: None, publishes: false, provider, at, uid, ports, pool })
     }
 }
 
@@ -74,6 +83,7 @@ fn admissions(
     let rules = Rules {
         allowed_namespaces: pool.spec.allowed_namespaces.iter().cloned().collect(),
         health_ports: pool.spec.health_ports.range(),
+        per_service: pool.spec.addressing == PoolAddressing::PerService,
     };
     admit::admit(&rules, &claims)
 }

@@ -28,7 +28,7 @@ use crate::controllers::jittered;
 use crate::controllers::pool::desired::{MemberClient, member_client, member_token};
 use crate::controllers::status::ObjectStatus;
 use crate::crd::condition::{Condition, ConditionStatus};
-use crate::crd::pool::ExitServerPool;
+use crate::crd::pool::{ExitServerPool, PoolAddressing};
 use crate::crd::tunnel::{HighAvailabilityMode, PoolMember, Tunnel, TunnelPhase};
 use crate::error::{Error, Result};
 use crate::reasons::Reason;
@@ -39,8 +39,8 @@ pub fn carrier_name(pool: &str) -> String {
 }
 
 /// Has every member of the shared server `carrier` look at it again when a pass moved it to other
-/// addresses (a new server, a failover): a member publishes only where its check passes, and
-/// must not keep showing an address its server left.
+/// addresses (a new server, a failover, a member's own address reserved or released): a member
+/// publishes only where its check passes, and must not keep showing an address its server left.
 pub fn wake_members_if_moved(
     carrier: &Tunnel,
     after: &crate::crd::tunnel::TunnelStatus,
@@ -52,7 +52,7 @@ pub fn wake_members_if_moved(
             .high_availability
             .as_ref()
             .map(|h| (h.active.clone(), h.servers.iter().map(|v| v.host_ip.clone()).collect::<Vec<_>>()));
-        (s.host_ip.clone(), s.address_ip.clone(), servers)
+        (s.host_ip.clone(), s.address_ip.clone(), servers, s.member_addresses.clone())
     };
     if addresses(&before) == addresses(after) {
         return;
@@ -149,7 +149,21 @@ impl Pass<'_> {
             self.report(TunnelPhase::Provisioning, Reason::Provisioning, &message).await?;
             return Ok(Action::requeue(BOOT_POLL));
         };
-        let Some(route) = route(&carrier) else {
+        let own = match found.spec.addressing {
+            PoolAddressing::Shared => None,
+            PoolAddressing::PerService => match own_address(&carrier, uid) {
+                Some(ip) => Some(ip),
+                None => {
+                    let message = format!(
+                        "waiting for the shared exit server of ExitServerPool {pool} to reserve the Service's own address"
+                    );
+                    self.off_the_pool(want).await?;
+                    self.report(TunnelPhase::Provisioning, Reason::Provisioning, &message).await?;
+                    return Ok(Action::requeue(BOOT_POLL));
+                }
+            },
+        };
+        let Some(route) = route(&carrier, own) else {
             let message =
                 format!("the shared exit server of ExitServerPool {pool} is not running yet{}", why_not(&carrier));
             self.off_the_pool(want).await?;
@@ -296,8 +310,23 @@ struct Route {
     published: Vec<String>,
 }
 
-/// The member's [`Route`] on `carrier`; `None` while no server of it has an address.
-fn route(carrier: &Tunnel) -> Option<Route> {
+/// The address the shared server `carrier` reserved for member `uid` (`addressing: PerService`).
+fn own_address(carrier: &Tunnel, uid: &str) -> Option<String> {
+    let status = carrier.status.as_ref()?;
+    status.member_addresses.iter().find(|a| a.uid == uid).map(|a| a.ip.clone())
+}
+
+/// The member's [`Route`] on `carrier`, published at `own` when it has an address of its own;
+/// `None` while no server of it has an address.
+fn route(carrier: &Tunnel, own: Option<String>) -> Option<Route> {
+    let route = shared_route(carrier)?;
+    match own {
+        Some(ip) => Some(Route { published: vec![ip], ..route }),
+        None => Some(route),
+    }
+}
+
+fn shared_route(carrier: &Tunnel) -> Option<Route> {
     let status = carrier.status.clone().unwrap_or_default();
     let Some(pair) = carrier.spec.high_availability.as_ref() else {
         // The client dials the server's own address, as a Tunnel's own client does: a reserved

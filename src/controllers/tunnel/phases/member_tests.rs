@@ -1,4 +1,5 @@
-use super::route;
+use super::{own_address, route};
+use crate::crd::tunnel::MemberAddress;
 use crate::crd::tunnel::{
     HighAvailability, HighAvailabilityMode, HighAvailabilityStatus, ServerStatus, Tunnel, TunnelStatus,
 };
@@ -34,7 +35,7 @@ fn pair(active: Option<&str>) -> TunnelStatus {
 #[test]
 fn a_single_server_is_dialed_at_its_own_address_and_published_at_the_shared_one() {
     let plain = TunnelStatus { host_ip: Some("192.0.2.1".into()), ..Default::default() };
-    let single = route(&carrier(None, plain)).unwrap();
+    let single = route(&carrier(None, plain), None).unwrap();
     assert_eq!((single.dials, single.published), (vec![(None, "192.0.2.1".into())], vec!["192.0.2.1".into()]));
 
     let reserved = TunnelStatus {
@@ -42,18 +43,35 @@ fn a_single_server_is_dialed_at_its_own_address_and_published_at_the_shared_one(
         address_ip: Some("198.51.100.7".into()),
         ..Default::default()
     };
-    let kept = route(&carrier(None, reserved)).unwrap();
+    let kept = route(&carrier(None, reserved), None).unwrap();
     assert_eq!((kept.dials, kept.published), (vec![(None, "192.0.2.1".into())], vec!["198.51.100.7".into()]));
-    assert!(route(&carrier(None, TunnelStatus::default())).is_none(), "no server yet");
+    assert!(route(&carrier(None, TunnelStatus::default()), None).is_none(), "no server yet");
 }
 
 #[test]
 fn a_pair_gets_a_client_per_server_and_publishes_as_its_mode_says() {
-    let standby = route(&carrier(Some(HighAvailabilityMode::ActiveStandby), pair(Some("198.51.100.7")))).unwrap();
+    let standby = route(&carrier(Some(HighAvailabilityMode::ActiveStandby), pair(Some("198.51.100.7"))), None).unwrap();
     let dials = vec![(Some("a"), "192.0.2.1".to_string()), (Some("b"), "192.0.2.2".to_string())];
     assert_eq!((standby.dials.clone(), standby.published), (dials.clone(), vec!["198.51.100.7".to_string()]));
-    let both = route(&carrier(Some(HighAvailabilityMode::BothAddresses), pair(None))).unwrap();
+    let both = route(&carrier(Some(HighAvailabilityMode::BothAddresses), pair(None)), None).unwrap();
     assert_eq!((both.dials, both.published), (dials, vec!["192.0.2.1".to_string(), "192.0.2.2".to_string()]));
     // Before the reserved address is on a server, an ActiveStandby pair publishes nothing.
-    assert!(route(&carrier(Some(HighAvailabilityMode::ActiveStandby), pair(None))).is_none());
+    assert!(route(&carrier(Some(HighAvailabilityMode::ActiveStandby), pair(None)), None).is_none());
+}
+
+/// With an address each, a member dials the shared server's own address and is published at its
+/// own address alone: never the server's, nor another member's.
+#[test]
+fn a_per_service_member_is_published_at_its_own_address_only() {
+    let own = |uid: &str, ip: &str| MemberAddress { uid: uid.into(), id: ip.into(), ip: ip.into() };
+    let status = TunnelStatus {
+        host_ip: Some("192.0.2.1".into()),
+        member_addresses: vec![own("u1", "198.51.100.1"), own("u2", "198.51.100.2")],
+        ..Default::default()
+    };
+    let carrier = carrier(None, status);
+    assert_eq!(own_address(&carrier, "u2").as_deref(), Some("198.51.100.2"));
+    assert_eq!(own_address(&carrier, "u3"), None, "none reserved for it yet");
+    let r = route(&carrier, own_address(&carrier, "u2")).unwrap();
+    assert_eq!((r.dials, r.published), (vec![(None, "192.0.2.1".into())], vec!["198.51.100.2".into()]));
 }

@@ -94,6 +94,8 @@ pub fn kept_for(address: &Address, namespace: &str, cluster_id: &str, live: &Has
     tag(TAG_CLUSTER) == Some(cluster_id)
         && tag(TAG_TUNNEL_NAMESPACE) == Some(namespace)
         && tag(TAG_DELETION_POLICY) != Some("Retain")
+        // A pool member's address is its shared server's to release, never a successor's.
+        && tag(providers::hosts::TAG_POOL_MEMBER).is_none()
         && tag(TAG_TUNNEL_UID).is_some_and(|uid| !live.contains(uid))
 }
 
@@ -332,6 +334,9 @@ mod tests {
         assert!(!kept_for(&tagged("gone-uid", "b", "Delete"), "a", "c1", &live), "another namespace's");
         assert!(!kept_for(&tagged("gone-uid", "a", "Delete"), "a", "c2", &live), "another cluster's");
         assert!(!kept_for(&tagged("gone-uid", "a", "Retain"), "a", "c1", &live), "kept on purpose");
+        let mut member = tagged("gone-uid", "a", "Delete");
+        member.tags.insert(providers::hosts::TAG_POOL_MEMBER.into(), "member-uid".into());
+        assert!(!kept_for(&member, "a", "c1", &live), "a pool member's: its shared server releases it");
         let recorded: HashSet<String> = ["a-1".to_string()].into();
         let awaiting: HashSet<(String, String)> = [("a".to_string(), "web-tunnel".to_string())].into();
         assert!(taken_over(&tagged("gone-uid", "b", "Delete"), &recorded, &HashSet::new()), "by its id");

@@ -1,0 +1,96 @@
+//! Writes at the provider for the addresses a pool's shared server holds for its members under
+//! `addressing: PerService`: each reserved tagged with the shared server's owner tags (so the orphan
+//! sweep releases it once that Tunnel is gone) and the member's UID ([`TAG_POOL_MEMBER`]), found
+//! again by those tags before another is reserved, so a lost answer never becomes a second address.
+
+use kube::ResourceExt;
+use providers::hosts::{TAG_CLUSTER, TAG_DELETION_POLICY, TAG_POOL_MEMBER, TAG_TUNNEL_UID};
+use providers::{Address, AddressRequest, HostProvider};
+use tracing::{info, warn};
+
+use super::super::{Context, desired};
+use crate::crd::tunnel::Tunnel;
+use crate::error::{Error, Result};
+
+/// Member `member`'s address on `carrier`'s server: the one already tagged for it, else a new one.
+pub async fn reserve_for_member(
+    carrier: &Tunnel,
+    member: &str,
+    provider: &dyn HostProvider,
+    ctx: &Context,
+) -> Result<Address> {
+    let uid = carrier.uid().ok_or(Error::MissingObjectKey("uid"))?;
+    if let Some(found) = of_carrier(provider, &uid, ctx).await?.into_iter().find(|a| member_of(a) == Some(member)) {
+        return Ok(found);
+    }
+    let ns = carrier.namespace().ok_or(Error::MissingObjectKey("namespace"))?;
+    let mut tags = desired::tags(carrier, &ctx.cluster_id)?;
+    tags.insert(TAG_DELETION_POLICY.into(), "Delete".into());
+    tags.insert(TAG_POOL_MEMBER.into(), member.into());
+    let request = AddressRequest {
+        name: desired::host_name(&ns, &format!("{}-{}", carrier.name_any(), short(member))),
+        region: carrier.spec.region.clone(),
+        tags,
+        host_id: None,
+        movable: false,
+    };
+    let address = provider.reserve_address(&request).await?;
+    info!(address = %address.id, ip = %address.ip, member, "reserved a pool member's own address");
+    Ok(address)
+}
+
+/// Releases every member address of the shared server `carrier_uid` (it is being deleted, its
+/// servers are gone).
+pub async fn release_all(provider: &dyn HostProvider, carrier_uid: &str, ctx: &Context) -> Result<()> {
+    for address in of_carrier(provider, carrier_uid, ctx).await? {
+        release(provider, &address.id).await?;
+    }
+    Ok(())
+}
+
+/// Releases the address `id` that `carrier`'s status records for member `member`, if its tags
+/// prove it is: whoever may write the status of Tunnels could name any address there. One
+/// already gone, or not ours, is left as it is; either way the entry may go.
+pub async fn release_recorded(
+    carrier: &Tunnel,
+    (member, id): (&str, &str),
+    provider: &dyn HostProvider,
+    ctx: &Context,
+) -> Result<()> {
+    let Some(address) = provider.get_address(id).await? else { return Ok(()) };
+    let ours = address.tags.get(TAG_TUNNEL_UID).map(String::as_str) == carrier.uid().as_deref()
+        && address.tags.get(TAG_CLUSTER) == Some(&ctx.cluster_id)
+        && member_of(&address) == Some(member);
+    if !ours {
+        warn!(address = %id, member, "not releasing an address the status names: its tags are not this member's");
+        return Ok(());
+    }
+    release(provider, id).await
+}
+
+/// Releases one member address; one already gone is released.
+async fn release(provider: &dyn HostProvider, id: &str) -> Result<()> {
+    match provider.release_address(id).await {
+        Ok(()) | Err(providers::HostError::NotFound { .. }) => {
+            info!(address = %id, "released a pool member's address");
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The member addresses tagged for the shared server `carrier_uid` in this cluster.
+async fn of_carrier(provider: &dyn HostProvider, carrier_uid: &str, ctx: &Context) -> Result<Vec<Address>> {
+    let listed = provider.list_addresses_by_tag(TAG_TUNNEL_UID, carrier_uid).await?;
+    let ours = |a: &Address| a.tags.get(TAG_CLUSTER) == Some(&ctx.cluster_id) && member_of(a).is_some();
+    Ok(listed.into_iter().filter(ours).collect())
+}
+
+fn member_of(address: &Address) -> Option<&str> {
+    address.tags.get(TAG_POOL_MEMBER).map(String::as_str)
+}
+
+/// The first characters of a UID: enough to tell a pool's members apart in a provider's console.
+fn short(uid: &str) -> &str {
+    uid.get(..8).unwrap_or(uid)
+}

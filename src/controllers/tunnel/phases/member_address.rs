@@ -1,0 +1,98 @@
+//! The shared server's phase for a pool with `addressing: PerService`: an address of its own for
+//! each member it carries, which the member's services bind on the server. Each address is
+//! recorded in status (`memberAddresses`) the moment it is reserved, and released only once the
+//! server runs a configuration without it (or no server runs), so an address is never lost, never
+//! reserved twice, and never handed to anyone while the server still listens on it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+
+use super::super::act::member_address;
+use super::{Desired, Failure, Keys, Pass};
+use crate::controllers::pool::admit::Admission;
+use crate::crd::tunnel::MemberAddress;
+use crate::error::Result;
+
+/// The members carried without an address yet, by UID.
+fn missing(members: &BTreeMap<String, Admission>, recorded: &[MemberAddress]) -> Vec<String> {
+    let has: BTreeSet<&str> = recorded.iter().map(|a| a.uid.as_str()).collect();
+    carried(members).filter(|uid| !has.contains(uid)).map(str::to_string).collect()
+}
+
+/// The recorded addresses of members no longer carried.
+fn departed(members: &BTreeMap<String, Admission>, recorded: &[MemberAddress]) -> Vec<MemberAddress> {
+    let carried: BTreeSet<&str> = carried(members).collect();
+    recorded.iter().filter(|a| !carried.contains(a.uid.as_str())).cloned().collect()
+}
+
+/// Where each carried member's services bind: its recorded address.
+fn binds(members: &BTreeMap<String, Admission>, recorded: &[MemberAddress]) -> BTreeMap<String, Ipv4Addr> {
+    let carried: BTreeSet<&str> = carried(members).collect();
+    let parsed = recorded.iter().filter(|a| carried.contains(a.uid.as_str()));
+    parsed.filter_map(|a| Some((a.uid.clone(), a.ip.parse().ok()?))).collect()
+}
+
+fn carried(members: &BTreeMap<String, Admission>) -> impl Iterator<Item = &str> {
+    members.iter().filter(|(_, a)| matches!(a, Admission::Carried { .. })).map(|(uid, _)| uid.as_str())
+}
+
+impl Pass<'_> {
+    /// An address for every carried member that has none (found again by its tags, or reserved),
+    /// each recorded at once; where each carried member's services bind.
+    pub(super) async fn member_addresses(&mut self, want: &Desired) -> Result<BTreeMap<String, Ipv4Addr>, Failure> {
+        for uid in missing(&want.pool.members, &self.status().member_addresses) {
+            let address =
+                member_address::reserve_for_member(self.tunnel, &uid, want.provider.as_ref(), self.ctx).await?;
+            let entry = MemberAddress { uid, id: address.id, ip: address.ip };
+            self.record(|s| s.member_addresses.push(entry)).await?;
+        }
+        Ok(binds(&want.pool.members, &self.status().member_addresses))
+    }
+
+    /// Releases the addresses of members that left, once the server runs the configuration
+    /// without them (`keys.digest` is what it runs), or no server runs at all.
+    pub(super) async fn release_departed(&mut self, want: &Desired, keys: &Keys) -> Result<(), Failure> {
+        let status = self.status();
+        let unbound = status.host_id.is_none() || status.credentials_digest.as_deref() == Some(keys.digest.as_str());
+        if !unbound {
+            return Ok(());
+        }
+        for gone in departed(&want.pool.members, &status.member_addresses.clone()) {
+            let (provider, member) = (want.provider.as_ref(), (gone.uid.as_str(), gone.id.as_str()));
+            member_address::release_recorded(self.tunnel, member, provider, self.ctx).await?;
+            self.record(|s| s.member_addresses.retain(|a| a.id != gone.id)).await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::tunnel::TunnelPort;
+
+    fn members() -> BTreeMap<String, Admission> {
+        let carried = |port| Admission::Carried {
+            ports: vec![TunnelPort { port, protocol: "TCP".into(), proxy_protocol: None }],
+            health_port: 40000,
+            refused: None,
+        };
+        let refused = Admission::Refused(crate::controllers::pool::admit::Refusal::NamespaceNotAllowed);
+        BTreeMap::from([("u1".into(), carried(80)), ("u2".into(), carried(80)), ("u3".into(), refused)])
+    }
+
+    fn address(uid: &str, ip: &str) -> MemberAddress {
+        MemberAddress { uid: uid.into(), id: format!("id-{uid}"), ip: ip.into() }
+    }
+
+    #[test]
+    fn each_carried_member_gets_one_address_and_a_departed_ones_is_released() {
+        let recorded = [address("u1", "10.204.0.9"), address("gone", "10.204.0.8"), address("u3", "10.204.0.7")];
+        assert_eq!(missing(&members(), &recorded), ["u2"], "u1 has one; u3 is not carried");
+        let released: Vec<String> = departed(&members(), &recorded).into_iter().map(|a| a.uid).collect();
+        assert_eq!(released, ["gone", "u3"], "refused now: its address goes too");
+        assert_eq!(binds(&members(), &recorded), BTreeMap::from([("u1".into(), "10.204.0.9".parse().unwrap())]));
+        // A recorded address that is not IPv4 binds nothing: the member stays off the server.
+        assert!(binds(&members(), &[address("u1", "garbage")]).is_empty());
+    }
+}
