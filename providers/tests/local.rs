@@ -186,6 +186,18 @@ async fn an_address_someone_else_listens_on_is_skipped() {
     let err = p.create(&request).await.unwrap_err();
     assert!(matches!(err, providers::HostError::Quota { provider: "local", .. }), "{err}");
     p.delete(&host.id).await.unwrap();
+    // A reserved address skips it too: a server forwarding it could never bind the ports that
+    // other server holds there.
+    let reservation = providers::hosts::AddressRequest {
+        name: "skyport-busy".into(),
+        region: None,
+        tags: request.tags.clone(),
+        host_id: None,
+        movable: true,
+    };
+    let address = p.reserve_address(&reservation).await.unwrap();
+    assert_eq!(address.ip, "127.77.250.2");
+    p.release_address(&address.id).await.unwrap();
     drop(busy);
 }
 

@@ -128,3 +128,43 @@ async fn the_reserved_address_moves_between_running_servers_and_off_a_dead_one()
         let _ = std::fs::remove_file(config);
     }
 }
+
+/// A port of the reserved address held by some other program: the server cannot listen there,
+/// and the move's error says so (it ends up in the Tunnel's condition), not "see the log".
+#[tokio::test]
+#[ignore = "needs the test environment: tests/env.sh up"]
+async fn a_move_onto_a_port_held_elsewhere_names_the_cause() {
+    let (p, _dir) = provider("held");
+    let keys = NoiseKeypair::generate();
+    let port = 18092;
+    let uid = contract::fresh_uid();
+    let mut request = contract::request("skyport-held", &uid);
+    let movable = AddressRequest {
+        name: "skyport-held".into(),
+        region: None,
+        tags: request.tags.clone(),
+        host_id: None,
+        movable: true,
+    };
+    let address = p.reserve_address(&movable).await.unwrap();
+    request.server = ExitServer {
+        control_port: 2333,
+        noise_private_key: keys.private_key.clone(),
+        services: vec![tcp_service(port)],
+    };
+    request.tags.insert(TAG_TUNNEL_SLOT.into(), "a".into());
+    let host = p.create(&request).await.unwrap();
+    // Without SO_REUSEPORT: nobody else may join it on that port.
+    let holder = std::net::TcpListener::bind((address.ip.as_str(), port)).unwrap();
+
+    let refused = p.assign_address(&address.id, &host.id).await.unwrap_err().to_string();
+    assert!(refused.contains("cannot forward"), "{refused}");
+    assert!(refused.contains(&format!("{}:{port}", address.ip)), "names the port: {refused}");
+    assert!(refused.to_lowercase().contains("in use"), "names the OS's reason: {refused}");
+
+    // Once the port is free the move succeeds.
+    drop(holder);
+    p.assign_address(&address.id, &host.id).await.unwrap();
+    p.delete(&host.id).await.unwrap();
+    p.release_address(&address.id).await.unwrap();
+}

@@ -33,8 +33,11 @@ impl Booked for LocalProvider {
     /// Movable or not, the same kind: any loopback address can be forwarded by any server.
     async fn record_free(&self, request: &AddressRequest) -> Result<Address, HostError> {
         let _guard = self.lock.lock().await;
-        // Port 0 always binds, so only addresses of hosts and other reservations are skipped.
-        let ip = self.allocate(&self.taken()?, 0)?;
+        // Skips this book's hosts and reservations, and an address whose control port listens:
+        // another state directory's server (a leaked one, say) whose own address it is, which
+        // binds its service ports there without sharing them, so a server forwarding this
+        // address could never listen on them. Only the default control port is known here.
+        let ip = self.allocate(&self.taken()?, crate::exit::userdata::DEFAULT_CONTROL_PORT)?;
         self.book().record(ip, &request.tags)
     }
 
@@ -105,7 +108,10 @@ impl LocalProvider {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
         write_replacing(&file, &Forward::next(&file, None).map_err(unavailable)?.render())?;
-        let why = malformed.map_or_else(|| "its server.log says why".to_string(), |e| format!("last read: {e}"));
+        let why = match malformed {
+            Some(e) => format!("last read: {e}"),
+            None => refusal(&self.host_dir(id)).unwrap_or_else(|| "its server.log says why".to_string()),
+        };
         Err(unavailable(format!(
             "exit server {id} did not listen on {ip} within {}s ({why})",
             super::FORWARD_TIMEOUT.as_secs()
@@ -117,6 +123,18 @@ impl LocalProvider {
         write_replacing(&self.host_dir(&record.id).join("host.json"), &String::from_utf8_lossy(&json))
     }
 }
+
+/// The server's last word on why it cannot listen on a forwarded address (a port someone else
+/// holds, say), from its log: the provider's error then names the cause where the Tunnel's
+/// condition shows it. Those lines name an address, a port and an OS error, never a secret.
+fn refusal(host_dir: &Path) -> Option<String> {
+    let log = std::fs::read_to_string(host_dir.join("server.log")).ok()?;
+    let line = log.lines().rev().find(|l| l.contains(FORWARD_REFUSED))?;
+    Some(line[line.find(FORWARD_REFUSED)?..].trim().to_string())
+}
+
+/// How the server's log begins the line saying a forwarded port did not bind.
+const FORWARD_REFUSED: &str = "cannot forward";
 
 /// Replaces `path` through a rename: its reader never sees half a file.
 fn write_replacing(path: &Path, text: &str) -> Result<(), HostError> {
