@@ -155,6 +155,9 @@ async fn watches_resume_and_leadership_passes_cleanly_when_the_api_server_goes_a
         deleted.len(),
         live.len()
     );
+    if leaks > 0 {
+        story_of_leaks(&sqs, &queues, &ns.name, &runs).await;
+    }
     assert_eq!((leaks, duplicates, stuck, overlaps, panics), (0, 0, 0, 0, 0));
     assert!(step_downs as u64 >= rounds, "a leader that cannot renew for longer than its lease must exit");
 
@@ -207,6 +210,37 @@ async fn work(queues: Api<Queue>, stop: Arc<AtomicBool>) -> (BTreeSet<String>, B
         tokio::time::sleep(pause).await;
     }
     (live, deleted, next)
+}
+
+/// Prints, for each leaked queue, every log line of every process that names it, in time order
+/// with the process's index: which leader created it, and when, against when its Queue went.
+async fn story_of_leaks(sqs: &aws_sdk_sqs::Client, queues: &Api<Queue>, ns: &str, runs: &[Run]) {
+    let live: BTreeSet<String> = queues
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|q| q.metadata.uid)
+        .collect();
+    let owners = common::private_env::queues_by_owner(sqs, ns).await;
+    for url in owners.iter().filter(|(uid, _)| !live.contains(*uid)).flat_map(|(_, urls)| urls) {
+        let name = url.rsplit('/').next().unwrap_or_default();
+        // The queue's URL, or the span of its Queue (named after the part past `<ns>_`).
+        let span = format!("\"name\":\"{}\"", name.strip_prefix(&format!("{ns}_")).unwrap_or(name));
+        let mut lines: Vec<(String, usize, String)> = runs
+            .iter()
+            .enumerate()
+            .flat_map(|(i, (_, logs))| logs.iter().map(move |l| (i, l)))
+            .filter(|(_, l)| l.to_string().contains(name) || l.to_string().contains(&span))
+            .map(|(i, l)| (l["timestamp"].as_str().unwrap_or_default().to_string(), i, l.to_string()))
+            .collect();
+        lines.sort();
+        println!("leaked {url}: {} log lines name it", lines.len());
+        for (_, process, line) in lines {
+            println!("  process {process}: {}", line.chars().take(400).collect::<String>());
+        }
+    }
 }
 
 async fn until_ok<F: Future<Output = bool>>(mut f: impl FnMut() -> F) {
