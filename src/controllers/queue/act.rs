@@ -60,7 +60,9 @@ pub async fn apply(
     for step in steps {
         match step {
             Step::Create { name, attributes, tags } => {
-                url = match sqs.create_queue(&name, &attributes, &tags).await {
+                let made = sqs.create_queue(&name, &attributes, &tags).await;
+                ctx.unsettled.created(queue.uid().as_deref().unwrap_or_default(), &made);
+                url = match made {
                     Ok(url) => url,
                     Err(QueueError::AlreadyExists(_)) => return Ok(Applied::NotOurs),
                     Err(QueueError::DeletedRecently(_)) => {

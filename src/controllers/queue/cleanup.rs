@@ -1,6 +1,8 @@
 //! Deleting a Queue: the SQS queue goes too (unless kept, see [`deletion_policy`]), then the
 //! finalizer.
 
+use std::time::Duration;
+
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
@@ -31,7 +33,12 @@ pub async fn cleanup(queue: &Queue, api: &Api<Queue>, ctx: &Context) -> Result<A
     }
     let url = queue.status.as_ref().and_then(|s| s.queue_url.clone()).unwrap_or_default();
     match deletion_policy(queue) {
-        DeletionPolicy::Delete => delete(queue, ctx, &url).await?,
+        DeletionPolicy::Delete => {
+            if let Some(left) = delete(queue, ctx, &url).await? {
+                info!(?left, "no SQS queue found, but a create of unknown outcome may still make one: looking again");
+                return Ok(Action::requeue(left));
+            }
+        }
         DeletionPolicy::Retain => retained(queue, ctx, &url).await,
     }
     ctx.api_writes.inc();
@@ -42,6 +49,7 @@ pub async fn cleanup(queue: &Queue, api: &Api<Queue>, ctx: &Context) -> Result<A
     if let Some(uid) = queue.uid() {
         ctx.verified.forget(&uid);
         ctx.redrives.forget(&uid);
+        ctx.unsettled.forget(&uid);
     }
     // Queues sending their dead letters here prove their redrive again now (its target may be
     // gone), not at the next owner-tag cadence: a proof made before this deletion is void.
@@ -55,18 +63,21 @@ pub async fn cleanup(queue: &Queue, api: &Api<Queue>, ctx: &Context) -> Result<A
 }
 
 /// Deletes the queue whose owner tag names `queue`, looked for through what its AwsAccount names
-/// now (`url`: the one status records, for the Event when nothing is deleted).
-async fn delete(queue: &Queue, ctx: &Context, url: &str) -> Result<()> {
+/// now (`url`: the one status records, for the Event when nothing is deleted). `Some(wait)`: none
+/// found while a create of unknown outcome may still make one ([`super::unsettled`]); look again
+/// after `wait`.
+async fn delete(queue: &Queue, ctx: &Context, url: &str) -> Result<Option<Duration>> {
     let sqs = match ctx.accounts.for_cleanup(queue, &ctx.sqs).await {
         Ok(sqs) => sqs,
         Err(why) => {
             info!(why, "SQS queue not looked for: no AwsAccount this namespace may use");
             let note = format!("no SQS queue deleted: {why}; a queue created before, if any, is left where it is");
             ctx.publish(queue, Reason::NotDeleted, note).await;
-            return Ok(());
+            return Ok(None);
         }
     };
     let owned = observe::owned_queue(queue, sqs.as_ref()).await;
+    let unsettled = || ctx.unsettled.wait(queue.uid().as_deref().unwrap_or_default());
     match super::account_use::unless_never_trusted(queue, owned, ctx).await? {
         // Adopted, by the marker on the queue, though status never said so (the status write
         // after the adoption was lost): kept unless deletionPolicy says Delete.
@@ -76,14 +87,19 @@ async fn delete(queue: &Queue, ctx: &Context, url: &str) -> Result<()> {
             info!(url, "deleted SQS queue");
             ctx.publish(queue, Reason::Deleted, format!("deleted SQS queue {url}")).await;
         }
-        None if !url.is_empty() => {
+        None => {
+            if let Some(wait) = unsettled() {
+                return Ok(Some(wait));
+            }
+            if url.is_empty() {
+                return Ok(None);
+            }
             info!(url, "SQS queue not deleted: it is gone or its owner tag names someone else");
             let note = format!("SQS queue {url} left alone: it no longer exists or belongs to someone else");
             ctx.publish(queue, Reason::NotOwned, note).await;
         }
-        None => {}
     }
-    Ok(())
+    Ok(None)
 }
 
 async fn retained(queue: &Queue, ctx: &Context, url: &str) {

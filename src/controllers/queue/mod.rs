@@ -39,6 +39,7 @@ pub mod status;
 pub mod tenancy;
 #[cfg(test)]
 mod tests;
+pub mod unsettled;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -92,6 +93,8 @@ pub struct State {
     pub secrets: crate::controllers::memory::OwnWrites<secret_exports::Written>,
     /// Per Queue: the queue its owner tag last proved ours, when, and at which generation.
     verified: observe::Proofs,
+    /// Per Queue: a CreateQueue whose outcome is unknown, which its cleanup waits out.
+    pub unsettled: unsettled::Unsettled,
     /// Per Queue: the dead-letter target its owner tags last proved this namespace's, and when.
     redrives: dead_letter::Proven,
     /// When each converged Queue is checked again (its periodic resync).
@@ -181,6 +184,7 @@ pub fn controller(
         refs,
         secrets,
         verified: Default::default(),
+        unsettled: Default::default(),
         redrives: Default::default(),
         resyncs: resyncs.clone(),
         pacing: Default::default(),

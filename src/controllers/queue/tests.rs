@@ -62,6 +62,7 @@ fn harness_with(sqs: FakeSqs) -> Harness {
         usage: account_use::Usage::new().0,
         secrets: Default::default(),
         verified: Default::default(),
+        unsettled: Default::default(),
         redrives: Default::default(),
         resyncs: Default::default(),
         pacing: Default::default(),

@@ -68,3 +68,29 @@ async fn a_queue_the_api_server_has_live_gets_its_sqs_queue_again() {
     assert!(created && writes > 0, "recreated and recorded");
     assert_eq!(h.api.event_reasons(), ["Created", "Recreated"]);
 }
+
+/// A CreateQueue that timed out may still be carried out by SQS. The Queue deleted meanwhile:
+/// its cleanup finds no queue yet and keeps the finalizer, looking again once such a late create
+/// would have landed; the queue it made then is found by its owner tag and deleted.
+#[tokio::test]
+async fn a_create_without_an_answer_keeps_the_cleanup_looking_until_a_late_create_would_have_landed() {
+    use crate::controllers::queue::desired::TAG_OWNER_UID;
+    let h = harness();
+    h.sqs.fail_next("create_queue", QueueError::Unavailable("operation timed out".into()));
+    h.reconcile(h.put(&queue(QueueSpec::default()))).await.unwrap_err();
+    let mut deleting = h.current();
+    deleting.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()));
+    let deleting = h.put(&deleting);
+    let action = h.reconcile(deleting.clone()).await.unwrap();
+    let wait = requeue_secs(&action);
+    assert!(wait > 40.0 && wait <= 45.0, "{action:?}");
+    assert_eq!(h.current().metadata.finalizers, Some(vec![FINALIZER.to_string()]), "the finalizer stays");
+
+    // The abandoned create lands.
+    let name = desired::queue_name("ns", "orders", &deleting.spec, None);
+    h.sqs.insert(&name, [(TAG_OWNER_UID.to_string(), "uid-1".to_string())].into());
+    h.reconcile(Arc::new(h.current())).await.unwrap();
+    assert!(!h.sqs.exists(&name), "deleted by its owner tag");
+    assert_eq!(h.current().metadata.finalizers, Some(vec![]));
+}
