@@ -267,6 +267,16 @@ fn remove_earlier_installs(node: &node::Node) {
     for ns in app_namespaces {
         node.attempt("kubectl", &["-n", ns, "delete", "services,queues", "--all", "--timeout=60s"]);
     }
+    // A Service of skyport's class that a failed test left in its namespace: the operator
+    // installed next watches every namespace, would serve it, and its client Pod would share the
+    // clients' namespace these tests watch.
+    let columns = "custom-columns=NS:.metadata.namespace,NAME:.metadata.name,CLASS:.spec.loadBalancerClass";
+    let services = node.kubectl(&["get", "services", "-A", "-o", columns, "--no-headers"], None);
+    for line in services.lines() {
+        if let [ns, name, "skyport.dev/tunnel"] = line.split_whitespace().collect::<Vec<_>>()[..] {
+            node.attempt("kubectl", &["-n", ns, "delete", "service", name, "--wait=false"]);
+        }
+    }
     node.attempt(&helm(), &["uninstall", "skyport", "--namespace", NS, "--wait"]);
     // On a fresh cluster the CRDs are not there yet (the install brings them), so nothing is left;
     // after a run cut short one CRD may be gone while another waits for its objects' finalizers.
@@ -274,15 +284,19 @@ fn remove_earlier_installs(node: &node::Node) {
         if !node.attempt("kubectl", &["get", "crd", &format!("{kind}.skyport.dev")]) {
             continue;
         }
-        // A pool's shared server is a Tunnel in the operator's own namespace.
-        for ns in app_namespaces.iter().chain([&NS]) {
-            let left = node.kubectl(&["-n", ns, "get", kind, "-o", "name", "--ignore-not-found"], None);
-            for object in left.lines() {
-                node.attempt(
-                    "kubectl",
-                    &["-n", ns, "patch", object, "--type=merge", "-p", r#"{"metadata":{"finalizers":null}}"#],
-                );
-            }
+        // In every namespace, not only these tests' own: the install tests have the node to
+        // themselves (NODE_CLUSTER's write lock), so no test's operator runs now, and an object
+        // still holding skyport's finalizer is one whose operator is gone. Left alone it keeps the
+        // CRD Terminating after `delete -k`, and the install then meets it so. Its exit servers,
+        // if any, are tests/env/leaked-servers.sh's to name.
+        let columns = "custom-columns=NS:.metadata.namespace,NAME:.metadata.name";
+        let left = node.kubectl(&["get", kind, "-A", "-o", columns, "--no-headers", "--ignore-not-found"], None);
+        for (ns, name) in left.lines().filter_map(|l| l.split_once(char::is_whitespace)) {
+            let object = format!("{kind}/{}", name.trim());
+            node.attempt(
+                "kubectl",
+                &["-n", ns, "patch", &object, "--type=merge", "-p", r#"{"metadata":{"finalizers":null}}"#],
+            );
         }
     }
     // The kustomize base names every object a kustomize install made (its overlay adds only the
