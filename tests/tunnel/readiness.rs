@@ -110,7 +110,9 @@ async fn a_tunnel_whose_client_stops_is_no_longer_ready_and_its_address_is_withd
     let client = running_client(&ns).await;
     let pods: Api<Pod> = ns.api();
     pods.delete(&client.name_any(), &DeleteParams::default().grace_period(0)).await.expect("delete the client Pod");
-    eventually("Ready=False WaitingForTunnel", Duration::from_secs(30), || async {
+    // Not a timing bound (the benchmarks measure that): on two cores busy with the whole suite
+    // the kubelet may take a while to stop the container, and the checks pass until it has.
+    eventually("Ready=False WaitingForTunnel", ACTIVE, || async {
         let t = tunnels.get("web-tunnel").await.ok()?;
         let (status, reason, _) = ready(&t)?;
         (status == ConditionStatus::False && reason == "WaitingForTunnel").then_some(())
