@@ -4,53 +4,46 @@
 //! leave a queue nobody owns. So the cleanup of a Queue with such a call waits [`SETTLE`] after
 //! it before it concludes that nothing was made, and looks again then.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use providers::QueueError;
+
+use crate::controllers::memory::OwnWrites;
 
 /// How long after a CreateQueue of unknown outcome SQS may still carry it out: more than twice the
 /// SDK's whole-call timeout (`SqsSettings::operation_timeout`, 20 s, retries included), during
 /// which an abandoned attempt is at most waiting in a server's queue.
 pub const SETTLE: Duration = Duration::from_secs(45);
 
-/// Per Queue UID: when its last CreateQueue of unknown outcome ended.
-#[derive(Default)]
-pub struct Unsettled(Mutex<HashMap<String, Instant>>);
+/// Per Queue UID: when its last CreateQueue of unknown outcome ended (the memory's own age).
+pub struct Unsettled(OwnWrites<()>);
+
+impl Default for Unsettled {
+    fn default() -> Self {
+        Unsettled(OwnWrites::expiring(SETTLE))
+    }
+}
 
 impl Unsettled {
     /// Notes how Queue `uid`'s CreateQueue ended: a timeout, a lost connection or a server error
     /// leave it unknown whether SQS made the queue; any answer settles it.
     pub fn created<T>(&self, uid: &str, result: &Result<T, QueueError>) {
-        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
         match result {
-            Err(QueueError::Unavailable(_) | QueueError::Other { .. }) => {
-                map.insert(uid.to_string(), Instant::now());
-            }
-            _ => {
-                map.remove(uid);
-            }
+            Err(QueueError::Unavailable(_) | QueueError::Other { .. }) => self.0.record(uid, ()),
+            _ => self.0.forget(uid),
         }
     }
 
     /// How long Queue `uid`'s cleanup still waits for a create of unknown outcome; `None` when
     /// there is none (any longer).
     pub fn wait(&self, uid: &str) -> Option<Duration> {
-        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let left = map.get(uid).map(|at| SETTLE.saturating_sub(at.elapsed()));
-        match left {
-            Some(left) if !left.is_zero() => Some(left),
-            _ => {
-                map.remove(uid);
-                None
-            }
-        }
+        let (_, age) = self.0.get(uid, |_, age| age < SETTLE)?;
+        Some(SETTLE - age)
     }
 
     /// Forgets Queue `uid` (its cleanup is done).
     pub fn forget(&self, uid: &str) {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(uid);
+        self.0.forget(uid);
     }
 }
 
