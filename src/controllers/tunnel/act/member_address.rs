@@ -20,7 +20,8 @@ pub async fn reserve_for_member(
     ctx: &Context,
 ) -> Result<Address> {
     let uid = carrier.uid().ok_or(Error::MissingObjectKey("uid"))?;
-    if let Some(found) = of_carrier(provider, &uid, ctx).await?.into_iter().find(|a| member_of(a) == Some(member)) {
+    let mine = |a: &Address| member_of(a, &uid, ctx) == Some(member);
+    if let Some(found) = of_carrier(provider, &uid, ctx).await?.into_iter().find(mine) {
         return Ok(found);
     }
     let ns = carrier.namespace().ok_or(Error::MissingObjectKey("namespace"))?;
@@ -58,10 +59,8 @@ pub async fn release_recorded(
     ctx: &Context,
 ) -> Result<()> {
     let Some(address) = provider.get_address(id).await? else { return Ok(()) };
-    let ours = address.tags.get(TAG_TUNNEL_UID).map(String::as_str) == carrier.uid().as_deref()
-        && address.tags.get(TAG_CLUSTER) == Some(&ctx.cluster_id)
-        && member_of(&address) == Some(member);
-    if !ours {
+    let carrier_uid = carrier.uid().unwrap_or_default();
+    if member_of(&address, &carrier_uid, ctx) != Some(member) {
         warn!(address = %id, member, "not releasing an address the status names: its tags are not this member's");
         return Ok(());
     }
@@ -82,12 +81,15 @@ async fn release(provider: &dyn HostProvider, id: &str) -> Result<()> {
 /// The member addresses tagged for the shared server `carrier_uid` in this cluster.
 async fn of_carrier(provider: &dyn HostProvider, carrier_uid: &str, ctx: &Context) -> Result<Vec<Address>> {
     let listed = provider.list_addresses_by_tag(TAG_TUNNEL_UID, carrier_uid).await?;
-    let ours = |a: &Address| a.tags.get(TAG_CLUSTER) == Some(&ctx.cluster_id) && member_of(a).is_some();
-    Ok(listed.into_iter().filter(ours).collect())
+    Ok(listed.into_iter().filter(|a| member_of(a, carrier_uid, ctx).is_some()).collect())
 }
 
-fn member_of(address: &Address) -> Option<&str> {
-    address.tags.get(TAG_POOL_MEMBER).map(String::as_str)
+/// The member (its UID) an address is tagged for, if its tags say it is a member address of the
+/// shared server `carrier_uid` in this cluster: the one proof of ownership every write here needs.
+fn member_of<'a>(address: &'a Address, carrier_uid: &str, ctx: &Context) -> Option<&'a str> {
+    let tag = |k: &str| address.tags.get(k).map(String::as_str);
+    let ours = tag(TAG_TUNNEL_UID) == Some(carrier_uid) && tag(TAG_CLUSTER) == Some(ctx.cluster_id.as_str());
+    tag(TAG_POOL_MEMBER).filter(|_| ours)
 }
 
 /// The first characters of a UID: enough to tell a pool's members apart in a provider's console.
