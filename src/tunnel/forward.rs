@@ -27,7 +27,7 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::{info, warn};
 
-pub use providers::local::forward_file::{Forward, bound_file};
+pub use providers::local::forward_file::{FORWARD_REFUSED, Forward, bound_file};
 
 use super::front::Layout;
 
@@ -93,7 +93,7 @@ pub fn spawn(forward_file: PathBuf, layout: watch::Receiver<Layout>) {
                         running.insert(relay, task);
                     }
                     Err(e) if failing.insert(relay) => {
-                        warn!(listen = %relay.listen, udp = relay.udp, "cannot forward: {e}")
+                        warn!(listen = %relay.listen, udp = relay.udp, "{FORWARD_REFUSED}: {e}")
                     }
                     Err(_) => {}
                 }

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use async_trait::async_trait;
 
-use super::forward_file::{FORWARD_FILE, Forward, bound_file};
+use super::forward_file::{FORWARD_FILE, FORWARD_REFUSED, Forward, bound_file};
 use super::{LocalProvider, unavailable};
 use crate::error::HostError;
 use crate::hosts::{Address, AddressRequest};
@@ -132,9 +132,6 @@ fn refusal(host_dir: &Path) -> Option<String> {
     let line = log.lines().rev().find(|l| l.contains(FORWARD_REFUSED))?;
     Some(line[line.find(FORWARD_REFUSED)?..].trim().to_string())
 }
-
-/// How the server's log begins the line saying a forwarded port did not bind.
-const FORWARD_REFUSED: &str = "cannot forward";
 
 /// Replaces `path` through a rename: its reader never sees half a file.
 fn write_replacing(path: &Path, text: &str) -> Result<(), HostError> {

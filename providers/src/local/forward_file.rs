@@ -11,6 +11,10 @@ use std::path::{Path, PathBuf};
 /// In a host's folder: the reserved address its server forwards to its own listeners, if any.
 pub const FORWARD_FILE: &str = "forward";
 
+/// How the server's log line saying a port of the forwarded address did not bind begins: the
+/// server writes it, the provider quotes it when a move is not acknowledged.
+pub const FORWARD_REFUSED: &str = "cannot forward";
+
 /// Where `skyport tunnel server` acknowledges the forward file `file`: `forward.bound` beside
 /// `forward`, repeating the request once it listens on every port of its address.
 pub fn bound_file(file: &Path) -> PathBuf {
