@@ -77,7 +77,6 @@ async fn delete(queue: &Queue, ctx: &Context, url: &str) -> Result<Option<Durati
         }
     };
     let owned = observe::owned_queue(queue, sqs.as_ref()).await;
-    let unsettled = || ctx.unsettled.wait(queue.uid().as_deref().unwrap_or_default());
     match super::account_use::unless_never_trusted(queue, owned, ctx).await? {
         // Adopted, by the marker on the queue, though status never said so (the status write
         // after the adoption was lost): kept unless deletionPolicy says Delete.
@@ -88,7 +87,7 @@ async fn delete(queue: &Queue, ctx: &Context, url: &str) -> Result<Option<Durati
             ctx.publish(queue, Reason::Deleted, format!("deleted SQS queue {url}")).await;
         }
         None => {
-            if let Some(wait) = unsettled() {
+            if let Some(wait) = ctx.unsettled.wait(queue.uid().as_deref().unwrap_or_default()) {
                 return Ok(Some(wait));
             }
             if url.is_empty() {
