@@ -43,7 +43,8 @@ pub use machine::{HOST_ALIAS, Machine};
 use crate::error::HostError;
 use crate::host_files::HostFiles;
 use crate::hosts::{
-    AddressBinding, Capabilities, Host, HostProvider, HostRequest, HostState, MovedAddress, Spread, TAG_TUNNEL_SLOT,
+    AddressBinding, Capabilities, Host, HostProvider, HostRequest, HostState, MovedAddress, PoolAddresses, Spread,
+    TAG_TUNNEL_SLOT,
 };
 use crate::limiter::Limiter;
 use crate::reservations::Booked;
@@ -303,6 +304,7 @@ impl HostProvider for GuestProvider {
             address_binding: AddressBinding::AtCreate,
             moves_addresses: true,
             moved_address: MovedAddress::OnInterface,
+            pool_addresses: PoolAddresses::Assigned,
             spread: Spread::No("both guests run on the operator's machine (guest provider)"),
             ..Capabilities::default()
         }

@@ -39,7 +39,7 @@ use serde_json::json;
 use crate::error::HostError;
 use crate::hosts::{
     Address, AddressBinding, AddressRequest, Capabilities, Host, HostProvider, HostRequest, HostState, MovedAddress,
-    Spread, TAG_TUNNEL_UID, TagSyntax, fnv1a32,
+    PoolAddresses, Spread, TAG_TUNNEL_UID, TagSyntax, fnv1a32,
 };
 use crate::limiter::Limiter;
 use crate::rest::{ApiToken, Budget, RefillModel, RestClient, RestSettings};
@@ -327,6 +327,7 @@ impl HostProvider for HetznerProvider {
             address_binding: AddressBinding::AtCreate,
             moves_addresses: true,
             moved_address: MovedAddress::OnInterface,
+            pool_addresses: PoolAddresses::Assigned,
             spread: Spread::Group,
             ..Capabilities::default()
         }

@@ -150,6 +150,11 @@ pub enum PoolAddresses {
     /// Each reserved address reaches the host as it is, and the member's services bind it: the
     /// local provider's addresses are local to its machine.
     Bound,
+    /// Each is a movable reserved address ([`crate::AddressRequest::movable`]) assigned to the
+    /// host ([`super::HostProvider::assign_address`]), which reaches it unchanged; the host puts
+    /// the addresses its config binds on its interface (`skyport tunnel addresses`, run as root
+    /// after each config push): Hetzner floating IPs, the guest provider's routed addresses.
+    Assigned,
 }
 
 impl PoolAddresses {
@@ -158,10 +163,15 @@ impl PoolAddresses {
         !matches!(self, PoolAddresses::One(_))
     }
 
+    /// Whether a member's address is reserved movable and assigned to the server holding it.
+    pub fn assigned(self) -> bool {
+        matches!(self, PoolAddresses::Assigned)
+    }
+
     /// Whether a pool on provider `provider` may give each member an address of its own; why not.
     pub fn per_service(self, provider: &str) -> Result<(), String> {
         match self {
-            PoolAddresses::Bound => Ok(()),
+            PoolAddresses::Bound | PoolAddresses::Assigned => Ok(()),
             PoolAddresses::One(why) => Err(format!(
                 "provider {provider} gives a pool's shared server one public address ({why}); use addressing: Shared there"
             )),

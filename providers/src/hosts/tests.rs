@@ -65,6 +65,8 @@ fn long_values_are_shortened_deterministically_and_stay_valid() {
 #[test]
 fn a_provider_with_one_address_per_server_says_why_a_pool_cannot_have_one_per_service() {
     assert_eq!(PoolAddresses::Bound.per_service("local"), Ok(()));
+    assert_eq!(PoolAddresses::Assigned.per_service("hetzner"), Ok(()));
+    assert!(PoolAddresses::Assigned.assigned() && !PoolAddresses::Bound.assigned());
     let why = PoolAddresses::One("a Droplet takes one reserved IP at a time").per_service("digitalocean").unwrap_err();
     assert!(why.contains("digitalocean") && why.contains("one reserved IP") && why.contains("addressing: Shared"));
     assert!(!Capabilities::default().pool_addresses.several(), "none unless a provider says so");

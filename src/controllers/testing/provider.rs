@@ -338,8 +338,12 @@ impl HostProvider for FakeProvider {
             moves_addresses: h.floating || h.binding() != AddressBinding::AtCreate,
             moved_address,
             host_enforces_source_ranges: h.enforce_ranges,
-            // Its addresses are strings in memory: any number goes onto a host.
-            pool_addresses: providers::hosts::PoolAddresses::Bound,
+            // Its addresses are strings in memory: any number goes onto a host; as Hetzner's
+            // floating IPs, assigned to it, when it floats them.
+            pool_addresses: match h.floating {
+                true => providers::hosts::PoolAddresses::Assigned,
+                false => providers::hosts::PoolAddresses::Bound,
+            },
             spread: if h.zones { Spread::Zones } else { Spread::No("all fake hosts share one machine") },
         }
     }

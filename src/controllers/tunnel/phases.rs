@@ -223,6 +223,7 @@ impl<'a> Pass<'a> {
 
     async fn phases(&mut self) -> Result<Action, Failure> {
         let mut desired = self.desired()?;
+        let mut proven = Vec::new();
         if desired.service.is_none() {
             let allowed = |a: &Admission| !matches!(a, Admission::Refused(pool::admit::Refusal::NamespaceNotAllowed));
             if !desired.pool.members.values().any(allowed) {
@@ -239,7 +240,8 @@ impl<'a> Pass<'a> {
             self.record(|s| s.pool_members = members).await?;
             member::wake(self.ctx, &changed);
             if desired.pool.binds.is_some() {
-                desired.pool.binds = Some(self.member_addresses(&desired).await?);
+                let (binds, listed) = self.member_addresses(&desired).await?;
+                (desired.pool.binds, proven) = (Some(binds), listed);
             }
         }
         let keys = self.credentials(&desired).await?;
@@ -252,6 +254,7 @@ impl<'a> Pass<'a> {
             Policy::BothAddresses => self.both(&desired, &keys).await,
         }?;
         if desired.pool.binds.is_some() {
+            self.assign_member_addresses(&desired, &proven).await?;
             self.release_departed(&desired, &keys).await?;
         }
         Ok(action)

@@ -210,3 +210,38 @@ async fn a_departed_members_address_is_released_only_when_its_tags_say_so() {
     let recorded = carrier_now(&h).status.clone().unwrap().member_addresses;
     assert_eq!(recorded, [entry(&own, "tunnel-uid")]);
 }
+
+/// Where member addresses are assigned to the server (Hetzner's floating IPs), each is reserved
+/// movable and assigned to the shared server, and to its replacement; one released behind the
+/// operator's back is dropped from status and reserved anew, the new one assigned too.
+#[tokio::test]
+async fn an_assigned_member_address_follows_the_shared_server_and_comes_back_when_released() {
+    let (h, carrier) = pool_with_a_member_by(PoolAddressing::PerService);
+    h.provider.float_moved_addresses();
+    h.reconcile(carrier).await.unwrap();
+    let [address] = h.provider.addresses().try_into().expect("the member's address");
+    let host = h.provider.hosts().pop().unwrap();
+    assert!(h.provider.is_movable(&address.id), "a floating IP, not the server's primary one");
+    assert_eq!(address.host_id.as_deref(), Some(host.id.as_str()), "assigned to the shared server");
+    assert_ne!(host.public_ipv4.as_deref(), Some(address.ip.as_str()), "the server keeps its own address");
+
+    let mut stopped = host.clone();
+    stopped.state = HostState::Stopped;
+    h.provider.insert(stopped);
+    for _ in 0..3 {
+        h.reconcile(carrier_now(&h)).await.unwrap();
+    }
+    let replacement = h.provider.hosts().pop().unwrap();
+    assert_ne!(replacement.id, host.id, "the stopped server was replaced");
+    let [moved] = h.provider.addresses().try_into().expect("the same address");
+    assert_eq!((moved.id.as_str(), moved.host_id.as_deref()), (address.id.as_str(), Some(replacement.id.as_str())));
+
+    h.provider.remove_address(&address.id);
+    h.reconcile(carrier_now(&h)).await.unwrap();
+    let [again] = h.provider.addresses().try_into().expect("a new address for the member");
+    assert_ne!(again.id, address.id);
+    assert_eq!(again.host_id.as_deref(), Some(replacement.id.as_str()), "assigned at once");
+    let recorded = carrier_now(&h).status.clone().unwrap().member_addresses;
+    let own = MemberAddress { uid: "tunnel-uid".into(), id: again.id.clone(), ip: again.ip.clone() };
+    assert_eq!(recorded, [own], "the released one's entry is gone");
+}

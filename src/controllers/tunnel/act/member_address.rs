@@ -12,17 +12,19 @@ use super::super::{Context, desired};
 use crate::crd::tunnel::Tunnel;
 use crate::error::{Error, Result};
 
-/// Member `member`'s address on `carrier`'s server: the one already tagged for it, else a new one.
+/// Member `member`'s address on `carrier`'s server: the one of `listed` (the carrier's member
+/// addresses, [`listed`]) tagged for it, else a new one. Movable where the provider assigns
+/// member addresses to the server ([`providers::hosts::PoolAddresses::Assigned`]).
 pub async fn reserve_for_member(
     carrier: &Tunnel,
     member: &str,
+    listed: &[Address],
     provider: &dyn HostProvider,
     ctx: &Context,
 ) -> Result<Address> {
     let uid = carrier.uid().ok_or(Error::MissingObjectKey("uid"))?;
-    let mine = |a: &Address| member_of(a, &uid, ctx) == Some(member);
-    if let Some(found) = of_carrier(provider, &uid, ctx).await?.into_iter().find(mine) {
-        return Ok(found);
+    if let Some(found) = listed.iter().find(|a| member_of(a, &uid, ctx) == Some(member)) {
+        return Ok(found.clone());
     }
     let ns = carrier.namespace().ok_or(Error::MissingObjectKey("namespace"))?;
     let mut tags = desired::tags(carrier, &ctx.cluster_id)?;
@@ -33,11 +35,35 @@ pub async fn reserve_for_member(
         region: carrier.spec.region.clone(),
         tags,
         host_id: None,
-        movable: false,
+        movable: provider.capabilities().pool_addresses.assigned(),
     };
     let address = provider.reserve_address(&request).await?;
     info!(address = %address.id, ip = %address.ip, member, "reserved a pool member's own address");
     Ok(address)
+}
+
+/// Assigns member address `address` to the shared server's host `host_id` unless the provider
+/// says it is there already (a new host after a replacement gets every one again).
+pub async fn assign_to(address: &Address, host_id: &str, provider: &dyn HostProvider) -> Result<()> {
+    if address.host_id.as_deref() == Some(host_id) {
+        return Ok(());
+    }
+    provider.assign_address(&address.id, host_id).await?;
+    info!(address = %address.id, ip = %address.ip, host = host_id, "assigned a pool member's address to the shared server");
+    Ok(())
+}
+
+/// The member addresses of `carrier`'s server as the provider's tags prove them: one read, the
+/// proof every bind, assignment and release of a recorded address needs (whoever may write
+/// Tunnel status could name any address there).
+pub async fn listed(carrier: &Tunnel, provider: &dyn HostProvider, ctx: &Context) -> Result<Vec<Address>> {
+    of_carrier(provider, &carrier.uid().unwrap_or_default(), ctx).await
+}
+
+/// Whether the status entry (`member`, `id`, `ip`) is one of `listed`, tagged for that member.
+pub fn proves(listed: &[Address], carrier: &Tunnel, (member, id, ip): (&str, &str, &str), ctx: &Context) -> bool {
+    let uid = carrier.uid().unwrap_or_default();
+    listed.iter().any(|a| a.id == id && a.ip == ip && member_of(a, &uid, ctx) == Some(member))
 }
 
 /// Releases every member address of the shared server `carrier_uid` (it is being deleted, its

@@ -7,6 +7,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 
+use providers::Address;
+use tracing::warn;
+
 use super::super::act::member_address;
 use super::{Desired, Failure, Keys, Pass};
 use crate::controllers::pool::admit::Admission;
@@ -32,21 +35,63 @@ fn binds(members: &BTreeMap<String, Admission>, recorded: &[MemberAddress]) -> B
     parsed.filter_map(|a| Some((a.uid.clone(), a.ip.parse().ok()?))).collect()
 }
 
+/// The proven addresses recorded for carried members: those the server must hold.
+fn assigned<'a>(
+    members: &BTreeMap<String, Admission>,
+    recorded: &[MemberAddress],
+    proven: &'a [Address],
+) -> Vec<&'a Address> {
+    let carried: BTreeSet<&str> = carried(members).collect();
+    let ids: BTreeSet<&str> =
+        recorded.iter().filter(|a| carried.contains(a.uid.as_str())).map(|a| a.id.as_str()).collect();
+    proven.iter().filter(|a| ids.contains(a.id.as_str())).collect()
+}
+
 fn carried(members: &BTreeMap<String, Admission>) -> impl Iterator<Item = &str> {
     members.iter().filter(|(_, a)| matches!(a, Admission::Carried { .. })).map(|(uid, _)| uid.as_str())
 }
 
+/// Where each carried member's services bind, and the member addresses the provider's tags
+/// prove (read once per pass).
+pub(super) type MemberAddresses = (BTreeMap<String, Ipv4Addr>, Vec<Address>);
+
 impl Pass<'_> {
     /// An address for every carried member that has none (found again by its tags, or reserved),
-    /// each recorded at once; where each carried member's services bind.
-    pub(super) async fn member_addresses(&mut self, want: &Desired) -> Result<BTreeMap<String, Ipv4Addr>, Failure> {
-        for uid in missing(&want.pool.members, &self.status().member_addresses) {
-            let address =
-                member_address::reserve_for_member(self.tunnel, &uid, want.provider.as_ref(), self.ctx).await?;
-            let entry = MemberAddress { uid, id: address.id, ip: address.ip };
-            self.record(|s| s.member_addresses.push(entry)).await?;
+    /// each recorded at once. A recorded entry the provider's tags do not prove is dropped first:
+    /// one released out of band is then reserved anew, and a forged one binds nothing.
+    pub(super) async fn member_addresses(&mut self, want: &Desired) -> Result<MemberAddresses, Failure> {
+        let (provider, ctx) = (want.provider.as_ref(), self.ctx);
+        let mut listed = member_address::listed(self.tunnel, provider, ctx).await?;
+        let proven = |e: &&MemberAddress| member_address::proves(&listed, self.tunnel, (&e.uid, &e.id, &e.ip), ctx);
+        let unproven: Vec<MemberAddress> =
+            self.status().member_addresses.iter().filter(|e| !proven(e)).cloned().collect();
+        for gone in unproven {
+            warn!(address = %gone.id, member = %gone.uid, "dropping a recorded member address its tags do not prove (gone, or not this member's)");
+            self.record(|s| s.member_addresses.retain(|a| a.id != gone.id)).await?;
         }
-        Ok(binds(&want.pool.members, &self.status().member_addresses))
+        for uid in missing(&want.pool.members, &self.status().member_addresses) {
+            let address = member_address::reserve_for_member(self.tunnel, &uid, &listed, provider, ctx).await?;
+            let entry = MemberAddress { uid, id: address.id.clone(), ip: address.ip.clone() };
+            self.record(|s| s.member_addresses.push(entry)).await?;
+            if !listed.iter().any(|a| a.id == address.id) {
+                listed.push(address);
+            }
+        }
+        Ok((binds(&want.pool.members, &self.status().member_addresses), listed))
+    }
+
+    /// Where the provider assigns member addresses to the server
+    /// ([`providers::hosts::PoolAddresses::Assigned`]), each carried member's proven address onto
+    /// the host now serving; again onto a replacement host.
+    pub(super) async fn assign_member_addresses(&mut self, want: &Desired, proven: &[Address]) -> Result<(), Failure> {
+        let provider = want.provider.as_ref();
+        let host = self.status().host_id.clone().filter(|_| provider.capabilities().pool_addresses.assigned());
+        let Some(host) = host else { return Ok(()) };
+        let carried = assigned(&want.pool.members, &self.status().member_addresses, proven);
+        for address in carried {
+            member_address::assign_to(address, &host, provider).await?;
+        }
+        Ok(())
     }
 
     /// Releases the addresses of members that left, once the server runs the configuration
@@ -92,6 +137,10 @@ mod tests {
         let released: Vec<String> = departed(&members(), &recorded).into_iter().map(|a| a.uid).collect();
         assert_eq!(released, ["gone", "u3"], "refused now: its address goes too");
         assert_eq!(binds(&members(), &recorded), BTreeMap::from([("u1".into(), "10.204.0.9".parse().unwrap())]));
+        let proven = |id: &str| Address { id: id.into(), ip: String::new(), host_id: None, tags: Default::default() };
+        let on_provider = [proven("id-u1"), proven("id-gone"), proven("id-stranger")];
+        let held: Vec<&str> = assigned(&members(), &recorded, &on_provider).iter().map(|a| a.id.as_str()).collect();
+        assert_eq!(held, ["id-u1"], "only a carried member's recorded address goes onto the server");
         // A recorded address that is not IPv4 binds nothing: the member stays off the server.
         assert!(binds(&members(), &[address("u1", "garbage")]).is_empty());
     }
