@@ -245,3 +245,26 @@ async fn an_assigned_member_address_follows_the_shared_server_and_comes_back_whe
     let own = MemberAddress { uid: "tunnel-uid".into(), id: again.id.clone(), ip: again.ip.clone() };
     assert_eq!(recorded, [own], "the released one's entry is gone");
 }
+
+/// A status entry naming another address for a carried member (a forged status: whoever may
+/// write Tunnel status could write it) is not bound: the tags do not prove it, so it is dropped
+/// and the member's own, found by its tags, recorded again; the other address is left alone.
+#[tokio::test]
+async fn a_forged_entry_for_a_carried_member_binds_nothing() {
+    let (h, carrier) = pool_with_a_member_by(PoolAddressing::PerService);
+    h.reconcile(carrier).await.unwrap();
+    let [own] = h.provider.addresses().try_into().expect("the member's address");
+    let mut tags = own.tags.clone();
+    tags.insert(providers::hosts::TAG_TUNNEL_UID.into(), "someone-else".into());
+    let foreign = providers::Address { id: "id-foreign".into(), ip: "192.0.2.60".into(), host_id: None, tags };
+    h.provider.insert_address(foreign.clone());
+    let mut forged = (*carrier_now(&h)).clone();
+    let entry = |a: &providers::Address| MemberAddress { uid: "tunnel-uid".into(), id: a.id.clone(), ip: a.ip.clone() };
+    forged.status.as_mut().unwrap().member_addresses = vec![entry(&foreign)];
+    h.api.put(CARRIER, serde_json::to_value(&forged).unwrap());
+    h.ctx.written.forget(&crate::controllers::object_key(&forged));
+
+    h.reconcile(carrier_now(&h)).await.unwrap();
+    assert_eq!(carrier_now(&h).status.clone().unwrap().member_addresses, [entry(&own)]);
+    assert_eq!(h.provider.addresses().len(), 2, "nothing released, nothing reserved: {:?}", h.provider.addresses());
+}
