@@ -59,6 +59,7 @@ async fn main() -> anyhow::Result<()> {
                 TunnelRole::Firewall { config, output, push_port } => {
                     skyport::tunnel::firewall(&config, &output, push_port).await
                 }
+                TunnelRole::Addresses { config, state } => skyport::tunnel::addresses(&config, &state),
             }
         }
     }

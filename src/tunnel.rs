@@ -22,6 +22,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::info;
 
+pub mod addresses;
 pub mod firewall;
 pub mod forward;
 pub mod front;
@@ -32,6 +33,7 @@ pub mod push;
 pub mod reread;
 pub mod verify;
 
+pub use addresses::addresses;
 pub use firewall::firewall;
 
 /// Name of the rathole service that carries the health check.

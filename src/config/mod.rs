@@ -86,6 +86,17 @@ pub enum TunnelRole {
         #[arg(long, default_value_t = providers::exit::push::PUSH_PORT)]
         push_port: u16,
     },
+    /// Puts the IPv4 addresses a server configuration's services are bound to on the interface
+    /// of the default route, and removes those it put there that are no longer bound (run as
+    /// root by the VM's firewall unit at boot and after each config push).
+    Addresses {
+        /// rathole server configuration to read the bound addresses from.
+        #[arg(long)]
+        config: std::path::PathBuf,
+        /// Where the addresses it put on the interface are recorded; only those are ever removed.
+        #[arg(long, default_value = crate::tunnel::addresses::STATE_PATH)]
+        state: std::path::PathBuf,
+    },
     /// The in-cluster client: dials the exit server and forwards each service to its
     /// `local_addr`; also answers the operator's health check on the `skyport-health` service.
     Client {
@@ -172,6 +183,10 @@ mod tests {
         let Command::Tunnel { role: TunnelRole::Client { config } } = cli.command else { panic!("expected client") };
         assert_eq!(config, std::path::Path::new("/etc/skyport/client.toml"));
         assert!(Cli::try_parse_from(["skyport", "tunnel", "server"]).is_err(), "--config is required");
+        let cli =
+            Cli::try_parse_from(["skyport", "tunnel", "addresses", "--config", "/etc/skyport/server.toml"]).unwrap();
+        let Command::Tunnel { role: TunnelRole::Addresses { state, .. } } = cli.command else { panic!("addresses") };
+        assert_eq!(state, std::path::Path::new("/run/skyport/bound-addresses"), "on a tmpfs, like the addresses");
         let cli = Cli::try_parse_from(["skyport", "run", "--exit-server-sha256", "aarch64=ab,riscv64=cd"]).unwrap();
         let Command::Run(run) = cli.command else { panic!("expected run") };
         assert_eq!(run.tunnel.exit_server_sha256, ["aarch64=ab", "riscv64=cd"]);

@@ -21,9 +21,12 @@
 //!   its source ranges only where it has any), replies, loopback and ICMP. SSH stays closed:
 //!   the operator never logs in;
 //! - writes a path unit that, whenever a config push replaces `server.toml`, runs a root oneshot
-//!   (`skyport tunnel firewall`) re-rendering that ruleset from the new config's port numbers and
-//!   source ranges and loading it: the firewall follows the ports, and the unprivileged server
-//!   never runs `nft`.
+//!   re-rendering that ruleset from the new config's port numbers, bound addresses and source
+//!   ranges and loading it (`skyport tunnel firewall`), then putting the addresses services are
+//!   bound to on the public interface (`skyport tunnel addresses`): the VM follows the config,
+//!   and the unprivileged server never runs `nft` or `ip`. The oneshot also runs at every boot;
+//! - writes `net.ipv4.ip_nonlocal_bind = 1` ([`SYSCTL_PATH`]), so the server may bind a
+//!   service's own address before the oneshot puts it on the interface.
 //!
 //! Everything is sorted, so the same input always renders byte-for-byte the same document.
 
@@ -51,7 +54,7 @@ pub use rathole::{
     ClientService, NOISE_PATTERN, NoiseKeypair, ProxyProtocol, SKYPORT_TABLE, TunnelClient, render_client_toml,
     render_server_toml, render_server_toml_on, render_server_toml_split,
 };
-pub use units::{render_firewall_path, render_firewall_unit, render_unit};
+pub use units::{render_firewall_path, render_firewall_unit, render_sysctl, render_unit};
 
 /// The rathole version built into skyport (the latest stable, 2023-10-01).
 pub const RATHOLE_VERSION: &str = "0.5.0";
@@ -65,8 +68,9 @@ pub const SERVER_CONFIG_PATH: &str = "/etc/skyport/server.toml";
 /// The systemd unit's name and path.
 pub const UNIT_NAME: &str = "skyport-exit-server.service";
 pub const UNIT_PATH: &str = "/etc/systemd/system/skyport-exit-server.service";
-/// The firewall's oneshot unit: re-renders the ruleset from the ports in the server config and
-/// loads it, as root, so the unprivileged server never runs `nft` itself.
+/// The oneshot unit following the server config as root, so the unprivileged server never runs
+/// `nft` or `ip` itself: re-renders the ruleset from the config and loads it, and puts the
+/// addresses services are bound to on the interface. Runs after each push and at every boot.
 pub const FIREWALL_UNIT_NAME: &str = "skyport-firewall.service";
 pub const FIREWALL_UNIT_PATH: &str = "/etc/systemd/system/skyport-firewall.service";
 /// The path unit that starts the firewall unit whenever the server config changes (a push).
@@ -91,6 +95,9 @@ pub struct Artifact {
 }
 /// The firewall ruleset's path (loaded by `nftables.service` on Debian and Ubuntu).
 pub const NFTABLES_PATH: &str = "/etc/nftables.conf";
+/// The kernel settings file ([`render_sysctl`]), applied by the install script and, after a
+/// reboot, by `systemd-sysctl`.
+pub const SYSCTL_PATH: &str = "/etc/sysctl.d/60-skyport.conf";
 
 /// Transport protocol of one public port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -350,6 +357,13 @@ pub fn render_cloud_config_on(
                 permissions: "0644",
                 defer: true,
                 content: LitString(render_firewall_path()),
+            },
+            WriteFile {
+                path: SYSCTL_PATH,
+                owner: "root:root",
+                permissions: "0644",
+                defer: true,
+                content: LitString(render_sysctl()),
             },
             WriteFile {
                 path: SERVER_CONFIG_PATH,

@@ -1,55 +1,81 @@
 //! The exit server's host firewall, an nftables ruleset: inbound traffic only to the control
 //! port, the push port and the service ports, each service port from its source ranges only
-//! where it has any (the Service's `loadBalancerSourceRanges`).
+//! where it has any (the Service's `loadBalancerSourceRanges`), and a service bound to one
+//! address (a pool member's own, `TunnelService::bind`) on that address only.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
 
 use super::{ExitServer, PUSH_PORT, Protocol};
 use crate::cidr::Cidr;
 
+/// A port as the firewall admits to it: protocol, the one IPv4 address it is reached on
+/// (`None`: any of the server's addresses) and number.
+pub type Destination = (Protocol, Option<Ipv4Addr>, u16);
+
 /// Who may reach which port: what a ruleset is rendered from.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Openings {
-    /// Ports open to every source, by protocol.
-    pub open: BTreeSet<(Protocol, u16)>,
+    /// Ports open to every source.
+    pub open: BTreeSet<Destination>,
     /// Ports open to the listed networks only; everything else to them is dropped.
-    pub restricted: BTreeMap<(Protocol, u16), BTreeSet<Cidr>>,
+    pub restricted: BTreeMap<Destination, BTreeSet<Cidr>>,
 }
 
 impl Openings {
-    /// Opens `port` to `sources`, or to everyone when `sources` is empty. A port opened to
-    /// everyone stays so whatever else restricts it.
-    pub fn add(&mut self, protocol: Protocol, port: u16, sources: impl IntoIterator<Item = Cidr>) {
+    /// Opens `port` on `address` (`None`: any) to `sources`, or to everyone when `sources` is
+    /// empty. A port opened to everyone stays so whatever else restricts it.
+    pub fn add(
+        &mut self,
+        protocol: Protocol,
+        address: Option<Ipv4Addr>,
+        port: u16,
+        sources: impl IntoIterator<Item = Cidr>,
+    ) {
+        let key = (protocol, address, port);
         let sources: BTreeSet<Cidr> = sources.into_iter().collect();
         if sources.is_empty() {
-            self.restricted.remove(&(protocol, port));
-            self.open.insert((protocol, port));
-        } else if !self.open.contains(&(protocol, port)) {
-            self.restricted.entry((protocol, port)).or_default().extend(sources);
+            self.restricted.remove(&key);
+            self.open.insert(key);
+        } else if !self.open.contains(&key) {
+            self.restricted.entry(key).or_default().extend(sources);
         }
     }
 
-    fn ports(&self, protocol: Protocol) -> Vec<String> {
-        self.open.iter().filter(|(p, _)| *p == protocol).map(|(_, port)| port.to_string()).collect()
+    /// The ports of `protocol` open to everyone on any address, as `dport` set members.
+    fn unbound_ports(&self, protocol: Protocol) -> Vec<String> {
+        let unbound = self.open.iter().filter(|(p, address, _)| *p == protocol && address.is_none());
+        unbound.map(|(_, _, port)| port.to_string()).collect()
+    }
+
+    /// The ports open to everyone on one address only, by address, then protocol.
+    fn bound_ports(&self) -> BTreeMap<(Ipv4Addr, Protocol), Vec<String>> {
+        let mut bound: BTreeMap<(Ipv4Addr, Protocol), Vec<String>> = BTreeMap::new();
+        for (protocol, address, port) in &self.open {
+            if let Some(address) = address {
+                bound.entry((*address, *protocol)).or_default().push(port.to_string());
+            }
+        }
+        bound
     }
 }
 
 impl ExitServer {
     /// The control and push ports open to everyone (the tunnel client and the operator dial
-    /// them), each service port to its source ranges. A range that does not parse admits no one
-    /// (rendering the server config refuses it first).
+    /// them), each service port to its source ranges, on its bound address where it has one. A
+    /// range that does not parse admits no one (rendering the server config refuses it first).
     pub fn openings(&self) -> Openings {
         let mut openings = Openings::default();
-        openings.add(Protocol::Tcp, self.control_port, []);
-        openings.add(Protocol::Tcp, PUSH_PORT, []);
+        openings.add(Protocol::Tcp, None, self.control_port, []);
+        openings.add(Protocol::Tcp, None, PUSH_PORT, []);
         for s in &self.services {
             let sources: Vec<Cidr> = s.source_ranges.iter().filter_map(|r| Cidr::parse(r).ok()).collect();
             if sources.is_empty() && !s.source_ranges.is_empty() {
                 // Every range was junk: fail closed rather than open the port to anyone.
-                openings.restricted.entry((s.protocol, s.port)).or_default();
+                openings.restricted.entry((s.protocol, s.bind, s.port)).or_default();
                 continue;
             }
-            openings.add(s.protocol, s.port, sources);
+            openings.add(s.protocol, s.bind, s.port, sources);
         }
         openings
     }
@@ -61,9 +87,9 @@ pub fn render_nftables(server: &ExitServer) -> String {
 }
 
 /// The host firewall admitting exactly `openings`. Also what `skyport tunnel firewall` renders on
-/// the VM from a pushed config: ports are numbers and sources parsed networks, so whatever the
-/// unprivileged server writes, it can only open ports (to some or all sources), never add other
-/// rules.
+/// the VM from a pushed config: ports are numbers, addresses and sources parsed ones, so
+/// whatever the unprivileged server writes, it can only open ports (to some or all sources, on
+/// one or all addresses), never add other rules.
 pub fn render_nftables_openings(openings: &Openings) -> String {
     let mut out = String::new();
     out.push_str("#!/usr/sbin/nft -f\n");
@@ -78,20 +104,106 @@ pub fn render_nftables_openings(openings: &Openings) -> String {
     out.push_str("    ct state invalid drop\n");
     out.push_str("    iif \"lo\" accept\n");
     out.push_str("    meta l4proto { icmp, ipv6-icmp } accept\n");
+    push_open(&mut out, openings);
+    push_restricted(&mut out, openings);
+    out.push_str("  }\n");
+    out.push_str("}\n");
+    out
+}
+
+/// The rules for ports open to everyone: one set per protocol on any address, one per address
+/// and protocol for bound ports, so a member's open port admits no one to another member's
+/// address.
+fn push_open(out: &mut String, openings: &Openings) {
     for protocol in [Protocol::Tcp, Protocol::Udp] {
-        let ports = openings.ports(protocol);
+        let ports = openings.unbound_ports(protocol);
         if !ports.is_empty() {
             out.push_str(&format!("    {} dport {{ {} }} accept\n", protocol.as_str(), ports.join(", ")));
         }
     }
-    // One rule per network: an anonymous set of overlapping prefixes is refused by nft.
-    for ((protocol, port), sources) in &openings.restricted {
+    for ((address, protocol), ports) in openings.bound_ports() {
+        let (protocol, ports) = (protocol.as_str(), ports.join(", "));
+        out.push_str(&format!("    ip daddr {address} {protocol} dport {{ {ports} }} accept\n"));
+    }
+}
+
+/// The rules for ports open to some networks: one rule per network, since an anonymous set of
+/// overlapping prefixes is refused by nft.
+fn push_restricted(out: &mut String, openings: &Openings) {
+    for ((protocol, address, port), sources) in &openings.restricted {
+        let protocol = protocol.as_str();
         for source in sources {
             let family = if source.is_ipv4() { "ip" } else { "ip6" };
-            out.push_str(&format!("    {family} saddr {source} {} dport {port} accept\n", protocol.as_str()));
+            match address {
+                None => out.push_str(&format!("    {family} saddr {source} {protocol} dport {port} accept\n")),
+                // A bound address is IPv4, so an IPv6 source never reaches it: no rule for it
+                // (fail closed) rather than a contradictory one.
+                Some(_) if !source.is_ipv4() => {}
+                Some(address) => {
+                    out.push_str(&format!("    ip daddr {address} ip saddr {source} {protocol} dport {port} accept\n"))
+                }
+            }
         }
     }
-    out.push_str("  }\n");
-    out.push_str("}\n");
-    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::service;
+    use super::super::{DEFAULT_CONTROL_PORT, TunnelService};
+    use super::*;
+
+    fn member(name: &str, address: [u8; 4], port: u16, ranges: &[&str]) -> TunnelService {
+        TunnelService {
+            bind: Some(address.into()),
+            source_ranges: ranges.iter().map(|r| r.to_string()).collect(),
+            ..service(name, Protocol::Tcp, port, "t")
+        }
+    }
+
+    /// Two pool members on port 443, each on its own address: the open one's rule names its own
+    /// address, and the restricted one's port admits its ranges only.
+    #[test]
+    fn members_sharing_a_port_are_opened_on_their_own_addresses_only() {
+        let server = ExitServer {
+            control_port: DEFAULT_CONTROL_PORT,
+            noise_private_key: "a2V5".into(),
+            services: vec![
+                member("a.https", [198, 51, 100, 1], 443, &["192.0.2.0/24", "2001:db8::/32"]),
+                member("b.https", [198, 51, 100, 2], 443, &[]),
+                TunnelService { protocol: Protocol::Udp, ..member("b.dns", [198, 51, 100, 2], 53, &[]) },
+                service("health", Protocol::Tcp, 2334, "t"),
+            ],
+        };
+        let nft = render_nftables(&server);
+        let rules: Vec<&str> = nft.lines().filter(|l| l.contains("dport")).map(str::trim).collect();
+        assert_eq!(
+            rules,
+            [
+                "tcp dport { 2333, 2334, 2335 } accept",
+                "ip daddr 198.51.100.2 tcp dport { 443 } accept",
+                "ip daddr 198.51.100.2 udp dport { 53 } accept",
+                "ip daddr 198.51.100.1 ip saddr 192.0.2.0/24 tcp dport 443 accept",
+            ],
+            "{nft}"
+        );
+        // No rule admits anyone to 443 on any address, the restricted member's among them.
+        assert!(!nft.lines().any(|l| l.contains("dport { 443") && !l.contains("daddr 198.51.100.2 ")), "{nft}");
+    }
+
+    /// A bound service whose ranges are all IPv6 (which never reach its IPv4 address) or junk
+    /// gets no rule at all: its port stays closed.
+    #[test]
+    fn a_bound_port_no_range_can_reach_stays_closed() {
+        for ranges in [&["2001:db8::/32"][..], &["junk"]] {
+            let server = ExitServer {
+                control_port: DEFAULT_CONTROL_PORT,
+                noise_private_key: "a2V5".into(),
+                services: vec![member("a.https", [198, 51, 100, 1], 443, ranges)],
+            };
+            let nft = render_nftables(&server);
+            assert!(!nft.contains("443") && !nft.contains("198.51.100.1"), "{ranges:?}: {nft}");
+            assert!(server.openings().restricted.contains_key(&(Protocol::Tcp, Some([198, 51, 100, 1].into()), 443)));
+        }
+    }
 }
