@@ -18,16 +18,42 @@ pub fn unbindable(config: &rathole::Config, skip: &Ports) -> Vec<String> {
         if skip.contains(&(kind.clone(), address.clone())) {
             continue;
         }
-        let bound = match kind.as_str() {
-            "udp" => std::net::UdpSocket::bind(&address).map(drop),
-            _ => std::net::TcpListener::bind(&address).map(drop),
-        };
-        if let Err(e) = bound {
+        if let Err(e) = probe(&kind, &address) {
             problems.push(format!("{name} ({kind} {address}): {e}"));
         }
     }
     problems.sort();
     problems
+}
+
+/// Binds `address` once as rathole would (TCP listening, with `SO_REUSEADDR` as tokio sets it).
+/// A service bound to an address of its own (a pool member's) may be probed before the VM's root
+/// unit puts that address on the interface, which follows the config this server is about to
+/// write: `IP_FREEBIND` lets that bind succeed while a port taken on it still fails, and rathole
+/// retries its own bind until the address is there.
+fn probe(kind: &str, address: &str) -> std::io::Result<()> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let at: std::net::SocketAddr =
+        address.parse().map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not ip:port"))?;
+    let (kind, protocol) = match kind {
+        "udp" => (Type::DGRAM, Protocol::UDP),
+        _ => (Type::STREAM, Protocol::TCP),
+    };
+    let socket = Socket::new(Domain::for_address(at), kind, Some(protocol))?;
+    if kind == Type::STREAM {
+        socket.set_reuse_address(true)?;
+    }
+    if !at.ip().is_unspecified() {
+        match at {
+            std::net::SocketAddr::V4(_) => socket.set_freebind_v4(true)?,
+            std::net::SocketAddr::V6(_) => socket.set_freebind_v6(true)?,
+        }
+    }
+    socket.bind(&at.into())?;
+    if kind == Type::STREAM {
+        socket.listen(1)?;
+    }
+    Ok(())
 }
 
 /// What a running server with `config` already holds.
@@ -79,5 +105,18 @@ mod tests {
         assert!(problems[0].starts_with(&format!("web (tcp {taken_at}): ")), "{problems:?}");
         // A port this server already serves (held by its own rathole) is not checked again.
         assert!(unbindable(&config, &bound(&config)).is_empty());
+    }
+
+    /// A pool member's own address is put on the interface only after the server took the push
+    /// that binds it: an address no interface carries yet is no problem.
+    #[tokio::test]
+    async fn an_address_not_on_an_interface_yet_is_bindable() {
+        let config = server(
+            "[server]\nbind_addr = \"127.0.0.1:0\"\n\
+             [server.services.web]\ntype = \"tcp\"\ntoken = \"t\"\nbind_addr = \"192.0.2.77:8080\"\n\
+             [server.services.dns]\ntype = \"udp\"\ntoken = \"t\"\nbind_addr = \"192.0.2.77:5353\"\n",
+        )
+        .await;
+        assert_eq!(unbindable(&config, &BTreeSet::new()), Vec::<String>::new());
     }
 }

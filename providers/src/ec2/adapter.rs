@@ -12,7 +12,8 @@ use super::{Ec2Provider, MAX_USER_DATA, PROVIDER, TAG_INSTANCE_ID, invalid, meta
 use crate::error::HostError;
 use crate::exit::userdata::{ExitServer, render_server_toml};
 use crate::hosts::{
-    Address, AddressRequest, Capabilities, Host, HostProvider, HostRequest, MovedAddress, Spread, TAG_MOVED_ADDRESS,
+    Address, AddressRequest, Capabilities, Host, HostProvider, HostRequest, MovedAddress, PoolAddresses, Spread,
+    TAG_MOVED_ADDRESS,
 };
 use crate::limiter::Limiter;
 
@@ -298,6 +299,11 @@ impl HostProvider for Ec2Provider {
             moves_addresses: true,
             moved_address: MovedAddress::SecondaryIp,
             host_enforces_source_ranges: false,
+            // An Elastic IP reaches an instance on one of its private IPv4s, each type has few
+            // per interface (t3.nano two), and its security group cannot tell members apart.
+            pool_addresses: PoolAddresses::One(
+                "an Elastic IP needs a private IPv4 of its own on the instance, and skyport does not yet give one per member",
+            ),
             spread: match self.settings.subnet_ids.len() {
                 0 | 1 => Spread::No(SPREAD_NEEDS_SUBNETS),
                 _ => Spread::Zones,

@@ -7,7 +7,7 @@
 
 use super::{
     Artifact, BINARY_PATH, CONFIG_DIR, FIREWALL_PATH_NAME, FIREWALL_UNIT_NAME, NFTABLES_PATH, SERVICE_USER,
-    SYSCTL_PATH, UNIT_NAME, UserDataError,
+    UNIT_NAME, UserDataError,
 };
 
 /// The start of the install script's report line (`<this> <outcome> [<detail>]`).
@@ -72,8 +72,7 @@ c.close()\n";
 /// The install script: loads the firewall, picks the artifact for the machine's architecture,
 /// downloads it beside its final path, and installs it only if the digest matches; when the
 /// ruleset does not load or the digest differs it fails, so the unit is never enabled (fail
-/// closed). Before the server starts it applies the kernel settings ([`super::SYSCTL_PATH`]) and
-/// runs the unit following the config as root once, enabled so every boot runs it again; either
+/// closed). Before the server starts it runs the unit following the config as root once, enabled so every boot runs it again; either
 /// failing stops the script too. Whatever the outcome, it ends by printing one [`InstallReport`]
 /// line on the console (and on stderr, for cloud-init's log); a refusal is also served on
 /// `control_port` ([`REPORT_SERVER`]), since nothing else will bind it. Values are validated
@@ -128,8 +127,6 @@ pub fn render_install(artifacts: &[Artifact], control_port: u16) -> Result<Strin
          mv -f {download} {BINARY_PATH}\n\
          chown {SERVICE_USER}:{SERVICE_USER} {CONFIG_DIR}\n\
          chmod 0700 {CONFIG_DIR}\n\
-         # The server binds a service's own address before the firewall unit puts it on the interface.\n\
-         sysctl -q -p {SYSCTL_PATH}\n\
          systemctl daemon-reload\n\
          systemctl enable --now {FIREWALL_UNIT_NAME}\n\
          systemctl enable --now {FIREWALL_PATH_NAME}\n\

@@ -25,8 +25,6 @@
 //!   ranges and loading it (`skyport tunnel firewall`), then putting the addresses services are
 //!   bound to on the public interface (`skyport tunnel addresses`): the VM follows the config,
 //!   and the unprivileged server never runs `nft` or `ip`. The oneshot also runs at every boot;
-//! - writes `net.ipv4.ip_nonlocal_bind = 1` ([`SYSCTL_PATH`]), so the server may bind a
-//!   service's own address before the oneshot puts it on the interface.
 //!
 //! Everything is sorted, so the same input always renders byte-for-byte the same document.
 
@@ -54,7 +52,7 @@ pub use rathole::{
     ClientService, NOISE_PATTERN, NoiseKeypair, ProxyProtocol, SKYPORT_TABLE, TunnelClient, render_client_toml,
     render_server_toml, render_server_toml_on, render_server_toml_split,
 };
-pub use units::{render_firewall_path, render_firewall_unit, render_sysctl, render_unit};
+pub use units::{render_firewall_path, render_firewall_unit, render_unit};
 
 /// The rathole version built into skyport (the latest stable, 2023-10-01).
 pub const RATHOLE_VERSION: &str = "0.5.0";
@@ -95,9 +93,6 @@ pub struct Artifact {
 }
 /// The firewall ruleset's path (loaded by `nftables.service` on Debian and Ubuntu).
 pub const NFTABLES_PATH: &str = "/etc/nftables.conf";
-/// The kernel settings file ([`render_sysctl`]), applied by the install script and, after a
-/// reboot, by `systemd-sysctl`.
-pub const SYSCTL_PATH: &str = "/etc/sysctl.d/60-skyport.conf";
 
 /// Transport protocol of one public port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -357,13 +352,6 @@ pub fn render_cloud_config_on(
                 permissions: "0644",
                 defer: true,
                 content: LitString(render_firewall_path()),
-            },
-            WriteFile {
-                path: SYSCTL_PATH,
-                owner: "root:root",
-                permissions: "0644",
-                defer: true,
-                content: LitString(render_sysctl()),
             },
             WriteFile {
                 path: SERVER_CONFIG_PATH,
