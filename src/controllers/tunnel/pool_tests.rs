@@ -268,3 +268,21 @@ async fn a_forged_entry_for_a_carried_member_binds_nothing() {
     assert_eq!(carrier_now(&h).status.clone().unwrap().member_addresses, [entry(&own)]);
     assert_eq!(h.provider.addresses().len(), 2, "nothing released, nothing reserved: {:?}", h.provider.addresses());
 }
+
+/// A member address is assigned only to a host carrying the shared server's owner tag: the host
+/// id comes from status, which whoever may write Tunnel status could point at another server.
+#[tokio::test]
+async fn a_member_address_is_never_assigned_to_a_host_of_someone_else() {
+    let (h, carrier) = pool_with_a_member_by(PoolAddressing::PerService);
+    h.provider.float_moved_addresses();
+    h.reconcile(carrier).await.unwrap();
+    let [address] = h.provider.addresses().try_into().expect("the member's address");
+    let mut foreign = h.provider.hosts().pop().unwrap();
+    (foreign.id, foreign.tags) =
+        ("h-foreign".into(), [(providers::hosts::TAG_TUNNEL_UID.into(), "other".into())].into());
+    h.provider.insert(foreign);
+    let assign = super::act::member_address::assign_to(&address, ("h-foreign", "carrier-uid"), &*h.provider);
+    assign.await.unwrap();
+    let [kept] = h.provider.addresses().try_into().unwrap();
+    assert_eq!(kept.host_id, address.host_id, "left where it was");
+}

@@ -43,9 +43,19 @@ pub async fn reserve_for_member(
 }
 
 /// Assigns member address `address` to the shared server's host `host_id` unless the provider
-/// says it is there already (a new host after a replacement gets every one again).
-pub async fn assign_to(address: &Address, host_id: &str, provider: &dyn HostProvider) -> Result<()> {
+/// says it is there already (a new host after a replacement gets every one again). The host is
+/// read first and must carry `carrier_uid`'s owner tag: `host_id` comes from status, which whoever
+/// may write Tunnel status could point at another server.
+pub async fn assign_to(
+    address: &Address,
+    (host_id, carrier_uid): (&str, &str),
+    provider: &dyn HostProvider,
+) -> Result<()> {
     if address.host_id.as_deref() == Some(host_id) {
+        return Ok(());
+    }
+    let Some(host) = provider.get(host_id).await? else { return Ok(()) };
+    if !super::super::observe::tagged_for(&host.tags, carrier_uid) {
         return Ok(());
     }
     provider.assign_address(&address.id, host_id).await?;

@@ -89,7 +89,7 @@ impl Pass<'_> {
         let Some(host) = host else { return Ok(()) };
         let carried = assigned(&want.pool.members, &self.status().member_addresses, proven);
         for address in carried {
-            member_address::assign_to(address, &host, provider).await?;
+            member_address::assign_to(address, (&host, &want.uid), provider).await?;
         }
         Ok(())
     }
