@@ -6,8 +6,8 @@
 //! carries no URL and nothing secret: the operator may put its words in an Event.
 
 use super::{
-    Artifact, BINARY_PATH, CONFIG_DIR, FIREWALL_PATH_NAME, FIREWALL_UNIT_NAME, NFTABLES_PATH, SERVICE_USER,
-    UNIT_NAME, UserDataError,
+    Artifact, BINARY_PATH, CONFIG_DIR, FIREWALL_PATH_NAME, FIREWALL_UNIT_NAME, NFTABLES_PATH, SERVICE_USER, UNIT_NAME,
+    UserDataError,
 };
 
 /// The start of the install script's report line (`<this> <outcome> [<detail>]`).

@@ -79,7 +79,6 @@ pub fn render_firewall_path() -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::sample;
     use super::super::*;
 
     /// The unit following the config puts the bound addresses on the interface once the firewall
