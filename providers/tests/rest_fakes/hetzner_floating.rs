@@ -1,11 +1,13 @@
 //! The Hetzner Cloud adapter's floating IPs against the fake: the movable address of a highly
 //! available Tunnel, moved between two running servers that keep their own addresses; the
 //! refusals the API documents (a missing server, a locked IP, a failed action); releases and
-//! the listing the orphan sweep reads.
+//! the listing the orphan sweep reads; a floating IP per pool member on one shared server.
 
 use std::time::Duration;
 
-use providers::hosts::{HostProvider, Spread, TAG_CLUSTER, TAG_TUNNEL_SLOT, TAG_TUNNEL_UID, TagSyntax};
+use providers::hosts::{
+    HostProvider, Spread, TAG_CLUSTER, TAG_POOL_MEMBER, TAG_TUNNEL_SLOT, TAG_TUNNEL_UID, TagSyntax,
+};
 use providers::{AddressRequest, ErrorClass, HostError, HostRequest};
 use serde_json::Value;
 
@@ -183,6 +185,48 @@ async fn hetzner_reserves_a_floating_ip_onto_a_running_server_and_waits_for_it()
     assert!(body.get("home_location").is_none(), "{body}");
     assert_eq!(provider.get_address(&address.id).await.unwrap().unwrap().host_id, Some(a.id.clone()));
     assert!(provider.limiter().counters.snapshot()["GetFloatingIpAction"] >= 1, "the assign action was waited for");
+}
+
+/// An ExitServerPool with an address per Service: one floating IP per member, each tagged for
+/// its member, all assigned to the one shared server, which keeps its own address; one member's
+/// release leaves the others on the server.
+#[tokio::test]
+async fn hetzner_carries_a_floating_ip_per_pool_member_on_one_server() {
+    let (_fake, base) = Fake::start(Kind::Hetzner).await;
+    let provider = hz_provider(&base, TOKEN, 50);
+    assert_eq!(provider.capabilities().pool_addresses.per_service(provider.name()), Ok(()));
+    assert!(provider.capabilities().pool_addresses.assigned(), "reserved movable, assigned to the server");
+    let expect = contract::Expect::booting_cloud(POLLS_UNTIL_RUNNING + 2);
+    let server = contract::running(&provider, &request("skyport-pool-shared", UID), &expect).await;
+    let mut members = Vec::new();
+    for member in ["member-1", "member-2", "member-3"] {
+        let mut r = movable();
+        r.name = format!("skyport-pool-shared-{member}");
+        r.tags.insert(TAG_POOL_MEMBER.into(), member.into());
+        let address = provider.reserve_address(&r).await.unwrap();
+        provider.assign_address(&address.id, &server.id).await.unwrap();
+        members.push(address);
+    }
+    let on_server = |listed: Vec<providers::Address>| {
+        let mut held: Vec<(String, String)> = listed
+            .into_iter()
+            .filter(|a| a.host_id.as_deref() == Some(server.id.as_str()))
+            .map(|a| (a.tags[TAG_POOL_MEMBER].clone(), a.ip))
+            .collect();
+        held.sort();
+        held
+    };
+    let listed = provider.list_addresses_by_tag(TAG_TUNNEL_UID, UID).await.unwrap();
+    assert_eq!(on_server(listed).len(), 3, "every member's own address on the one server");
+    let host = provider.get(&server.id).await.unwrap().unwrap();
+    assert_eq!(host.public_ipv4, server.public_ipv4, "the server keeps its own address");
+    assert!(members.iter().all(|a| Some(&a.ip) != host.public_ipv4.as_ref()));
+
+    provider.release_address(&members[1].id).await.unwrap();
+    let left = on_server(provider.list_addresses_by_tag(TAG_TUNNEL_UID, UID).await.unwrap());
+    let expected: Vec<(String, String)> =
+        [&members[0], &members[2]].iter().map(|a| (a.tags[TAG_POOL_MEMBER].clone(), a.ip.clone())).collect();
+    assert_eq!(left, expected);
 }
 
 #[tokio::test]
