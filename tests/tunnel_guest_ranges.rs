@@ -23,7 +23,7 @@ use providers::HostProvider;
 use providers::guest::GuestProvider;
 use skyport::crd::Tunnel;
 use skyport::crd::pool::{ExitServerPool, ExitServerPoolSpec, PoolAddressing};
-use tunnels::{TunnelOperator, active, carries, host_id, host_ip, service};
+use tunnels::{TunnelOperator, active, carries, host_id, host_ip, reaches, service};
 
 /// The address this machine's packets to `ip` leave from (what the guest's firewall sees).
 fn source_towards(ip: &str) -> String {
@@ -171,15 +171,6 @@ fn guest_addresses(id: &str) -> String {
     String::from_utf8_lossy(&out.expect("ip netns exec").stdout).into_owned()
 }
 
-/// Port 8080 at `ip` reaches the echo tagged `tag` within 30 s.
-async fn reaches(ip: &str, tag: u16) {
-    eventually(&format!("{ip}:8080 reaching the backend tagged {tag}"), Duration::from_secs(30), || async {
-        let (got, echoed) = tcp_echo(ip, 8080, b"hello").await?;
-        (got == tag && echoed == b"hello").then_some(())
-    })
-    .await;
-}
-
 /// `addressing: PerService` on a booted guest: two Services on port 8080, each at an address of
 /// its own (routed to the guest, put on its interface by its root unit) reaching its own backend;
 /// the firewall keys each member's rules by its address, so the open member does not open the
@@ -215,7 +206,7 @@ async fn a_shared_guest_gives_each_member_an_address_of_its_own_with_its_own_ran
     let machine = guests.machine(&host_id(&carrier)).expect("the shared guest");
     let on_guest = guest_addresses(&host_id(&carrier));
     assert!(on_guest.contains(&format!(" {ip_a}/32 ")) && on_guest.contains(&format!(" {ip_b}/32 ")), "{on_guest}");
-    reaches(&ip_b, 9090).await;
+    reaches(&ip_b, 8080, 9090).await;
     let rules = machine.read("/etc/nftables.conf");
     assert!(rules.contains(&format!("ip daddr {ip_a} ip saddr 192.0.2.0/24 tcp dport 8080 accept")), "{rules}");
     let blocked = tokio::time::timeout(Duration::from_secs(5), tcp_echo(&ip_a, 8080, b"x")).await;
@@ -225,7 +216,7 @@ async fn a_shared_guest_gives_each_member_an_address_of_its_own_with_its_own_ran
     let source = format!("{}/32", source_towards(&ip_a));
     let patch = serde_json::json!({"spec": {"loadBalancerSourceRanges": [source]}});
     services.patch("web-a", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
-    reaches(&ip_a, 8080).await;
+    reaches(&ip_a, 8080, 8080).await;
 
     // web-b leaves: its address goes off the guest, and is released; web-a keeps serving.
     services.delete("web-b", &Default::default()).await.unwrap();
@@ -235,7 +226,7 @@ async fn a_shared_guest_gives_each_member_an_address_of_its_own_with_its_own_ran
     .await;
     let released = || async { guests.get_address(&ip_b).await.ok()?.is_none().then_some(()) };
     eventually("web-b's address released", Duration::from_secs(60), released).await;
-    reaches(&ip_a, 8080).await;
+    reaches(&ip_a, 8080, 8080).await;
     assert_eq!(host_id(&tunnels.get(&format!("pool-{pool}")).await.unwrap()), host_id(&carrier), "no new guest");
     services.delete("web-a", &Default::default()).await.unwrap();
     eventually("the shared guest's Tunnel gone with its last member", Duration::from_secs(120), || async {

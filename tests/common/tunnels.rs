@@ -358,6 +358,16 @@ pub async fn carries(ip: &str, tcp: u16, udp: Option<u16>) {
     }
 }
 
+/// TCP port `port` at `ip` reaches, within 30 s, the echo tagged `tag` (each echo tags its replies
+/// with a port, so a reply says whose backend answered).
+pub async fn reaches(ip: &str, port: u16, tag: u16) {
+    eventually(&format!("{ip}:{port} reaching the backend tagged {tag}"), Duration::from_secs(30), || async {
+        let (got, echoed) = tcp_echo(ip, port, b"hello").await?;
+        (got == tag && echoed == b"hello").then_some(())
+    })
+    .await;
+}
+
 pub fn ready(t: &Tunnel) -> Option<(ConditionStatus, String, String)> {
     let c = t.status.as_ref()?.conditions.iter().find(|c| c.type_ == "Ready")?;
     Some((c.status, c.reason.to_string(), c.message.to_string()))

@@ -15,18 +15,8 @@ use skyport::crd::pool::ExitServerPool;
 
 use super::pool::{member, on_pool};
 use crate::common::eventually;
-use crate::common::kubelet::tcp_echo;
-use crate::common::tunnels::{active, finish_tunnels, host_ip, ingress_ip, test_cluster_id};
+use crate::common::tunnels::{active, finish_tunnels, host_ip, ingress_ip, reaches, test_cluster_id};
 use crate::node::tunnels::{ACTIVE, NodeTunnel};
-
-/// Port 8080 at `ip` reaches the backend port `backend` (the echo Pod tags each reply with it).
-async fn reaches(ip: &str, backend: u16) {
-    eventually(&format!("{ip}:8080 reaching backend port {backend}"), Duration::from_secs(30), || async {
-        let (tag, echoed) = tcp_echo(ip, 8080, b"hello").await?;
-        (tag == backend && echoed == b"hello").then_some(())
-    })
-    .await;
-}
 
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs the test environment: tests/env.sh up"]
@@ -50,8 +40,8 @@ async fn services_with_an_address_each_share_a_port_on_one_exit_server() {
     assert_eq!(hosts.len(), 1, "one exit server for both: {hosts:?}");
     let own = hosts[0].public_ipv4.clone().unwrap();
     assert!(own != ip_a && own != ip_b, "neither is published at the server's own address {own}");
-    reaches(&ip_a, 8080).await;
-    reaches(&ip_b, 9090).await;
+    reaches(&ip_a, 8080, 8080).await;
+    reaches(&ip_b, 8080, 9090).await;
     assert_eq!(ingress_ip(&services.get("web-a").await.unwrap()).as_deref(), Some(ip_a.as_str()));
     assert_eq!(ingress_ip(&services.get("web-b").await.unwrap()).as_deref(), Some(ip_b.as_str()));
 
@@ -72,7 +62,7 @@ async fn services_with_an_address_each_share_a_port_on_one_exit_server() {
         local.get_address(&ip_b).await.ok()?.is_none().then_some(())
     })
     .await;
-    reaches(&ip_a, 8080).await;
+    reaches(&ip_a, 8080, 8080).await;
 
     let cluster = test_cluster_id(&ns);
     finish_tunnels(op, ns).await;
