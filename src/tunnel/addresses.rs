@@ -11,9 +11,8 @@
 //! and any address already on the host when it became bound are someone else's, and stay.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write as _;
 use std::net::Ipv4Addr;
-use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+use std::os::unix::fs::DirBuilderExt as _;
 use std::path::Path;
 
 use anyhow::{Context as _, bail};
@@ -160,14 +159,8 @@ fn write_state(path: &Path, added: &Added) -> anyhow::Result<()> {
     added.iter().for_each(|(address, dev)| text.push_str(&format!("{address} {dev}\n")));
     let mut staged = path.as_os_str().to_owned();
     staged.push(".skyport-tmp");
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&staged)
+    super::options::write_private(Path::new(&staged), text.as_bytes())
         .with_context(|| format!("writing {}", path.display()))?;
-    file.write_all(text.as_bytes()).with_context(|| format!("writing {}", path.display()))?;
     std::fs::rename(&staged, path).with_context(|| format!("replacing {}", path.display()))
 }
 
