@@ -255,7 +255,7 @@ impl<'a> Pass<'a> {
         }?;
         if desired.pool.binds.is_some() {
             self.assign_member_addresses(&desired, &proven).await?;
-            self.release_departed(&desired, &keys).await?;
+            self.release_departed(&desired, &keys, &proven).await?;
         }
         Ok(action)
     }

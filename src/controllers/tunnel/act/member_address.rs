@@ -6,7 +6,7 @@
 use kube::ResourceExt;
 use providers::hosts::{TAG_CLUSTER, TAG_DELETION_POLICY, TAG_POOL_MEMBER, TAG_TUNNEL_UID};
 use providers::{Address, AddressRequest, HostProvider};
-use tracing::{info, warn};
+use tracing::info;
 
 use super::super::{Context, desired};
 use crate::crd::tunnel::Tunnel;
@@ -85,26 +85,8 @@ pub async fn release_all(provider: &dyn HostProvider, carrier_uid: &str, ctx: &C
     Ok(())
 }
 
-/// Releases the address `id` that `carrier`'s status records for member `member`, if its tags
-/// prove it is: whoever may write the status of Tunnels could name any address there. One
-/// already gone, or not ours, is left as it is; either way the entry may go.
-pub async fn release_recorded(
-    carrier: &Tunnel,
-    (member, id): (&str, &str),
-    provider: &dyn HostProvider,
-    ctx: &Context,
-) -> Result<()> {
-    let Some(address) = provider.get_address(id).await? else { return Ok(()) };
-    let carrier_uid = carrier.uid().unwrap_or_default();
-    if member_of(&address, &carrier_uid, ctx) != Some(member) {
-        warn!(address = %id, member, "not releasing an address the status names: its tags are not this member's");
-        return Ok(());
-    }
-    release(provider, id).await
-}
-
 /// Releases one member address; one already gone is released.
-async fn release(provider: &dyn HostProvider, id: &str) -> Result<()> {
+pub async fn release(provider: &dyn HostProvider, id: &str) -> Result<()> {
     match provider.release_address(id).await {
         Ok(()) | Err(providers::HostError::NotFound { .. }) => {
             info!(address = %id, "released a pool member's address");

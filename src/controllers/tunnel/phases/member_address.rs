@@ -95,16 +95,24 @@ impl Pass<'_> {
     }
 
     /// Releases the addresses of members that left, once the server runs the configuration
-    /// without them (`keys.digest` is what it runs), or no server runs at all.
-    pub(super) async fn release_departed(&mut self, want: &Desired, keys: &Keys) -> Result<(), Failure> {
+    /// without them (`keys.digest` is what it runs), or no server runs at all; only those
+    /// `proven` (this pass's read of the provider's tags) shows, with no second read.
+    pub(super) async fn release_departed(
+        &mut self,
+        want: &Desired,
+        keys: &Keys,
+        proven: &[Address],
+    ) -> Result<(), Failure> {
         let status = self.status();
         let unbound = status.host_id.is_none() || status.credentials_digest.as_deref() == Some(keys.digest.as_str());
         if !unbound {
             return Ok(());
         }
         for gone in departed(&want.pool.members, &status.member_addresses.clone()) {
-            let (provider, member) = (want.provider.as_ref(), (gone.uid.as_str(), gone.id.as_str()));
-            member_address::release_recorded(self.tunnel, member, provider, self.ctx).await?;
+            // Every entry left was proven by `proven`'s tags this pass ([`Self::member_addresses`]).
+            if proven.iter().any(|a| a.id == gone.id) {
+                member_address::release(want.provider.as_ref(), &gone.id).await?;
+            }
             self.record(|s| s.member_addresses.retain(|a| a.id != gone.id)).await?;
         }
         Ok(())
