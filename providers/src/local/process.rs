@@ -107,15 +107,23 @@ pub(super) fn replace_config(dir: &Path, text: &str) -> Result<(), HostError> {
     std::fs::rename(&tmp, dir.join("server.toml")).map_err(|e| unavailable(format!("cannot replace server.toml: {e}")))
 }
 
-/// The log's last line for an error message, unless it quotes one of the server's secrets
-/// (rathole's config errors may quote the offending TOML line).
+/// What the log says last, for an error message: the error the server exited with (its
+/// `Error:` line and causes, without the backtrace `RUST_BACKTRACE` adds, whose last frame says
+/// nothing), else its last line; withheld if it quotes one of the server's secrets (rathole's
+/// config errors may quote the offending TOML line).
 fn last_line(log: &str, server: &ExitServer) -> String {
-    let line = log.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no output");
+    let lines: Vec<&str> = log.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let said = match lines.iter().rposition(|l| l.starts_with("Error: ")) {
+        Some(at) => {
+            lines[at..].iter().take_while(|l| !l.starts_with("Stack backtrace:")).copied().collect::<Vec<_>>().join(" ")
+        }
+        None => lines.last().copied().unwrap_or("no output").to_string(),
+    };
     let secrets = server.services.iter().map(|s| s.token.as_str()).chain([server.noise_private_key.as_str()]);
-    if secrets.filter(|s| !s.is_empty()).any(|s| line.contains(s)) {
+    if secrets.filter(|s| !s.is_empty()).any(|s| said.contains(s)) {
         return "<log line withheld: it contains a secret>".into();
     }
-    line.to_string()
+    said
 }
 
 /// Whether process `pid` exists and has not exited (a zombie awaiting its reaper has).
@@ -138,4 +146,20 @@ fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt as _;
     let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
     f.write_all(text.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_error_the_server_exited_with_is_named_not_its_backtrace() {
+        let server = ExitServer { control_port: 2333, noise_private_key: "k3y".into(), services: Vec::new() };
+        let log = "INFO starting\nError: cannot listen on 127.77.0.9:2333\n\nCaused by:\n    Address in use\n\n\
+                   Stack backtrace:\n   0: anyhow::error\n  31: _start\n";
+        assert_eq!(last_line(log, &server), "Error: cannot listen on 127.77.0.9:2333 Caused by: Address in use");
+        assert_eq!(last_line("INFO a\nWARN b\n", &server), "WARN b", "no error: the last line");
+        assert_eq!(last_line("", &server), "no output");
+        assert!(last_line("Error: bad key k3y\n", &server).contains("withheld"));
+    }
 }
