@@ -37,10 +37,14 @@ pub type Held = BTreeMap<String, Instant>;
 struct Turn {
     /// Holds the Lease, runs without leader election, or runs sharded.
     open: bool,
+    /// Since when it is open: the Lease taken, or the process started without one.
+    opened: Option<Instant>,
     /// Stopped: reconciles waiting for a Lease end without acting.
     stopped: bool,
     /// With sharding: what it holds; `None` when one Lease (or none) covers everything.
     shards: Option<Arc<Held>>,
+    /// With sharding: since when it has held each shard it holds now.
+    gained: Arc<BTreeMap<String, Instant>>,
 }
 
 impl Turn {
@@ -66,18 +70,27 @@ impl Gate {
 
     /// A gate for a sharded replica: open, permitting nothing until [`Gate::hold`] names shards.
     pub fn sharded() -> (Gate, Acting) {
-        let (tx, rx) = watch::channel(Turn { open: true, stopped: false, shards: Some(Arc::default()) });
+        let turn = Turn { open: true, opened: Some(Instant::now()), shards: Some(Arc::default()), ..Turn::default() };
+        let (tx, rx) = watch::channel(turn);
         (Gate(tx), Acting(rx))
     }
 
     /// This replica holds the Lease: parked reconciles go on, new ones act at once.
     pub fn open(&self) {
-        self.0.send_modify(|turn| turn.open = true);
+        self.0.send_modify(|turn| {
+            turn.opened = turn.opened.filter(|_| turn.open).or(Some(Instant::now()));
+            turn.open = true;
+        });
     }
 
     /// The shards this replica holds now, each acted on until its deadline (sharded gates only).
     pub fn hold(&self, held: Held) {
-        self.0.send_modify(|turn| turn.shards = Some(Arc::new(held)));
+        self.0.send_modify(|turn| {
+            let now = Instant::now();
+            let since = |shard: &String| turn.gained.get(shard).copied().unwrap_or(now);
+            turn.gained = Arc::new(held.keys().map(|shard| (shard.clone(), since(shard))).collect());
+            turn.shards = Some(Arc::new(held));
+        });
     }
 
     /// Stopping: reconciles waiting for a Lease end without acting; what this replica holds
@@ -135,6 +148,20 @@ impl Acting {
     pub fn turned_away(&self, shard: &str) -> Action {
         let held = self.0.borrow().shards.as_ref().is_some_and(|held| held.contains_key(shard));
         if held { Action::requeue(LAPSED_RETRY) } else { Action::await_change() }
+    }
+
+    /// Since when this replica has acted on the objects of `shard` without a break: since it took
+    /// that shard's Lease, or the one Lease, or started without one; `None` while it may not. What
+    /// the replica (or process) before it left in flight is in no memory of this one's.
+    pub fn acting_since(&self, shard: &str) -> Option<Instant> {
+        let turn = self.0.borrow();
+        if !turn.permits(shard) {
+            return None;
+        }
+        match &turn.shards {
+            Some(_) => turn.gained.get(shard).copied(),
+            None => turn.opened,
+        }
     }
 
     /// Whether this replica may act on `obj` now.
@@ -259,5 +286,32 @@ mod tests {
         tokio::task::yield_now().await;
         gate.stop();
         assert!(!waiting.await.unwrap());
+    }
+
+    /// What a replica acts on since it took over is dated from the takeover: a shard from when it
+    /// was gained (renewals keep the date; lost and taken again, a new one), everything from when
+    /// the one Lease was taken; nothing while it may not act.
+    #[tokio::test(start_paused = true)]
+    async fn acting_is_dated_from_the_takeover() {
+        let (gate, acting) = Gate::sharded();
+        assert_eq!(acting.acting_since(DEFAULT_SHARD), None);
+        let (start, held) = (Instant::now(), |end| Held::from([(DEFAULT_SHARD.to_string(), end)]));
+        gate.hold(held(start + Duration::from_secs(15)));
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        gate.hold(held(Instant::now() + Duration::from_secs(15)));
+        assert_eq!(acting.acting_since(DEFAULT_SHARD), Some(start), "a renewal is no takeover");
+        assert_eq!(acting.acting_since(TUNNELS_SHARD), None, "not held");
+        gate.hold(Held::new());
+        gate.hold(held(Instant::now() + Duration::from_secs(15)));
+        assert_eq!(acting.acting_since(DEFAULT_SHARD), Some(Instant::now()), "taken again");
+
+        let (gate, acting) = Gate::shut();
+        assert_eq!(acting.acting_since(DEFAULT_SHARD), None, "a standby");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let opened = Instant::now();
+        gate.open();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        gate.open();
+        assert_eq!(acting.acting_since(DEFAULT_SHARD), Some(opened));
     }
 }

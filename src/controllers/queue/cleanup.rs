@@ -87,7 +87,9 @@ async fn delete(queue: &Queue, ctx: &Context, url: &str) -> Result<Option<Durati
             ctx.publish(queue, Reason::Deleted, format!("deleted SQS queue {url}")).await;
         }
         None => {
-            if let Some(wait) = ctx.unsettled.wait(queue.uid().as_deref().unwrap_or_default()) {
+            let since = ctx.acting.acting_since(&crate::controllers::Sharded::shard(queue));
+            let took_over = super::unsettled::after_takeover(since, queue.metadata.creation_timestamp.as_ref());
+            if let Some(wait) = ctx.unsettled.wait(queue.uid().as_deref().unwrap_or_default()).or(took_over) {
                 return Ok(Some(wait));
             }
             if url.is_empty() {

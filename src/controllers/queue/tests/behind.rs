@@ -94,3 +94,29 @@ async fn a_create_without_an_answer_keeps_the_cleanup_looking_until_a_late_creat
     assert!(!h.sqs.exists(&name), "deleted by its owner tag");
     assert_eq!(h.current().metadata.finalizers, Some(vec![]));
 }
+
+/// A CreateQueue of unknown outcome by the replica (or process) that acted before this one is in
+/// no memory here. So the cleanup of a Queue older than this replica's takeover that finds no
+/// queue keeps the finalizer until such a create would have landed; a Queue made since the
+/// takeover was never acted on before, and goes at once.
+#[tokio::test]
+async fn a_queue_older_than_the_takeover_keeps_its_finalizer_until_a_former_leaders_create_would_have_landed() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::jiff::Timestamp;
+    for (made_ago, waits) in [(600, true), (0, false)] {
+        let h = harness();
+        let (cached, _) = converged_then_queue_gone(&h).await;
+        let mut deleting = (*cached).clone();
+        deleting.metadata.creation_timestamp = Some(Time(Timestamp::now() - std::time::Duration::from_secs(made_ago)));
+        deleting.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
+        let action = h.reconcile(h.put(&deleting)).await.unwrap();
+        let finalizers = h.current().metadata.finalizers.unwrap_or_default();
+        if waits {
+            let wait = requeue_secs(&action);
+            assert!(wait > 40.0 && wait <= 45.0, "{action:?}");
+            assert_eq!(finalizers, [FINALIZER], "the finalizer stays");
+        } else {
+            assert!(finalizers.is_empty(), "nothing acted on it before this replica: {finalizers:?}");
+        }
+    }
+}
