@@ -157,11 +157,7 @@ fn write_state(path: &Path, added: &Added) -> anyhow::Result<()> {
     }
     let mut text = String::from("# Addresses `skyport tunnel addresses` put on an interface: <address> <interface>\n");
     added.iter().for_each(|(address, dev)| text.push_str(&format!("{address} {dev}\n")));
-    let mut staged = path.as_os_str().to_owned();
-    staged.push(".skyport-tmp");
-    super::options::write_private(Path::new(&staged), text.as_bytes())
-        .with_context(|| format!("writing {}", path.display()))?;
-    std::fs::rename(&staged, path).with_context(|| format!("replacing {}", path.display()))
+    super::options::replace_private(path, text.as_bytes()).with_context(|| format!("writing {}", path.display()))
 }
 
 /// iproute2's `ip`, by program name.

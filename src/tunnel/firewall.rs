@@ -20,10 +20,8 @@ pub async fn firewall(config: &Path, output: &Path, push_port: u16) -> anyhow::R
     let openings =
         openings(&text, push_port).with_context(|| format!("reading the tunnel configuration {}", config.display()))?;
     let rules = providers::exit::userdata::render_nftables_openings(&openings);
-    let mut staged = output.as_os_str().to_owned();
-    staged.push(".skyport-tmp");
-    std::fs::write(&staged, rules).with_context(|| format!("writing {}", output.display()))?;
-    std::fs::rename(&staged, output).with_context(|| format!("replacing {}", output.display()))?;
+    super::options::replace_private(output, rules.as_bytes())
+        .with_context(|| format!("writing {}", output.display()))?;
     let (open, restricted) = (&openings.open, openings.restricted.keys().collect::<Vec<_>>());
     info!(output = %output.display(), ?open, ?restricted, "rendered the exit server's firewall");
     Ok(())

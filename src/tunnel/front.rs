@@ -78,10 +78,7 @@ impl Server {
             }
             keep
         });
-        let mut staged = self.derived.as_os_str().to_owned();
-        staged.push(".tmp");
-        super::options::write_private(Path::new(&staged), text.as_bytes())
-            .and_then(|()| std::fs::rename(&staged, &self.derived))
+        super::options::replace_private(&self.derived, text.as_bytes())
             .with_context(|| format!("writing {}", self.derived.display()))?;
         self.missing = want.iter().filter(|f| !self.running.contains_key(f)).copied().collect();
         self.bind_missing();

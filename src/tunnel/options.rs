@@ -173,5 +173,14 @@ pub(super) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     f.sync_all()
 }
 
+/// Replaces `path` with `bytes` as [`write_private`] writes them, staged beside it and renamed
+/// over it: a reader (nft, systemd, the server) sees the old file or the new one, never half.
+pub(super) fn replace_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut staged = path.as_os_str().to_owned();
+    staged.push(".skyport-tmp");
+    let staged = Path::new(&staged);
+    write_private(staged, bytes).and_then(|()| std::fs::rename(staged, path))
+}
+
 #[cfg(test)]
 mod tests;

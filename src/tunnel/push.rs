@@ -77,9 +77,7 @@ impl Receiver {
 
     /// Writes the generation atomically.
     fn persist_generation(&self, generation: u64) -> std::io::Result<()> {
-        let staged = suffixed(&self.config, ".generation.tmp");
-        write_private(&staged, generation.to_string().as_bytes())
-            .and_then(|()| std::fs::rename(&staged, self.generation_path()))
+        super::options::replace_private(&self.generation_path(), generation.to_string().as_bytes())
     }
 
     /// The last applied generation; the server's first start time (ms since the epoch) before
