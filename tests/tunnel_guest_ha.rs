@@ -19,13 +19,19 @@ use std::time::{Duration, Instant};
 
 use common::guest::{guest_exe, rootfs_or_skip};
 use common::guest_pair::{GuestPair, PORT, PowerOff, ha};
+use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
-use kube::api::DeleteParams;
+use kube::api::{Api, DeleteParams};
 use providers::HostProvider;
 use providers::hosts::{MANAGED_BY_VALUE, TAG_MANAGED_BY, TAG_TUNNEL_UID};
+use serde_json::json;
+use skyport::crd::Tunnel;
+use skyport::crd::pool::{ExitServerPoolSpec, PoolAddressing};
+use skyport::crd::tunnel::{AddressMode, HighAvailability, TunnelAddress};
 use tunnels::{carries, events_with};
 
 use crate::tunnel_guest::{ingress_is, traces};
+use crate::tunnel_guest_ranges::{GuestPool, guest_addresses, guest_pool_of};
 
 /// This machine's routes of `ip`.
 fn routes(ip: &str) -> String {
@@ -114,4 +120,63 @@ async fn a_highly_available_tunnel_on_booted_guests_moves_its_address_off_a_powe
     assert!(files.is_empty(), "files left in the state directory: {files:?}");
     eprintln!("guest pair: whole test {:?}", started.elapsed());
     pair.finish().await;
+}
+
+/// An ActiveStandby ExitServerPool with an address per Service, on booted guests: both guests
+/// carry the member's own address on their interfaces (their root unit puts each bound address
+/// there) and this machine routes it to the active guest. The active guest is powered off: the
+/// member's address moves with the pool's reserved one to the other guest, where bytes flow
+/// through it again, and the member is published there still.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "boots Debian guests: root, tests/env/build-guest.sh, the static build and tests/env.sh up"]
+async fn a_per_service_pool_pair_moves_the_members_address_off_a_powered_off_guest() {
+    let spec = ExitServerPoolSpec {
+        addressing: PoolAddressing::PerService,
+        address: Some(TunnelAddress { mode: AddressMode::Reserved, ..Default::default() }),
+        high_availability: Some(HighAvailability::default()),
+        ..Default::default()
+    };
+    let Some(GuestPool { ns, guests, op, pool, pools, _guard, _mirror }) =
+        guest_pool_of("a_per_service_pool_pair", "tun-guest-own-ha", spec).await
+    else {
+        return;
+    };
+    let (services, tunnels): (Api<Service>, Api<Tunnel>) = (ns.api(), ns.api());
+    let annotations = json!({"skyport.dev/exit-server-pool": pool});
+    let ports = json!([{"name": "tcp", "port": PORT, "protocol": "TCP"}]);
+    let web = tunnels::service("web", Some("skyport.dev/tunnel"), annotations, ports);
+    services.create(&Default::default(), &web).await.unwrap();
+    let _kubelet = common::kubelet::AllClients::start(ns.client.clone(), &ns.name);
+
+    let own = tunnels::host_ip(&tunnels::active(&tunnels, "web-tunnel", Duration::from_secs(400)).await);
+    let carrier_name = format!("pool-{pool}");
+    let carrier = tunnels.get(&carrier_name).await.unwrap();
+    let holder = ha(&carrier).active.expect("an active guest");
+    assert_ne!(carrier.status.clone().unwrap().address_ip, Some(own.clone()), "its own address, not the pool's");
+    for server in ha(&carrier).servers {
+        let on = guest_addresses(server.host_id.as_deref().unwrap());
+        assert!(on.contains(&format!(" {own}/32 ")), "{}: {on}", server.slot);
+    }
+    assert!(routes(&own).contains(&format!("dev {holder}h")), "routed to {holder}: {}", routes(&own));
+    carries(&own, PORT, None).await;
+
+    let machine = guests.machine(&holder).expect("the active guest");
+    tokio::task::spawn_blocking(move || machine.stop(Duration::from_secs(30))).await.unwrap();
+    let to = common::eventually("the member's address routed to the other guest", Duration::from_secs(180), || async {
+        let to = ha(&tunnels.get(&carrier_name).await.ok()?).active.filter(|a| a != &holder)?;
+        routes(&own).contains(&format!("dev {to}h")).then_some(to)
+    })
+    .await;
+    carries(&own, PORT, None).await;
+    let member = tunnels::active(&tunnels, "web-tunnel", Duration::from_secs(120)).await;
+    assert_eq!(tunnels::host_ip(&member), own, "published at its own address on {to}");
+
+    services.delete("web", &DeleteParams::default()).await.unwrap();
+    common::eventually("the pool's Tunnels gone with its last member", Duration::from_secs(180), || async {
+        tunnels.list(&Default::default()).await.ok()?.items.is_empty().then_some(())
+    })
+    .await;
+    assert_eq!(routes(&own), "", "the member's address is still routed");
+    pools.delete(&pool, &Default::default()).await.unwrap();
+    tunnels::finish_tunnels(op, ns).await;
 }

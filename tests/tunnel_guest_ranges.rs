@@ -86,17 +86,22 @@ async fn a_guests_own_firewall_admits_the_service_port_from_the_source_ranges_on
 /// A guest operator serving a new namespace, and an ExitServerPool allowing it; `None` (the test
 /// skipped) without the guest root file system. A test binds `_guard` and `_mirror` by name:
 /// dropped, they tear the guests down and stop serving the binary.
-struct GuestPool {
-    ns: TestNs,
-    guests: Arc<GuestProvider>,
-    op: TunnelOperator,
-    pool: String,
-    pools: Api<ExitServerPool>,
-    _guard: Guests,
-    _mirror: Mirror,
+pub(crate) struct GuestPool {
+    pub(crate) ns: TestNs,
+    pub(crate) guests: Arc<GuestProvider>,
+    pub(crate) op: TunnelOperator,
+    pub(crate) pool: String,
+    pub(crate) pools: Api<ExitServerPool>,
+    pub(crate) _guard: Guests,
+    pub(crate) _mirror: Mirror,
 }
 
 async fn guest_pool(test: &str, prefix: &str, addressing: PoolAddressing) -> Option<GuestPool> {
+    guest_pool_of(test, prefix, ExitServerPoolSpec { addressing, ..Default::default() }).await
+}
+
+/// [`GuestPool`] for a pool of `spec`, which allows the new namespace.
+pub(crate) async fn guest_pool_of(test: &str, prefix: &str, spec: ExitServerPoolSpec) -> Option<GuestPool> {
     let rootfs = rootfs_or_skip(test)?;
     let mirror = https_mirror(std::fs::read(guest_exe()).unwrap()).await;
     let ns = TestNs::new(prefix).await;
@@ -110,7 +115,7 @@ async fn guest_pool(test: &str, prefix: &str, addressing: PoolAddressing) -> Opt
     let op = TunnelOperator::start_serving(&ns, settings, vec![guests.clone()], guest_exe()).await;
     let pool = format!("{prefix}-{:08x}", rand::random::<u32>());
     let pools: Api<ExitServerPool> = Api::all(ns.client.clone());
-    let spec = ExitServerPoolSpec { allowed_namespaces: vec![ns.name.clone()], addressing, ..Default::default() };
+    let spec = ExitServerPoolSpec { allowed_namespaces: vec![ns.name.clone()], ..spec };
     pools.create(&Default::default(), &ExitServerPool::new(&pool, spec)).await.unwrap();
     Some(GuestPool { ns, guests, op, pool, pools, _guard: guard, _mirror: mirror })
 }
@@ -166,7 +171,7 @@ async fn a_shared_guests_firewall_holds_each_members_ranges_on_its_own_ports_onl
 }
 
 /// The IPv4 addresses on the interfaces of guest `id` (its network namespace is named so).
-fn guest_addresses(id: &str) -> String {
+pub(crate) fn guest_addresses(id: &str) -> String {
     let out = std::process::Command::new("ip").args(["netns", "exec", id, "ip", "-4", "-o", "addr", "show"]).output();
     String::from_utf8_lossy(&out.expect("ip netns exec").stdout).into_owned()
 }

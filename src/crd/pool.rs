@@ -44,8 +44,8 @@ pub const DEFAULT_HEALTH_PORTS_COUNT: u16 = 64;
     validation = Rule::new("has(self.highAvailability) == has(oldSelf.highAvailability) && (!has(self.highAvailability) || self.highAvailability == oldSelf.highAvailability)").message("highAvailability is immutable: create another pool and move the Services to it"),
     validation = Rule::new("self.healthPorts == oldSelf.healthPorts").message("healthPorts is immutable: members' health checks are configured on their clients"),
     validation = Rule::new("self.addressing == oldSelf.addressing").message("addressing is immutable: every member's address would change at once; create another pool and move the Services to it"),
-    validation = Rule::new("self.addressing != 'PerService' || !has(self.address)").message("addressing PerService reserves an address for each Service; address configures the one shared address: leave it out"),
-    validation = Rule::new("self.addressing != 'PerService' || !has(self.highAvailability)").message("addressing PerService is served by a single exit server; leave highAvailability out"),
+    validation = Rule::new("self.addressing != 'PerService' || !has(self.address) || has(self.highAvailability)").message("addressing PerService reserves an address for each Service; address configures the one shared address: leave it out (only a highAvailability pool keeps one, which marks its active server)"),
+    validation = Rule::new("self.addressing != 'PerService' || !has(self.highAvailability) || !has(self.highAvailability.mode) || self.highAvailability.mode == 'ActiveStandby'").message("addressing PerService moves every Service's address to the active server: highAvailability mode BothAddresses is not available with it; use mode ActiveStandby"),
     validation = Rule::new("!has(self.highAvailability) || (has(self.highAvailability.mode) && self.highAvailability.mode == 'BothAddresses') || (has(self.address) && self.address.mode == 'Reserved')").message("highAvailability (mode ActiveStandby) needs address.mode: Reserved; where the provider cannot move an address, use mode: BothAddresses")
 )]
 pub struct ExitServerPoolSpec {
@@ -73,7 +73,8 @@ pub struct ExitServerPoolSpec {
     pub address: Option<TunnelAddress>,
 
     /// Two exit servers instead of one, as a Tunnel's `highAvailability`; every member is then
-    /// carried by both. Immutable.
+    /// carried by both. With `addressing: PerService`, mode `ActiveStandby` only: the members'
+    /// addresses move with the pool's reserved `address` to the server that works. Immutable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub high_availability: Option<HighAvailability>,
 
@@ -96,8 +97,8 @@ pub struct ExitServerPoolSpec {
     /// Service on ports of its own; a port another Service serves is refused. `PerService`: each
     /// Service gets a public address of its own on the same server, so Services may use the same
     /// ports; each address costs what the provider charges for one. Only where the provider puts
-    /// several addresses on one server (`local` today); elsewhere the pool reports
-    /// `PoolAddressingUnavailable` and buys nothing. Immutable.
+    /// several addresses on one server (Hetzner Cloud, and `local` and `guest` for development);
+    /// elsewhere the pool reports `PoolAddressingUnavailable` and buys nothing. Immutable.
     #[serde(default)]
     pub addressing: PoolAddressing,
 }

@@ -375,7 +375,12 @@ pub fn cases() -> Vec<Case> {
         case(
             "a pool with an address per Service on two exit servers",
             pool("bad-input-own-2", json!({"addressing": "PerService", "highAvailability": {"mode": "BothAddresses"}})),
-            Refused(&["served by a single exit server"]),
+            Refused(&["BothAddresses is not available with it"]),
+        ),
+        case(
+            "a pool with an address per Service on a pair without the address that marks the active one",
+            pool("bad-input-own-4", json!({"addressing": "PerService", "highAvailability": {}})),
+            Refused(&["needs address.mode: Reserved"]),
         ),
         edit(
             "a pool's addressing changed",

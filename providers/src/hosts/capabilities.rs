@@ -168,10 +168,15 @@ impl PoolAddresses {
         matches!(self, PoolAddresses::Assigned)
     }
 
-    /// Whether a pool on provider `provider` may give each member an address of its own; why not.
-    pub fn per_service(self, provider: &str) -> Result<(), String> {
+    /// Whether a pool on provider `provider` may give each member an address of its own, on one
+    /// server or (`paired`) on whichever server of an ActiveStandby pair is active; why not.
+    pub fn per_service(self, provider: &str, paired: bool) -> Result<(), String> {
         match self {
-            PoolAddresses::Bound | PoolAddresses::Assigned => Ok(()),
+            PoolAddresses::Assigned => Ok(()),
+            PoolAddresses::Bound if !paired => Ok(()),
+            PoolAddresses::Bound => Err(format!(
+                "provider {provider} binds each member's address on the machine itself, where a pair's two servers cannot both listen on it; leave highAvailability out of the pool there"
+            )),
             PoolAddresses::One(why) => Err(format!(
                 "provider {provider} gives a pool's shared server one public address ({why}); use addressing: Shared there"
             )),

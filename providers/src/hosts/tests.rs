@@ -64,10 +64,14 @@ fn long_values_are_shortened_deterministically_and_stay_valid() {
 /// A pool asking for an address per Service is told why its provider cannot, and what to use.
 #[test]
 fn a_provider_with_one_address_per_server_says_why_a_pool_cannot_have_one_per_service() {
-    assert_eq!(PoolAddresses::Bound.per_service("local"), Ok(()));
-    assert_eq!(PoolAddresses::Assigned.per_service("hetzner"), Ok(()));
+    assert_eq!(PoolAddresses::Bound.per_service("local", false), Ok(()));
+    assert_eq!(PoolAddresses::Assigned.per_service("hetzner", false), Ok(()));
+    assert_eq!(PoolAddresses::Assigned.per_service("hetzner", true), Ok(()), "assigned to the active server");
+    let why = PoolAddresses::Bound.per_service("local", true).unwrap_err();
+    assert!(why.contains("local") && why.contains("cannot both listen") && why.contains("highAvailability"), "{why}");
     assert!(PoolAddresses::Assigned.assigned() && !PoolAddresses::Bound.assigned());
-    let why = PoolAddresses::One("a Droplet takes one reserved IP at a time").per_service("digitalocean").unwrap_err();
+    let one = PoolAddresses::One("a Droplet takes one reserved IP at a time");
+    let why = one.per_service("digitalocean", false).unwrap_err();
     assert!(why.contains("digitalocean") && why.contains("one reserved IP") && why.contains("addressing: Shared"));
     assert!(!Capabilities::default().pool_addresses.several(), "none unless a provider says so");
 }

@@ -194,7 +194,7 @@ async fn hetzner_reserves_a_floating_ip_onto_a_running_server_and_waits_for_it()
 async fn hetzner_carries_a_floating_ip_per_pool_member_on_one_server() {
     let (_fake, base) = Fake::start(Kind::Hetzner).await;
     let provider = hz_provider(&base, TOKEN, 50);
-    assert_eq!(provider.capabilities().pool_addresses.per_service(provider.name()), Ok(()));
+    assert_eq!(provider.capabilities().pool_addresses.per_service(provider.name(), true), Ok(()));
     assert!(provider.capabilities().pool_addresses.assigned(), "reserved movable, assigned to the server");
     let expect = contract::Expect::booting_cloud(POLLS_UNTIL_RUNNING + 2);
     let server = contract::running(&provider, &request("skyport-pool-shared", UID), &expect).await;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Client, Resource, ResourceExt};
 use providers::exit::userdata::NoiseKeypair;
-use providers::hosts::{TAG_TUNNEL_SLOT, TAG_TUNNEL_UID};
+use providers::hosts::{TAG_POOL_MEMBER, TAG_TUNNEL_SLOT, TAG_TUNNEL_UID};
 use providers::{Address, Host, HostProvider};
 use tracing::info;
 
@@ -176,11 +176,13 @@ pub async fn find_address(
     tunnel: (&str, &str),
     (named, cluster): (Option<&str>, &str),
 ) -> Result<FoundAddress> {
-    let mut addresses = provider.list_addresses_by_tag(TAG_TUNNEL_UID, uid).await?;
+    let listed = provider.list_addresses_by_tag(TAG_TUNNEL_UID, uid).await?;
+    let mut addresses: Vec<Address> = listed.into_iter().filter(|a| !pool_members(&a.tags)).collect();
     let recorded = status.address_id.clone().filter(|_| status.provider.as_deref() == Some(provider.name()));
     if let Some(id) = &recorded
         && !addresses.iter().any(|a| &a.id == id)
         && let Some(address) = provider.get_address(id).await?
+        && !pool_members(&address.tags)
         && (!address.tags.contains_key(TAG_TUNNEL_UID)
             || taken_over(&address.tags, tunnel)
             || named.is_some_and(|n| handed(&address, (tunnel.0, cluster), n))
@@ -192,6 +194,13 @@ pub async fn find_address(
     addresses.sort_by(|a, b| (Some(&a.id) != recorded.as_ref(), &a.id).cmp(&(Some(&b.id) != recorded.as_ref(), &b.id)));
     let mut addresses = addresses.into_iter();
     Ok(FoundAddress { address: addresses.next(), extras: addresses.collect() })
+}
+
+/// Whether `tags` mark a pool member's own address ([`TAG_POOL_MEMBER`]): the shared server's
+/// Tunnel UID is on it too, but it is that member's, bound and released by the member's entry
+/// alone, never the Tunnel's reserved address nor an extra of it (nor one a Service may name).
+pub fn pool_members(tags: &BTreeMap<String, String>) -> bool {
+    tags.contains_key(TAG_POOL_MEMBER)
 }
 
 /// The reserved addresses tagged with the Tunnel name `name` (of any namespace and cluster).

@@ -3,6 +3,7 @@
 //! Tunnel's own server does for its Service (a released address may be someone else's next).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Service;
 use kube::runtime::watcher;
@@ -13,7 +14,7 @@ use super::tests::{Harness, SERVICE, TUNNEL, harness_settings, service};
 use crate::config::TunnelArgs;
 use crate::controllers::service::desired::ANNOTATION_POOL;
 use crate::crd::pool::{ExitServerPool, ExitServerPoolSpec, PoolAddressing};
-use crate::crd::tunnel::{MemberAddress, PoolRef, Tunnel, TunnelSpec};
+use crate::crd::tunnel::{AddressMode, HighAvailability, MemberAddress, PoolRef, Tunnel, TunnelAddress, TunnelSpec};
 
 const POOL: &str = "/apis/skyport.dev/v1alpha1/exitserverpools/shared";
 const CARRIER: &str = "/apis/skyport.dev/v1alpha1/namespaces/ns/tunnels/pool-shared";
@@ -25,11 +26,13 @@ fn pool_with_a_member() -> (Harness, Arc<Tunnel>) {
 }
 
 fn pool_with_a_member_by(addressing: PoolAddressing) -> (Harness, Arc<Tunnel>) {
-    let mut h = harness_settings(TunnelArgs { pool_namespace: Some("ns".into()), ..TunnelArgs::default() });
-    let mut pool = ExitServerPool::new(
-        "shared",
-        ExitServerPoolSpec { allowed_namespaces: vec!["ns".into()], addressing, ..Default::default() },
-    );
+    let spec = ExitServerPoolSpec { allowed_namespaces: vec!["ns".into()], addressing, ..Default::default() };
+    pool_with_a_member_of(spec, TunnelArgs::default())
+}
+
+fn pool_with_a_member_of(spec: ExitServerPoolSpec, settings: TunnelArgs) -> (Harness, Arc<Tunnel>) {
+    let mut h = harness_settings(TunnelArgs { pool_namespace: Some("ns".into()), ..settings });
+    let mut pool = ExitServerPool::new("shared", spec);
     pool.metadata.uid = Some("pool-uid".into());
     h.api.put(POOL, serde_json::to_value(&pool).unwrap());
     h.pools.apply_watcher_event(&watcher::Event::Apply(pool.clone()));
@@ -48,7 +51,13 @@ fn pool_with_a_member_by(addressing: PoolAddressing) -> (Harness, Arc<Tunnel>) {
     metadata.namespace = Some("ns".into());
     metadata.uid = Some("carrier-uid".into());
     metadata.generation = Some(1);
-    let spec = TunnelSpec { service_ref: None, pool: Some(PoolRef { name: "shared".into() }), ..TunnelSpec::default() };
+    let spec = TunnelSpec {
+        service_ref: None,
+        pool: Some(PoolRef { name: "shared".into() }),
+        address: pool.spec.address.clone(),
+        high_availability: pool.spec.high_availability.clone(),
+        ..TunnelSpec::default()
+    };
     let carrier = Tunnel { metadata, spec, status: None };
     let carrier: Tunnel = serde_json::from_value(h.api.put(CARRIER, serde_json::to_value(&carrier).unwrap())).unwrap();
     h.tunnels.apply_watcher_event(&watcher::Event::Apply(carrier.clone()));
@@ -285,4 +294,54 @@ async fn a_member_address_is_never_assigned_to_a_host_of_someone_else() {
     assign.await.unwrap();
     let [kept] = h.provider.addresses().try_into().unwrap();
     assert_eq!(kept.host_id, address.host_id, "left where it was");
+}
+
+/// An ActiveStandby pool with an address per Service: the members' addresses go onto the server
+/// holding the pool's reserved address, and move with it when that server fails its checks; a
+/// provider that binds members' addresses on the machine itself is refused before any server.
+#[tokio::test]
+async fn a_pairs_member_addresses_follow_the_reserved_address_to_the_server_that_works() {
+    let spec = ExitServerPoolSpec {
+        allowed_namespaces: vec!["ns".into()],
+        addressing: PoolAddressing::PerService,
+        address: Some(TunnelAddress { mode: AddressMode::Reserved, ..Default::default() }),
+        high_availability: Some(HighAvailability::default()),
+        ..Default::default()
+    };
+    let settings = TunnelArgs { failover_failures: 3, failover_after: Duration::ZERO, ..TunnelArgs::default() };
+    let (h, carrier) = pool_with_a_member_of(spec.clone(), settings.clone());
+    h.provider.float_moved_addresses();
+    h.reconcile(carrier).await.unwrap();
+    let ha = |h: &Harness| carrier_now(h).status.clone().unwrap().high_availability.unwrap();
+    let member = |h: &Harness| {
+        let [entry] = carrier_now(h).status.clone().unwrap().member_addresses.try_into().expect("one member");
+        h.provider.addresses().into_iter().find(|a| a.id == entry.id).expect("the member's address")
+    };
+    assert_eq!(h.provider.hosts().len(), 2, "a pair");
+    assert_eq!(h.provider.addresses().len(), 2, "the pool's reserved address and the member's own");
+    let active = ha(&h).active.expect("an active server");
+    assert_eq!(member(&h).host_id.as_deref(), Some(active.as_str()), "on the active server");
+    let standby = ha(&h).servers.into_iter().find(|s| s.host_id.as_deref() != Some(&active)).unwrap();
+    let active_ip = ha(&h).servers.into_iter().find(|s| s.host_id.as_deref() == Some(&active)).unwrap().host_ip;
+    for host in h.provider.hosts() {
+        let user_data = h.provider.user_data_of(&host.id).unwrap();
+        assert!(user_data.contains(&format!("{}:", member(&h).ip)), "{} binds the member's address", host.id);
+    }
+
+    h.probe.refuse(&active_ip.clone().unwrap(), true);
+    for _ in 0..3 {
+        h.reconcile(carrier_now(&h)).await.unwrap();
+    }
+    let moved_to = ha(&h).active.expect("an active server");
+    assert_eq!(Some(moved_to.as_str()), standby.host_id.as_deref(), "the standby took over");
+    assert_eq!(member(&h).host_id.as_deref(), Some(moved_to.as_str()), "the member's address went with it");
+
+    // Unfloated, the fake binds members' addresses on its machine, as the local provider does.
+    let (local, carrier) = pool_with_a_member_of(spec, settings);
+    let _ = local.reconcile(carrier).await;
+    let ready =
+        carrier_now(&local).status.clone().unwrap().conditions.into_iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(ready.reason, "PoolAddressingUnavailable", "{}", ready.message);
+    assert!(ready.message.contains("cannot both listen"), "{}", ready.message);
+    assert!(local.provider.hosts().is_empty() && local.provider.addresses().is_empty(), "nothing bought");
 }

@@ -17,9 +17,13 @@ use crate::controllers::tunnel::placement::Placement;
 use crate::controllers::tunnel::plan::Blocked;
 use crate::controllers::tunnel::{Context, act, desired};
 use crate::crd::pool::{ExitServerPool, PoolAddressing};
-use crate::crd::tunnel::{Tunnel, TunnelPhase, TunnelPort};
+use crate::crd::tunnel::{HighAvailabilityMode, Tunnel, TunnelPhase, TunnelPort};
 use crate::error::Error;
 use crate::reasons::Reason;
+
+/// Why a `PerService` pool is not a `BothAddresses` pair: each member would need an address per
+/// server, which skyport does not reserve.
+const BOTH_ADDRESSES: &str = "addressing PerService moves every member's address to the active server of an ActiveStandby pair; highAvailability mode BothAddresses is not available with it: use mode ActiveStandby, or addressing Shared";
 
 impl Pass<'_> {
     /// The pool, its members and the ports each gets, checked before any cloud call.
@@ -57,7 +61,13 @@ impl Pass<'_> {
             PoolAddressing::Shared => None,
             PoolAddressing::PerService => {
                 let unavailable = |why| blocked(TunnelPhase::Failed, Reason::PoolAddressingUnavailable, why);
-                provider.capabilities().pool_addresses.per_service(provider.name()).map_err(unavailable)?;
+                let paired = tunnel.spec.high_availability.as_ref().map(|h| h.mode);
+                if paired == Some(HighAvailabilityMode::BothAddresses) {
+                    // Admission refuses it too (the pool's CEL rules); a pool made before them is told here.
+                    return Err(unavailable(BOTH_ADDRESSES.into()));
+                }
+                let pool_addresses = provider.capabilities().pool_addresses;
+                pool_addresses.per_service(provider.name(), paired.is_some()).map_err(unavailable)?;
                 Some(BTreeMap::new())
             }
         };

@@ -75,3 +75,19 @@ fn a_per_service_member_is_published_at_its_own_address_only() {
     let r = route(&carrier, own_address(&carrier, "u2")).unwrap();
     assert_eq!((r.dials, r.published), (vec![(None, "192.0.2.1".into())], vec!["198.51.100.2".into()]));
 }
+
+/// On an ActiveStandby pair, a member with an address of its own has a client on each server and
+/// is published at its own address, which follows the pool's reserved one to the active server;
+/// until that is on a server, it is published nowhere.
+#[test]
+fn a_per_service_member_of_a_pair_dials_both_servers_and_is_published_at_its_own_address() {
+    let mode = Some(HighAvailabilityMode::ActiveStandby);
+    let mut status = pair(Some("198.51.100.7"));
+    status.member_addresses = vec![MemberAddress { uid: "u1".into(), id: "a-1".into(), ip: "198.51.100.1".into() }];
+    let carrier_of = |status: TunnelStatus| carrier(mode, status);
+    let r = route(&carrier_of(status.clone()), own_address(&carrier_of(status.clone()), "u1")).unwrap();
+    let dials = vec![(Some("a"), "192.0.2.1".to_string()), (Some("b"), "192.0.2.2".to_string())];
+    assert_eq!((r.dials, r.published), (dials, vec!["198.51.100.1".to_string()]));
+    status.address_ip = None;
+    assert!(route(&carrier_of(status.clone()), own_address(&carrier_of(status), "u1")).is_none());
+}
