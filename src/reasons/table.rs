@@ -101,8 +101,8 @@ super::reasons! {
         "the ExitServerPool's shared server cannot carry the Service as it asks: a port another Service serves there, a port in the pool's health-check range, or a full pool",
         "choose other ports, or another pool; what the Service already carried stays";
     PoolAddressingUnavailable: [Tunnel] Warning,
-        "the ExitServerPool asks for an address per Service (spec.addressing: PerService) on a provider whose servers take one public address (or where skyport does not yet put several on one server)",
-        "use addressing: Shared on that provider, or a pool on a provider that takes several; nothing was bought";
+        "the ExitServerPool asks for an address per Service (spec.addressing: PerService) on a provider whose servers take one public address (or where skyport does not yet put several on one server), or on a pair whose servers would share one machine (local), or with highAvailability mode BothAddresses",
+        "use addressing: Shared on that provider, a pool on a provider that takes several (and moves them, for a pair), or mode ActiveStandby; nothing was bought";
     NotAPoolServer: [Tunnel] Warning,
         "a Tunnel without spec.serviceRef runs an ExitServerPool's shared server, which only skyport makes, in its own namespace and controlled by the pool",
         "name the Service to expose in spec.serviceRef";
