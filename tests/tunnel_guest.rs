@@ -83,6 +83,20 @@ pub(crate) async fn ingress_is(services: &Api<Service>, ip: &str) {
     .await;
 }
 
+/// `web-tunnel` once Active (within 300 s). Else the test fails with what each side showed: the
+/// Tunnel's status, its guest's console and cloud-init output, and how often its client started.
+async fn active_on_guest(tunnels: &Api<Tunnel>, guests: &GuestProvider, client: &ClientRunner) -> Tunnel {
+    let last = match tunnels::active_within(tunnels, "web-tunnel", Duration::from_secs(300)).await {
+        Ok(t) => return t,
+        Err(last) => last,
+    };
+    let machine = last.as_ref().and_then(|t| guests.machine(t.status.as_ref()?.host_id.as_deref()?));
+    let guest = machine.map_or_else(|| "no guest recorded".to_string(), |m| m.diagnostics());
+    let starts = client.starts.load(std::sync::atomic::Ordering::Relaxed);
+    let status = last.and_then(|t| t.status);
+    panic!("web-tunnel not Active after 300 s; last status: {status:#?}\nclient starts: {starts}\n{guest}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "boots Debian guests: root, tests/env/build-guest.sh, the static build and tests/env.sh up"]
 async fn a_tunnel_on_booted_guests_carries_bytes_follows_ports_outlives_a_stopped_guest_and_cleans_up() {
@@ -107,11 +121,11 @@ async fn a_tunnel_on_booted_guests_carries_bytes_follows_ports_outlives_a_stoppe
     let web = service("web", Some("skyport.dev/tunnel"), serde_json::json!({"skyport.dev/address": "reserved"}), ports);
     let started = Instant::now();
     services.create(&Default::default(), &web).await.unwrap();
-    let _kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
+    let kubelet = ClientRunner::start(ns.client.clone(), &ns.name, "web-tunnel-client", Backends::default());
 
     // Ready: the guest booted, its cloud-init installed the checked binary and started the
     // server, and the health check went through the tunnel; real bytes flow both ways.
-    let first = active(&tunnels, "web-tunnel", Duration::from_secs(300)).await;
+    let first = active_on_guest(&tunnels, &guests, &kubelet).await;
     let (id, ip) = (host_id(&first), host_ip(&first));
     carries(&ip, 8080, Some(5353)).await;
     eprintln!("guest provider: Service created -> bytes through the guest: {:?}", started.elapsed());

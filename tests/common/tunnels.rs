@@ -289,6 +289,13 @@ pub fn web(name: &str) -> Service {
 
 /// Waits until the Tunnel is Active and returns it.
 pub async fn active(api: &Api<Tunnel>, name: &str, timeout: Duration) -> Tunnel {
+    let found = active_within(api, name, timeout).await;
+    found.unwrap_or_else(|last| panic!("Tunnel {name} not Active after {timeout:?}; last status: {last:#?}"))
+}
+
+/// The Tunnel once it is Active within `timeout`; else the last Tunnel read, for a test to say
+/// more about why before it fails.
+pub async fn active_within(api: &Api<Tunnel>, name: &str, timeout: Duration) -> Result<Tunnel, Option<Tunnel>> {
     let mut last = None;
     let found = tokio::time::timeout(timeout, async {
         loop {
@@ -296,13 +303,13 @@ pub async fn active(api: &Api<Tunnel>, name: &str, timeout: Duration) -> Tunnel 
                 if t.status.as_ref().and_then(|s| s.phase) == Some(TunnelPhase::Active) {
                     return t;
                 }
-                last = t.status.clone();
+                last = Some(t);
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     })
     .await;
-    found.unwrap_or_else(|_| panic!("Tunnel {name} not Active after {timeout:?}; last status: {last:#?}"))
+    found.map_err(|_| last)
 }
 
 pub fn host_ip(t: &Tunnel) -> String {
