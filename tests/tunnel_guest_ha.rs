@@ -33,6 +33,28 @@ use tunnels::{carries, events_with};
 use crate::tunnel_guest::{ingress_is, traces};
 use crate::tunnel_guest_ranges::{GuestPool, guest_addresses, guest_pool_of};
 
+/// What guest `id`'s journal says of the units that put addresses on its interface (read in its
+/// own namespaces, through its systemd).
+fn journal(id: &str) -> String {
+    let init = std::fs::read_dir("/proc").into_iter().flatten().flatten().find_map(|e| {
+        let pid = e.file_name().to_str()?.parse::<i32>().ok()?;
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+        let netns = std::fs::read_link(format!("/proc/{pid}/ns/net")).ok()?;
+        let guest = std::fs::metadata(format!("/run/netns/{id}")).ok()?;
+        let ino = std::os::unix::fs::MetadataExt::ino(&guest);
+        (comm.trim() == "systemd" && netns.to_string_lossy().contains(&ino.to_string())).then_some(pid)
+    });
+    let Some(pid) = init else { return format!("no systemd of guest {id} found") };
+    use providers::exit::userdata::{ADDRESSES_UNIT_NAME, FIREWALL_UNIT_NAME, UNIT_NAME};
+    let units = ["-u", FIREWALL_UNIT_NAME, "-u", ADDRESSES_UNIT_NAME, "-u", UNIT_NAME];
+    let out = std::process::Command::new("nsenter")
+        .args(["-t", &pid.to_string(), "-m", "-p", "journalctl", "--no-pager", "-n", "80"])
+        .args(units)
+        .output();
+    out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr))
+        .unwrap_or_else(|e| format!("nsenter: {e}"))
+}
+
 /// This machine's routes of `ip`.
 fn routes(ip: &str) -> String {
     let out = std::process::Command::new("ip").args(["-4", "route", "show", &format!("{ip}/32")]).output().unwrap();
@@ -150,12 +172,25 @@ async fn a_per_service_pool_pair_moves_the_members_address_off_a_powered_off_gue
 
     let own = tunnels::host_ip(&tunnels::active(&tunnels, "web-tunnel", Duration::from_secs(400)).await);
     let carrier_name = format!("pool-{pool}");
-    let carrier = tunnels.get(&carrier_name).await.unwrap();
+    // The member is Active once the active guest carries it; the standby may still be installing.
+    let carrier = common::eventually("both guests of the pair passing", Duration::from_secs(300), || async {
+        let t = tunnels.get(&carrier_name).await.ok()?;
+        let servers = ha(&t).servers;
+        (servers.len() == 2 && servers.iter().all(|s| s.healthy)).then_some(t)
+    })
+    .await;
     let holder = ha(&carrier).active.expect("an active guest");
     assert_ne!(carrier.status.clone().unwrap().address_ip, Some(own.clone()), "its own address, not the pool's");
     for server in ha(&carrier).servers {
-        let on = guest_addresses(server.host_id.as_deref().unwrap());
-        assert!(on.contains(&format!(" {own}/32 ")), "{}: {on}", server.slot);
+        let id = server.host_id.clone().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !guest_addresses(&id).contains(&format!(" {own}/32 ")) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        if !guest_addresses(&id).contains(&format!(" {own}/32 ")) {
+            let machine = guests.machine(&id).map(|m| m.diagnostics()).unwrap_or_default();
+            panic!("{} ({id}) lacks {own}: {}\n{}\n{machine}", server.slot, guest_addresses(&id), journal(&id));
+        }
     }
     assert!(routes(&own).contains(&format!("dev {holder}h")), "routed to {holder}: {}", routes(&own));
     carries(&own, PORT, None).await;
