@@ -23,6 +23,7 @@ use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams};
 use providers::HostProvider;
+use providers::guest::Machine;
 use providers::hosts::{MANAGED_BY_VALUE, TAG_MANAGED_BY, TAG_TUNNEL_UID};
 use serde_json::json;
 use skyport::crd::Tunnel;
@@ -33,22 +34,17 @@ use tunnels::{carries, events_with};
 use crate::tunnel_guest::{ingress_is, traces};
 use crate::tunnel_guest_ranges::{GuestPool, guest_addresses, guest_pool_of};
 
-/// What guest `id`'s journal says of the units that put addresses on its interface (read in its
-/// own namespaces, through its systemd).
-fn journal(id: &str) -> String {
-    let init = std::fs::read_dir("/proc").into_iter().flatten().flatten().find_map(|e| {
-        let pid = e.file_name().to_str()?.parse::<i32>().ok()?;
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
-        let netns = std::fs::read_link(format!("/proc/{pid}/ns/net")).ok()?;
-        let guest = std::fs::metadata(format!("/run/netns/{id}")).ok()?;
-        let ino = std::os::unix::fs::MetadataExt::ino(&guest);
-        (comm.trim() == "systemd" && netns.to_string_lossy().contains(&ino.to_string())).then_some(pid)
-    });
-    let Some(pid) = init else { return format!("no systemd of guest {id} found") };
+/// What guest `machine`'s journal says of the units that put addresses on its interface (read in
+/// its own namespaces, through its systemd).
+fn journal(machine: &Machine) -> String {
+    let comm = |pid: &i32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    let Some(init) = machine.processes().into_iter().find(|pid| comm(pid).trim() == "systemd") else {
+        return format!("no systemd of guest {} found", machine.name);
+    };
     use providers::exit::userdata::{ADDRESSES_UNIT_NAME, FIREWALL_UNIT_NAME, UNIT_NAME};
     let units = ["-u", FIREWALL_UNIT_NAME, "-u", ADDRESSES_UNIT_NAME, "-u", UNIT_NAME];
     let out = std::process::Command::new("nsenter")
-        .args(["-t", &pid.to_string(), "-m", "-p", "journalctl", "--no-pager", "-n", "80"])
+        .args(["-t", &init.to_string(), "-m", "-p", "journalctl", "--no-pager", "-n", "80"])
         .args(units)
         .output();
     out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr))
@@ -67,8 +63,7 @@ fn carried_by_both(pair: &GuestPair, t: &skyport::crd::Tunnel) {
     for server in ha(t).servers {
         let machine = pair.guests.machine(server.host_id.as_deref().unwrap()).unwrap();
         assert_eq!(server.host_ip, Some(machine.ip.to_string()), "each client dials its guest's own address");
-        let carried = std::process::Command::new("ip").args(["-n", &machine.name, "-4", "-o", "addr"]).output();
-        let carried = String::from_utf8_lossy(&carried.unwrap().stdout).into_owned();
+        let carried = guest_addresses(&machine.name);
         assert!(carried.contains(&format!("inet {}/32 ", pair.ip)), "{}: {carried}", machine.name);
     }
 }
@@ -188,8 +183,8 @@ async fn a_per_service_pool_pair_moves_the_members_address_off_a_powered_off_gue
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         if !guest_addresses(&id).contains(&format!(" {own}/32 ")) {
-            let machine = guests.machine(&id).map(|m| m.diagnostics()).unwrap_or_default();
-            panic!("{} ({id}) lacks {own}: {}\n{}\n{machine}", server.slot, guest_addresses(&id), journal(&id));
+            let said = guests.machine(&id).map(|m| format!("{}\n{}", journal(&m), m.diagnostics())).unwrap_or_default();
+            panic!("{} ({id}) lacks {own}: {}\n{said}", server.slot, guest_addresses(&id));
         }
     }
     assert!(routes(&own).contains(&format!("dev {holder}h")), "routed to {holder}: {}", routes(&own));

@@ -37,7 +37,7 @@ pub type Held = BTreeMap<String, Instant>;
 struct Turn {
     /// Holds the Lease, runs without leader election, or runs sharded.
     open: bool,
-    /// Since when it is open: the Lease taken, or the process started without one.
+    /// Since when it is open: the Lease taken, or the process started without one (unsharded).
     opened: Option<Instant>,
     /// Stopped: reconciles waiting for a Lease end without acting.
     stopped: bool,
@@ -70,15 +70,16 @@ impl Gate {
 
     /// A gate for a sharded replica: open, permitting nothing until [`Gate::hold`] names shards.
     pub fn sharded() -> (Gate, Acting) {
-        let turn = Turn { open: true, opened: Some(Instant::now()), shards: Some(Arc::default()), ..Turn::default() };
-        let (tx, rx) = watch::channel(turn);
+        let (tx, rx) = watch::channel(Turn { open: true, shards: Some(Arc::default()), ..Turn::default() });
         (Gate(tx), Acting(rx))
     }
 
     /// This replica holds the Lease: parked reconciles go on, new ones act at once.
     pub fn open(&self) {
         self.0.send_modify(|turn| {
-            turn.opened = turn.opened.filter(|_| turn.open).or(Some(Instant::now()));
+            if !turn.open {
+                turn.opened = Some(Instant::now());
+            }
             turn.open = true;
         });
     }

@@ -177,12 +177,12 @@ pub async fn find_address(
     (named, cluster): (Option<&str>, &str),
 ) -> Result<FoundAddress> {
     let listed = provider.list_addresses_by_tag(TAG_TUNNEL_UID, uid).await?;
-    let mut addresses: Vec<Address> = listed.into_iter().filter(|a| !pool_members(&a.tags)).collect();
+    let mut addresses: Vec<Address> = listed.into_iter().filter(|a| !is_member_address(&a.tags)).collect();
     let recorded = status.address_id.clone().filter(|_| status.provider.as_deref() == Some(provider.name()));
     if let Some(id) = &recorded
         && !addresses.iter().any(|a| &a.id == id)
         && let Some(address) = provider.get_address(id).await?
-        && !pool_members(&address.tags)
+        && !is_member_address(&address.tags)
         && (!address.tags.contains_key(TAG_TUNNEL_UID)
             || taken_over(&address.tags, tunnel)
             || named.is_some_and(|n| handed(&address, (tunnel.0, cluster), n))
@@ -199,7 +199,7 @@ pub async fn find_address(
 /// Whether `tags` mark a pool member's own address ([`TAG_POOL_MEMBER`]): the shared server's
 /// Tunnel UID is on it too, but it is that member's, bound and released by the member's entry
 /// alone, never the Tunnel's reserved address nor an extra of it (nor one a Service may name).
-pub fn pool_members(tags: &BTreeMap<String, String>) -> bool {
+pub fn is_member_address(tags: &BTreeMap<String, String>) -> bool {
     tags.contains_key(TAG_POOL_MEMBER)
 }
 

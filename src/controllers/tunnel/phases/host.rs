@@ -235,7 +235,8 @@ impl Pass<'_> {
         let namespace = tunnel.namespace().unwrap_or_default();
         let listed = provider.list_addresses_by_tag(TAG_TUNNEL_NAMESPACE, &namespace).await?;
         let here = |a: &Address| a.tags.get(TAG_CLUSTER) == Some(&ctx.cluster_id);
-        let named_one = |a: &Address| (a.id == named || a.ip == named) && here(a) && !observe::pool_members(&a.tags);
+        let named_one =
+            |a: &Address| (a.id == named || a.ip == named) && here(a) && !observe::is_member_address(&a.tags);
         let Some(address) = listed.into_iter().find(named_one) else {
             return Err(Error::Handover(format!(
                 "no reserved address {named} at {} was kept by a Tunnel of this namespace in this cluster; the Service's annotation {ANNOTATION_RESERVED_ADDRESS} must name one a deleted Tunnel here kept with deletionPolicy Retain (its id or IP)",
