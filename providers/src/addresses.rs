@@ -15,6 +15,10 @@ pub struct Address {
     pub ip: String,
     /// The host it is assigned to, if any (a host id as `HostProvider::get` takes it).
     pub host_id: Option<String>,
+    /// The host's private IPv4 the address reaches it at, where the cloud translates it (an EC2
+    /// Elastic IP's association); `None` where the host receives the address itself, or it is
+    /// on no host.
+    pub private_ip: Option<String>,
     /// Canonical tags, as on hosts: the owner's UID, namespace, name, and the cluster.
     pub tags: BTreeMap<String, String>,
 }

@@ -227,6 +227,16 @@ pub trait HostProvider: Send + Sync {
     async fn release_address(&self, id: &str) -> Result<(), HostError> {
         self.booked().ok_or_else(|| no_addresses(self.name()))?.unreserve(id).await
     }
+    /// How many pool members' addresses one host of `size` in `region` holds where each takes a
+    /// private IPv4 of the host's own ([`PoolAddresses::Translated`]); `None` (the default): no
+    /// limit skyport knows of.
+    async fn member_addresses_limit(
+        &self,
+        _region: Option<&str>,
+        _size: Option<&str>,
+    ) -> Result<Option<usize>, HostError> {
+        Ok(None)
+    }
     /// The region a reserved address is bound to, where a host must be created to take it;
     /// `None` where any host of the provider's region can (the default).
     async fn address_region(&self, _id: &str) -> Result<Option<String>, HostError> {

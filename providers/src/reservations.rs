@@ -125,7 +125,7 @@ impl AddressBook {
 
     fn address(r: &Reserved, hosts: &[(Ipv4Addr, String)]) -> Address {
         let host = hosts.iter().find(|(ip, _)| *ip == r.ip).map(|(_, id)| id.clone());
-        Address { id: r.ip.to_string(), ip: r.ip.to_string(), host_id: host, tags: r.tags.clone() }
+        Address { private_ip: None, id: r.ip.to_string(), ip: r.ip.to_string(), host_id: host, tags: r.tags.clone() }
     }
 
     /// Refuses a request to reserve an address already on a host: these go on at creation.

@@ -3,26 +3,21 @@
 //!
 //! AWS refuses to delete a security group while its instance shuts down (`DependencyViolation`,
 //! a minute or two). LocalStack deletes any group at once, whatever uses it, so these tests put
-//! a small HTTP relay between the adapter and LocalStack: it forwards every request unchanged,
-//! except that DeleteSecurityGroup of a group the test "holds" gets AWS's DependencyViolation
-//! error document instead, as AWS answers during the shutdown. Everything else, including the
-//! state the tests check, is LocalStack's.
+//! a small HTTP relay between the adapter and LocalStack (`ec2_support/relay.rs`): it forwards
+//! every request, except that DeleteSecurityGroup of a group the test "holds" gets AWS's
+//! DependencyViolation error document instead, as AWS answers during the shutdown. Everything
+//! else, including the state the tests check, is LocalStack's.
 
 mod contract;
-
-use std::collections::HashSet;
-use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+#[path = "ec2_support/relay.rs"]
+mod relay;
 
 use aws_sdk_ec2::Client;
 use aws_sdk_ec2::types::{Filter, HttpTokensState};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use providers::ec2::{Ec2Provider, Ec2Settings};
 use providers::hosts::{HostProvider, HostRequest, TAG_CLUSTER, TAG_TUNNEL_UID};
 use providers::{ErrorClass, HostError};
+use relay::Relay;
 
 const AMI: &str = "ami-0123456789abcdef0";
 /// A region other than the environment's default (us-east-1).
@@ -68,103 +63,6 @@ async fn group_exists(client: &Client, group_id: &str) -> bool {
     !client.describe_security_groups().filters(filter).send().await.unwrap().security_groups().is_empty()
 }
 
-/// Relays requests to LocalStack; DeleteSecurityGroup of a held group fails as on AWS.
-struct Relay {
-    held: Mutex<HashSet<String>>,
-    /// RunInstances never answers: the operator dies while it waits.
-    stall_launches: std::sync::atomic::AtomicBool,
-    url: String,
-}
-
-impl Relay {
-    async fn start() -> Arc<Relay> {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let relay = Arc::new(Relay {
-            held: Mutex::default(),
-            stall_launches: Default::default(),
-            url: format!("http://{}", listener.local_addr().unwrap()),
-        });
-        let upstream = endpoint();
-        let http = reqwest::Client::new();
-        let server = relay.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else { return };
-                let (relay, upstream, http) = (server.clone(), upstream.clone(), http.clone());
-                tokio::spawn(async move {
-                    let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                        let (relay, upstream, http) = (relay.clone(), upstream.clone(), http.clone());
-                        async move { Ok::<_, Infallible>(relay.forward(req, &upstream, &http).await) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
-        relay
-    }
-
-    async fn forward(
-        &self,
-        req: hyper::Request<hyper::body::Incoming>,
-        upstream: &str,
-        http: &reqwest::Client,
-    ) -> hyper::Response<Full<Bytes>> {
-        let (parts, body) = req.into_parts();
-        let body = body.collect().await.unwrap().to_bytes();
-        let form: Vec<(String, String)> = url_pairs(&body);
-        let field = |k: &str| form.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone());
-        if field("Action").as_deref() == Some("RunInstances")
-            && self.stall_launches.load(std::sync::atomic::Ordering::SeqCst)
-        {
-            std::future::pending::<()>().await;
-        }
-        if field("Action").as_deref() == Some("DeleteSecurityGroup")
-            && let Some(group) = field("GroupId")
-            && self.held.lock().unwrap().contains(&group)
-        {
-            let xml = format!(
-                "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>DependencyViolation</Code>\
-                 <Message>resource {group} has a dependent object</Message></Error></Errors>\
-                 <RequestID>0b1c2d3e-relay</RequestID></Response>"
-            );
-            return hyper::Response::builder().status(400).body(Full::new(Bytes::from(xml))).unwrap();
-        }
-        let url = format!("{upstream}{}", parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/"));
-        let mut request = http.request(parts.method.clone(), url).body(body.to_vec());
-        for (name, value) in &parts.headers {
-            if name != "host" && name != "content-length" {
-                request = request.header(name, value);
-            }
-        }
-        let response = request.send().await.unwrap();
-        let mut out = hyper::Response::builder().status(response.status().as_u16());
-        for (name, value) in response.headers() {
-            if name != "content-length" && name != "transfer-encoding" {
-                out = out.header(name, value);
-            }
-        }
-        out.body(Full::new(response.bytes().await.unwrap())).unwrap()
-    }
-
-    fn hold(&self, group: &str) {
-        self.held.lock().unwrap().insert(group.to_string());
-    }
-
-    fn let_go(&self, group: &str) {
-        self.held.lock().unwrap().remove(group);
-    }
-}
-
-/// `a=b&c=d` (form encoding) into pairs.
-fn url_pairs(body: &[u8]) -> Vec<(String, String)> {
-    reqwest::Url::parse(&format!("http://x/?{}", String::from_utf8_lossy(body)))
-        .map(|u| u.query_pairs().map(|(k, v)| (k.into_owned(), v.into_owned())).collect())
-        .unwrap_or_default()
-}
-
 /// A provider talking to LocalStack through `relay`.
 async fn relayed(relay: &Relay) -> Ec2Provider {
     let mut settings = settings();
@@ -187,7 +85,7 @@ async fn delete_while_in_use(p: &Ec2Provider, relay: &Relay, client: &Client, id
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn a_group_still_in_use_when_its_host_was_replaced_is_deleted_by_a_later_call() {
-    let relay = Relay::start().await;
+    let relay = Relay::start(endpoint()).await;
     let p = relayed(&relay).await;
     let client = client_in("us-east-1").await;
     let uid = contract::fresh_uid();
@@ -204,7 +102,7 @@ async fn a_group_still_in_use_when_its_host_was_replaced_is_deleted_by_a_later_c
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn after_a_restart_the_sweep_finds_a_left_over_group_by_tag_and_deletes_it() {
-    let relay = Relay::start().await;
+    let relay = Relay::start(endpoint()).await;
     let p = relayed(&relay).await;
     let client = client_in("us-east-1").await;
     let uid = contract::fresh_uid();
@@ -229,7 +127,7 @@ async fn groups_tagged(client: &Client, uid: &str) -> Vec<String> {
 #[tokio::test]
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn a_group_made_just_before_the_operator_died_is_deleted_once_its_launch_is_overdue() {
-    let relay = Relay::start().await;
+    let relay = Relay::start(endpoint()).await;
     let p = relayed(&relay).await;
     let client = client_in("us-east-1").await;
     let uid = contract::fresh_uid();
@@ -262,7 +160,7 @@ async fn a_group_made_just_before_the_operator_died_is_deleted_once_its_launch_i
 #[ignore = "needs the test environment: tests/env.sh up"]
 async fn a_second_host_removed_while_its_group_is_in_use_loses_its_group_later() {
     // find_host deletes extra hosts carrying a Tunnel's UID and later only lists by that UID.
-    let relay = Relay::start().await;
+    let relay = Relay::start(endpoint()).await;
     let p = relayed(&relay).await;
     let client = client_in("us-east-1").await;
     let uid = contract::fresh_uid();

@@ -97,8 +97,9 @@ pub struct ExitServerPoolSpec {
     /// Service on ports of its own; a port another Service serves is refused. `PerService`: each
     /// Service gets a public address of its own on the same server, so Services may use the same
     /// ports; each address costs what the provider charges for one. Only where the provider puts
-    /// several addresses on one server (Hetzner Cloud, and `local` and `guest` for development);
-    /// elsewhere the pool reports `PoolAddressingUnavailable` and buys nothing. Immutable.
+    /// several addresses on one server (Hetzner Cloud; EC2, as many as the instance type takes,
+    /// without highAvailability; `local` and `guest` for development); elsewhere the pool reports
+    /// `PoolAddressingUnavailable` and buys nothing. Immutable.
     #[serde(default)]
     pub addressing: PoolAddressing,
 }

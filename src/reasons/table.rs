@@ -98,11 +98,11 @@ super::reasons! {
         "the ExitServerPool the Tunnel names does not allow its namespace (the pool's spec.allowedNamespaces)",
         "ask the platform team to allow the namespace, or use another pool or an exit server of its own";
     PoolRefused: [Tunnel] Warning,
-        "the ExitServerPool's shared server cannot carry the Service as it asks: a port another Service serves there, a port in the pool's health-check range, or a full pool",
+        "the ExitServerPool's shared server cannot carry the Service as it asks: a port another Service serves there, a port in the pool's health-check range, or a full pool (no health port left, or as many addresses of their own as the server's size can hold)",
         "choose other ports, or another pool; what the Service already carried stays";
     PoolAddressingUnavailable: [Tunnel] Warning,
-        "the ExitServerPool asks for an address per Service (spec.addressing: PerService) on a provider whose servers take one public address (or where skyport does not yet put several on one server), or on a pair whose servers would share one machine (local), or with highAvailability mode BothAddresses",
-        "use addressing: Shared on that provider, a pool on a provider that takes several (and moves them, for a pair), or mode ActiveStandby; nothing was bought";
+        "the ExitServerPool asks for an address per Service (spec.addressing: PerService) on a provider whose servers take one public address (DigitalOcean), or on a pair whose servers would share one machine (local) or bind private addresses of their own (EC2), or with highAvailability mode BothAddresses",
+        "use addressing: Shared on that provider, leave highAvailability out (EC2, local), a pool on a provider that takes several and moves them (Hetzner Cloud), or mode ActiveStandby; nothing was bought";
     NotAPoolServer: [Tunnel] Warning,
         "a Tunnel without spec.serviceRef runs an ExitServerPool's shared server, which only skyport makes, in its own namespace and controlled by the pool",
         "name the Service to expose in spec.serviceRef";

@@ -64,7 +64,7 @@ impl From<ReservedIp> for Address {
             Some(d) => (Some(d.id.to_string()), d.tags.iter().map(|t| TagSyntax::DigitalOcean.decode(t, "")).collect()),
             None => (None, Default::default()),
         };
-        Address { id: r.ip.clone(), ip: r.ip, host_id, tags }
+        Address { private_ip: None, id: r.ip.clone(), ip: r.ip, host_id, tags }
     }
 }
 

@@ -134,8 +134,9 @@ impl HostProvider for Ec2Provider {
         let instance = self.describe(&r, instance_id).await?.ok_or_else(gone)?;
         let host = host_in(&r, &instance).ok_or_else(gone)?;
         let ip = host.public_ipv4.ok_or_else(|| unavailable(&format!("instance {id} has no public address yet")))?;
-        // The group enforces the ranges ([`Self::host_enforces_source_ranges`]).
-        let config = render_server_toml(&server.without_source_ranges()).map_err(|e| invalid(e.to_string()))?;
+        // The group enforces the ranges ([`Self::host_enforces_source_ranges`]), but for services
+        // bound to addresses of their own ([`ExitServer::for_cloud_firewall`]).
+        let config = render_server_toml(&server.for_cloud_firewall()).map_err(|e| invalid(e.to_string()))?;
         for group in self.groups_of(&r, instance_id, Some(&instance)).await? {
             // Never change a group the user attached by hand.
             if self.is_ours(&r, &group).await? {
@@ -286,6 +287,14 @@ impl HostProvider for Ec2Provider {
         self.free_address(id).await
     }
 
+    async fn member_addresses_limit(
+        &self,
+        region: Option<&str>,
+        size: Option<&str>,
+    ) -> Result<Option<usize>, HostError> {
+        self.member_limit(region, size).await.map(Some)
+    }
+
     async fn list_addresses_by_tag(&self, key: &str, value: &str) -> Result<Vec<Address>, HostError> {
         self.addresses_by_tag(key, value).await
     }
@@ -294,16 +303,14 @@ impl HostProvider for Ec2Provider {
     /// take it on a secondary private IPv4, so each keeps the public IPv4 its client dials (see
     /// `secondary`).
     fn capabilities(&self) -> Capabilities {
-        // The host's security group enforces the source ranges, in front of the VM.
         Capabilities {
             moves_addresses: true,
             moved_address: MovedAddress::SecondaryIp,
+            // The host's security group enforces the source ranges, in front of the VM (the
+            // server's own firewall only for services bound to an address of their own).
             host_enforces_source_ranges: false,
-            // An Elastic IP reaches an instance on one of its private IPv4s, each type has few
-            // per interface (t3.nano two), and its security group cannot tell members apart.
-            pool_addresses: PoolAddresses::One(
-                "an Elastic IP needs a private IPv4 of its own on the instance, and skyport does not yet give one per member",
-            ),
+            // An Elastic IP per pool member, each on a private IPv4 of its own (see `members`).
+            pool_addresses: PoolAddresses::Translated,
             spread: match self.settings.subnet_ids.len() {
                 0 | 1 => Spread::No(SPREAD_NEEDS_SUBNETS),
                 _ => Spread::Zones,

@@ -30,8 +30,13 @@ impl Ec2Provider {
         let (Some(allocation), Some(ip)) = (out.allocation_id(), out.public_ip()) else {
             return Err(unavailable("AllocateAddress returned no allocation id or address"));
         };
-        let address =
-            Address { id: r.qualify(allocation), ip: ip.to_string(), host_id: None, tags: request.tags.clone() };
+        let address = Address {
+            private_ip: None,
+            id: r.qualify(allocation),
+            ip: ip.to_string(),
+            host_id: None,
+            tags: request.tags.clone(),
+        };
         match &request.host_id {
             Some(host) => {
                 self.associate_address(&address.id, host).await?;
@@ -41,7 +46,7 @@ impl Ec2Provider {
         }
     }
 
-    async fn describe_one(&self, r: &Regional, allocation: &str) -> Result<Option<ElasticIp>, HostError> {
+    pub(super) async fn describe_one(&self, r: &Regional, allocation: &str) -> Result<Option<ElasticIp>, HostError> {
         let result = self
             .call(r, "DescribeAddresses", async {
                 r.client.describe_addresses().allocation_ids(allocation).send().await.map_err(map_err)
@@ -65,8 +70,12 @@ impl Ec2Provider {
         if host_region.name != r.name {
             return Err(invalid(format!("address {id} and host {host_id} are in different regions")));
         }
-        // A pair's server takes it on its secondary private IPv4 (see `secondary`).
-        let private_ip = self.association_ip(&r, instance).await?;
+        // A pool member's goes on a private IPv4 of its own (see `members`); a pair's server
+        // takes it on its secondary private IPv4 (see `secondary`).
+        let private_ip = match self.is_member_address(&r, allocation).await? {
+            true => Some(self.member_ip(&r, instance, allocation).await?),
+            false => self.association_ip(&r, instance).await?,
+        };
         // Moving it away from an earlier (replaced) instance is part of the job.
         self.call(&r, "AssociateAddress", async {
             associate(r.client.associate_address(), allocation, instance, private_ip).send().await.map_err(map_err)
@@ -126,6 +135,7 @@ fn address(r: &Regional, a: &ElasticIp) -> Option<Address> {
         id: r.qualify(a.allocation_id()?),
         ip: a.public_ip()?.to_string(),
         host_id: a.instance_id().filter(|i| !i.is_empty()).map(|i| r.qualify(i)),
+        private_ip: a.private_ip_address().filter(|ip| !ip.is_empty()).map(str::to_string),
         tags: a
             .tags()
             .iter()

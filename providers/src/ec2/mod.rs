@@ -41,6 +41,7 @@ mod adapter;
 mod addresses;
 mod convert;
 mod groups;
+mod members;
 mod network;
 mod secondary;
 
@@ -176,6 +177,7 @@ pub struct Ec2Provider {
     settings: Ec2Settings,
     limiter: Limiter,
     pending: Pending,
+    ip_limits: members::IpLimits,
 }
 
 impl Ec2Provider {
@@ -211,6 +213,7 @@ impl Ec2Provider {
             settings,
             limiter,
             pending: Pending::default(),
+            ip_limits: Default::default(),
         })
     }
 

@@ -106,6 +106,7 @@ struct ActionBody {
 impl From<FloatingIp> for Address {
     fn from(f: FloatingIp) -> Address {
         Address {
+            private_ip: None,
             id: format!("{PREFIX}{}", f.id),
             ip: f.ip,
             host_id: f.server.map(|s| s.to_string()),

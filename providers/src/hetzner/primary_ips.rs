@@ -49,6 +49,7 @@ struct PrimaryIpBody {
 impl From<PrimaryIp> for Address {
     fn from(p: PrimaryIp) -> Address {
         Address {
+            private_ip: None,
             id: p.id.to_string(),
             ip: p.ip,
             host_id: p.assignee_id.map(|i| i.to_string()),

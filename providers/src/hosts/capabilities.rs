@@ -155,6 +155,12 @@ pub enum PoolAddresses {
     /// the addresses its config binds on its interface (`skyport tunnel addresses`, run as root
     /// after each config push): Hetzner floating IPs, the guest provider's routed addresses.
     Assigned,
+    /// Each is assigned to the host as under `Assigned`, but reaches it translated to a private
+    /// IPv4 of its own there ([`crate::Address::private_ip`]), which the member's services bind
+    /// and the host puts on its interface: an EC2 Elastic IP on a secondary private IPv4 of the
+    /// instance. Not on a pair: each server would hold a member's address at a private IPv4 of
+    /// its own, and both run one configuration.
+    Translated,
 }
 
 impl PoolAddresses {
@@ -165,7 +171,13 @@ impl PoolAddresses {
 
     /// Whether a member's address is reserved movable and assigned to the server holding it.
     pub fn assigned(self) -> bool {
-        matches!(self, PoolAddresses::Assigned)
+        matches!(self, PoolAddresses::Assigned | PoolAddresses::Translated)
+    }
+
+    /// Whether a member's services bind the private IPv4 its address reaches the host at, not
+    /// the address itself.
+    pub fn translated(self) -> bool {
+        matches!(self, PoolAddresses::Translated)
     }
 
     /// Whether a pool on provider `provider` may give each member an address of its own, on one
@@ -173,7 +185,10 @@ impl PoolAddresses {
     pub fn per_service(self, provider: &str, paired: bool) -> Result<(), String> {
         match self {
             PoolAddresses::Assigned => Ok(()),
-            PoolAddresses::Bound if !paired => Ok(()),
+            PoolAddresses::Bound | PoolAddresses::Translated if !paired => Ok(()),
+            PoolAddresses::Translated => Err(format!(
+                "provider {provider} gives each member's address a private IPv4 of one server, and a pair's two servers run one configuration, which cannot bind both servers' private IPv4s; leave highAvailability out of the pool there"
+            )),
             PoolAddresses::Bound => Err(format!(
                 "provider {provider} binds each member's address on the machine itself, where a pair's two servers cannot both listen on it; leave highAvailability out of the pool there"
             )),

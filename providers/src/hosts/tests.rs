@@ -70,6 +70,11 @@ fn a_provider_with_one_address_per_server_says_why_a_pool_cannot_have_one_per_se
     let why = PoolAddresses::Bound.per_service("local", true).unwrap_err();
     assert!(why.contains("local") && why.contains("cannot both listen") && why.contains("highAvailability"), "{why}");
     assert!(PoolAddresses::Assigned.assigned() && !PoolAddresses::Bound.assigned());
+    let translated = PoolAddresses::Translated;
+    assert_eq!(translated.per_service("ec2", false), Ok(()));
+    assert!(translated.assigned() && translated.translated() && !PoolAddresses::Assigned.translated());
+    let why = translated.per_service("ec2", true).unwrap_err();
+    assert!(why.contains("ec2") && why.contains("private IPv4") && why.contains("highAvailability"), "{why}");
     let one = PoolAddresses::One("a Droplet takes one reserved IP at a time");
     let why = one.per_service("digitalocean", false).unwrap_err();
     assert!(why.contains("digitalocean") && why.contains("one reserved IP") && why.contains("addressing: Shared"));

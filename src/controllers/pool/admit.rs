@@ -65,6 +65,10 @@ pub enum Refusal {
         "the pool carries as many Services as it has health ports (spec.healthPorts); ask the platform team for a larger range"
     )]
     Full,
+    #[error(
+        "the pool's exit server holds at most {0} Services with an address of their own (the provider's limit for its size); ask the platform team for a larger spec.size, or addressing Shared"
+    )]
+    NoAddress(usize),
 }
 
 fn list(ports: &[TunnelPort]) -> String {
@@ -203,6 +207,24 @@ impl HealthPorts {
     fn release(&mut self, port: u16) {
         self.used.remove(&port);
         self.held.remove(&port);
+    }
+}
+
+/// Refuses the carried members past the `limit` addresses of their own one server holds
+/// ([`Refusal::NoAddress`]): members holding one (`holding`) are kept first, then the oldest
+/// (`created`, RFC 3339 by UID), so a new Service never takes the address of one that has it.
+pub fn cap_addresses(
+    admissions: &mut BTreeMap<String, Admission>,
+    limit: usize,
+    holding: &BTreeSet<String>,
+    created: &BTreeMap<String, String>,
+) {
+    let mut carried: Vec<&String> =
+        admissions.iter().filter(|(_, a)| matches!(a, Admission::Carried { .. })).map(|(uid, _)| uid).collect();
+    carried.sort_by_key(|uid| (!holding.contains(*uid), created.get(*uid), *uid));
+    let over: Vec<String> = carried.into_iter().skip(limit).cloned().collect();
+    for uid in over {
+        admissions.insert(uid, Admission::Refused(Refusal::NoAddress(limit)));
     }
 }
 

@@ -207,3 +207,27 @@ fn what_the_status_records_is_read_back_as_what_members_hold() {
     assert_eq!(refused[0].health_port, None);
     assert!(refused[0].refused.as_deref().is_some_and(|r| r.contains("health ports")));
 }
+
+/// A server that holds two addresses of its own keeps the member that has one and the oldest
+/// other; the newest is refused with the limit, naming nobody else, and a refused member stays so.
+#[test]
+fn members_past_the_servers_address_limit_are_refused_the_holder_and_the_oldest_kept() {
+    let per_service = Rules { per_service: true, ..rules() };
+    let claims = [
+        claim("old", "a", "2026-01-01T00:00:00Z", &[tcp(80)]),
+        claim("holder", "b", "2026-01-03T00:00:00Z", &[tcp(80)]),
+        claim("new", "c", "2026-01-02T00:00:00Z", &[tcp(80)]),
+        claim("outsider", "z", "2026-01-01T00:00:00Z", &[tcp(80)]),
+    ];
+    let mut out = admit(&per_service, &claims);
+    let created: BTreeMap<String, String> = claims.iter().map(|c| (c.uid.clone(), c.created.clone())).collect();
+    cap_addresses(&mut out, 2, &BTreeSet::from(["holder".to_string()]), &created);
+    assert!(matches!(out["holder"], Admission::Carried { .. }), "{:?}", out["holder"]);
+    assert!(matches!(out["old"], Admission::Carried { .. }), "{:?}", out["old"]);
+    assert_eq!(out["new"], Admission::Refused(Refusal::NoAddress(2)));
+    assert_eq!(out["outsider"], Admission::Refused(Refusal::NamespaceNotAllowed), "refused stays refused");
+    let why = Refusal::NoAddress(2).to_string();
+    assert!(why.contains("at most 2") && why.contains("spec.size") && !why.contains("holder"), "{why}");
+    cap_addresses(&mut out, 0, &BTreeSet::new(), &created);
+    assert!(out.values().all(|a| matches!(a, Admission::Refused(_))));
+}

@@ -7,6 +7,7 @@
 //! merge patches (conditional on `metadata.resourceVersion` when one is given), JSON patches
 //! of `test` operations, server-side apply, status patches, DELETE and Events. Failures are injected per method and path.
 
+mod hosts;
 pub mod probe;
 pub mod provider;
 pub mod sqs;

@@ -5,99 +5,13 @@ use std::num::NonZeroU32;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use providers::hosts::{TAG_MOVED_ADDRESS, TAG_TUNNEL_SLOT, TAG_TUNNEL_UID};
+use providers::hosts::{TAG_TUNNEL_SLOT, TAG_TUNNEL_UID};
+
+use super::hosts::Hosts;
 use providers::{
     Address, AddressBinding, AddressRequest, Capabilities, ExitServer, Host, HostError, HostProvider, HostRequest,
     HostState, Limiter, MovedAddress, Spread,
 };
-
-#[derive(Default)]
-struct Hosts {
-    by_id: BTreeMap<String, Host>,
-    next_id: u32,
-    calls: Vec<&'static str>,
-    failures: BTreeMap<&'static str, HostError>,
-    /// The state a created host reports at first.
-    created_state: Option<HostState>,
-    /// Per host: the Noise private key it was created or last reconfigured with.
-    keys: BTreeMap<String, String>,
-    addresses: BTreeMap<String, Address>,
-    next_address: u32,
-    /// How addresses reach hosts here (`Assign` by default).
-    binding: Option<AddressBinding>,
-    /// Whether `reconfigure` refuses, as a cloud VM's fixed user data does.
-    fixed_config: bool,
-    /// Whether hosts enforce source ranges (as VM providers' exit servers do), and what each
-    /// host admits.
-    enforce_ranges: bool,
-    ranges: BTreeMap<String, Vec<String>>,
-    /// As Hetzner: addresses go onto hosts at creation (`AtCreate`), except the movable ones
-    /// reserved for a pair, which are assigned to running hosts that keep their own address and
-    /// carry the moved one on their interface (floating IPs).
-    floating: bool,
-    /// As EC2: a pair's hosts made to take the moved address (tagged so) take it on a secondary
-    /// private address and keep their own public one.
-    secondary: bool,
-    /// As EC2 given subnets in two zones: a host goes to zone `zone-<its failure domain>`.
-    zones: bool,
-    /// The addresses reserved as movable.
-    movable: Vec<String>,
-    /// The user data each host was created with.
-    user_data: BTreeMap<String, String>,
-    /// Whether the next `reserve_address` makes the address but its answer is lost.
-    lose_reserve_answer: bool,
-    /// Whether reads count against a budget, as at a cloud ([`FakeProvider::charge_reads`]).
-    charged_reads: bool,
-    /// As Hetzner's spread placement groups: per Tunnel UID, the tags of what keeps its pair's
-    /// hosts apart, made with its first host asked for in a failure domain.
-    placements: BTreeMap<String, BTreeMap<String, String>>,
-}
-
-impl Hosts {
-    fn binding(&self) -> AddressBinding {
-        self.binding.unwrap_or(AddressBinding::Assign)
-    }
-
-    /// Puts address `id` on host `host_id`, whose public address it becomes, as on a cloud (a
-    /// movable one of a `floating` provider leaves the host its own).
-    fn attach(&mut self, id: &str, host_id: &str) {
-        let Some(ip) = self.addresses.get(id).map(|a| a.ip.clone()) else { return };
-        let keeps_own =
-            self.secondary && self.by_id.get(host_id).is_some_and(|h| h.tags.contains_key(TAG_MOVED_ADDRESS));
-        if keeps_own || (self.floating && self.movable.iter().any(|m| m == id)) {
-            for address in self.addresses.values_mut().filter(|a| a.id == id) {
-                address.host_id = Some(host_id.to_string());
-            }
-            return;
-        }
-        for address in self.addresses.values_mut() {
-            if address.host_id.as_deref() == Some(host_id) {
-                address.host_id = None;
-            }
-        }
-        if let Some(address) = self.addresses.get_mut(id) {
-            address.host_id = Some(host_id.to_string());
-        }
-        // The host it leaves gets its own address back (`h-N`'s is 203.0.113.N).
-        for host in self.by_id.values_mut().filter(|h| h.public_ipv4.as_deref() == Some(&ip)) {
-            host.public_ipv4 = host.id.strip_prefix("h-").map(|n| format!("203.0.113.{n}"));
-        }
-        if let Some(host) = self.by_id.get_mut(host_id) {
-            host.public_ipv4 = Some(ip);
-        }
-    }
-
-    /// An address as the provider reports it: with `WithHost` (DigitalOcean) it carries no tags
-    /// of its own, only its host's.
-    fn report(&self, address: &Address) -> Address {
-        let mut address = address.clone();
-        if self.binding() == AddressBinding::WithHost {
-            address.tags =
-                address.host_id.as_ref().and_then(|h| self.by_id.get(h)).map(|h| h.tags.clone()).unwrap_or_default();
-        }
-        address
-    }
-}
 
 pub struct FakeProvider {
     hosts: Mutex<Hosts>,
@@ -174,6 +88,17 @@ impl FakeProvider {
     /// secondary private address (see `Hosts::secondary`).
     pub fn spread_over_zones(&self) {
         self.hosts.lock().unwrap().zones = true;
+    }
+
+    /// Pool member addresses behave as EC2's from now on: each onto a private IPv4 of its own,
+    /// `limit` per host (see `Hosts::translated`).
+    pub fn translate_member_addresses(&self, limit: usize) {
+        self.hosts.lock().unwrap().translated = Some(limit);
+    }
+
+    /// The exit server host `id` was created or last reconfigured with.
+    pub fn server_of(&self, id: &str) -> Option<ExitServer> {
+        self.hosts.lock().unwrap().servers.get(id).cloned()
     }
 
     pub fn move_to_secondary_addresses(&self) {
@@ -272,6 +197,7 @@ impl HostProvider for FakeProvider {
         }
         h.keys.insert(host.id.clone(), request.server.noise_private_key.clone());
         h.user_data.insert(host.id.clone(), request.user_data.clone());
+        h.servers.insert(host.id.clone(), request.server.clone());
         if h.enforce_ranges {
             let ranges = request.server.services.first().map(|s| s.source_ranges.clone()).unwrap_or_default();
             h.ranges.insert(host.id.clone(), ranges);
@@ -304,6 +230,7 @@ impl HostProvider for FakeProvider {
             return Ok(false);
         }
         h.keys.insert(id.to_string(), server.noise_private_key.clone());
+        h.servers.insert(id.to_string(), server.clone());
         Ok(true)
     }
     /// As Hetzner's: refused while one of the Tunnel's hosts is left.
@@ -340,9 +267,10 @@ impl HostProvider for FakeProvider {
             host_enforces_source_ranges: h.enforce_ranges,
             // Its addresses are strings in memory: any number goes onto a host; as Hetzner's
             // floating IPs, assigned to it, when it floats them.
-            pool_addresses: match h.floating {
-                true => providers::hosts::PoolAddresses::Assigned,
-                false => providers::hosts::PoolAddresses::Bound,
+            pool_addresses: match (h.floating, h.translated) {
+                (_, Some(_)) => providers::hosts::PoolAddresses::Translated,
+                (true, None) => providers::hosts::PoolAddresses::Assigned,
+                (false, None) => providers::hosts::PoolAddresses::Bound,
             },
             spread: if h.zones { Spread::Zones } else { Spread::No("all fake hosts share one machine") },
         }
@@ -359,6 +287,7 @@ impl HostProvider for FakeProvider {
         }
         h.next_address += 1;
         let address = Address {
+            private_ip: None,
             id: format!("a-{}", h.next_address),
             ip: format!("198.51.100.{}", h.next_address),
             host_id: None,
@@ -389,8 +318,15 @@ impl HostProvider for FakeProvider {
         if !h.addresses.contains_key(id) || !h.by_id.contains_key(host_id) {
             return Err(HostError::NotFound { provider: NAME, message: format!("address {id} or host {host_id}") });
         }
+        if h.full(id, host_id) {
+            let message = "PrivateIpAddressLimitExceeded".to_string();
+            return Err(HostError::Quota { provider: NAME, message });
+        }
         h.attach(id, host_id);
         Ok(())
+    }
+    async fn member_addresses_limit(&self, _: Option<&str>, _: Option<&str>) -> Result<Option<usize>, HostError> {
+        Ok(self.call("member_addresses_limit")?.translated)
     }
     async fn release_address(&self, id: &str) -> Result<(), HostError> {
         self.call("release_address")?.addresses.remove(id);

@@ -26,7 +26,7 @@ fn kept(id: &str, ip: &str, (ns, cluster): (&str, &str), uid: &str, policy: &str
         (TAG_DELETION_POLICY, policy),
     ];
     let tags = tags.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    Address { id: id.into(), ip: ip.into(), host_id: None, tags }
+    Address { private_ip: None, id: id.into(), ip: ip.into(), host_id: None, tags }
 }
 
 /// The Service annotated to take `named`, and the Tunnel skyport makes for it.

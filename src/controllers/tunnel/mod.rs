@@ -39,6 +39,8 @@ mod placement_tests;
 pub mod plan;
 #[cfg(test)]
 mod pool_tests;
+#[cfg(test)]
+mod pool_translated_tests;
 pub mod ranges;
 #[cfg(test)]
 mod reservation_tests;

@@ -225,6 +225,7 @@ impl<'a> Pass<'a> {
         let mut desired = self.desired()?;
         let mut proven = Vec::new();
         if desired.service.is_none() {
+            self.cap_member_addresses(&mut desired).await?;
             let allowed = |a: &Admission| !matches!(a, Admission::Refused(pool::admit::Refusal::NamespaceNotAllowed));
             if !desired.pool.members.values().any(allowed) {
                 act::retire_carrier(self.tunnel, self.ctx).await?;
@@ -254,8 +255,13 @@ impl<'a> Pass<'a> {
             Policy::BothAddresses => self.both(&desired, &keys).await,
         }?;
         if desired.pool.binds.is_some() {
-            self.assign_member_addresses(&desired, &proven).await?;
+            let moved = self.assign_member_addresses(&desired, &proven).await?;
             self.release_departed(&desired, &keys, &proven).await?;
+            // Where a member binds the private IPv4 its address reaches the server at, the
+            // configuration that binds it is the next pass's.
+            if moved && desired.provider.capabilities().pool_addresses.translated() {
+                return Ok(Action::requeue(BOOT_POLL));
+            }
         }
         Ok(action)
     }

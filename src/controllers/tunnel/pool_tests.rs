@@ -16,8 +16,8 @@ use crate::controllers::service::desired::ANNOTATION_POOL;
 use crate::crd::pool::{ExitServerPool, ExitServerPoolSpec, PoolAddressing};
 use crate::crd::tunnel::{AddressMode, HighAvailability, MemberAddress, PoolRef, Tunnel, TunnelAddress, TunnelSpec};
 
-const POOL: &str = "/apis/skyport.dev/v1alpha1/exitserverpools/shared";
-const CARRIER: &str = "/apis/skyport.dev/v1alpha1/namespaces/ns/tunnels/pool-shared";
+pub(super) const POOL: &str = "/apis/skyport.dev/v1alpha1/exitserverpools/shared";
+pub(super) const CARRIER: &str = "/apis/skyport.dev/v1alpha1/namespaces/ns/tunnels/pool-shared";
 
 /// A pool allowing `ns`, whose shared server lives in `ns` too, with one member: the Service
 /// `web` and its Tunnel. Returns the harness and the shared server's Tunnel.
@@ -25,12 +25,12 @@ fn pool_with_a_member() -> (Harness, Arc<Tunnel>) {
     pool_with_a_member_by(PoolAddressing::Shared)
 }
 
-fn pool_with_a_member_by(addressing: PoolAddressing) -> (Harness, Arc<Tunnel>) {
+pub(super) fn pool_with_a_member_by(addressing: PoolAddressing) -> (Harness, Arc<Tunnel>) {
     let spec = ExitServerPoolSpec { allowed_namespaces: vec!["ns".into()], addressing, ..Default::default() };
     pool_with_a_member_of(spec, TunnelArgs::default())
 }
 
-fn pool_with_a_member_of(spec: ExitServerPoolSpec, settings: TunnelArgs) -> (Harness, Arc<Tunnel>) {
+pub(super) fn pool_with_a_member_of(spec: ExitServerPoolSpec, settings: TunnelArgs) -> (Harness, Arc<Tunnel>) {
     let mut h = harness_settings(TunnelArgs { pool_namespace: Some("ns".into()), ..settings });
     let mut pool = ExitServerPool::new("shared", spec);
     pool.metadata.uid = Some("pool-uid".into());
@@ -64,7 +64,7 @@ fn pool_with_a_member_of(spec: ExitServerPoolSpec, settings: TunnelArgs) -> (Har
     (h, Arc::new(carrier))
 }
 
-fn carrier_now(h: &Harness) -> Arc<Tunnel> {
+pub(super) fn carrier_now(h: &Harness) -> Arc<Tunnel> {
     Arc::new(serde_json::from_value(h.api.get(CARRIER).expect("the shared server's Tunnel")).unwrap())
 }
 
@@ -76,7 +76,7 @@ fn member_published_at(h: &mut Harness, ip: &str) {
     h.sync_service();
 }
 
-fn member_ingress(h: &Harness) -> serde_json::Value {
+pub(super) fn member_ingress(h: &Harness) -> serde_json::Value {
     h.api.get(SERVICE).unwrap()["status"]["loadBalancer"]["ingress"].clone()
 }
 
@@ -101,12 +101,12 @@ async fn a_shared_server_replaced_during_its_life_takes_its_address_off_the_memb
 
 /// The member's Tunnel as the API has it, with its Service's latest copy in the cache (as the
 /// watch brings it between reconciles).
-async fn reconcile_member(h: &mut Harness) {
+pub(super) async fn reconcile_member(h: &mut Harness) {
     h.sync_service();
     h.reconcile(Arc::new(h.current())).await.unwrap();
 }
 
-fn ready_message(t: &Tunnel) -> String {
+pub(super) fn ready_message(t: &Tunnel) -> String {
     crate::controllers::status::ready_condition(t).map(|c| c.message.to_string()).unwrap_or_default()
 }
 
@@ -194,7 +194,7 @@ async fn a_departed_members_address_is_released_only_when_its_tags_say_so() {
         let mut tags = own.tags.clone();
         tags.insert(providers::hosts::TAG_TUNNEL_UID.into(), uid.into());
         tags.insert(providers::hosts::TAG_POOL_MEMBER.into(), member.into());
-        providers::Address { id: format!("id-{ip}"), ip: ip.into(), host_id: None, tags }
+        providers::Address { private_ip: None, id: format!("id-{ip}"), ip: ip.into(), host_id: None, tags }
     };
     let departed = tagged("carrier-uid", "gone-uid", "192.0.2.50");
     let foreign = tagged("someone-else", "forged-uid", "192.0.2.51");
@@ -265,7 +265,8 @@ async fn a_forged_entry_for_a_carried_member_binds_nothing() {
     let [own] = h.provider.addresses().try_into().expect("the member's address");
     let mut tags = own.tags.clone();
     tags.insert(providers::hosts::TAG_TUNNEL_UID.into(), "someone-else".into());
-    let foreign = providers::Address { id: "id-foreign".into(), ip: "192.0.2.60".into(), host_id: None, tags };
+    let foreign =
+        providers::Address { private_ip: None, id: "id-foreign".into(), ip: "192.0.2.60".into(), host_id: None, tags };
     h.provider.insert_address(foreign.clone());
     let mut forged = (*carrier_now(&h)).clone();
     let entry = |a: &providers::Address| MemberAddress { uid: "tunnel-uid".into(), id: a.id.clone(), ip: a.ip.clone() };
@@ -296,18 +297,23 @@ async fn a_member_address_is_never_assigned_to_a_host_of_someone_else() {
     assert_eq!(kept.host_id, address.host_id, "left where it was");
 }
 
-/// An ActiveStandby pool with an address per Service: the members' addresses go onto the server
-/// holding the pool's reserved address, and move with it when that server fails its checks; a
-/// provider that binds members' addresses on the machine itself is refused before any server.
-#[tokio::test]
-async fn a_pairs_member_addresses_follow_the_reserved_address_to_the_server_that_works() {
-    let spec = ExitServerPoolSpec {
+/// An ActiveStandby pool for `ns` with an address per Service and a reserved pool address.
+pub(super) fn ha_per_service() -> ExitServerPoolSpec {
+    ExitServerPoolSpec {
         allowed_namespaces: vec!["ns".into()],
         addressing: PoolAddressing::PerService,
         address: Some(TunnelAddress { mode: AddressMode::Reserved, ..Default::default() }),
         high_availability: Some(HighAvailability::default()),
         ..Default::default()
-    };
+    }
+}
+
+/// An ActiveStandby pool with an address per Service: the members' addresses go onto the server
+/// holding the pool's reserved address, and move with it when that server fails its checks; a
+/// provider that binds members' addresses on the machine itself is refused before any server.
+#[tokio::test]
+async fn a_pairs_member_addresses_follow_the_reserved_address_to_the_server_that_works() {
+    let spec = ha_per_service();
     let settings = TunnelArgs { failover_failures: 3, failover_after: Duration::ZERO, ..TunnelArgs::default() };
     let (h, carrier) = pool_with_a_member_of(spec.clone(), settings.clone());
     h.provider.float_moved_addresses();

@@ -16,7 +16,13 @@ use crate::crd::tunnel::{AddressDeletionPolicy, AddressMode, TunnelAddress};
 fn reserving() -> (Harness, Arc<Tunnel>, Address) {
     let mut h = harness();
     h.provider.bind_addresses(AddressBinding::WithHost);
-    let theirs = Address { id: "a-theirs".into(), ip: "192.0.2.50".into(), host_id: None, tags: Default::default() };
+    let theirs = Address {
+        private_ip: None,
+        id: "a-theirs".into(),
+        ip: "192.0.2.50".into(),
+        host_id: None,
+        tags: Default::default(),
+    };
     h.provider.insert_address(theirs.clone());
     h.add_service();
     let mut t = (*h.new_tunnel()).clone();
@@ -78,7 +84,13 @@ async fn addresses_that_cannot_be_proven_ours_are_left_alone_and_named_only_in_t
     let (h, t, theirs) = reserving();
     let made = lost_while_reserving(&h, t).await;
     // Someone else reserved one meanwhile: neither can be told apart.
-    let also = Address { id: "a-also".into(), ip: "192.0.2.51".into(), host_id: None, tags: Default::default() };
+    let also = Address {
+        private_ip: None,
+        id: "a-also".into(),
+        ip: "192.0.2.51".into(),
+        host_id: None,
+        tags: Default::default(),
+    };
     h.provider.insert_address(also.clone());
     h.reconcile(Arc::new(h.current())).await.unwrap();
     assert!(h.api.event_reasons().contains(&"AddressUnproven".to_string()));

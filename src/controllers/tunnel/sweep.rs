@@ -357,7 +357,7 @@ mod tests {
             if let Some(p) = policy {
                 tags.insert(TAG_DELETION_POLICY.into(), p.into());
             }
-            Address { id: "a-1".into(), ip: "198.51.100.1".into(), host_id: None, tags }
+            Address { private_ip: None, id: "a-1".into(), ip: "198.51.100.1".into(), host_id: None, tags }
         };
         assert!(is_orphan_address(&address("gone-uid", Some("Delete")), &live, "c1", None));
         assert!(is_orphan_address(&address("gone-uid", None), &live, "c1", None));

@@ -195,11 +195,14 @@ pub enum UserDataError {
 }
 
 impl ExitServer {
-    /// The same server with every port open to anyone: for a host whose cloud firewall, not its
-    /// own, enforces the source ranges.
-    pub fn without_source_ranges(&self) -> ExitServer {
+    /// The same server for a host whose cloud firewall enforces the source ranges in front of it
+    /// (or that has no firewall): every port open to anyone, except on services bound to an
+    /// address of their own (ExitServerPool members with `addressing: PerService`). A cloud
+    /// firewall keyed by port admits the union of the ranges of every member serving that port,
+    /// so the server's own firewall, keyed by address, keeps each member's.
+    pub fn for_cloud_firewall(&self) -> ExitServer {
         let mut open = self.clone();
-        open.services.iter_mut().for_each(|s| s.source_ranges.clear());
+        open.services.iter_mut().filter(|s| s.bind.is_none()).for_each(|s| s.source_ranges.clear());
         open
     }
 

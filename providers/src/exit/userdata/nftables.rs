@@ -191,6 +191,30 @@ mod tests {
         assert!(!nft.lines().any(|l| l.contains("dport { 443") && !l.contains("daddr 198.51.100.2 ")), "{nft}");
     }
 
+    /// Behind a cloud firewall keyed by port (EC2's security group), a single Tunnel's ranges
+    /// leave the server's config, but two pool members on one port keep theirs: the group admits
+    /// both members' sources to that port, so the server tells the members apart.
+    #[test]
+    fn behind_a_cloud_firewall_only_members_on_their_own_addresses_keep_their_ranges() {
+        let single =
+            TunnelService { source_ranges: vec!["192.0.2.0/24".into()], ..service("https", Protocol::Tcp, 443, "t") };
+        let server = ExitServer {
+            control_port: DEFAULT_CONTROL_PORT,
+            noise_private_key: "a2V5".into(),
+            services: vec![
+                single,
+                member("a.https", [172, 31, 5, 77], 443, &["192.0.2.0/24"]),
+                member("b.https", [172, 31, 5, 78], 443, &[]),
+            ],
+        };
+        let open = server.for_cloud_firewall();
+        let ranges: Vec<&[String]> = open.services.iter().map(|s| s.source_ranges.as_slice()).collect();
+        assert_eq!(ranges, [&[][..], &["192.0.2.0/24".to_string()][..], &[][..]]);
+        let nft = render_nftables(&open);
+        assert!(nft.contains("ip daddr 172.31.5.77 ip saddr 192.0.2.0/24 tcp dport 443 accept"), "{nft}");
+        assert!(!nft.contains("daddr 172.31.5.77 tcp dport { 443"), "member a open to anyone: {nft}");
+    }
+
     /// A bound service whose ranges are all IPv6 (which never reach its IPv4 address) or junk
     /// gets no rule at all: its port stays closed.
     #[test]

@@ -113,12 +113,10 @@ pub async fn create(
     // Only a pair that moves its reserved address (not one publishing both servers' own).
     let moved_ip = address.filter(|_| slot.is_some()).map(|a| a.ip.as_str());
     let moved = provider.capabilities().moved_address.setup(moved_ip).map_err(Error::Internal)?;
-    // Where the cloud's firewall enforces the ranges (EC2), the host's own admits anyone.
-    let on_host = if provider.capabilities().host_enforces_source_ranges {
-        server.clone()
-    } else {
-        server.without_source_ranges()
-    };
+    // Where the cloud's firewall enforces the ranges (EC2), the host's own admits anyone (but
+    // on a pool member's own address: see `for_cloud_firewall`).
+    let on_host =
+        if provider.capabilities().host_enforces_source_ranges { server.clone() } else { server.for_cloud_firewall() };
     let user_data = render_cloud_config_on(&on_host, &artifacts, &moved.on_interface)
         .map_err(|e| Error::Internal(format!("user data: {e}")))?;
     let region = match (&tunnel.spec.region, address) {

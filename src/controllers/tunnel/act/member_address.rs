@@ -45,22 +45,22 @@ pub async fn reserve_for_member(
 /// Assigns member address `address` to the shared server's host `host_id` unless the provider
 /// says it is there already (a new host after a replacement gets every one again). The host is
 /// read first and must carry `carrier_uid`'s owner tag: `host_id` comes from status, which whoever
-/// may write Tunnel status could point at another server.
+/// may write Tunnel status could point at another server. Whether it was assigned now.
 pub async fn assign_to(
     address: &Address,
     (host_id, carrier_uid): (&str, &str),
     provider: &dyn HostProvider,
-) -> Result<()> {
+) -> Result<bool> {
     if address.host_id.as_deref() == Some(host_id) {
-        return Ok(());
+        return Ok(false);
     }
-    let Some(host) = provider.get(host_id).await? else { return Ok(()) };
+    let Some(host) = provider.get(host_id).await? else { return Ok(false) };
     if !super::super::observe::tagged_for(&host.tags, carrier_uid) {
-        return Ok(());
+        return Ok(false);
     }
     provider.assign_address(&address.id, host_id).await?;
     info!(address = %address.id, ip = %address.ip, host = host_id, "assigned a pool member's address to the shared server");
-    Ok(())
+    Ok(true)
 }
 
 /// The member addresses of `carrier`'s server as the provider's tags prove them: one read, the

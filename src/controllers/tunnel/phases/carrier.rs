@@ -76,6 +76,29 @@ impl Pass<'_> {
     }
 }
 
+impl Pass<'_> {
+    /// Under `addressing: PerService`, refuses the members past the addresses of their own one
+    /// server of the carrier's size holds ([`providers::HostProvider::member_addresses_limit`]:
+    /// EC2's private IPv4s per interface), before anything records what members get: a Service
+    /// past the limit is told so, and never fails the pass that serves the others.
+    pub(super) async fn cap_member_addresses(&self, want: &mut Desired) -> Result<(), Failure> {
+        if want.pool.binds.is_none() {
+            return Ok(());
+        }
+        let spec = &self.tunnel.spec;
+        let limit = want.provider.member_addresses_limit(spec.region.as_deref(), spec.size.as_deref()).await;
+        let Some(limit) = limit.map_err(Error::from)? else { return Ok(()) };
+        let holding = self.status().member_addresses.iter().map(|a| a.uid.clone()).collect();
+        let members = super::member::with_uids(self.ctx, want.pool.members.keys().map(String::as_str));
+        let created = members.iter().filter_map(|m| {
+            let created = m.metadata.creation_timestamp.as_ref().map(|t| t.0.to_string());
+            Some((m.metadata.uid.clone()?, created.unwrap_or_default()))
+        });
+        admit::cap_addresses(&mut want.pool.members, limit, &holding, &created.collect());
+        Ok(())
+    }
+}
+
 /// What the shared server does for each live member of `pool`. A member whose Service is missing
 /// or cannot be tunnelled claims nothing: it reports that itself.
 fn admissions(

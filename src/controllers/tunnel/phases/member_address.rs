@@ -28,11 +28,25 @@ fn departed(members: &BTreeMap<String, Admission>, recorded: &[MemberAddress]) -
     recorded.iter().filter(|a| !carried.contains(a.uid.as_str())).cloned().collect()
 }
 
-/// Where each carried member's services bind: its recorded address.
-fn binds(members: &BTreeMap<String, Admission>, recorded: &[MemberAddress]) -> BTreeMap<String, Ipv4Addr> {
+/// Where each carried member's services bind: its recorded address, or, where the provider
+/// translates it (`translated`: the server's host and the proven addresses), the private IPv4 it
+/// reaches that host at, once it is assigned there. A private IPv4 two members would bind binds
+/// neither: each would take the other's traffic.
+fn binds(
+    members: &BTreeMap<String, Admission>,
+    recorded: &[MemberAddress],
+    translated: Option<(Option<&str>, &[Address])>,
+) -> BTreeMap<String, Ipv4Addr> {
     let carried: BTreeSet<&str> = carried(members).collect();
-    let parsed = recorded.iter().filter(|a| carried.contains(a.uid.as_str()));
-    parsed.filter_map(|a| Some((a.uid.clone(), a.ip.parse().ok()?))).collect()
+    let entries = recorded.iter().filter(|a| carried.contains(a.uid.as_str()));
+    let bind = |entry: &MemberAddress| -> Option<Ipv4Addr> {
+        let Some((host, proven)) = translated else { return entry.ip.parse().ok() };
+        let address = proven.iter().find(|a| a.id == entry.id && host.is_some() && a.host_id.as_deref() == host)?;
+        address.private_ip.as_deref()?.parse().ok()
+    };
+    let binds: BTreeMap<String, Ipv4Addr> = entries.filter_map(|e| Some((e.uid.clone(), bind(e)?))).collect();
+    let shared = |ip: &Ipv4Addr| binds.values().filter(|other| *other == ip).count() > 1;
+    binds.iter().filter(|(_, ip)| !shared(ip)).map(|(uid, ip)| (uid.clone(), *ip)).collect()
 }
 
 /// The proven addresses recorded for carried members: those the server must hold.
@@ -77,21 +91,27 @@ impl Pass<'_> {
                 listed.push(address);
             }
         }
-        Ok((binds(&want.pool.members, &self.status().member_addresses), listed))
+        let host = self.status().host_id.as_deref();
+        let translated = provider.capabilities().pool_addresses.translated().then_some((host, listed.as_slice()));
+        Ok((binds(&want.pool.members, &self.status().member_addresses, translated), listed))
     }
 
     /// Where the provider assigns member addresses to the server
     /// ([`providers::hosts::PoolAddresses::Assigned`]), each carried member's proven address onto
-    /// the host now serving; again onto a replacement host.
-    pub(super) async fn assign_member_addresses(&mut self, want: &Desired, proven: &[Address]) -> Result<(), Failure> {
+    /// the host now serving; again onto a replacement host. Whether any was moved.
+    pub(super) async fn assign_member_addresses(
+        &mut self,
+        want: &Desired,
+        proven: &[Address],
+    ) -> Result<bool, Failure> {
         let provider = want.provider.as_ref();
         let host = self.status().host_id.clone().filter(|_| provider.capabilities().pool_addresses.assigned());
-        let Some(host) = host else { return Ok(()) };
-        let carried = assigned(&want.pool.members, &self.status().member_addresses, proven);
-        for address in carried {
-            member_address::assign_to(address, (&host, &want.uid), provider).await?;
+        let Some(host) = host else { return Ok(false) };
+        let mut moved = false;
+        for address in assigned(&want.pool.members, &self.status().member_addresses, proven) {
+            moved |= member_address::assign_to(address, (&host, &want.uid), provider).await?;
         }
-        Ok(())
+        Ok(moved)
     }
 
     /// Releases the addresses of members that left, once the server runs the configuration
@@ -144,12 +164,41 @@ mod tests {
         assert_eq!(missing(&members(), &recorded), ["u2"], "u1 has one; u3 is not carried");
         let released: Vec<String> = departed(&members(), &recorded).into_iter().map(|a| a.uid).collect();
         assert_eq!(released, ["gone", "u3"], "refused now: its address goes too");
-        assert_eq!(binds(&members(), &recorded), BTreeMap::from([("u1".into(), "10.204.0.9".parse().unwrap())]));
-        let proven = |id: &str| Address { id: id.into(), ip: String::new(), host_id: None, tags: Default::default() };
+        assert_eq!(binds(&members(), &recorded, None), BTreeMap::from([("u1".into(), "10.204.0.9".parse().unwrap())]));
+        let proven = |id: &str| Address {
+            private_ip: None,
+            id: id.into(),
+            ip: String::new(),
+            host_id: None,
+            tags: Default::default(),
+        };
         let on_provider = [proven("id-u1"), proven("id-gone"), proven("id-stranger")];
         let held: Vec<&str> = assigned(&members(), &recorded, &on_provider).iter().map(|a| a.id.as_str()).collect();
         assert_eq!(held, ["id-u1"], "only a carried member's recorded address goes onto the server");
         // A recorded address that is not IPv4 binds nothing: the member stays off the server.
-        assert!(binds(&members(), &[address("u1", "garbage")]).is_empty());
+        assert!(binds(&members(), &[address("u1", "garbage")], None).is_empty());
+    }
+
+    /// Where the provider translates member addresses (EC2), a member binds the private IPv4 its
+    /// address reaches the server's host at, and only once it is on that host; a private IPv4
+    /// two members would bind binds neither.
+    #[test]
+    fn a_translated_member_binds_its_private_ip_on_the_current_host_only() {
+        let on = |id: &str, host: Option<&str>, private_ip: Option<&str>| Address {
+            id: id.into(),
+            ip: "198.51.100.9".into(),
+            host_id: host.map(str::to_string),
+            private_ip: private_ip.map(str::to_string),
+            tags: Default::default(),
+        };
+        let recorded = [address("u1", "198.51.100.9"), address("u2", "198.51.100.8")];
+        let proven = [on("id-u1", Some("h-1"), Some("172.31.5.77")), on("id-u2", Some("h-old"), Some("172.31.5.78"))];
+        let bound = binds(&members(), &recorded, Some((Some("h-1"), &proven)));
+        assert_eq!(bound, BTreeMap::from([("u1".into(), "172.31.5.77".parse().unwrap())]), "u2's is on another host");
+        assert!(binds(&members(), &recorded, Some((None, &proven))).is_empty(), "no host: nothing bound");
+        let clash = [on("id-u1", Some("h-1"), Some("172.31.5.77")), on("id-u2", Some("h-1"), Some("172.31.5.77"))];
+        assert!(binds(&members(), &recorded, Some((Some("h-1"), &clash))).is_empty(), "shared: neither");
+        let unassociated = [on("id-u1", Some("h-1"), None)];
+        assert!(binds(&members(), &recorded, Some((Some("h-1"), &unassociated))).is_empty());
     }
 }

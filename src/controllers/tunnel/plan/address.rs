@@ -195,6 +195,7 @@ mod tests {
     fn only_the_one_new_unassigned_unrecorded_address_is_adopted() {
         use std::time::Duration;
         let address = |id: &str, host: Option<&str>| Address {
+            private_ip: None,
             id: id.into(),
             ip: format!("192.0.2.{}", id.len()),
             host_id: host.map(str::to_string),
@@ -224,6 +225,7 @@ mod tests {
 
     fn address(host: Option<&str>) -> Address {
         Address {
+            private_ip: None,
             id: "a-1".into(),
             ip: "198.51.100.7".into(),
             host_id: host.map(String::from),
