@@ -305,7 +305,15 @@ async fn apply(queue: Arc<Queue>, ctx: &Context, added_finalizer: bool) -> Resul
             };
             let status = status::ready(&queue, &api, ctx, &ready, &published.owned, &placement);
             let ((), became_ready) = tokio::join!(events, status);
-            let became_ready = became_ready?;
+            let became_ready = match became_ready {
+                // Deleted, its finalizer released, while this pass created its queue: that queue
+                // belongs to no Queue, and nothing else would ever delete it.
+                Err(Error::Kube(kube::Error::Api(e))) if e.code == 404 && made_now(&ready) => {
+                    cleanup::orphaned(&queue, &ready.url, placement.sqs.as_ref()).await?;
+                    return Ok(Action::await_change());
+                }
+                became_ready => became_ready?,
+            };
             // A queue made again under its ARN is a dead-letter target again: the Queues whose
             // redrive waited for it to exist look now, not at their next resync.
             let recreated = ready.events.iter().any(|(reason, _)| *reason == Reason::Recreated);
@@ -329,4 +337,9 @@ async fn apply(queue: Arc<Queue>, ctx: &Context, added_finalizer: bool) -> Resul
         // resync is the net should it not.
         Outcome::Behind => Ok(Action::requeue(jittered(ctx.resync(&queue)))),
     }
+}
+
+/// Whether this pass created the queue `ready` describes (first made, or made again).
+fn made_now(ready: &Ready) -> bool {
+    ready.events.iter().any(|(reason, _)| matches!(reason, Reason::Created | Reason::Recreated))
 }

@@ -16,6 +16,8 @@ struct Queues {
     calls: Vec<&'static str>,
     /// Operation → the error its next call returns.
     failures: BTreeMap<&'static str, QueueError>,
+    /// Operation → what happens elsewhere while its next call is under way.
+    meanwhile: BTreeMap<&'static str, Box<dyn FnOnce() + Send>>,
 }
 
 pub struct FakeSqs {
@@ -45,6 +47,9 @@ impl FakeSqs {
     fn call(&self, op: &'static str) -> Result<std::sync::MutexGuard<'_, Queues>, QueueError> {
         let mut q = self.queues.lock().unwrap_or_else(|p| p.into_inner());
         q.calls.push(op);
+        if let Some(happen) = q.meanwhile.remove(op) {
+            happen();
+        }
         match q.failures.remove(op) {
             Some(e) => Err(e),
             None => Ok(q),
@@ -54,6 +59,11 @@ impl FakeSqs {
     /// The next call of `op` (`"create_queue"`, `"delete_queue"`, …) fails with `error`.
     pub fn fail_next(&self, op: &'static str, error: QueueError) {
         self.queues.lock().unwrap().failures.insert(op, error);
+    }
+
+    /// While the next call of `op` is under way, `happen` runs (another actor's write).
+    pub fn meanwhile(&self, op: &'static str, happen: impl FnOnce() + Send + 'static) {
+        self.queues.lock().unwrap().meanwhile.insert(op, Box::new(happen));
     }
 
     pub fn calls(&self) -> Vec<&'static str> {

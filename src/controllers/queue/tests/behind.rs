@@ -120,3 +120,22 @@ async fn a_queue_older_than_the_takeover_keeps_its_finalizer_until_a_former_lead
         }
     }
 }
+
+/// The Queue deleted and its finalizer released (by a replica acting in this one's place) while
+/// this one's CreateQueue was under way: the queue it made belongs to no Queue, and is deleted
+/// at once, unless the Queue asked to keep its queue.
+#[tokio::test]
+async fn a_queue_made_while_its_queue_was_deleted_is_deleted_again() {
+    for (policy, kept) in [(None, false), (Some(DeletionPolicy::Retain), true)] {
+        let h = harness();
+        let spec = QueueSpec { deletion_policy: policy, ..Default::default() };
+        let api = h.api.clone();
+        h.sqs.meanwhile("create_queue", move || {
+            api.remove(PATH);
+        });
+        let name = desired::queue_name("ns", "orders", &spec, None);
+        let action = h.reconcile(h.put(&queue(spec))).await.expect("nothing left to retry");
+        assert_eq!(h.sqs.exists(&name), kept, "{policy:?}");
+        assert_eq!(action, Action::await_change(), "nothing to retry for a Queue that is gone");
+    }
+}
