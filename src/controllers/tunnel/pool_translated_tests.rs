@@ -24,10 +24,12 @@ fn created_at(h: &mut Harness, path: &str, created: &str) {
     h.tunnels.apply_watcher_event(&watcher::Event::Apply(tunnel));
 }
 
-/// A second member: the Service `api` in `ns` and its Tunnel (UID `api-uid`), made `created`.
+/// A second member: the Service `api` in `ns` on port 8443 and its Tunnel (UID `api-uid`), made
+/// `created`.
 fn second_member(h: &mut Harness, created: &str) {
     let mut svc = service();
     svc.metadata.name = Some("api".into());
+    svc.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].port = 8443;
     svc.metadata.uid = Some("api-svc-uid".into());
     svc.metadata.annotations = Some([(ANNOTATION_POOL.to_string(), "shared".to_string())].into());
     let path = "/api/v1/namespaces/ns/services/api";
@@ -75,6 +77,8 @@ async fn each_member_binds_the_private_ip_its_address_reaches_and_one_past_the_l
     let status = carrier_now(&h).status.clone().unwrap();
     let refused = status.pool_members.iter().find(|m| m.uid == "api-uid").and_then(|m| m.refused.clone());
     assert!(refused.as_deref().is_some_and(|r| r.contains("at most 1")), "{refused:?}");
+    let ports: Vec<i32> = status.ports.iter().map(|p| p.port).collect();
+    assert_eq!(ports, [80], "the server exposes nothing for the refused member");
 
     h.tunnels.apply_watcher_event(&watcher::Event::Apply((*carrier_now(&h)).clone()));
     reconcile_member(&mut h).await;

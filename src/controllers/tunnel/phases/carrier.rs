@@ -50,9 +50,7 @@ impl Pass<'_> {
         }
         let members = admissions(ctx, &pool, &self.status().pool_members);
         let member_ranges = ranges(ctx, &members);
-        let mut ports: Vec<TunnelPort> = members.values().flat_map(|a| a.ports().iter().cloned()).collect();
-        ports.sort();
-        ports.dedup();
+        let ports = carried_ports(&members);
         let provider = self.own_provider().map_err(Failure::Blocked)?;
         let at = Placement::of(tunnel, ctx.settings.client_namespace.as_deref())?;
         // Published by the members themselves; before a server of this one goes, it unpublishes.
@@ -79,8 +77,9 @@ impl Pass<'_> {
 impl Pass<'_> {
     /// Under `addressing: PerService`, refuses the members past the addresses of their own one
     /// server of the carrier's size holds ([`providers::HostProvider::member_addresses_limit`]:
-    /// EC2's private IPv4s per interface), before anything records what members get: a Service
-    /// past the limit is told so, and never fails the pass that serves the others.
+    /// EC2's private IPv4s per interface), before anything records what members get, and takes
+    /// their ports off the server's: a Service past the limit is told so, is exposed nowhere, and
+    /// never fails the pass that serves the others.
     pub(super) async fn cap_member_addresses(&self, want: &mut Desired) -> Result<(), Failure> {
         if want.pool.binds.is_none() {
             return Ok(());
@@ -95,8 +94,17 @@ impl Pass<'_> {
             Some((m.metadata.uid.clone()?, created.unwrap_or_default()))
         });
         admit::cap_addresses(&mut want.pool.members, limit, &holding, &created.collect());
+        want.ports = carried_ports(&want.pool.members);
         Ok(())
     }
+}
+
+/// The ports the shared server exposes: each carried member's, once.
+fn carried_ports(members: &BTreeMap<String, Admission>) -> Vec<TunnelPort> {
+    let mut ports: Vec<TunnelPort> = members.values().flat_map(|a| a.ports().iter().cloned()).collect();
+    ports.sort();
+    ports.dedup();
+    ports
 }
 
 /// What the shared server does for each live member of `pool`. A member whose Service is missing
