@@ -8,9 +8,8 @@ use kube::api::Api;
 use kube::runtime::controller::Action;
 use tracing::info;
 
-use providers::{QueueBackend, QueueError};
+use providers::QueueBackend;
 
-use super::desired::TAG_OWNER_UID;
 use super::{Context, FINALIZER, observe};
 use crate::controllers::{has_finalizer, object_key, remove_finalizer};
 use crate::crd::queue::{DeletionPolicy, ManagementPolicy, Queue};
@@ -106,20 +105,15 @@ async fn delete(queue: &Queue, ctx: &Context, url: &str) -> Result<Option<Durati
     Ok(None)
 }
 
-/// Deletes the queue at `url` that this pass created for `queue`, found deleted since (unless it
-/// asked to keep its queue): only while the queue's owner tag still names it.
-pub async fn orphaned(queue: &Queue, url: &str, sqs: &dyn QueueBackend) -> Result<()> {
+/// Deletes the queue this pass created for `queue`, found deleted since (unless it asked to keep
+/// its queue): only while the queue's owner tag still names it ([`observe::owned_queue`]).
+pub async fn orphaned(queue: &Queue, sqs: &dyn QueueBackend) -> Result<()> {
     if deletion_policy(queue) == DeletionPolicy::Retain {
-        info!(url, "SQS queue kept: its Queue was deleted while it was created, and asked to keep it");
+        info!("SQS queue kept: its Queue was deleted while it was created, and asked to keep it");
         return Ok(());
     }
-    let owner = match sqs.tags(url).await {
-        Ok(mut tags) => tags.remove(TAG_OWNER_UID),
-        Err(QueueError::NotFound) => return Ok(()),
-        Err(e) => return Err(e.into()),
-    };
-    if owner.is_some() && owner == queue.uid() {
-        sqs.delete_queue(url).await?;
+    if let Some((url, _)) = observe::owned_queue(queue, sqs).await? {
+        sqs.delete_queue(&url).await?;
         info!(url, "deleted the SQS queue just created: its Queue was deleted meanwhile");
     }
     Ok(())

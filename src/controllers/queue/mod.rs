@@ -309,7 +309,7 @@ async fn apply(queue: Arc<Queue>, ctx: &Context, added_finalizer: bool) -> Resul
                 // Deleted, its finalizer released, while this pass created its queue: that queue
                 // belongs to no Queue, and nothing else would ever delete it.
                 Err(Error::Kube(kube::Error::Api(e))) if e.code == 404 && made_now(&ready) => {
-                    cleanup::orphaned(&queue, &ready.url, placement.sqs.as_ref()).await?;
+                    cleanup::orphaned(&queue, placement.sqs.as_ref()).await?;
                     return Ok(Action::await_change());
                 }
                 became_ready => became_ready?,
