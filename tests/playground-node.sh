@@ -23,11 +23,13 @@ k create namespace skyport-system --dry-run=client -o yaml | k apply -f - >&2
 k -n skyport-system create secret generic skyport-aws --dry-run=client -o yaml \
   --from-literal=AWS_ACCESS_KEY_ID="$AWS_ACCESS_KEY_ID" --from-literal=AWS_SECRET_ACCESS_KEY="$AWS_SECRET_ACCESS_KEY" \
   | k apply -f - >&2
-# httpPort 18080: on the node's network the operator's port 8080 would take the example's.
+# httpPort 28080: on the node's network the operator listens on every address of this machine, so
+# its port must be one nothing else here binds: 8080 is the example's, and the tests, which may run
+# while the playground is up, bind 18080-18083 on loopback addresses of their own.
 "$HELM" --kubeconfig "$SKYPORT_NODE_KUBECONFIG" upgrade --install skyport deploy/helm/skyport -n skyport-system \
   --set image.repository="${ref%:*}" --set image.tag="${ref##*:}" --set image.pullPolicy=Never \
   --set aws.region="$AWS_REGION" --set aws.sqsEndpointUrl="$SKYPORT_NODE_AWS_ENDPOINT_URL" \
-  --set tunnel.provider=local --set tunnel.local.addresses="$SKYPORT_NODE_EXIT_ADDRESSES" --set httpPort=18080 \
+  --set tunnel.provider=local --set tunnel.local.addresses="$SKYPORT_NODE_EXIT_ADDRESSES" --set httpPort=28080 \
   --wait --timeout 4m >&2
 
 k apply -f examples/queue.yaml >&2
